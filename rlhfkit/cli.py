@@ -1,0 +1,187 @@
+"""`rlhfkit <stage> [--preset NAME | --config FILE] [key=value | --key value ...] [--num-processes N]`."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from dataclasses import dataclass
+
+from . import config as cfgmod
+from .config import ConfigError
+
+
+@dataclass(frozen=True)
+class Command:
+    words: tuple[str, ...]
+    about: str
+    runner: str  # "module:function", imported only when the command runs
+    stage: str | None = None  # config dataclass in config.STAGES
+    positional: str | None = None  # name of one positional argument
+
+
+COMMANDS = [
+    Command(("sft",), "supervised fine-tuning on TL;DR (Section 5, Table 3)", "rlhfkit.trainers.sft:run", "sft"),
+    Command(("rm",), "reward-model training on human comparisons (Section 6, Table 4)", "rlhfkit.trainers.reward:run", "rm"),
+    Command(("data", "analyze"), "dataset analysis: counts, token lengths, truncation, length bias", "rlhfkit.cli:run_analyze", "data-analyze"),
+    Command(("models", "prepare"), "convert an embedded model (smollm2-135m) into the cache once", "rlhfkit.cli:run_prepare", positional="name"),
+    Command(("dist-check",), "check that launched processes communicate and agree (use with --num-processes)", "rlhfkit.cli:run_dist_check"),
+]
+
+
+def find_command(argv: list[str]) -> tuple[Command, list[str]]:
+    for cmd in sorted(COMMANDS, key=lambda c: -len(c.words)):
+        if tuple(argv[: len(cmd.words)]) == cmd.words:
+            return cmd, argv[len(cmd.words) :]
+    raise ConfigError(f"unknown command {' '.join(argv[:2]) or '(none)'!r}\n\n{overview()}")
+
+
+def overview() -> str:
+    lines = ["usage: rlhfkit <command> [--preset NAME | --config FILE] [key=value ...] [--num-processes N]", "", "commands:"]
+    lines += [f"  {' '.join(c.words):<18} {c.about}" for c in COMMANDS]
+    lines += ["", f"presets: {', '.join(cfgmod.preset_names())}", "`rlhfkit <command> --help` lists every option."]
+    return "\n".join(lines)
+
+
+def command_help(cmd: Command) -> str:
+    usage = f"usage: rlhfkit {' '.join(cmd.words)}"
+    usage += f" {cmd.positional.upper()}" if cmd.positional else ""
+    if cmd.stage is None:
+        return f"{usage} [--num-processes N]\n\n{cmd.about}"
+    lines = [f"{usage} [--preset NAME | --config FILE] [key=value | --key value ...] [--num-processes N]", "", cmd.about, "", "options (default; source):"]
+    for name, default, help_text, source, type_text in cfgmod.field_info(cfgmod.STAGES[cmd.stage]):
+        shown = ",".join(map(str, default)) if isinstance(default, list) else default
+        src = f"  [{source}]" if source else ""
+        lines.append(f"  {name:<24} {help_text}{src}")
+        lines.append(f"  {'':<24}   default: {shown!s}   type: {type_text}")
+    return "\n".join(lines)
+
+
+@dataclass
+class Parsed:
+    preset: str | None = None
+    config_file: str | None = None
+    num_processes: int = 1
+    overrides: dict | None = None
+    positional: str | None = None
+    help: bool = False
+
+
+def parse_args(cmd: Command, args: list[str]) -> Parsed:
+    """Accept `key=value`, `--key value` and `--key=value`, plus the launcher flags."""
+    parsed = Parsed(overrides={})
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in ("-h", "--help"):
+            parsed.help = True
+            i += 1
+            continue
+        if arg.startswith("--"):
+            key, eq, value = arg[2:].partition("=")
+            if not eq:
+                if i + 1 >= len(args):
+                    raise ConfigError(f"--{key} needs a value")
+                value, i = args[i + 1], i + 1
+        elif "=" in arg:
+            key, _, value = arg.partition("=")
+        elif cmd.positional and parsed.positional is None:
+            parsed.positional = arg
+            i += 1
+            continue
+        else:
+            raise ConfigError(f"unexpected argument {arg!r}; options are key=value or --key value")
+        key = key.replace("-", "_")
+        if key == "preset":
+            parsed.preset = value
+        elif key == "config":
+            parsed.config_file = value
+        elif key == "num_processes":
+            parsed.num_processes = int(value)
+        else:
+            parsed.overrides[key] = value
+        i += 1
+    if parsed.preset and parsed.config_file:
+        raise ConfigError("give --preset or --config, not both (a config file can start from a preset's values)")
+    if cmd.stage is None and parsed.overrides:
+        raise ConfigError(f"{' '.join(cmd.words)} takes no options: got {', '.join(parsed.overrides)}")
+    return parsed
+
+
+def strip_launcher_flag(args: list[str]) -> list[str]:
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == "--num-processes" or arg == "--num_processes":
+            skip = True
+        elif not arg.startswith(("--num-processes=", "--num_processes=")):
+            out.append(arg)
+    return out
+
+
+def run_analyze(cfg: cfgmod.AnalyzeConfig, _: Parsed) -> int:
+    from .data.analyze import headline, run_analysis
+    from .models import load_tokenizer
+
+    if not cfg.path:
+        raise ConfigError("data analyze needs --path (files, folders or a hub dataset id)")
+    tokenizer = load_tokenizer(cfg.model)
+    result = run_analysis(
+        cfg.dataset, cfg.path, tokenizer, cfg.out, cfg.max_query_length, cfg.max_article_query_length, cfg.hf_split
+    )
+    print(headline(result))
+    print(f"wrote {cfg.out}/analysis.json and {len(result['plots'])} plots")
+    return 0
+
+
+def run_prepare(_: None, parsed: Parsed) -> int:
+    from .models import EMBEDDED, prepare_embedded
+
+    if not parsed.positional:
+        raise ConfigError(f"models prepare needs a model name; embedded models: {', '.join(EMBEDDED)}")
+    print(prepare_embedded(parsed.positional))
+    return 0
+
+
+def run_dist_check(_: None, __: Parsed) -> int:
+    from .distributed import check_agreement
+
+    result = check_agreement()
+    print("dist-check " + json.dumps(result), flush=True)
+    return 0 if result["ok"] else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if not argv or argv[0] in ("-h", "--help"):
+            print(overview())
+            return 0
+        cmd, rest = find_command(argv)
+        parsed = parse_args(cmd, rest)
+        if parsed.help:
+            print(command_help(cmd))
+            return 0
+        from .distributed import inside_launcher, relaunch
+
+        if parsed.num_processes > 1 and not inside_launcher():
+            return relaunch([*cmd.words, *strip_launcher_flag(rest)], parsed.num_processes)
+        cfg = cfgmod.resolve(cmd.stage, parsed.preset, parsed.config_file, parsed.overrides) if cmd.stage else None
+        module, function = cmd.runner.split(":")
+        return int(getattr(importlib.import_module(module), function)(cfg, parsed) or 0)
+    except ConfigError as e:
+        print(f"rlhfkit: error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # known user-facing errors get one clear line instead of a traceback
+        from .data.records import DataFormatError
+        from .models import ModelError
+
+        if isinstance(e, DataFormatError | ModelError):
+            print(f"rlhfkit: error: {e}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,237 @@
+"""One dataclass per stage, YAML presets, and `key=value` overrides.
+
+Resolution order: dataclass defaults < preset or `--config FILE` < command-line `key=value`.
+Every field carries its help text and, where the value comes from the paper, its source
+(table or detail number), so `rlhfkit <stage> --help` can show where each default comes from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration value or key the user must fix; the message names it."""
+
+
+def opt(default: Any, help: str, source: str | None = None) -> Any:
+    """A config field with help text and the paper source of its default."""
+    meta = {"help": help, "source": source}
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class AnalyzeConfig:
+    dataset: Literal["tldr-sft", "tldr-comparisons", "hh"] = opt("tldr-sft", "which upstream format to read")
+    path: list[str] = opt([], "files, folders or a Hugging Face dataset id (comma separated)")
+    model: str = opt("smollm2-135m", "tokenizer used for token lengths (any HF model dir or hub id)")
+    out: str = opt("runs/analysis", "folder for analysis.json and the PNG plots")
+    max_query_length: int = opt(512, "query token budget for paragraph truncation", "Detail 2")
+    max_article_query_length: int = opt(2047, "query token budget for CNN/DM articles", "Detail 5")
+    hf_split: str = opt("", "split to read when `path` is a hub id (empty: all splits)")
+
+
+@dataclass
+class TrainConfig:
+    """Fields shared by every training stage."""
+
+    model: str = opt("smollm2-135m", "starting model: embedded name, HF directory or hub id")
+    output_dir: str = opt("", "run directory (empty: runs/<stage>-<timestamp>)")
+    seed: int = opt(1, "seed for torch, numpy, python and the data order")
+    learning_rate: float = opt(3e-6, "AdamW learning rate", "Tables 3, 4, 7")
+    adam_eps: float = opt(1e-5, "AdamW epsilon", "Tables 3, 4, 7")
+    weight_decay: float = opt(0.0, "AdamW weight decay")
+    lr_scheduler: Literal["cosine", "linear", "constant"] = opt("cosine", "learning-rate schedule", "Tables 3, 4")
+    warmup_steps: int = opt(0, "linear warm-up steps before the schedule")
+    num_epochs: float = opt(1.0, "passes over the training set", "Tables 3, 4")
+    max_steps: int = opt(0, "stop after this many optimizer steps (0: use num_epochs)")
+    total_batch_size: int = opt(128, "episodes per optimizer step = micro batch x accumulation x processes", "Table 3")
+    micro_batch_size: int = opt(8, "rows per forward pass on one process")
+    max_query_length: int = opt(512, "query tokens; longer posts lose paragraphs from the end", "Detail 2")
+    max_response_length: int = opt(53, "response tokens including EOS; longer ones are skipped and counted", "Detail 4")
+    trust_remote_code: bool = opt(False, "allow model code from the hub (off: safer)")
+    mixed_precision: Literal["auto", "no", "bf16"] = opt("auto", "bf16 autocast where supported, else fp32", "Detail 8")
+    gradient_checkpointing: bool = opt(False, "recompute activations to save memory")
+    save_every: int = opt(0, "save a checkpoint every N optimizer steps (0: only at the end)")
+    eval_every: int = opt(0, "evaluate every N optimizer steps (0: only at the end)")
+    log_every: int = opt(1, "log metrics every N optimizer steps")
+    report_to: list[str] = opt(["tensorboard"], "trackers besides metrics.jsonl: tensorboard, wandb")
+    resume: str = opt("", "run directory or checkpoint folder to resume from")
+
+
+@dataclass
+class SFTConfig(TrainConfig):
+    data: list[str] = opt(
+        ["vwxyzjn/summarize_from_feedback_tldr_3_filtered"],
+        "TL;DR SFT data: hub id or jsonl/jsonl.gz/parquet files",
+        "Detail 1",
+    )
+    hf_split: str = opt("train", "split to read when `data` is a hub id")
+    validation_posts: int = opt(300, "posts held out by post identity for validation (0: none)")
+    loss_on_query: bool = opt(False, "also train on query tokens (default: response tokens only)")
+    eval_samples: int = opt(64, "held-out posts generated and scored with ROUGE-L at the end (0: none)")
+    eval_temperature: float = opt(0.0, "temperature for the evaluation generations (0: greedy)")
+
+
+@dataclass
+class RMConfig(TrainConfig):
+    data: list[str] = opt(
+        ["openai/summarize_from_feedback"],
+        "comparisons: hub id or OpenAI JSON-lines / HH-RLHF jsonl.gz files",
+        "Detail 1",
+    )
+    data_format: Literal["tldr-comparisons", "hh"] = opt("tldr-comparisons", "format of `data`")
+    hf_split: str = opt("train", "split to read when `data` is a hub id")
+    total_batch_size: int = opt(64, "pairs per optimizer step", "Table 4")
+    micro_batch_size: int = opt(4, "pairs per forward pass on one process")
+    max_response_length: int = opt(169, "response tokens including EOS; longer pairs are skipped", "Detail 4")
+    max_article_query_length: int = opt(2047, "query token budget for CNN/DM articles", "Detail 5")
+    validation_fraction: float = opt(0.1, "fraction of posts held out by post identity for validation")
+    head: Literal["eos-linear", "mean-mlp"] = opt("eos-linear", "reward head: EOS-token linear or mean-pooled MLP", "Details 11-12")
+    sft_data: list[str] = opt([], "SFT data whose reference summaries set the reward bias (empty: skip)", "Detail 15")
+    normalization_samples: int = opt(1024, "reference summaries used for the bias", "Detail 15")
+
+
+STAGES: dict[str, type] = {"sft": SFTConfig, "rm": RMConfig, "data-analyze": AnalyzeConfig}
+
+
+def field_info(cls: type) -> list[tuple[str, Any, str, str | None, str]]:
+    """(name, default, help, source, type description) for every field of a config class."""
+    hints = typing.get_type_hints(cls)
+    rows = []
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        rows.append((f.name, default, f.metadata.get("help", ""), f.metadata.get("source"), describe_type(hints[f.name])))
+    return rows
+
+
+def describe_type(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return "{" + ",".join(str(a) for a in typing.get_args(tp)) + "}"
+    if typing.get_origin(tp) is list:
+        return "list of " + describe_type(typing.get_args(tp)[0]) + " (comma separated)"
+    if isinstance(tp, types.UnionType):
+        return " or ".join(describe_type(a) for a in typing.get_args(tp))
+    return getattr(tp, "__name__", str(tp))
+
+
+def coerce(key: str, value: Any, tp: Any) -> Any:
+    """Convert a YAML or command-line value to the field's type, or fail naming the key."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            raise ConfigError(f"{key}={value!r} is not accepted; choose one of: {', '.join(map(str, allowed))}")
+        return value
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if isinstance(value, str):
+            value = [v for v in (s.strip() for s in value.split(",")) if v]
+        if not isinstance(value, list):
+            raise ConfigError(f"{key} expects a list ({describe_type(tp)}), got {value!r}")
+        return [coerce(key, v, item_tp) for v in value]
+    if isinstance(value, bool) and tp in (int, float):
+        raise ConfigError(f"{key} expects {tp.__name__}, got boolean {value!r}")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{key} expects a boolean (true/false), got {value!r}")
+    if tp is int:
+        if isinstance(value, int):
+            return value
+        try:
+            return int(str(value).replace("_", ""))
+        except ValueError:
+            raise ConfigError(f"{key} expects an integer, got {value!r}") from None
+    if tp is float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key} expects a number, got {value!r}") from None
+    if tp is str:
+        if isinstance(value, dict | list):
+            raise ConfigError(f"{key} expects a string, got {value!r}")
+        return str(value)
+    raise ConfigError(f"{key}: unsupported field type {tp}")
+
+
+def check_known(cls: type, key: str, where: str) -> None:
+    names = [f.name for f in dataclasses.fields(cls)]
+    if key not in names:
+        close = difflib.get_close_matches(key, names, n=3)
+        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        raise ConfigError(f"unknown key {key!r} in {where}.{hint} Accepted keys: {', '.join(names)}")
+
+
+def apply(cls: type, values: dict[str, Any], where: str, base: Any = None) -> Any:
+    """Return a config of `cls` with `values` (from `where`) applied on top of `base`."""
+    hints = typing.get_type_hints(cls)
+    current = dataclasses.asdict(base) if base is not None else {}
+    for key, value in values.items():
+        key = key.replace("-", "_")
+        check_known(cls, key, where)
+        current[key] = coerce(key, value, hints[key])
+    return cls(**current)
+
+
+def preset_names() -> list[str]:
+    return sorted(p.name[: -len(".yaml")] for p in resources.files("rlhfkit.presets").iterdir() if p.name.endswith(".yaml"))
+
+
+def read_preset(name: str) -> tuple[dict[str, Any], str]:
+    path = resources.files("rlhfkit.presets") / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"unknown preset {name!r}; shipped presets: {', '.join(preset_names())}")
+    return read_yaml_text(path.read_text(), f"preset {name}"), f"preset {name}"
+
+
+def read_config_file(path: str) -> tuple[dict[str, Any], str]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    return read_yaml_text(p.read_text(), str(p)), str(p)
+
+
+def read_yaml_text(text: str, where: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{where} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a mapping of key: value, got {type(data).__name__}")
+    return data
+
+
+def resolve(stage: str, preset: str | None, config_file: str | None, overrides: dict[str, Any]) -> Any:
+    """Build the config of `stage` from defaults, a preset or file, and overrides."""
+    cls = STAGES[stage]
+    cfg = cls()
+    for source in (read_preset(preset) if preset else None, read_config_file(config_file) if config_file else None):
+        if source is None:
+            continue
+        values, where = source
+        declared = values.pop("stage", stage)
+        if declared != stage:
+            raise ConfigError(f"{where} is for stage {declared!r}, not {stage!r}")
+        cfg = apply(cls, values, where, cfg)
+    return apply(cls, overrides, "command-line arguments", cfg)
+
+
+def to_yaml(cfg: Any, stage: str) -> str:
+    return yaml.safe_dump({"stage": stage, **dataclasses.asdict(cfg)}, sort_keys=False)

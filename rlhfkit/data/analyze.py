@@ -1,0 +1,249 @@
+"""`rlhfkit data analyze`: what is in a dataset before anything trains on it.
+
+Counts per split, batch, policy pair and confidence (Details 1, 6), token-length histograms of
+queries, references, chosen and rejected responses (Detail 4, the paper's Figures 9-10), how many
+queries needed truncation (Detail 2), the edge-case table of seed 002 (ties, too-short responses)
+and the length bias of human preferences, plus every skipped record by reason.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+from transformers import PreTrainedTokenizerBase
+
+from .examples import query_limits, tokenize_pairs, tokenize_sft
+from .hh import load_hh
+from .records import SkipLog
+from .tldr import load_comparisons, load_sft
+
+TOO_SHORT_TOKENS = 3  # responses below this many tokens (EOS excluded) are counted as too short
+NO_LENGTH_LIMIT = 10**9
+
+
+def describe(lengths: list[int]) -> dict[str, float]:
+    if not lengths:
+        return {"count": 0}
+    a = np.asarray(lengths)
+    return {
+        "count": int(a.size),
+        "min": int(a.min()),
+        "median": float(np.median(a)),
+        "mean": round(float(a.mean()), 2),
+        "std": round(float(a.std()), 2),
+        "p95": round(float(np.percentile(a, 95)), 2),
+        "max": int(a.max()),
+    }
+
+
+def counts(values: list[Any]) -> dict[str, int]:
+    return {str(k): n for k, n in Counter(values).most_common()}
+
+
+def truncation_stats(queries: list) -> dict[str, Any]:
+    truncated = [q for q in queries if q.truncated]
+    removed = [q.original_length - len(q.ids) for q in truncated]
+    return {
+        "queries": len(queries),
+        "truncated": len(truncated),
+        "truncated_fraction": round(len(truncated) / max(len(queries), 1), 4),
+        "paragraphs_dropped": describe([q.paragraphs_dropped for q in truncated]),
+        "token_cut_fallback": sum(q.token_cut for q in queries),
+        "tokens_removed": describe(removed),
+    }
+
+
+def length_bias(chosen: list[int], rejected: list[int]) -> dict[str, float]:
+    c, r = np.asarray(chosen), np.asarray(rejected)
+    n = max(len(c), 1)
+    return {
+        "chosen_mean": round(float(c.mean()), 2) if len(c) else 0.0,
+        "rejected_mean": round(float(r.mean()), 2) if len(r) else 0.0,
+        "chosen_median": float(np.median(c)) if len(c) else 0.0,
+        "rejected_median": float(np.median(r)) if len(r) else 0.0,
+        "chosen_longer_fraction": round(float((c > r).sum()) / n, 4),
+        "equal_length_fraction": round(float((c == r).sum()) / n, 4),
+        "chosen_shorter_fraction": round(float((c < r).sum()) / n, 4),
+    }
+
+
+def edge_cases(raw_total: int, ties: int, chosen: list[int], rejected: list[int]) -> list[dict[str, Any]]:
+    """Seed 002's edge-case table; percentages are of all records read."""
+    rows = [
+        ("valid pairs", len(chosen)),
+        ("ties (identical responses)", ties),
+        (f"chosen too short (< {TOO_SHORT_TOKENS} tokens)", sum(n < TOO_SHORT_TOKENS for n in chosen)),
+        (f"rejected too short (< {TOO_SHORT_TOKENS} tokens)", sum(n < TOO_SHORT_TOKENS for n in rejected)),
+    ]
+    return [{"condition": c, "count": n, "percent": round(100 * n / max(raw_total, 1), 2)} for c, n in rows]
+
+
+def analyze_sft(paths: list[str], tokenizer: PreTrainedTokenizerBase, max_query_length: int, hf_split: str = "") -> dict:
+    records, log = load_sft(paths, hf_split)
+    examples, _ = tokenize_sft(tqdm(records, desc="tokenizing", unit="post"), tokenizer, max_query_length, NO_LENGTH_LIMIT)
+    return {
+        "records": log.to_dict(),
+        "counts": {"subreddit": counts([r.fields["subreddit"] for r in records])},
+        "token_lengths": {
+            "query_before_truncation": describe([e.query.original_length for e in examples]),
+            "query": describe([len(e.query.ids) for e in examples]),
+            "reference": describe([len(e.response) - 1 for e in examples]),
+        },
+        "truncation": truncation_stats([e.query for e in examples]),
+        "_lengths": {"query": [len(e.query.ids) for e in examples], "reference": [len(e.response) - 1 for e in examples]},
+    }
+
+
+def analyze_pairs(
+    paths: list[str], tokenizer: PreTrainedTokenizerBase, limits: dict[str, int], fmt: str, hf_split: str = ""
+) -> dict:
+    records, log = (load_hh if fmt == "hh" else load_comparisons)(paths, hf_split)
+    examples, _ = tokenize_pairs(tqdm(records, desc="tokenizing", unit="pair"), tokenizer, limits, NO_LENGTH_LIMIT)
+    chosen = [len(e.chosen) - 1 for e in examples]
+    rejected = [len(e.rejected) - 1 for e in examples]
+    result = {
+        "records": log.to_dict(),
+        "counts": {
+            "task": counts([r.task for r in records]),
+            "split": counts([r.split for r in records]),
+            "batch": counts([r.batch for r in records]),
+            "confidence": counts([r.confidence for r in records]),
+            "policy_pair": counts([r.policy_pair for r in records]),
+            "distinct_prompts": len({r.prompt_id for r in records}),
+        },
+        "token_lengths": {
+            "query_before_truncation": describe([e.query.original_length for e in examples]),
+            "query": describe([len(e.query.ids) for e in examples]),
+            "chosen": describe(chosen),
+            "rejected": describe(rejected),
+        },
+        "truncation": truncation_stats([e.query for e in examples]),
+        "truncation_by_task": {
+            t: truncation_stats([e.query for e in examples if e.record.task == t]) for t in sorted({r.task for r in records})
+        },
+        "edge_cases": edge_cases(log.kept + log.skipped, log.counts.get("tie", 0), chosen, rejected),
+        "length_bias": {"all": length_bias(chosen, rejected)},
+        "_lengths": {"query": [len(e.query.ids) for e in examples], "chosen": chosen, "rejected": rejected},
+    }
+    for attribute in ("task", "split"):
+        for value in sorted({getattr(r, attribute) for r in records}):
+            idx = [i for i, e in enumerate(examples) if getattr(e.record, attribute) == value]
+            result["length_bias"][f"{attribute}={value}"] = length_bias([chosen[i] for i in idx], [rejected[i] for i in idx])
+    if fmt != "hh":
+        result["counts"]["policy_pairs_distinct_by_split"] = {
+            s: len({r.policy_pair for r in records if r.split == s}) for s in sorted({r.split for r in records})
+        }
+    return result
+
+
+def plot_histograms(lengths: dict[str, list[int]], out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    files = []
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.hist(lengths["query"], bins=50, color="tab:gray")
+    ax.set(title="Query token length (after truncation)", xlabel="tokens", ylabel="records")
+    fig.tight_layout()
+    fig.savefig(out / "query_lengths.png", dpi=110)
+    plt.close(fig)
+    files.append("query_lengths.png")
+    responses = {k: v for k, v in lengths.items() if k != "query"}
+    fig, ax = plt.subplots(figsize=(7, 4))
+    top = max(max(v) for v in responses.values() if v) if any(responses.values()) else 1
+    bins = np.linspace(0, top + 1, 50)
+    for name, values in responses.items():
+        ax.hist(values, bins=bins, alpha=0.55, label=f"{name} (median {np.median(values):.0f})")
+    ax.set(title="Response token length (EOS excluded)", xlabel="tokens", ylabel="records")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "response_lengths.png", dpi=110)
+    plt.close(fig)
+    files.append("response_lengths.png")
+    if "chosen" in lengths:
+        fig, ax = plt.subplots(figsize=(5, 5))
+        ax.scatter(lengths["rejected"], lengths["chosen"], s=4, alpha=0.4)
+        ax.plot([0, top], [0, top], color="black", lw=1)
+        ax.set(title="Length bias: chosen vs rejected", xlabel="rejected tokens", ylabel="chosen tokens")
+        fig.tight_layout()
+        fig.savefig(out / "length_bias.png", dpi=110)
+        plt.close(fig)
+        files.append("length_bias.png")
+    return files
+
+
+def plot_counts(result_counts: dict[str, Any], out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    files = []
+    for name, table in result_counts.items():
+        if not isinstance(table, dict) or len(table) < 2 or name.endswith("by_split"):
+            continue
+        items = list(table.items())[:25]
+        fig, ax = plt.subplots(figsize=(8, max(2.5, 0.28 * len(items) + 1)))
+        ax.barh([k for k, _ in items][::-1], [v for _, v in items][::-1], color="tab:blue")
+        ax.set(title=f"Records per {name}" + (" (top 25)" if len(table) > 25 else ""), xlabel="records")
+        ax.tick_params(axis="y", labelsize=7)
+        fig.tight_layout()
+        fig.savefig(out / f"counts_{name}.png", dpi=110)
+        plt.close(fig)
+        files.append(f"counts_{name}.png")
+    return files
+
+
+def run_analysis(
+    dataset: str,
+    paths: list[str],
+    tokenizer: PreTrainedTokenizerBase,
+    out: str,
+    max_query_length: int,
+    max_article_query_length: int,
+    hf_split: str = "",
+) -> dict:
+    """Analyse `paths` as `dataset`, write analysis.json and PNG plots to `out`, return the result."""
+    if dataset == "tldr-sft":
+        result = analyze_sft(paths, tokenizer, max_query_length, hf_split)
+    else:
+        limits = query_limits(max_query_length, max_article_query_length)
+        result = analyze_pairs(paths, tokenizer, limits, dataset, hf_split)
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    lengths = result.pop("_lengths")
+    plots = plot_histograms(lengths, folder) + plot_counts(result["counts"], folder) if lengths["query"] else []
+    result = {
+        "dataset": dataset,
+        "paths": paths,
+        "tokenizer": getattr(tokenizer, "name_or_path", ""),
+        "max_query_length": max_query_length,
+        "max_article_query_length": max_article_query_length,
+        **result,
+        "plots": plots,
+    }
+    (folder / "analysis.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def headline(result: dict) -> str:
+    """A few lines for the terminal: what was kept, skipped, truncated, and the length bias."""
+    log = SkipLog()
+    log.kept = result["records"]["kept"]
+    log.counts.update(result["records"]["by_reason"])
+    log.examples = result["records"]["examples"]
+    lines = [log.summary(), f"queries truncated: {result['truncation']['truncated']} of {result['truncation']['queries']}"]
+    if "length_bias" in result:
+        bias = result["length_bias"]["all"]
+        lines.append(
+            f"chosen longer than rejected in {100 * bias['chosen_longer_fraction']:.1f}% of pairs "
+            f"(median tokens chosen {bias['chosen_median']:.0f}, rejected {bias['rejected_median']:.0f})"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,61 @@
+"""Records to token ids: queries (Detail 2) and completions (Detail 3), with every skip counted."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from transformers import PreTrainedTokenizerBase
+
+from .formats import QueryTokens, encode_completion, encode_query
+from .records import SkipLog
+from .tldr import Comparison, SFTRecord
+
+
+@dataclass
+class SFTExample:
+    record: SFTRecord
+    query: QueryTokens
+    response: list[int]  # leading space + summary + EOS
+
+
+@dataclass
+class PairExample:
+    record: Comparison
+    query: QueryTokens
+    chosen: list[int]
+    rejected: list[int]
+
+
+def tokenize_sft(
+    records: list[SFTRecord], tokenizer: PreTrainedTokenizerBase, max_query_length: int, max_response_length: int
+) -> tuple[list[SFTExample], SkipLog]:
+    log = SkipLog()
+    out = []
+    for r in records:
+        response = encode_completion(tokenizer, r.summary)
+        if len(response) > max_response_length:
+            log.skip("response_too_long", r.where)
+            continue
+        out.append(SFTExample(r, encode_query(tokenizer, r.task, r.fields, max_query_length), response))
+    log.kept = len(out)
+    return out, log
+
+
+def query_limits(max_query_length: int, max_article_query_length: int) -> dict[str, int]:
+    """Query token budget per task: CNN/DM articles get their own, longer budget (Detail 5)."""
+    return {"tldr": max_query_length, "hh": max_query_length, "cnndm": max_article_query_length}
+
+
+def tokenize_pairs(
+    records: list[Comparison], tokenizer: PreTrainedTokenizerBase, limits: dict[str, int], max_response_length: int
+) -> tuple[list[PairExample], SkipLog]:
+    log = SkipLog()
+    out = []
+    for r in records:
+        chosen, rejected = encode_completion(tokenizer, r.chosen), encode_completion(tokenizer, r.rejected)
+        if max(len(chosen), len(rejected)) > max_response_length:
+            log.skip("response_too_long", r.where)
+            continue
+        out.append(PairExample(r, encode_query(tokenizer, r.task, r.fields, limits[r.task]), chosen, rejected))
+    log.kept = len(out)
+    return out, log

@@ -1,0 +1,114 @@
+"""Query and completion formatting (Details 2-3).
+
+- Detail 2: the query template, and truncation that drops the post's last paragraph (at `\\n`)
+  until the query fits; only a single paragraph that is still too long is cut by tokens, and
+  that is reported (`QueryTokens.token_cut`).
+- Detail 3: a completion is a leading space, the text, then EOS; no trailing space after `TL;DR:`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from transformers import PreTrainedTokenizerBase
+
+# Detail 2: the query template of Stiennon et al. 2020 (no trailing space after "TL;DR:").
+TLDR_TEMPLATE = "SUBREDDIT: r/{subreddit}\n\nTITLE: {title}\n\nPOST: {post}\n\nTL;DR:"
+CNNDM_TEMPLATE = "Article:\n{article}\n\nTL;DR:"
+HH_TURN = "\n\nHuman:"
+HH_ASSISTANT = "\n\nAssistant:"
+
+
+@dataclass(frozen=True)
+class QueryFormat:
+    template: str
+    truncate_field: str
+    separator: str  # truncation drops text after the last separator (`keep="head"`) or before the first
+    keep: str  # "head" keeps the start of the field (posts), "tail" keeps the end (dialogues)
+
+
+QUERY_FORMATS = {
+    "tldr": QueryFormat(TLDR_TEMPLATE, "post", "\n", "head"),
+    "cnndm": QueryFormat(CNNDM_TEMPLATE, "article", "\n", "head"),
+    "hh": QueryFormat("{dialogue}", "dialogue", HH_TURN, "tail"),
+}
+
+
+@dataclass
+class QueryTokens:
+    ids: list[int]
+    text: str
+    original_length: int  # tokens before truncation
+    paragraphs_dropped: int
+    token_cut: bool  # a single paragraph was still too long and was cut by tokens
+
+    @property
+    def truncated(self) -> bool:
+        return self.paragraphs_dropped > 0 or self.token_cut
+
+
+def encode_text(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """Plain text to ids; special-token strings inside user text (e.g. a literal `[PAD]`) stay text."""
+    return tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+
+
+def format_query(task: str, fields: dict[str, str]) -> str:
+    return QUERY_FORMATS[task].template.format(**fields)
+
+
+def drop_one_paragraph(text: str, fmt: QueryFormat) -> str | None:
+    """The text less its last paragraph (head) or its first turn (tail); None when only one is left."""
+    if fmt.keep == "head":
+        index = text.rstrip().rfind(fmt.separator)
+        return text[:index].rstrip() if index > 0 else None
+    index = text.find(fmt.separator, len(fmt.separator))
+    return text[index:] if index > 0 else None
+
+
+def cut_by_tokens(tokenizer: PreTrainedTokenizerBase, task: str, fields: dict[str, str], max_length: int) -> dict[str, str]:
+    """Fallback for one paragraph that alone is too long: cut its tokens until the query fits."""
+    fmt = QUERY_FORMATS[task]
+    text = fields[fmt.truncate_field]
+    ids = encode_text(tokenizer, text)
+    excess = len(encode_text(tokenizer, format_query(task, fields))) - max_length
+    keep = max(len(ids) - excess, 0)
+    while True:
+        kept = ids[:keep] if fmt.keep == "head" else ids[len(ids) - keep :]
+        trial = {**fields, fmt.truncate_field: tokenizer.decode(kept)}
+        if len(encode_text(tokenizer, format_query(task, trial))) <= max_length or keep == 0:
+            return trial
+        keep -= 1
+
+
+def encode_query(tokenizer: PreTrainedTokenizerBase, task: str, fields: dict[str, str], max_length: int) -> QueryTokens:
+    """Detail 2: format the query and truncate at paragraph boundaries until it fits `max_length` tokens."""
+    fmt = QUERY_FORMATS[task]
+    fields = dict(fields)
+    ids = encode_text(tokenizer, format_query(task, fields))
+    original_length, dropped, token_cut = len(ids), 0, False
+    while len(ids) > max_length:
+        shorter = drop_one_paragraph(fields[fmt.truncate_field], fmt)
+        if shorter is None:
+            fields = cut_by_tokens(tokenizer, task, fields, max_length)
+            token_cut = True
+        else:
+            fields[fmt.truncate_field] = shorter
+            dropped += 1
+        ids = encode_text(tokenizer, format_query(task, fields))
+        if token_cut and len(ids) > max_length:
+            raise ValueError(f"the {task} template alone is longer than max_query_length={max_length} tokens")
+    return QueryTokens(ids, format_query(task, fields), original_length, dropped, token_cut)
+
+
+def completion_text(text: str) -> str:
+    """Detail 3: exactly one leading space, so the query can end in `TL;DR:` with no trailing space.
+
+    Upstream summaries already start with a space and the reference code added another; we
+    normalise to one.
+    """
+    return " " + text.strip()
+
+
+def encode_completion(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """Detail 3: leading space + text + EOS."""
+    return encode_text(tokenizer, completion_text(text)) + [tokenizer.eos_token_id]

@@ -1,0 +1,72 @@
+"""Anthropic HH-RLHF: each chosen/rejected dialogue split into the shared prompt and two final replies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .formats import HH_ASSISTANT
+from .records import InvalidJSON, Row, SkipLog, has_text, iter_rows, require_fields
+from .tldr import Comparison, non_string, text_id
+
+
+def split_dialogue(dialogue: str) -> tuple[str, str] | None:
+    """(prompt ending in "\\n\\nAssistant:", final assistant reply), or None without an assistant turn."""
+    index = dialogue.rfind(HH_ASSISTANT)
+    if index < 0:
+        return None
+    cut = index + len(HH_ASSISTANT)
+    return dialogue[:cut], dialogue[cut:]
+
+
+def subset_of(where: str) -> str:
+    """The HH subset (harmless-base, helpful-online, ...) from a local path, else the hub split."""
+    path = where.rsplit(":", 1)[0]
+    parent = Path(path).parent.name
+    return parent if parent and "[" not in path else ""
+
+
+def parse_hh_row(row: Row, log: SkipLog) -> Comparison | None:
+    if isinstance(row.data, InvalidJSON):
+        log.skip("invalid_json", row.where)
+        return None
+    if row.first_in_source:
+        require_fields(row, ["chosen", "rejected"], "HH-RLHF (chosen, rejected dialogues)")
+    data = row.data
+    missing = next((k for k in ("chosen", "rejected") if k not in data), None)
+    if missing:
+        log.skip(f"missing_field:{missing}", row.where)
+        return None
+    bad = non_string({"chosen": data["chosen"], "rejected": data["rejected"]})
+    if bad:
+        log.skip(f"non_string:{bad}", row.where)
+        return None
+    chosen, rejected = split_dialogue(data["chosen"]), split_dialogue(data["rejected"])
+    if chosen is None or rejected is None:
+        log.skip("no_assistant_turn", row.where)
+        return None
+    if chosen[0] != rejected[0]:
+        log.skip("prompt_mismatch", row.where)
+        return None
+    if not has_text(chosen[1]) or not has_text(rejected[1]):
+        log.skip("empty_response", row.where)
+        return None
+    if chosen[1].strip() == rejected[1].strip():
+        log.skip("tie", row.where)
+        return None
+    return Comparison(
+        prompt_id=text_id(chosen[0]),
+        task="hh",
+        fields={"dialogue": chosen[0]},
+        chosen=chosen[1],
+        rejected=rejected[1],
+        where=row.where,
+        split=str(data.get("_hub_split") or subset_of(row.where)),
+    )
+
+
+def load_hh(paths: list[str], hf_split: str = "") -> tuple[list[Comparison], SkipLog]:
+    """HH-RLHF pairs from `Anthropic/hh-rlhf` or its jsonl.gz files."""
+    log = SkipLog()
+    records = [r for row in iter_rows(paths, hf_split) if (r := parse_hh_row(row, log)) is not None]
+    log.kept = len(records)
+    return records, log

@@ -1,0 +1,37 @@
+"""Deterministic train/validation split by prompt identity, so no post lands in both."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def stable_rank(key: str, seed: int) -> str:
+    return hashlib.sha256(f"{seed}:{key}".encode()).hexdigest()
+
+
+def split_by_prompt(
+    records: Sequence[T],
+    key: Callable[[T], str],
+    validation_size: int | None = None,
+    validation_fraction: float | None = None,
+    seed: int = 0,
+) -> tuple[list[T], list[T]]:
+    """(train, validation): a fixed number or fraction of distinct prompts goes to validation.
+
+    The choice depends only on the prompt keys and the seed, not on record order, so the same
+    data always splits the same way and every record of a prompt stays on one side.
+    """
+    if (validation_size is None) == (validation_fraction is None):
+        raise ValueError("give exactly one of validation_size and validation_fraction")
+    keys = sorted({key(r) for r in records}, key=lambda k: stable_rank(k, seed))
+    n = validation_size if validation_size is not None else round(len(keys) * validation_fraction)
+    if n > len(keys):
+        raise ValueError(f"asked for {n} validation prompts but the data has only {len(keys)} distinct prompts")
+    held_out = set(keys[:n])
+    train = [r for r in records if key(r) not in held_out]
+    validation = [r for r in records if key(r) in held_out]
+    return train, validation

