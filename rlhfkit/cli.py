@@ -23,6 +23,7 @@ class Command:
 COMMANDS = [
     Command(("sft",), "supervised fine-tuning on TL;DR (Section 5, Table 3)", "rlhfkit.trainers.sft:run", "sft"),
     Command(("rm",), "reward-model training on human comparisons (Section 6, Table 4)", "rlhfkit.trainers.reward:run", "rm"),
+    Command(("generate",), "summarise TL;DR posts with a policy, with ROUGE-L against the references", "rlhfkit.trainers.sft:run_generate", "generate"),
     Command(("data", "analyze"), "dataset analysis: counts, token lengths, truncation, length bias", "rlhfkit.cli:run_analyze", "data-analyze"),
     Command(("models", "prepare"), "convert an embedded model (smollm2-135m) into the cache once", "rlhfkit.cli:run_prepare", positional="name"),
     Command(("dist-check",), "check that launched processes communicate and agree (use with --num-processes)", "rlhfkit.cli:run_dist_check"),
@@ -97,6 +98,8 @@ def parse_args(cmd: Command, args: list[str]) -> Parsed:
         elif key == "config":
             parsed.config_file = value
         elif key == "num_processes":
+            if not value.strip().isdigit() or int(value) < 1:
+                raise ConfigError(f"--num-processes expects a whole number >= 1, got {value!r}")
             parsed.num_processes = int(value)
         else:
             parsed.overrides[key] = value
@@ -148,7 +151,9 @@ def run_dist_check(_: None, __: Parsed) -> int:
     from .distributed import check_agreement
 
     result = check_agreement()
-    print("dist-check " + json.dumps(result), flush=True)
+    # one write per line: processes share stdout, and print() writes the text and the newline apart
+    sys.stdout.write("dist-check " + json.dumps(result) + "\n")
+    sys.stdout.flush()
     return 0 if result["ok"] else 1
 
 
@@ -176,7 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # known user-facing errors get one clear line instead of a traceback
         from .data.records import DataFormatError
         from .models import ModelError
+        from .trainers.engine import NonFiniteError
 
+        if isinstance(e, NonFiniteError):
+            print(f"rlhfkit: stopped: {e}", file=sys.stderr)
+            return 3
         if isinstance(e, DataFormatError | ModelError):
             print(f"rlhfkit: error: {e}", file=sys.stderr)
             return 2

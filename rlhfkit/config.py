@@ -63,6 +63,8 @@ class TrainConfig:
     trust_remote_code: bool = opt(False, "allow model code from the hub (off: safer)")
     mixed_precision: Literal["auto", "no", "bf16"] = opt("auto", "bf16 autocast where supported, else fp32", "Detail 8")
     gradient_checkpointing: bool = opt(False, "recompute activations to save memory")
+    max_grad_norm: float = opt(0.0, "clip the gradient norm to this (0: no clipping; the norm is still logged)")
+    keep_checkpoints: int = opt(2, "newest checkpoints kept in checkpoints/ (0: all)")
     save_every: int = opt(0, "save a checkpoint every N optimizer steps (0: only at the end)")
     eval_every: int = opt(0, "evaluate every N optimizer steps (0: only at the end)")
     log_every: int = opt(1, "log metrics every N optimizer steps")
@@ -103,7 +105,26 @@ class RMConfig(TrainConfig):
     normalization_samples: int = opt(1024, "reference summaries used for the bias", "Detail 15")
 
 
-STAGES: dict[str, type] = {"sft": SFTConfig, "rm": RMConfig, "data-analyze": AnalyzeConfig}
+@dataclass
+class GenerateConfig:
+    model: str = opt("smollm2-135m", "policy to sample from: embedded name, HF directory or hub id")
+    data: list[str] = opt([], "TL;DR SFT data (hub id or files) whose posts are summarised")
+    hf_split: str = opt("validation", "split to read when `data` is a hub id")
+    split: Literal["all", "train", "validation"] = opt("validation", "which side of the post split to use")
+    validation_posts: int = opt(300, "posts held out by post identity (same split as `rlhfkit sft` with the same seed)")
+    seed: int = opt(1, "seed for the split and for sampling")
+    num_samples: int = opt(0, "posts to summarise (0: all of the chosen side)")
+    batch_size: int = opt(8, "queries per generation batch")
+    max_query_length: int = opt(512, "query tokens; longer posts lose paragraphs from the end", "Detail 2")
+    max_new_tokens: int = opt(53, "response tokens sampled at most", "Detail 4")
+    temperature: float = opt(0.7, "sampling temperature (0: greedy)", "Table 7")
+    top_k: int = opt(0, "keep only the k most likely tokens (0: off)")
+    top_p: float = opt(1.0, "nucleus sampling mass (1: off)")
+    trust_remote_code: bool = opt(False, "allow model code from the hub (off: safer)")
+    out: str = opt("samples.jsonl", "output JSON-lines file")
+
+
+STAGES: dict[str, type] = {"sft": SFTConfig, "rm": RMConfig, "generate": GenerateConfig, "data-analyze": AnalyzeConfig}
 
 
 def field_info(cls: type) -> list[tuple[str, Any, str, str | None, str]]:
@@ -126,11 +147,18 @@ def describe_type(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+YAML_BOOL_WORDS = {True: ("yes", "on", "true", "y"), False: ("no", "off", "false", "n")}
+
+
 def coerce(key: str, value: Any, tp: Any) -> Any:
     """Convert a YAML or command-line value to the field's type, or fail naming the key."""
     origin = typing.get_origin(tp)
+    if value is None:
+        raise ConfigError(f"{key} has no value (YAML null); give a {describe_type(tp)}, or '' for an empty string")
     if origin is Literal:
         allowed = typing.get_args(tp)
+        if isinstance(value, bool):  # YAML 1.1 reads a bare `no`/`off`/`yes`/`on` as a boolean
+            value = next((a for a in allowed if str(a).lower() in YAML_BOOL_WORDS[value]), value)
         if value not in allowed:
             raise ConfigError(f"{key}={value!r} is not accepted; choose one of: {', '.join(map(str, allowed))}")
         return value
@@ -229,6 +257,13 @@ def resolve(stage: str, preset: str | None, config_file: str | None, overrides: 
         declared = values.pop("stage", stage)
         if declared != stage:
             raise ConfigError(f"{where} is for stage {declared!r}, not {stage!r}")
+        base_preset = values.pop("preset", None)  # a config file may start from a preset's values
+        if base_preset is not None:
+            preset_values, preset_where = read_preset(str(base_preset))
+            preset_stage = preset_values.pop("stage", stage)
+            if preset_stage != stage:
+                raise ConfigError(f"{where} starts from {preset_where}, which is for stage {preset_stage!r}, not {stage!r}")
+            cfg = apply(cls, preset_values, preset_where, cfg)
         cfg = apply(cls, values, where, cfg)
     return apply(cls, overrides, "command-line arguments", cfg)
 

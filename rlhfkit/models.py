@@ -55,6 +55,11 @@ def gguf_location(name: str) -> Path:
     return path
 
 
+def is_prepared(folder: Path) -> bool:
+    config = folder / "config.json"
+    return config.is_file() and "quantization_config" not in config.read_text()
+
+
 def prepare_embedded(name: str, force: bool = False) -> Path:
     """Convert an embedded GGUF model to a `save_pretrained` folder in the cache, once.
 
@@ -64,13 +69,19 @@ def prepare_embedded(name: str, force: bool = False) -> Path:
     if name not in EMBEDDED:
         raise ModelError(f"unknown embedded model {name!r}; embedded models: {', '.join(EMBEDDED)}")
     target = embedded_dir(name)
-    if (target / "config.json").is_file() and not force:
+    if is_prepared(target) and not force:
         return target
+    force = force or target.exists()
     gguf = gguf_location(name)
     print(f"Converting {EMBEDDED[name]['about']} to {target} (once) ...", file=sys.stderr)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+    config = loaded.config
+    # The dequantised weights are plain fp32; without this the saved config claims GGUF
+    # quantisation and every later save_pretrained refuses to serialise the model.
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     model.generation_config = loaded.generation_config
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -110,15 +121,27 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> PreTra
     return tokenizer
 
 
+def is_dropout_rate(key: str, value: object) -> bool:
+    return ("dropout" in key or key.endswith("_pdrop")) and isinstance(value, float) and not isinstance(value, bool)
+
+
 def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
-    """Detail 7: dropout off everywhere, in modules and in the config fields models read at runtime."""
+    """Detail 7: dropout off everywhere, in modules and in the config fields models read at runtime.
+
+    Besides `nn.Dropout` modules, some attention layers keep their rate as a plain float copied
+    from the config at construction (Llama, Qwen2, Mistral: `self.attention_dropout`), which
+    they pass to the attention kernel in training mode; those floats are zeroed too.
+    """
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
+        for key, value in list(vars(module).items()):
+            if not key.startswith("_") and is_dropout_rate(key, value):
+                setattr(module, key, 0.0)
     config = getattr(model, "config", None)
     if config is not None:
         for key in list(vars(config)):
-            if ("dropout" in key or key.endswith("_pdrop")) and isinstance(getattr(config, key), float):
+            if is_dropout_rate(key, getattr(config, key)):
                 setattr(config, key, 0.0)
     return model
 
@@ -139,6 +162,14 @@ def load_policy(
 ) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
     """A causal LM and its tokenizer, with [PAD] added and dropout disabled."""
     path = resolve_model_path(name_or_path)
+    folder = Path(path)
+    if folder.is_dir() and not any(folder.glob("*.safetensors")):
+        pickled = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
+        if pickled:
+            raise ModelError(
+                f"{path} holds only pickle weights ({', '.join(pickled)}); rlhfkit loads safetensors only, "
+                "since unpickling can run arbitrary code. Convert the weights to model.safetensors first."
+            )
     tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
     model = AutoModelForCausalLM.from_pretrained(
         path, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=True

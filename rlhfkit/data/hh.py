@@ -32,6 +32,9 @@ def parse_hh_row(row: Row, log: SkipLog) -> Comparison | None:
     if row.first_in_source:
         require_fields(row, ["chosen", "rejected"], "HH-RLHF (chosen, rejected dialogues)")
     data = row.data
+    if not isinstance(data, dict):
+        log.skip("not_an_object", row.where)
+        return None
     missing = next((k for k in ("chosen", "rejected") if k not in data), None)
     if missing:
         log.skip(f"missing_field:{missing}", row.where)

@@ -91,10 +91,10 @@ def looks_like_hub_id(text: str) -> bool:
     return len(parts) == 2 and all(parts) and not text.endswith(SUFFIXES) and not text.startswith((".", "/"))
 
 
-def open_text(path: str) -> io.TextIOBase:
+def open_text(path: str, newline: str | None = None) -> io.TextIOBase:
     if path.endswith(".gz"):
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
-    return open(path, encoding="utf-8")
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline=newline)
+    return open(path, encoding="utf-8", newline=newline)
 
 
 def iter_jsonl(path: str) -> Iterator[Row]:
@@ -134,9 +134,13 @@ def iter_json_array(path: str) -> Iterator[Row]:
 
 
 def iter_csv(path: str) -> Iterator[Row]:
-    with open_text(path) as f:
-        for i, item in enumerate(csv.DictReader(f)):
-            yield Row(item, f"{path}:{i + 2}", i == 0)
+    """Rows of a CSV file; `where` is the line a row starts on (quoted fields may span lines)."""
+    with open_text(path, newline="") as f:
+        reader = csv.DictReader(f)
+        start = 2  # the header is line 1 (fieldnames are read lazily, before the first row)
+        for i, item in enumerate(reader):
+            yield Row(item, f"{path}:{start}", i == 0)
+            start = reader.line_num + 1
 
 
 def iter_parquet(path: str) -> Iterator[Row]:

@@ -29,6 +29,8 @@ def split_by_prompt(
         raise ValueError("give exactly one of validation_size and validation_fraction")
     keys = sorted({key(r) for r in records}, key=lambda k: stable_rank(k, seed))
     n = validation_size if validation_size is not None else round(len(keys) * validation_fraction)
+    if n < 0:
+        raise ValueError(f"the validation size must not be negative, got {validation_size if validation_size is not None else validation_fraction}")
     if n > len(keys):
         raise ValueError(f"asked for {n} validation prompts but the data has only {len(keys)} distinct prompts")
     held_out = set(keys[:n])

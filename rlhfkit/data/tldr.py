@@ -64,6 +64,9 @@ def parse_sft_row(row: Row, log: SkipLog) -> SFTRecord | None:
     if row.first_in_source:
         require_fields(row, SFT_FIELDS, "TL;DR SFT (subreddit, title, post, summary)")
     data = row.data
+    if not isinstance(data, dict):
+        log.skip("not_an_object", row.where)
+        return None
     missing = [k for k in SFT_FIELDS if k not in data]
     if missing:
         log.skip(f"missing_field:{missing[0]}", row.where)
@@ -102,15 +105,23 @@ def parse_comparison_row(row: Row, log: SkipLog) -> Comparison | None:
     if row.first_in_source:
         require_fields(row, COMPARISON_FIELDS, "OpenAI comparison (info, summaries[text, policy], choice, ...)")
     data = row.data
+    if not isinstance(data, dict):
+        log.skip("not_an_object", row.where)
+        return None
     missing = next((k for k in COMPARISON_FIELDS if k not in data), None)
     if missing:
         log.skip(f"missing_field:{missing}", row.where)
         return None
     info, summaries, choice = data["info"], data["summaries"], data["choice"]
-    if not isinstance(info, dict) or not isinstance(summaries, list) or len(summaries) != 2:
+    if (
+        not isinstance(info, dict)
+        or not isinstance(summaries, list)
+        or len(summaries) != 2
+        or not all(isinstance(s, dict) for s in summaries)
+    ):
         log.skip("malformed_summaries", row.where)
         return None
-    if choice not in (0, 1) or isinstance(choice, bool):
+    if not isinstance(choice, int) or isinstance(choice, bool) or choice not in (0, 1):
         log.skip("bad_choice", row.where)
         return None
     task = comparison_task(info)

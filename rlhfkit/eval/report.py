@@ -1,0 +1,65 @@
+"""Run reports: PNG plots and a self-contained `report.html` (plots embedded)."""
+
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+from typing import Any
+
+
+def plot_curves(rows: list[dict[str, Any]], keys: list[str], out: Path, title: str) -> Path | None:
+    """One panel per metric key present in `rows` (from metrics.jsonl), against step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    present = [k for k in keys if any(isinstance(r.get(k), int | float) for r in rows)]
+    if not present:
+        return None
+    fig, axes = plt.subplots(1, len(present), figsize=(4.5 * len(present), 3.4), squeeze=False)
+    for ax, key in zip(axes[0], present, strict=True):
+        pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), int | float)]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 40 else None)
+        ax.set(title=key, xlabel="step")
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def table_html(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(format_cell(r.get(c, '')))}</td>" for c in columns) + "</tr>" for r in rows
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def format_cell(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def image_html(path: Path) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<img alt="{html.escape(path.name)}" src="data:image/png;base64,{data}">'
+
+
+def write_report(run_dir: Path, title: str, sections: list[tuple[str, str]]) -> Path:
+    """`sections` are (heading, html) pairs; plots are embedded so the file can be mailed around."""
+    style = (
+        "body{font-family:sans-serif;max-width:1200px;margin:2em auto}"
+        "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:4px;vertical-align:top;"
+        "white-space:pre-wrap;max-width:420px}img{max-width:100%}"
+    )
+    parts = [f"<html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{style}</style></head><body>"]
+    parts.append(f"<h1>{html.escape(title)}</h1>")
+    parts += [f"<h2>{html.escape(h)}</h2>{body}" for h, body in sections]
+    parts.append("</body></html>")
+    path = run_dir / "report.html"
+    path.write_text("\n".join(parts))
+    return path

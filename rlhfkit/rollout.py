@@ -1,0 +1,126 @@
+"""Batched generation from left-padded queries, with the KV cache.
+
+Returns the sampled tokens, their log-probabilities under the same temperature used to sample
+(Detail 25), and responses truncated after the first EOS with PAD after it: the mechanics the
+PPO EOS trick (Detail 23) needs. Rows that never emit EOS keep all their tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from tqdm import tqdm
+from transformers import PreTrainedTokenizerBase
+
+from .data.collate import left_pad_queries
+from .ops import (
+    filter_logits,
+    first_true_indices,
+    logprobs_from_logits,
+    position_ids_from_mask,
+    truncate_after_eos,
+)
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 53
+    temperature: float = 0.7  # 0 means greedy
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+@dataclass
+class Rollout:
+    queries: torch.Tensor  # (B, Q) left padded
+    responses: torch.Tensor  # (B, R) truncated after the first EOS, PAD after it
+    logprobs: torch.Tensor  # (B, R) log-probabilities of the sampled tokens; 0 after the EOS
+    lengths: torch.Tensor  # (B,) tokens up to and including EOS (R when there is none)
+    has_eos: torch.Tensor  # (B,) whether the response contains EOS
+
+
+def pick_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
+    if params.temperature <= 0:
+        return logits.argmax(-1)
+    filtered = filter_logits(logits.float() / params.temperature, params.top_k, params.top_p)
+    return torch.multinomial(filtered.softmax(-1), 1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def generate(
+    model: torch.nn.Module,
+    query_ids: torch.Tensor,
+    query_mask: torch.Tensor,
+    params: SamplingParams,
+    eos_id: int,
+    pad_id: int,
+    generator: torch.Generator | None = None,
+) -> Rollout:
+    """Sample up to `max_new_tokens` for each left-padded query; stop early once every row has EOS."""
+    device = query_ids.device
+    if generator is None:
+        generator = torch.Generator(device=device).manual_seed(params.seed)
+    batch = query_ids.size(0)
+    mask = query_mask.clone()
+    out = model(input_ids=query_ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=True)
+    cache, logits = out.past_key_values, out.logits[:, -1]
+    tokens, logps = [], []
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    for _ in range(params.max_new_tokens):
+        nxt = pick_next(logits, params, generator)
+        tokens.append(nxt)
+        logps.append(logprobs_from_logits(logits, nxt, params.temperature))
+        finished |= nxt == eos_id
+        if bool(finished.all()) or len(tokens) == params.max_new_tokens:
+            break
+        mask = torch.cat([mask, torch.ones(batch, 1, dtype=mask.dtype, device=device)], dim=1)
+        position = (mask.sum(-1, keepdim=True) - 1).clamp(min=0)
+        out = model(input_ids=nxt.unsqueeze(1), attention_mask=mask, position_ids=position, past_key_values=cache, use_cache=True)
+        cache, logits = out.past_key_values, out.logits[:, -1]
+    raw = torch.stack(tokens, dim=1)
+    responses = truncate_after_eos(raw, eos_id, pad_id)
+    eos_at = first_true_indices(raw == eos_id)
+    has_eos = eos_at < raw.size(1)
+    lengths = torch.where(has_eos, eos_at + 1, torch.full_like(eos_at, raw.size(1)))
+    valid = torch.arange(raw.size(1), device=device).unsqueeze(0) < lengths.unsqueeze(1)
+    logprobs = torch.stack(logps, dim=1) * valid
+    return Rollout(query_ids, responses, logprobs, lengths, has_eos)
+
+
+def response_texts(rollout: Rollout, tokenizer: PreTrainedTokenizerBase) -> list[str]:
+    """Decoded responses without EOS or PAD."""
+    texts = []
+    for row, length in zip(rollout.responses, rollout.lengths.tolist(), strict=True):
+        ids = row[:length].tolist()
+        texts.append(tokenizer.decode([t for t in ids if t not in (tokenizer.eos_token_id, tokenizer.pad_token_id)]))
+    return texts
+
+
+def generate_texts(
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    queries: list[list[int]],
+    params: SamplingParams,
+    batch_size: int = 8,
+    desc: str = "generating",
+) -> list[dict]:
+    """Generate for many queries in batches (longest first, to pad less); results keep input order."""
+    device = next(model.parameters()).device
+    order = sorted(range(len(queries)), key=lambda i: -len(queries[i]))
+    results: list[dict | None] = [None] * len(queries)
+    generator = torch.Generator(device=device).manual_seed(params.seed)
+    was_training = model.training
+    model.eval()
+    for start in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch"):
+        idx = order[start : start + batch_size]
+        batch = left_pad_queries([queries[i] for i in idx], tokenizer.pad_token_id)
+        rollout = generate(
+            model, batch["input_ids"].to(device), batch["attention_mask"].to(device), params,
+            tokenizer.eos_token_id, tokenizer.pad_token_id, generator,
+        )
+        for j, (i, text) in enumerate(zip(idx, response_texts(rollout, tokenizer), strict=True)):
+            results[i] = {"text": text.strip(), "tokens": int(rollout.lengths[j]), "has_eos": bool(rollout.has_eos[j])}
+    model.train(was_training)
+    return results

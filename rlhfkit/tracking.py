@@ -1,0 +1,60 @@
+"""Metrics: `metrics.jsonl` always, TensorBoard events by default, Weights & Biases when asked."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+
+class Tracker:
+    def __init__(self, run_dir: Path, report_to: list[str], config: dict[str, Any], project: str = "rlhfkit", resume_step: int = 0):
+        self.path = run_dir / "metrics.jsonl"
+        self.drop_after(resume_step)
+        self.tb = None
+        self.wandb = None
+        if "tensorboard" in report_to:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(log_dir=str(run_dir / "tb"), purge_step=resume_step + 1 if resume_step else None)
+        if "wandb" in report_to:
+            try:
+                import wandb
+            except ImportError:
+                raise RuntimeError("report_to=wandb needs the wandb extra: pip install 'rlhfkit[wandb]'") from None
+            self.wandb = wandb.init(project=project, name=run_dir.name, dir=str(run_dir), config=config, resume="allow")
+        unknown = set(report_to) - {"tensorboard", "wandb"}
+        if unknown:
+            raise ValueError(f"report_to: unknown tracker(s) {', '.join(sorted(unknown))}; choose from tensorboard, wandb")
+
+    def drop_after(self, step: int) -> None:
+        """On resume, forget metrics logged after the checkpoint so curves have no duplicates."""
+        if not self.path.exists():
+            return
+        rows = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        kept = [r for r in rows if r.get("step", 0) <= step] if step else []
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        row = {"step": step, **{k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in metrics.items()}}
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.tb is not None:
+            for key, value in metrics.items():
+                if isinstance(value, int | float):
+                    self.tb.add_scalar(key, value, step)
+            self.tb.flush()
+        if self.wandb is not None:
+            self.wandb.log(metrics, step=step)
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []

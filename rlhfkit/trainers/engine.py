@@ -1,0 +1,210 @@
+"""The training loop every supervised stage shares (SFT, reward model, DPO).
+
+A stage gives examples, a collate function and a loss function; the engine owns the data order,
+gradient accumulation, the optimizer and schedule (Tables 3-4), non-finite checks, checkpoints
+with exact resume, tracking and the progress bar. Data order is a function of (seed, step) alone,
+so resuming at step k replays exactly the batches an uninterrupted run would see.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+from transformers import get_scheduler
+
+from ..checkpoint import find_checkpoint, load_training_state, save_checkpoint, seed_everything
+from ..config import ConfigError, TrainConfig, to_yaml
+from ..tracking import Tracker
+
+# loss_fn(model, batch) -> (loss summed over the batch's units, extra metrics summed the same way).
+# A collated batch carries `loss_units` (per row: tokens for SFT, 1 per pair for the RM).
+LossFn = Callable[[torch.nn.Module, dict[str, torch.Tensor]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+class NonFiniteError(RuntimeError):
+    """A loss or gradient became NaN/inf; the run stops and the last good checkpoint is kept."""
+
+
+@dataclass
+class Schedule:
+    examples: int
+    total_batch_size: int
+    micro_batch_size: int
+    processes: int
+    steps_per_epoch: int
+    total_steps: int
+
+    @property
+    def accumulation(self) -> int:
+        return self.total_batch_size // (self.micro_batch_size * self.processes)
+
+
+def plan_schedule(cfg: TrainConfig, examples: int, processes: int) -> Schedule:
+    per_step = cfg.micro_batch_size * processes
+    if cfg.total_batch_size % per_step:
+        raise ConfigError(
+            f"total_batch_size={cfg.total_batch_size} must be a multiple of micro_batch_size x processes = "
+            f"{cfg.micro_batch_size} x {processes}; change total_batch_size or micro_batch_size"
+        )
+    steps_per_epoch = examples // cfg.total_batch_size
+    if steps_per_epoch == 0:
+        raise ConfigError(f"only {examples} training examples, fewer than total_batch_size={cfg.total_batch_size}")
+    total = cfg.max_steps or max(1, math.floor(cfg.num_epochs * steps_per_epoch))
+    return Schedule(examples, cfg.total_batch_size, cfg.micro_batch_size, processes, steps_per_epoch, total)
+
+
+def batch_indices(schedule: Schedule, seed: int, step: int, rank: int) -> list[list[int]]:
+    """Micro-batches of example indices for optimizer step `step` on process `rank`.
+
+    Each epoch is a fresh permutation drawn from (seed, epoch), sampled without replacement.
+    """
+    epoch, offset = divmod(step, schedule.steps_per_epoch)
+    order = np.random.default_rng([seed, epoch]).permutation(schedule.examples)
+    start = offset * schedule.total_batch_size
+    per_rank = schedule.micro_batch_size * schedule.accumulation
+    mine = order[start + rank * per_rank : start + (rank + 1) * per_rank].tolist()
+    return [mine[i : i + schedule.micro_batch_size] for i in range(0, per_rank, schedule.micro_batch_size)]
+
+
+def make_run_dir(cfg: TrainConfig, stage: str) -> Path:
+    if cfg.output_dir:
+        run_dir = Path(cfg.output_dir)
+    elif cfg.resume and find_checkpoint(cfg.resume) is not None:
+        run_dir = find_checkpoint(cfg.resume).parents[1]
+    else:
+        run_dir = Path("runs") / f"{stage}-{datetime.now():%Y%m%d-%H%M%S}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(to_yaml(cfg, stage))
+    return run_dir
+
+
+def resume_checkpoint(cfg: TrainConfig) -> Path | None:
+    if not cfg.resume:
+        return None
+    ckpt = find_checkpoint(cfg.resume)
+    if ckpt is None:
+        raise ConfigError(f"resume={cfg.resume}: no complete checkpoint there (looked for checkpoints/latest)")
+    return ckpt
+
+
+def autocast_precision(cfg: TrainConfig) -> str:
+    """bf16 autocast where the hardware supports it (Detail 8), fp32 otherwise."""
+    if cfg.mixed_precision == "auto":
+        return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+    return cfg.mixed_precision
+
+
+def check_finite(step: int, name: str, value: torch.Tensor) -> None:
+    if not torch.isfinite(value).all():
+        raise NonFiniteError(
+            f"step {step}: {name} is {value.item() if value.numel() == 1 else 'non-finite'}; stopping. "
+            "The last good checkpoint is untouched; lower the learning rate or inspect the data and resume."
+        )
+
+
+@dataclass
+class Stage:
+    name: str
+    model: torch.nn.Module
+    tokenizer: Any
+    examples: list[Any]
+    collate: Callable[[list[Any]], dict[str, torch.Tensor]]
+    loss_fn: LossFn
+    evaluate: Callable[[torch.nn.Module, int], dict[str, float]] | None = None
+
+
+def count_tokens(batch: dict[str, torch.Tensor]) -> int:
+    return int(batch["attention_mask"].sum())
+
+
+def train(cfg: TrainConfig, stage: Stage, run_dir: Path, checkpoint: Path | None = None) -> dict[str, Any]:
+    """Run the optimizer steps of `stage`, resuming from `checkpoint` when given."""
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=autocast_precision(cfg))
+    seed_everything(cfg.seed)
+    schedule = plan_schedule(cfg, len(stage.examples), accelerator.num_processes)
+    model = stage.model
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
+    scheduler = get_scheduler(cfg.lr_scheduler, optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=schedule.total_steps)
+    start = load_training_state(checkpoint, optimizer, scheduler)["step"] if checkpoint else 0
+    model, optimizer = accelerator.prepare(model, optimizer)
+    model.train()
+    tracker = Tracker(run_dir, cfg.report_to, dataclasses.asdict(cfg), resume_step=start) if accelerator.is_main_process else None
+    bar = tqdm(total=schedule.total_steps, initial=start, desc=stage.name, unit="step", disable=not accelerator.is_main_process)
+    last: dict[str, float] = {}
+    for step in range(start, schedule.total_steps):
+        began = time.perf_counter()
+        metrics, tokens = run_step(accelerator, model, stage, schedule, cfg, step)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        done = step + 1
+        elapsed = time.perf_counter() - began
+        metrics |= {"train/lr": scheduler.get_last_lr()[0], "perf/tokens_per_s": tokens / elapsed, "perf/step_s": elapsed}
+        if stage.evaluate is not None and cfg.eval_every and done % cfg.eval_every == 0 and done < schedule.total_steps:
+            metrics |= stage.evaluate(accelerator.unwrap_model(model), done)
+        if tracker is not None and (done % cfg.log_every == 0 or done == schedule.total_steps):
+            tracker.log(done, metrics)
+        last = metrics
+        bar.update(1)
+        bar.set_postfix(loss=f"{metrics['train/loss']:.4f}", lr=f"{metrics['train/lr']:.2e}", tok_s=f"{metrics['perf/tokens_per_s']:.0f}")
+        if cfg.save_every and done % cfg.save_every == 0 and done < schedule.total_steps:
+            save(accelerator, run_dir, done, model, stage.tokenizer, optimizer, scheduler, schedule, cfg.keep_checkpoints)
+    bar.close()
+    final_model = accelerator.unwrap_model(model)
+    if stage.evaluate is not None:
+        final_eval = stage.evaluate(final_model, schedule.total_steps)
+        last |= final_eval
+        if tracker is not None:
+            tracker.log(schedule.total_steps, final_eval)
+    save(accelerator, run_dir, schedule.total_steps, model, stage.tokenizer, optimizer, scheduler, schedule, cfg.keep_checkpoints)
+    if tracker is not None:
+        tracker.close()
+    return {"model": final_model, "steps": schedule.total_steps, "schedule": dataclasses.asdict(schedule), "last_metrics": last}
+
+
+def run_step(accelerator, model, stage: Stage, schedule: Schedule, cfg: TrainConfig, step: int) -> tuple[dict[str, float], int]:
+    """Forward and backward over this process's micro-batches; return averaged metrics and tokens seen."""
+    micro = [stage.collate([stage.examples[i] for i in idx]) for idx in batch_indices(schedule, cfg.seed, step, accelerator.process_index)]
+    micro = [{k: v.to(accelerator.device) for k, v in b.items()} for b in micro]
+    # Normalise by the units (tokens or pairs) of the whole effective batch, over all processes:
+    # gradient accumulation then equals one large batch. DDP averages over processes, hence x processes.
+    units = accelerator.reduce(sum(b["loss_units"].sum() for b in micro).float(), "sum")
+    loss_total = torch.zeros((), device=accelerator.device)
+    extra_total: dict[str, torch.Tensor] = {}
+    for batch in micro:
+        with accelerator.autocast():
+            loss_sum, extra = stage.loss_fn(model, batch)
+        check_finite(step + 1, "loss", loss_sum.detach())
+        accelerator.backward(loss_sum * accelerator.num_processes / units)
+        loss_total += loss_sum.detach().float()
+        for key, value in extra.items():
+            extra_total[key] = extra_total.get(key, 0) + value.detach().float()
+    grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf"))
+    check_finite(step + 1, "gradient norm", torch.as_tensor(grad_norm))
+    totals = accelerator.reduce(torch.stack([loss_total, *extra_total.values()]), "sum") / units
+    metrics = {"train/loss": totals[0].item(), "train/grad_norm": float(grad_norm)}
+    metrics |= {key: totals[i + 1].item() for i, key in enumerate(extra_total)}
+    return metrics, sum(count_tokens(b) for b in micro) * accelerator.num_processes
+
+
+def save(accelerator, run_dir: Path, step: int, model, tokenizer, optimizer, scheduler, schedule: Schedule, keep: int) -> None:
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        state = {"examples_seen": step * schedule.total_batch_size, "epoch": step / schedule.steps_per_epoch}
+        save_checkpoint(run_dir, step, accelerator.unwrap_model(model), tokenizer, optimizer, scheduler, state, keep)
+    accelerator.wait_for_everyone()

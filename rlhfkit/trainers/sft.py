@@ -1,0 +1,184 @@
+"""`rlhfkit sft`: supervised fine-tuning on TL;DR reference summaries (Section 5, Detail 9, Table 3).
+
+Next-token loss on the response tokens (leading space + summary + EOS, Detail 3) of right-padded
+query+response rows (Detail 5), averaged over every response token of the effective batch.
+At the end the held-out posts are summarised by the starting model and the SFT model and both
+are scored with ROUGE-L against the references.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import ConfigError, GenerateConfig, SFTConfig
+from ..data import load_sft
+from ..data.collate import IGNORE_INDEX, right_pad_query_response
+from ..data.examples import SFTExample, tokenize_sft
+from ..data.split import split_by_prompt
+from ..eval.report import image_html, plot_curves, table_html, write_report
+from ..eval.rouge import mean, rouge_l
+from ..models import load_policy
+from ..ops import token_cross_entropy_sum
+from ..rollout import SamplingParams, generate_texts
+from ..tracking import read_metrics
+from .engine import Stage, make_run_dir, resume_checkpoint, train
+
+
+def collate_sft(examples: list[SFTExample], pad_id: int, loss_on_query: bool) -> dict[str, torch.Tensor]:
+    batch = right_pad_query_response([e.query.ids for e in examples], [e.response for e in examples], pad_id, loss_on_query)
+    batch["loss_units"] = (batch["labels"][:, 1:] != IGNORE_INDEX).sum(-1)
+    batch.pop("response_mask")
+    return batch
+
+
+def sft_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    return token_cross_entropy_sum(logits, batch["labels"]), {}
+
+
+@torch.no_grad()
+def validation_loss(model: torch.nn.Module, examples: list[SFTExample], pad_id: int, loss_on_query: bool, batch_size: int) -> float:
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    total, units = 0.0, 0
+    for i in range(0, len(examples), batch_size):
+        batch = {k: v.to(device) for k, v in collate_sft(examples[i : i + batch_size], pad_id, loss_on_query).items()}
+        total += sft_loss(model, batch)[0].item()
+        units += int(batch["loss_units"].sum())
+    model.train(was_training)
+    return total / max(units, 1)
+
+
+def summarise(model, tokenizer, examples: list[SFTExample], cfg: SFTConfig, label: str) -> list[dict]:
+    params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.eval_temperature, seed=cfg.seed)
+    return generate_texts(model, tokenizer, [e.query.ids for e in examples], params, cfg.micro_batch_size, desc=f"summarising ({label})")
+
+
+def sample_rows(examples: list[SFTExample], base: list[dict] | None, tuned: list[dict]) -> list[dict[str, Any]]:
+    refs = [e.record.summary.strip() for e in examples]
+    tuned_rouge = rouge_l([t["text"] for t in tuned], refs)
+    base_rouge = rouge_l([b["text"] for b in base], refs) if base else [None] * len(refs)
+    rows = []
+    for i, e in enumerate(examples):
+        row = {"prompt_id": e.record.prompt_id, "post": e.record.fields["post"], "reference": refs[i]}
+        if base:
+            row |= {"base": base[i]["text"], "base_has_eos": base[i]["has_eos"], "base_rouge_l": base_rouge[i]}
+        row |= {"sft": tuned[i]["text"], "sft_has_eos": tuned[i]["has_eos"], "sft_rouge_l": tuned_rouge[i]}
+        rows.append(row)
+    return rows
+
+
+def summary_metrics(rows: list[dict[str, Any]]) -> dict[str, float]:
+    out: dict[str, float] = {"eval/posts": len(rows)}
+    for who in ("base", "sft"):
+        if rows and f"{who}_rouge_l" in rows[0]:
+            out[f"eval/{who}_rouge_l"] = mean([r[f"{who}_rouge_l"] for r in rows])
+            out[f"eval/{who}_eos_rate"] = mean([float(r[f"{who}_has_eos"]) for r in rows])
+    return out
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_sft_report(run_dir: Path, cfg: SFTConfig, metrics: dict[str, float], rows: list[dict], data_notes: list[str]) -> Path:
+    history = read_metrics(run_dir)
+    plot = plot_curves(history, ["train/loss", "val/loss", "train/lr", "perf/tokens_per_s"], run_dir / "plots" / "loss.png", "SFT")
+    columns = ["post", "reference", "base", "sft", "base_rouge_l", "sft_rouge_l"]
+    sections = [
+        ("Data", "<br>".join(data_notes)),
+        ("Evaluation (held-out posts)", table_html([{"metric": k, "value": v} for k, v in metrics.items()], ["metric", "value"])),
+    ]
+    if plot is not None:
+        sections.append(("Training curves", image_html(plot)))
+    sections.append(("Samples: post / reference / base model / SFT model", table_html(rows[:10], [c for c in columns if rows and c in rows[0]])))
+    sections.append(("Resolved config", f"<pre>{(run_dir / 'config.yaml').read_text()}</pre>"))
+    return write_report(run_dir, f"SFT run {run_dir.name}", sections)
+
+
+def run(cfg: SFTConfig, _parsed: Any = None) -> int:
+    run_dir = make_run_dir(cfg, "sft")
+    checkpoint = resume_checkpoint(cfg)
+    records, load_log = load_sft(cfg.data, cfg.hf_split)
+    train_records, val_records = split_by_prompt(records, lambda r: r.prompt_id, validation_size=cfg.validation_posts, seed=cfg.seed)
+    model, tokenizer = load_policy(str(checkpoint / "model") if checkpoint else cfg.model, cfg.trust_remote_code)
+    train_examples, train_log = tokenize_sft(train_records, tokenizer, cfg.max_query_length, cfg.max_response_length)
+    val_examples, val_log = tokenize_sft(val_records, tokenizer, cfg.max_query_length, cfg.max_response_length)
+    notes = [
+        f"loaded: {load_log.summary('posts')}",
+        f"split by post: {len(train_records)} train, {len(val_records)} validation posts",
+        f"train tokenization: {train_log.summary('posts')}; queries truncated: {sum(e.query.truncated for e in train_examples)}",
+        f"validation tokenization: {val_log.summary('posts')}",
+    ]
+    print("\n".join(notes))
+    eval_examples = val_examples[: cfg.eval_samples]
+    base_path = run_dir / "samples_base.jsonl"
+    if eval_examples and not base_path.exists() and checkpoint is None:
+        write_jsonl(base_path, summarise(model, tokenizer, eval_examples, cfg, "base model"))
+
+    def evaluate(current: torch.nn.Module, step: int) -> dict[str, float]:
+        if not eval_examples:
+            return {}
+        return {"val/loss": validation_loss(current, eval_examples, tokenizer.pad_token_id, cfg.loss_on_query, cfg.micro_batch_size)}
+
+    stage = Stage(
+        "sft",
+        model,
+        tokenizer,
+        train_examples,
+        lambda batch: collate_sft(batch, tokenizer.pad_token_id, cfg.loss_on_query),
+        sft_loss,
+        evaluate,
+    )
+    result = train(cfg, stage, run_dir, checkpoint)
+    final = result["model"]
+    final.save_pretrained(run_dir / "model", safe_serialization=True)
+    tokenizer.save_pretrained(run_dir / "model")
+    metrics = {k: v for k, v in result["last_metrics"].items() if k.startswith("val/")}
+    rows: list[dict] = []
+    if eval_examples:
+        base = read_jsonl(base_path) if base_path.exists() else None
+        rows = sample_rows(eval_examples, base, summarise(final, tokenizer, eval_examples, cfg, "SFT model"))
+        write_jsonl(run_dir / "samples.jsonl", rows)
+        metrics |= summary_metrics(rows)
+    (run_dir / "eval.json").write_text(json.dumps(metrics, indent=2))
+    report = write_sft_report(run_dir, cfg, metrics, rows, notes)
+    print(json.dumps(metrics, indent=2))
+    print(f"model: {run_dir / 'model'}\nreport: {report}")
+    return 0
+
+
+def run_generate(cfg: GenerateConfig, _parsed: Any = None) -> int:
+    """`rlhfkit generate`: summaries (and ROUGE-L against the references) for one side of the post split."""
+    if not cfg.data:
+        raise ConfigError("generate needs data=... (TL;DR SFT hub id or files)")
+    records, log = load_sft(cfg.data, cfg.hf_split)
+    if cfg.split != "all":
+        train_records, val_records = split_by_prompt(records, lambda r: r.prompt_id, validation_size=cfg.validation_posts, seed=cfg.seed)
+        records = val_records if cfg.split == "validation" else train_records
+    records = records[: cfg.num_samples] if cfg.num_samples else records
+    model, tokenizer = load_policy(cfg.model, cfg.trust_remote_code)
+    if torch.cuda.is_available():
+        model = model.cuda()
+    examples, tok_log = tokenize_sft(records, tokenizer, cfg.max_query_length, 10**9)
+    print(f"loaded: {log.summary('posts')}; generating for {len(examples)} posts")
+    params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed)
+    outputs = generate_texts(model, tokenizer, [e.query.ids for e in examples], params, cfg.batch_size)
+    scores = rouge_l([o["text"] for o in outputs], [e.record.summary.strip() for e in examples])
+    rows = [
+        {"prompt_id": e.record.prompt_id, "query": e.query.text, "reference": e.record.summary.strip(), **o, "rouge_l": s}
+        for e, o, s in zip(examples, outputs, scores, strict=True)
+    ]
+    Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
+    write_jsonl(Path(cfg.out), rows)
+    print(json.dumps({"posts": len(rows), "rouge_l": mean(scores), "eos_rate": mean([float(o["has_eos"]) for o in outputs])}))
+    return 0

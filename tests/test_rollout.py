@@ -1,0 +1,70 @@
+import torch
+
+from rlhfkit.data.collate import left_pad_queries
+from rlhfkit.rollout import SamplingParams, generate, generate_texts
+
+
+def encode(tokenizer, text):
+    return tokenizer(text, add_special_tokens=False).input_ids
+
+
+def test_left_padded_batch_generates_same_tokens_as_each_row_alone(tiny_model):
+    model, tok = tiny_model
+    model.eval()
+    queries = [encode(tok, "SUBREDDIT: r/test\n\nTITLE: a long title here\n\nPOST: words words words\n\nTL;DR:"), encode(tok, "hi there")]
+    params = SamplingParams(max_new_tokens=12, temperature=0)
+    batch = left_pad_queries(queries, tok.pad_token_id)
+    together = generate(model, batch["input_ids"], batch["attention_mask"], params, tok.eos_token_id, tok.pad_token_id)
+    for i, q in enumerate(queries):
+        alone_batch = left_pad_queries([q], tok.pad_token_id)
+        alone = generate(model, alone_batch["input_ids"], alone_batch["attention_mask"], params, tok.eos_token_id, tok.pad_token_id)
+        width = alone.responses.size(1)
+        assert together.responses[i, :width].tolist() == alone.responses[0].tolist()
+        torch.testing.assert_close(together.logprobs[i, :width], alone.logprobs[0], atol=1e-5, rtol=1e-4)
+
+
+class ScriptedLM(torch.nn.Module):
+    """Emits a fixed token sequence per row, whatever the input: lets a test place EOS exactly."""
+
+    def __init__(self, scripts, vocab):
+        super().__init__()
+        self.scripts = scripts
+        self.vocab = vocab
+        self.calls = 0
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=True):
+        logits = torch.full((input_ids.size(0), input_ids.size(1), self.vocab), -10.0)
+        for row, script in enumerate(self.scripts):
+            logits[row, -1, script[min(self.calls, len(script) - 1)]] = 10.0
+        self.calls += 1
+        return type("Out", (), {"logits": logits, "past_key_values": None})()
+
+
+def test_eos_truncation_pads_after_first_eos_and_handles_rows_without_eos():
+    eos, pad = 2, 99
+    model = ScriptedLM([[5, 2, 7, 7, 7], [5, 6, 7, 8, 9], [2, 2, 2, 2, 2]], vocab=100)
+    ids = torch.ones(3, 3, dtype=torch.long)
+    out = generate(model, ids, torch.ones_like(ids), SamplingParams(max_new_tokens=5, temperature=0), eos, pad)
+    assert out.responses.tolist() == [[5, 2, pad, pad, pad], [5, 6, 7, 8, 9], [2, pad, pad, pad, pad]]
+    assert out.has_eos.tolist() == [True, False, True]
+    assert out.lengths.tolist() == [2, 5, 1]
+    assert (out.logprobs[0, 2:] == 0).all() and (out.logprobs[1] != 0).all()
+
+
+def test_generation_stops_early_once_every_row_has_eos():
+    model = ScriptedLM([[2], [5, 2]], vocab=10)
+    ids = torch.ones(2, 2, dtype=torch.long)
+    out = generate(model, ids, torch.ones_like(ids), SamplingParams(max_new_tokens=50, temperature=0), 2, 9)
+    assert out.responses.size(1) == 2 and model.calls == 2
+
+
+def test_sampling_is_deterministic_for_a_seed(tiny_model):
+    model, tok = tiny_model
+    queries = [encode(tok, "one two three"), encode(tok, "four")]
+    params = SamplingParams(max_new_tokens=8, temperature=0.7, seed=3)
+    a = generate_texts(model, tok, queries, params, batch_size=2)
+    b = generate_texts(model, tok, queries, params, batch_size=2)
+    c = generate_texts(model, tok, queries, SamplingParams(max_new_tokens=8, temperature=0.7, seed=4), batch_size=2)
+    assert a == b
+    assert a != c

@@ -1,0 +1,148 @@
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlhfkit.config import resolve
+from rlhfkit.data.examples import tokenize_sft
+from rlhfkit.data.tldr import load_sft
+from rlhfkit.trainers import sft
+from rlhfkit.trainers.engine import NonFiniteError
+
+from .conftest import data_file
+
+
+@pytest.fixture(scope="module")
+def sft_posts(tmp_path_factory):
+    """The first 40 real TL;DR posts as a local jsonl file."""
+    src = data_file("tldr-sft-sample", "tldr_sft_sample.jsonl.gz")
+    out = tmp_path_factory.mktemp("data") / "posts.jsonl"
+    with gzip.open(src, "rt") as f:
+        out.write_text("".join(line for _, line in zip(range(40), f, strict=False)))
+    return out
+
+
+def fast_args(model_dir, data, out, **extra):
+    args = {
+        "model": str(model_dir),
+        "data": str(data),
+        "output_dir": str(out),
+        "validation_posts": 8,
+        "eval_samples": 0,
+        "total_batch_size": 4,
+        "micro_batch_size": 2,
+        "max_query_length": 128,
+        "learning_rate": 1e-3,
+        "report_to": "",
+    }
+    args.update(extra)
+    return args
+
+
+def test_collate_counts_response_tokens_including_eos(tokenizer, sft_posts):
+    records, _ = load_sft([str(sft_posts)])
+    examples, _ = tokenize_sft(records[:3], tokenizer, 128, 53)
+    batch = sft.collate_sft(examples, tokenizer.pad_token_id, loss_on_query=False)
+    assert batch["loss_units"].tolist() == [len(e.response) for e in examples]
+    for row, e in enumerate(examples):
+        labelled = batch["labels"][row][batch["labels"][row] != -100].tolist()
+        assert labelled == e.response and labelled[-1] == tokenizer.eos_token_id
+
+
+def test_sft_lowers_the_loss_on_a_fixed_batch(tiny_model, sft_posts):
+    model, tok = tiny_model
+    records, _ = load_sft([str(sft_posts)])
+    examples, _ = tokenize_sft(records[:4], tok, 128, 53)
+    batch = sft.collate_sft(examples, tok.pad_token_id, loss_on_query=False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, eps=1e-5)
+    losses = []
+    for _ in range(8):
+        loss_sum, _ = sft.sft_loss(model, batch)
+        loss = loss_sum / batch["loss_units"].sum()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 1.0, losses
+
+
+def test_run_directory_has_config_metrics_events_checkpoints_samples_plots_report(tiny_model_dir, sft_posts, tmp_path):
+    out = tmp_path / "run"
+    cfg = resolve("sft", "tldr-sft", None, fast_args(tiny_model_dir, sft_posts, out, eval_samples=2, max_steps=2, report_to="tensorboard"))
+    assert sft.run(cfg) == 0
+    for name in ["config.yaml", "metrics.jsonl", "samples.jsonl", "samples_base.jsonl", "eval.json", "report.html", "plots/loss.png"]:
+        assert (out / name).is_file(), name
+    assert list((out / "tb").glob("events.out.tfevents.*"))
+    assert (out / "model" / "model.safetensors").is_file() and (out / "model" / "tokenizer.json").is_file()
+    assert (out / "checkpoints" / "step-000002" / "model" / "model.safetensors").is_file()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "train/loss" in r] == [1, 2]
+    assert "lr_scheduler: cosine" in (out / "config.yaml").read_text()
+    sample = json.loads((out / "samples.jsonl").read_text().splitlines()[0])
+    assert {"post", "reference", "base", "sft", "base_rouge_l", "sft_rouge_l"} <= set(sample)
+    assert "eval/sft_rouge_l" in json.loads((out / "eval.json").read_text())
+
+
+def test_non_finite_loss_stops_at_once_and_keeps_last_good_checkpoint(tiny_model_dir, sft_posts, tmp_path, monkeypatch):
+    calls = {"n": 0}
+    real_loss = sft.sft_loss
+
+    def loss_that_explodes(model, batch):
+        calls["n"] += 1
+        loss, extra = real_loss(model, batch)
+        return (loss * float("nan") if calls["n"] > 4 else loss), extra  # 2 micro-batches per step: NaN at step 3
+
+    monkeypatch.setattr(sft, "sft_loss", loss_that_explodes)
+    out = tmp_path / "run"
+    cfg = resolve("sft", None, None, fast_args(tiny_model_dir, sft_posts, out, max_steps=5, save_every=1, keep_checkpoints=0))
+    with pytest.raises(NonFiniteError, match="step 3: loss is nan"):
+        sft.run(cfg)
+    latest = json.loads((out / "checkpoints" / "latest").read_text())
+    assert latest["step"] == 2
+    assert not (out / "checkpoints" / "step-000003").exists()
+    load_file(out / "checkpoints" / "step-000002" / "model" / "model.safetensors")
+
+
+def cli(*args):
+    return [sys.executable, "-m", "rlhfkit", "sft", *[f"{k}={v}" for k, v in args[0].items()]]
+
+
+def test_resume_after_sigkill_gives_bit_identical_weights(tiny_model_dir, sft_posts, tmp_path):
+    env = {**os.environ, "TQDM_DISABLE": "1"}
+    steps = 8
+    straight = tmp_path / "straight"
+    subprocess.run(cli(fast_args(tiny_model_dir, sft_posts, straight, max_steps=steps)), check=True, env=env, capture_output=True)
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(cli(fast_args(tiny_model_dir, sft_posts, killed, max_steps=steps, save_every=1)), env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    latest = killed / "checkpoints" / "latest"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if latest.exists() and json.loads(latest.read_text())["step"] >= 2:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = json.loads(latest.read_text())["step"]
+    assert killed_at < steps
+
+    resumed = fast_args(tiny_model_dir, sft_posts, killed, max_steps=steps, save_every=1, resume=killed)
+    subprocess.run(cli(resumed), check=True, env=env, capture_output=True)
+
+    a = load_file(straight / "model" / "model.safetensors")
+    b = load_file(Path(killed) / "model" / "model.safetensors")
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    losses = [json.loads(line) for line in (killed / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in losses if "train/loss" in r] == list(range(1, steps + 1))
