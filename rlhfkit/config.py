@@ -100,6 +100,9 @@ class RMConfig(TrainConfig):
     max_response_length: int = opt(169, "response tokens including EOS; longer pairs are skipped", "Detail 4")
     max_article_query_length: int = opt(2047, "query token budget for CNN/DM articles", "Detail 5")
     validation_fraction: float = opt(0.1, "fraction of posts held out by post identity for validation")
+    splits: list[str] = opt([], "keep only comparisons from these splits (e.g. train, valid1; empty: all)", "Detail 16")
+    batches: list[str] = opt([], "keep only comparisons from these annotation batches (empty: all)", "Detail 16")
+    eval_pairs: int = opt(256, "validation pairs scored at each evaluation (0: all)")
     head: Literal["eos-linear", "mean-mlp"] = opt("eos-linear", "reward head: EOS-token linear or mean-pooled MLP", "Details 11-12")
     sft_data: list[str] = opt([], "SFT data whose reference summaries set the reward bias (empty: skip)", "Detail 15")
     normalization_samples: int = opt(1024, "reference summaries used for the bias", "Detail 15")
@@ -124,7 +127,31 @@ class GenerateConfig:
     out: str = opt("samples.jsonl", "output JSON-lines file")
 
 
-STAGES: dict[str, type] = {"sft": SFTConfig, "rm": RMConfig, "generate": GenerateConfig, "data-analyze": AnalyzeConfig}
+@dataclass
+class RMEvalConfig:
+    model: str = opt("", "reward model folder written by `rlhfkit rm` (its model/ folder)")
+    data: list[str] = opt([], "comparisons: hub id or OpenAI JSON-lines / HH-RLHF jsonl.gz files")
+    data_format: Literal["tldr-comparisons", "hh"] = opt("tldr-comparisons", "format of `data`")
+    hf_split: str = opt("validation", "split to read when `data` is a hub id")
+    splits: list[str] = opt([], "keep only comparisons from these splits (empty: all)", "Detail 16")
+    batches: list[str] = opt([], "keep only comparisons from these annotation batches (empty: all)", "Detail 16")
+    side: Literal["all", "validation", "train"] = opt("all", "which side of the prompt split to score (as `rlhfkit rm` split it)")
+    validation_fraction: float = opt(0.1, "the prompt split's validation fraction (same as the training run)")
+    seed: int = opt(1, "the prompt split's seed (same as the training run)")
+    max_pairs: int = opt(0, "score at most this many pairs (0: all)")
+    batch_size: int = opt(8, "pairs per forward pass")
+    max_query_length: int = opt(512, "query tokens; longer posts lose paragraphs from the end", "Detail 2")
+    max_article_query_length: int = opt(2047, "query token budget for CNN/DM articles", "Detail 5")
+    max_response_length: int = opt(169, "response tokens including EOS; longer pairs are skipped and counted", "Detail 4")
+    probes: str = opt("builtin", "YAML of graded probe responses ('builtin': rlhfkit/probes/tldr-probes.yaml; '': none)")
+    errors: int = opt(20, "most confidently wrong pairs written to confident_errors.jsonl")
+    calibration_bins: int = opt(10, "reward-margin bins of the calibration plot", "Detail 18")
+    dump_logits: int = opt(1, "pairs whose per-token reward logits are dumped", "Detail 13")
+    trust_remote_code: bool = opt(False, "allow model code from the hub (off: safer)")
+    out: str = opt("", "output folder (empty: <model>/../rm_eval)")
+
+
+STAGES: dict[str, type] = {"sft": SFTConfig, "rm": RMConfig, "rm-eval": RMEvalConfig, "generate": GenerateConfig, "data-analyze": AnalyzeConfig}
 
 
 def field_info(cls: type) -> list[tuple[str, Any, str, str | None, str]]:

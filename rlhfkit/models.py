@@ -7,6 +7,8 @@ EOS (Detail 3). Weights are read from safetensors only and remote code is off un
 from __future__ import annotations
 
 import importlib.util
+import json
+import math
 import os
 import shutil
 import sys
@@ -212,3 +214,117 @@ def save_tiny_policy(folder: str | Path, **kwargs) -> Path:
     return Path(folder)
 
 
+
+
+SCALAR_CONFIG = "rlhfkit_scalar.json"
+SCALAR_HEAD = "scalar_head.safetensors"
+
+
+def linear_head(hidden_size: int) -> torch.nn.Linear:
+    """Detail 11: weights ~ N(0, 1/sqrt(d_model + 1)) (std), bias 0."""
+    head = torch.nn.Linear(hidden_size, 1)
+    torch.nn.init.normal_(head.weight, std=1 / math.sqrt(hidden_size + 1))
+    torch.nn.init.zeros_(head.bias)
+    return head
+
+
+def mean_mlp_head(hidden_size: int) -> torch.nn.Sequential:
+    """Seed 002's alternative: an MLP over the mean of the response's hidden states."""
+    return torch.nn.Sequential(torch.nn.Linear(hidden_size, hidden_size), torch.nn.Tanh(), linear_head(hidden_size))
+
+
+HEADS = {"eos-linear": linear_head, "mean-mlp": mean_mlp_head}
+
+
+class ScalarModel(torch.nn.Module):
+    """A causal LM's backbone plus a scalar head: the reward model, and the value model it initialises.
+
+    `head="eos-linear"` reads the score at the EOS token (Detail 12); `head="mean-mlp"` averages the
+    response's hidden states first. Both share this one code path: only the pooling differs.
+    """
+
+    def __init__(self, backbone: torch.nn.Module, head: str = "eos-linear", pad_token_id: int | None = None):
+        super().__init__()
+        if head not in HEADS:
+            raise ModelError(f"unknown head {head!r}; choose one of {', '.join(HEADS)}")
+        self.backbone = backbone
+        self.head_type = head
+        self.pad_token_id = pad_token_id
+        self.head = HEADS[head](backbone.config.hidden_size)
+
+    @property
+    def config(self):
+        return self.backbone.config
+
+    @classmethod
+    def from_policy(cls, policy: torch.nn.Module, head: str = "eos-linear") -> ScalarModel:
+        """Detail 10: the reward model starts from the (SFT) policy's backbone; its LM head is dropped."""
+        backbone = getattr(policy, policy.base_model_prefix)
+        return cls(disable_dropout(backbone), head, policy.config.pad_token_id)
+
+    def gradient_checkpointing_enable(self, **kwargs) -> None:
+        self.backbone.gradient_checkpointing_enable(**kwargs)
+
+    def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        # Detail 14: positions follow the attention mask, so left and right padding see the same positions.
+        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        return self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).last_hidden_state
+
+    def per_token_scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """(B, L) head output at every position (Detail 13: only the one at EOS is a valid reward)."""
+        if self.head_type != "eos-linear":
+            raise ModelError("per-token scores exist only for the eos-linear head")
+        return self.head(self.hidden_states(input_ids, attention_mask)).squeeze(-1).float()
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor | None = None, context_length: int = 0
+    ) -> torch.Tensor:
+        """(B,) scores. Rows hold query+response, PAD after the response's EOS; the query part may be
+        left padded up to `context_length` (generation) or not padded at all (context_length 0)."""
+        hidden = self.hidden_states(input_ids, attention_mask)
+        if self.head_type == "mean-mlp":
+            mask = (response_mask if response_mask is not None else attention_mask).unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
+        else:
+            pooled = hidden[torch.arange(hidden.size(0), device=hidden.device), self.reward_index(input_ids, context_length)]
+        return self.head(pooled).squeeze(-1).float()
+
+    def reward_index(self, input_ids: torch.Tensor, context_length: int = 0) -> torch.Tensor:
+        """Detail 12: the EOS position = first PAD after the query, minus 1 (the last token when no PAD)."""
+        from .ops import first_true_indices
+
+        return first_true_indices(input_ids[:, context_length:] == self.pad_token_id) - 1 + context_length
+
+    @property
+    def output_bias(self) -> torch.nn.Parameter:
+        return self.head[-1].bias if isinstance(self.head, torch.nn.Sequential) else self.head.bias
+
+    def save_pretrained(self, folder: str | Path, safe_serialization: bool = True, **kwargs) -> None:
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        self.backbone.save_pretrained(folder, safe_serialization=True)
+        save_file({k: v.detach().contiguous().cpu() for k, v in self.head.state_dict().items()}, str(folder / SCALAR_HEAD))
+        meta = {"head": self.head_type, "pad_token_id": self.pad_token_id, "hidden_size": self.config.hidden_size}
+        (folder / SCALAR_CONFIG).write_text(json.dumps(meta, indent=2))
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path, trust_remote_code: bool = False) -> ScalarModel:
+        from safetensors.torch import load_file
+        from transformers import AutoModel
+
+        folder = Path(folder)
+        meta_path = folder / SCALAR_CONFIG
+        if not meta_path.is_file():
+            raise ModelError(f"{folder} is not a reward/value model folder ({SCALAR_CONFIG} missing); train one with `rlhfkit rm`")
+        meta = json.loads(meta_path.read_text())
+        backbone = AutoModel.from_pretrained(folder, trust_remote_code=trust_remote_code, use_safetensors=True, dtype=torch.float32)
+        model = cls(disable_dropout(backbone), meta["head"], meta["pad_token_id"])
+        model.head.load_state_dict(load_file(str(folder / SCALAR_HEAD)))
+        return model
+
+
+def load_reward_model(folder: str | Path, trust_remote_code: bool = False) -> tuple[ScalarModel, PreTrainedTokenizerBase]:
+    """A saved reward model and its tokenizer, in one call."""
+    model = ScalarModel.from_pretrained(folder, trust_remote_code)
+    return model.eval(), load_tokenizer(str(folder), trust_remote_code)

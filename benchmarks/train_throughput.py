@@ -1,0 +1,100 @@
+"""Steady-state training throughput and peak memory of one stage, printed as one JSON line.
+
+    python benchmarks/train_throughput.py --stage sft --model smollm2-135m --batch 4 --seq 562
+    python benchmarks/train_throughput.py --stage rm  --model tiny --batch 2 --seq 638
+
+Runs the stage's real loss function and an AdamW step on random token rows of the given shape
+(rows are right-padded to `--seq`, as Detail 5 batches are), discards `--warmup` steps, times
+`--steps`. On CUDA the peak is `max_memory_allocated`; on CPU it is the process's peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import sys
+import time
+
+import torch
+
+
+def build(stage: str, model_name: str):
+    from rlhfkit.models import load_policy, tiny_policy
+
+    policy, tokenizer = tiny_policy() if model_name == "tiny" else load_policy(model_name)
+    if stage == "sft":
+        from rlhfkit.trainers.sft import sft_loss
+
+        return policy, tokenizer, sft_loss
+    from rlhfkit.models import ScalarModel
+    from rlhfkit.trainers.reward import pairwise_loss_fn
+
+    return ScalarModel.from_policy(policy), tokenizer, pairwise_loss_fn
+
+
+def random_batch(stage: str, tokenizer, batch: int, seq: int, device) -> dict[str, torch.Tensor]:
+    rows = 2 * batch if stage == "rm" else batch
+    ids = torch.randint(100, len(tokenizer) - 1, (rows, seq))
+    ids[:, -1] = tokenizer.eos_token_id
+    mask = torch.ones_like(ids)
+    out = {"input_ids": ids, "attention_mask": mask, "labels": ids.clone(), "loss_units": torch.full((batch,), seq)}
+    return {k: v.to(device) for k, v in out.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--stage", choices=["sft", "rm"], default="sft")
+    parser.add_argument("--model", default="smollm2-135m", help="embedded name, HF directory, hub id, or 'tiny'")
+    parser.add_argument("--batch", type=int, default=4, help="rows per step (pairs for rm)")
+    parser.add_argument("--seq", type=int, default=562, help="tokens per row (562 SFT, 638 RM in the paper)")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--bf16", action="store_true", help="bf16 autocast (CUDA)")
+    args = parser.parse_args()
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model, tokenizer, loss_fn = build(args.stage, args.model)
+    model.to(device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, eps=1e-5)
+    batch = random_batch(args.stage, tokenizer, args.batch, args.seq, device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for step in range(args.warmup + args.steps):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        began = time.perf_counter()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
+            loss, _ = loss_fn(model, batch)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if step >= args.warmup:
+            times.append(time.perf_counter() - began)
+    tokens = int(batch["attention_mask"].sum())
+    peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    median = sorted(times)[len(times) // 2]
+    print(json.dumps({
+        "benchmark": f"{args.stage}_train_step",
+        "model": args.model,
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+        "batch": args.batch,
+        "seq": args.seq,
+        "tokens_per_step": tokens,
+        "step_s_median": round(median, 4),
+        "tokens_per_s": round(tokens / median, 1),
+        "peak_memory_bytes": int(peak),
+        "peak_memory_kind": "cuda_allocated" if device.type == "cuda" else "process_rss",
+        "bf16": args.bf16,
+        "torch": torch.__version__,
+    }))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

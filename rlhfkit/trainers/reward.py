@@ -1,0 +1,259 @@
+"""`rlhfkit rm` and `rlhfkit rm-eval`: reward-model training and evaluation (Section 6, Details 10-18, Table 4).
+
+The reward model is the SFT backbone plus a scalar head (Details 10-11); the reward is read at
+the EOS token (Detail 12); the loss is -log sigmoid(r_chosen - r_rejected); after training the
+head bias is set so the SFT reference summaries score 0 on average (Detail 15).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from ..config import ConfigError, RMConfig, RMEvalConfig
+from ..data import load_pairs, load_sft
+from ..data.collate import pad
+from ..data.examples import PairExample, query_limits, tokenize_pairs, tokenize_sft
+from ..data.split import split_by_prompt
+from ..data.tldr import Comparison
+from ..eval import rm_metrics
+from ..eval.report import image_html, table_html, write_report
+from ..models import ScalarModel, load_policy, load_reward_model
+from ..tracking import read_metrics
+from .engine import Stage, make_run_dir, resume_checkpoint, train
+
+
+def filter_comparisons(records: list[Comparison], splits: list[str], batches: list[str]) -> list[Comparison]:
+    return [r for r in records if (not splits or r.split in splits) and (not batches or r.batch in batches)]
+
+
+def collate_scored(queries: list[list[int]], responses: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded query+response rows (Detail 5) with a mask of the response tokens."""
+    ids, mask = pad([q + r for q, r in zip(queries, responses, strict=True)], pad_id, "right")
+    response_mask = torch.zeros_like(mask)
+    for row, (q, r) in enumerate(zip(queries, responses, strict=True)):
+        response_mask[row, len(q) : len(q) + len(r)] = 1
+    return {"input_ids": ids, "attention_mask": mask, "response_mask": response_mask}
+
+
+def collate_pairs(examples: list[PairExample], pad_id: int) -> dict[str, torch.Tensor]:
+    """Chosen rows first, then rejected rows, in one right-padded batch of 2B rows."""
+    queries = [e.query.ids for e in examples] * 2
+    responses = [e.chosen for e in examples] + [e.rejected for e in examples]
+    batch = collate_scored(queries, responses, pad_id)
+    batch["loss_units"] = torch.ones(len(examples), dtype=torch.long)
+    return batch
+
+
+def score(model: ScalarModel, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return model(batch["input_ids"], batch["attention_mask"], batch.get("response_mask"))
+
+
+def pairwise_loss_fn(model: ScalarModel, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Sum over pairs of -log sigmoid(r_chosen - r_rejected), with accuracy and reward sums alongside."""
+    rewards = score(model, batch)
+    chosen, rejected = rewards.chunk(2)
+    margin = chosen - rejected
+    extras = {
+        "train/accuracy": (margin > 0).float().sum(),
+        "train/chosen_reward": chosen.detach().sum(),
+        "train/rejected_reward": rejected.detach().sum(),
+        "train/margin": margin.detach().sum(),
+    }
+    return -F.logsigmoid(margin).sum(), extras
+
+
+@torch.no_grad()
+def score_texts(model: ScalarModel, pad_id: int, queries: list[list[int]], responses: list[list[int]], batch_size: int, desc: str) -> np.ndarray:
+    """Rewards of query+response rows, in input order (batched longest-first to pad less)."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    order = sorted(range(len(queries)), key=lambda i: -(len(queries[i]) + len(responses[i])))
+    out = np.zeros(len(queries), dtype=np.float64)
+    for start in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch", disable=len(order) <= batch_size):
+        idx = order[start : start + batch_size]
+        batch = collate_scored([queries[i] for i in idx], [responses[i] for i in idx], pad_id)
+        out[idx] = score(model, {k: v.to(device) for k, v in batch.items()}).cpu().numpy()
+    model.train(was_training)
+    return out
+
+
+def score_pairs(model: ScalarModel, pad_id: int, examples: list[PairExample], batch_size: int, desc: str = "scoring") -> tuple[np.ndarray, np.ndarray]:
+    queries = [e.query.ids for e in examples]
+    both = score_texts(model, pad_id, queries * 2, [e.chosen for e in examples] + [e.rejected for e in examples], batch_size, desc)
+    return both[: len(examples)], both[len(examples) :]
+
+
+@torch.no_grad()
+def normalize_to_references(model: ScalarModel, tokenizer, sft_data: list[str], cfg: RMConfig) -> dict[str, float]:
+    """Detail 15: shift the head bias so the SFT reference summaries average a reward of 0."""
+    records, log = load_sft(sft_data)
+    examples, _ = tokenize_sft(records[: cfg.normalization_samples], tokenizer, cfg.max_query_length, cfg.max_response_length)
+    rewards = score_texts(model, tokenizer.pad_token_id, [e.query.ids for e in examples], [e.response for e in examples],
+                          cfg.micro_batch_size * 2, "normalising (Detail 15)")
+    before = float(rewards.mean())
+    model.output_bias.data -= before
+    return {"reference_mean_before": before, "references": len(examples), "bias": float(model.output_bias.item())}
+
+
+def dump_reward_logits(model: ScalarModel, tokenizer, examples: list[PairExample], out: Path) -> list[dict[str, Any]]:
+    """Detail 13: the head's output at every response position; only the EOS one is a valid reward."""
+    dumps = []
+    for e in examples:
+        batch = collate_scored([e.query.ids], [e.chosen], tokenizer.pad_token_id)
+        device = next(model.parameters()).device
+        with torch.no_grad():
+            scores = model.per_token_scores(batch["input_ids"].to(device), batch["attention_mask"].to(device))[0].cpu()
+        start = len(e.query.ids)
+        tokens = tokenizer.convert_ids_to_tokens(e.chosen)
+        dumps.append({"tokens": tokens, "scores": scores[start : start + len(e.chosen)].tolist(), "eos_index": len(e.chosen) - 1})
+    (out / "reward_logits.json").write_text(json.dumps(dumps, indent=2))
+    if dumps:
+        plot_reward_logits(dumps[0], out / "reward_logits.png")
+    return dumps
+
+
+def plot_reward_logits(dump: dict[str, Any], path: Path) -> None:
+    plt = rm_metrics.pyplot()
+    fig, ax = plt.subplots(figsize=(max(6, 0.25 * len(dump["tokens"])), 3.5))
+    colors = ["tab:red" if i == dump["eos_index"] else "tab:gray" for i in range(len(dump["tokens"]))]
+    ax.bar(range(len(dump["scores"])), dump["scores"], color=colors)
+    ax.set_xticks(range(len(dump["tokens"])), dump["tokens"], rotation=90, fontsize=7)
+    ax.set(title="Reward logits per response token (red: EOS, the only valid reward; Detail 13)", ylabel="head output")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def score_probes(model: ScalarModel, tokenizer, probes_path: str, limits: dict[str, int]) -> list[dict[str, Any]]:
+    from ..data.formats import encode_completion, encode_query
+
+    if not probes_path:
+        return []
+    probes = rm_metrics.load_probes(rm_metrics.DEFAULT_PROBES if probes_path == "builtin" else probes_path)
+    items = rm_metrics.probe_items(probes)
+    queries = [encode_query(tokenizer, it["task"], it["fields"], limits[it["task"]]).ids for it in items]
+    responses = [encode_completion(tokenizer, it["text"]) for it in items]
+    scores = score_texts(model, tokenizer.pad_token_id, queries, responses, 8, "probes")
+    return rm_metrics.probe_table(probes, scores.tolist())
+
+
+def evaluate_reward_model(
+    model: ScalarModel, tokenizer, examples: list[PairExample], out: Path, *, batch_size: int, probes: str,
+    limits: dict[str, int], errors: int = 20, bins: int = 10, dump: int = 1,
+) -> dict[str, Any]:
+    """Everything `rm_eval.json` holds, plus plots, confident errors, probes and Detail 13 dumps."""
+    out.mkdir(parents=True, exist_ok=True)
+    chosen, rejected = score_pairs(model, tokenizer.pad_token_id, examples, batch_size)
+    lengths_c = np.array([len(e.chosen) - 1 for e in examples])
+    lengths_r = np.array([len(e.rejected) - 1 for e in examples])
+    comparisons = [e.record for e in examples]
+    result = rm_metrics.evaluate_rewards(comparisons, chosen, rejected, lengths_c, lengths_r, "tokens", bins, errors)
+    probe_rows = score_probes(model, tokenizer, probes, limits)
+    rm_metrics.write_rm_eval(out, result, chosen, rejected, lengths_c, lengths_r, probe_rows=probe_rows or None)
+    if dump and model.head_type == "eos-linear":
+        dump_reward_logits(model, tokenizer, examples[:dump], out)
+    return result
+
+
+def prepare_pairs(cfg, tokenizer, records: list[Comparison]) -> tuple[list[PairExample], str]:
+    limits = query_limits(cfg.max_query_length, cfg.max_article_query_length)
+    examples, log = tokenize_pairs(records, tokenizer, limits, cfg.max_response_length)
+    return examples, log.summary("pairs")
+
+
+def run(cfg: RMConfig, _parsed: Any = None) -> int:
+    run_dir = make_run_dir(cfg, "rm")
+    checkpoint = resume_checkpoint(cfg)
+    records, load_log = load_pairs(cfg.data_format, cfg.data, cfg.hf_split)
+    records = filter_comparisons(records, cfg.splits, cfg.batches)
+    if not records:
+        raise ConfigError(f"no comparisons left after splits={cfg.splits} batches={cfg.batches}")
+    train_records, val_records = split_by_prompt(records, lambda r: r.prompt_id, validation_fraction=cfg.validation_fraction, seed=cfg.seed)
+    if checkpoint:
+        model, tokenizer = load_reward_model(checkpoint / "model", cfg.trust_remote_code)
+        model.train()
+    else:
+        policy, tokenizer = load_policy(cfg.model, cfg.trust_remote_code)
+        model = ScalarModel.from_policy(policy, cfg.head)
+    train_examples, train_note = prepare_pairs(cfg, tokenizer, train_records)
+    val_examples, val_note = prepare_pairs(cfg, tokenizer, val_records)
+    notes = [
+        f"loaded: {load_log.summary('pairs')}",
+        f"after split/batch filters: {len(records)} pairs",
+        f"split by prompt: {len(train_records)} train pairs ({len({r.prompt_id for r in train_records})} prompts), "
+        f"{len(val_records)} validation pairs ({len({r.prompt_id for r in val_records})} prompts), no prompt on both sides",
+        f"train tokenization: {train_note}",
+        f"validation tokenization: {val_note}",
+    ]
+    print("\n".join(notes))
+    eval_examples = val_examples[: cfg.eval_pairs] if cfg.eval_pairs else val_examples
+
+    def evaluate(current: ScalarModel, step: int) -> dict[str, float]:
+        if not eval_examples:
+            return {}
+        c, r = score_pairs(current, tokenizer.pad_token_id, eval_examples, cfg.micro_batch_size * 2, "validating")
+        return {"val/accuracy": rm_metrics.pairwise_accuracy(c, r), "val/loss": rm_metrics.pairwise_loss(c, r), "val/margin": float((c - r).mean())}
+
+    stage = Stage("rm", model, tokenizer, train_examples, lambda b: collate_pairs(b, tokenizer.pad_token_id), pairwise_loss_fn, evaluate)
+    result = train(cfg, stage, run_dir, checkpoint)
+    final: ScalarModel = result["model"]
+    normalization = normalize_to_references(final, tokenizer, cfg.sft_data, cfg) if cfg.sft_data else {"skipped": "no sft_data given"}
+    notes.append(f"reward normalisation (Detail 15): {normalization}")
+    final.save_pretrained(run_dir / "model")
+    tokenizer.save_pretrained(run_dir / "model")
+    (run_dir / "normalization.json").write_text(json.dumps(normalization, indent=2))
+    limits = query_limits(cfg.max_query_length, cfg.max_article_query_length)
+    evaluation = evaluate_reward_model(final, tokenizer, val_examples, run_dir / "rm_eval", batch_size=cfg.micro_batch_size * 2,
+                                       probes="builtin" if cfg.data_format == "tldr-comparisons" else "", limits=limits)
+    rm_metrics.plot_training_curves(read_metrics(run_dir), run_dir / "plots")
+    write_rm_report(run_dir, notes, evaluation, run_dir / "rm_eval")
+    print(rm_metrics.headline(evaluation))
+    print(f"model: {run_dir / 'model'}\nreport: {run_dir / 'report.html'}")
+    return 0
+
+
+def write_rm_report(run_dir: Path, notes: list[str], evaluation: dict[str, Any], eval_dir: Path) -> Path:
+    overall = evaluation["breakdown"]["overall"] if "breakdown" in evaluation else {}
+    sections = [("Data", "<br>".join(notes)), ("Validation accuracy", table_html([{"metric": k, "value": v} for k, v in overall.items()], ["metric", "value"]))]
+    for name in ("confidence", "batch", "split", "task"):
+        groups = evaluation.get("breakdown", {}).get(name, {})
+        if groups:
+            rows = [{name: g, **stats} for g, stats in groups.items()]
+            sections.append((f"Accuracy by {name} (Detail 16)", table_html(rows, [name, "accuracy", "count", "stderr"])))
+    for png in sorted([*(run_dir / "plots").glob("*.png"), *eval_dir.glob("*.png")]):
+        sections.append((png.stem.replace("_", " "), image_html(png)))
+    if (eval_dir / "probes.md").exists():
+        sections.append(("Probes", f"<pre>{(eval_dir / 'probes.md').read_text()}</pre>"))
+    sections.append(("Resolved config", f"<pre>{(run_dir / 'config.yaml').read_text()}</pre>"))
+    return write_report(run_dir, f"Reward model run {run_dir.name}", sections)
+
+
+def run_eval(cfg: RMEvalConfig, _parsed: Any = None) -> int:
+    if not cfg.model or not cfg.data:
+        raise ConfigError("rm-eval needs model=<reward model folder> and data=<comparisons>")
+    model, tokenizer = load_reward_model(cfg.model, cfg.trust_remote_code)
+    if torch.cuda.is_available():
+        model = model.cuda()
+    records, log = load_pairs(cfg.data_format, cfg.data, cfg.hf_split)
+    records = filter_comparisons(records, cfg.splits, cfg.batches)
+    if cfg.side != "all":
+        train_side, val_side = split_by_prompt(records, lambda r: r.prompt_id, validation_fraction=cfg.validation_fraction, seed=cfg.seed)
+        records = val_side if cfg.side == "validation" else train_side
+    records = records[: cfg.max_pairs] if cfg.max_pairs else records
+    examples, note = prepare_pairs(cfg, tokenizer, records)
+    print(f"loaded: {log.summary('pairs')}; scoring: {note}")
+    out = Path(cfg.out) if cfg.out else Path(cfg.model).parent / "rm_eval"
+    limits = query_limits(cfg.max_query_length, cfg.max_article_query_length)
+    result = evaluate_reward_model(model, tokenizer, examples, out, batch_size=cfg.batch_size, probes=cfg.probes, limits=limits,
+                                   errors=cfg.errors, bins=cfg.calibration_bins, dump=cfg.dump_logits)
+    print(rm_metrics.headline(result))
+    print(f"wrote {out / 'rm_eval.json'}")
+    return 0
