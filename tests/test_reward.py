@@ -1,0 +1,149 @@
+import gzip
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rlhfkit.cli import main as cli_main
+from rlhfkit.config import resolve
+from rlhfkit.data.collate import pad
+from rlhfkit.data.formats import encode_completion, encode_query
+from rlhfkit.models import ScalarModel, linear_head, load_reward_model
+from rlhfkit.trainers import reward
+
+from .conftest import data_file
+
+
+@pytest.fixture
+def reward_model(tiny_model):
+    policy, tok = tiny_model
+    torch.manual_seed(0)
+    return ScalarModel.from_policy(policy).eval(), tok
+
+
+def pairs_of(tok):
+    fields = {"subreddit": "test", "title": "A title", "post": "First paragraph.\nSecond paragraph here."}
+    query = encode_query(tok, "tldr", fields, 512).ids
+    return [(query, encode_completion(tok, "short one")), (query[:10], encode_completion(tok, "a much longer summary of the post"))]
+
+
+def test_detail11_head_init_std_is_one_over_sqrt_d_model_plus_one():
+    torch.manual_seed(0)
+    head = linear_head(4095)
+    assert head.weight.std().item() == pytest.approx(1 / math.sqrt(4096), rel=0.05)
+    assert torch.all(head.bias == 0)
+
+
+def test_detail12_reward_is_read_at_the_eos_index_including_full_width_rows(reward_model):
+    model, tok = reward_model
+    rows = [q + r for q, r in pairs_of(tok)]
+    ids, mask = pad(rows, tok.pad_token_id, "right")
+    full_width = ids.size(1)
+    assert model.reward_index(ids).tolist() == [len(rows[0]) - 1, len(rows[1]) - 1]
+    assert ids[0, len(rows[0]) - 1] == tok.eos_token_id
+    per_token = model.per_token_scores(ids, mask)
+    rewards = model(ids, mask)
+    expected = per_token[torch.arange(2), torch.tensor([len(r) - 1 for r in rows])]
+    torch.testing.assert_close(rewards, expected)
+    assert len(rows[0]) == full_width or len(rows[1]) == full_width  # one row has no PAD at all
+    assert not torch.allclose(rewards, per_token[:, 0])  # reading any other position would differ
+
+
+def test_detail14_left_and_right_padding_give_the_same_rewards(reward_model):
+    model, tok = reward_model
+    pairs = pairs_of(tok)
+    right = reward.collate_scored([q for q, _ in pairs], [r for _, r in pairs], tok.pad_token_id)
+    right_rewards = model(right["input_ids"], right["attention_mask"])
+    queries, qmask = pad([q for q, _ in pairs], tok.pad_token_id, "left")
+    responses, rmask = pad([r for _, r in pairs], tok.pad_token_id, "right")
+    ids = torch.cat([queries, responses], 1)
+    left_rewards = model(ids, torch.cat([qmask, rmask], 1), context_length=queries.size(1))
+    torch.testing.assert_close(left_rewards, right_rewards, atol=1e-4, rtol=1e-4)
+
+
+class FixedRewards(torch.nn.Module):
+    def __init__(self, values):
+        super().__init__()
+        self.values = torch.tensor(values)
+
+    def forward(self, input_ids, attention_mask, response_mask=None):
+        return self.values
+
+
+def test_pairwise_loss_and_accuracy_against_hand_values():
+    # chosen rows first: chosen = [2, -1, 0.5], rejected = [0, 1, 0.5]
+    model = FixedRewards([2.0, -1.0, 0.5, 0.0, 1.0, 0.5])
+    batch = {"input_ids": torch.zeros(6, 1), "attention_mask": torch.ones(6, 1)}
+    loss, extras = reward.pairwise_loss_fn(model, batch)
+    expected = sum(math.log(1 + math.exp(-m)) for m in (2.0, -2.0, 0.0))
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    assert extras["train/accuracy"].item() == 1.0  # only the first pair; a tie is not correct
+    assert extras["train/margin"].item() == pytest.approx(0.0)
+    assert extras["train/chosen_reward"].item() == pytest.approx(1.5)
+
+
+def test_mean_mlp_head_pools_response_tokens_only(tiny_model):
+    policy, tok = tiny_model
+    model = ScalarModel.from_policy(policy, head="mean-mlp").eval()
+    (q, r), _ = pairs_of(tok)
+    batch = reward.collate_scored([q, q], [r, r], tok.pad_token_id)
+    batch["input_ids"][1, 0] = 1234  # change a query token: the pooled response states move only via attention
+    a, b = reward.score(model, batch)
+    assert a != b
+    assert torch.isfinite(a)
+
+
+def test_saved_reward_model_reloads_with_one_call_and_scores_identically(reward_model, tmp_path):
+    model, tok = reward_model
+    model.output_bias.data += 0.25
+    model.save_pretrained(tmp_path / "rm")
+    tok.save_pretrained(tmp_path / "rm")
+    loaded, loaded_tok = load_reward_model(tmp_path / "rm")
+    batch = reward.collate_scored(*zip(*pairs_of(tok), strict=True), tok.pad_token_id)
+    torch.testing.assert_close(loaded(batch["input_ids"], batch["attention_mask"]), model(batch["input_ids"], batch["attention_mask"]))
+    assert loaded_tok.pad_token_id == tok.pad_token_id != tok.eos_token_id
+
+
+def test_detail15_normalisation_gives_reference_mean_zero(reward_model, tmp_path):
+    model, tok = reward_model
+    src = data_file("tldr-sft-sample", "tldr_sft_sample.jsonl.gz")
+    refs = tmp_path / "refs.jsonl"
+    with gzip.open(src, "rt") as f:
+        refs.write_text("".join(line for _, line in zip(range(12), f, strict=False)))
+    cfg = resolve("rm", None, None, {"max_query_length": 128, "normalization_samples": 12, "micro_batch_size": 2})
+    info = reward.normalize_to_references(model, tok, [str(refs)], cfg)
+    assert abs(info["reference_mean_before"]) > 1e-4
+    from rlhfkit.data.examples import tokenize_sft
+    from rlhfkit.data.tldr import load_sft
+
+    examples, _ = tokenize_sft(load_sft([str(refs)])[0], tok, 128, 53)
+    after = reward.score_texts(model, tok.pad_token_id, [e.query.ids for e in examples], [e.response for e in examples], 4, "t")
+    assert abs(after.mean()) < 1e-4
+
+
+def test_rm_stage_and_rm_eval_end_to_end(tiny_model_dir, tmp_path):
+    src = data_file("summarize-from-feedback-comparisons", "batch13.jsonl.gz")
+    pairs = tmp_path / "pairs.jsonl"
+    with gzip.open(src, "rt") as f:
+        pairs.write_text("".join(line for _, line in zip(range(48), f, strict=False)))
+    out = tmp_path / "rm"
+    args = [f"model={tiny_model_dir}", f"data={pairs}", f"output_dir={out}", "total_batch_size=4", "micro_batch_size=2",
+            "max_steps=2", "max_query_length=128", "validation_fraction=0.25", "report_to=", "eval_every=1"]
+    assert cli_main(["rm", "--preset", "tldr-rm", *args, "sft_data="]) == 0
+    evaluation = json.loads((out / "rm_eval" / "rm_eval.json").read_text())
+    assert evaluation["pairs"] > 0 and 0 <= evaluation["accuracy"] <= 1
+    assert {"split", "batch", "confidence", "policy_pair"} <= set(evaluation["breakdown"])
+    for name in ["calibration.png", "margin_histogram.png", "reward_logits.png", "probes.md", "confident_errors.jsonl"]:
+        assert (out / "rm_eval" / name).exists(), name
+    assert (out / "plots" / "rm_training.png").exists() and (out / "report.html").exists()
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert any("val/accuracy" in m for m in metrics) and any("train/chosen_reward" in m for m in metrics)
+
+    eval_out = tmp_path / "eval"
+    assert cli_main(["rm-eval", f"model={out / 'model'}", f"data={pairs}", "side=validation", "validation_fraction=0.25",
+                     "max_query_length=128", f"out={eval_out}"]) == 0
+    again = json.loads((eval_out / "rm_eval.json").read_text())
+    assert again["pairs"] == evaluation["pairs"]
+    assert np.isclose(again["accuracy"], evaluation["accuracy"])
