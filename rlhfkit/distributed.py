@@ -32,11 +32,17 @@ def relaunch(argv: list[str], num_processes: int) -> int:
     return subprocess.call(launch_command(argv, num_processes))
 
 
+def processes_need_cpu() -> bool:
+    """True without CUDA, or with fewer GPUs than processes on this machine (each process needs its own)."""
+    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return not torch.cuda.is_available() or torch.cuda.device_count() < local_processes
+
+
 def check_agreement() -> dict:
     """Every process computes the same tiny thing; all-reduce and gather prove they talk and agree."""
     from accelerate import Accelerator
 
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    accelerator = Accelerator(cpu=processes_need_cpu())
     rank, world = accelerator.process_index, accelerator.num_processes
     total = accelerator.reduce(torch.tensor([float(rank + 1)], device=accelerator.device), reduction="sum").item()
     torch.manual_seed(0)

@@ -496,3 +496,32 @@ def test_skiplog_merge_and_dict():
     assert a.examples["tie"] == ["a:0", "a:1", "a:2", "a:3", "b:0"]
     assert a.to_dict()["skipped"] == 9 and a.to_dict()["by_reason"] == {"tie": 8, "invalid_json": 1}
     assert SkipLog(kept=4).summary() == "kept 4 records, skipped none"
+
+
+def test_hh_subset_name_comes_from_the_folder_for_every_file_type(tmp_path, hh_base):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = raw_records(hh_base, 6)
+    folder = tmp_path / "helpful-base"
+    folder.mkdir()
+    (folder / "array.json").write_text(json.dumps(rows))
+    pq.write_table(pa.Table.from_pylist(rows), folder / "rows.parquet")
+    write_records(folder / "rows.jsonl", rows)
+    for name in ("array.json", "rows.parquet", "rows.jsonl"):
+        records, log = load_hh([str(folder / name)])
+        assert log.kept == len(records) > 0, name
+        assert {r.split for r in records} == {"helpful-base"}, name
+
+
+def test_byte_order_mark_is_not_data(tmp_path, sft_path):
+    rows = raw_records(sft_path, 3)
+    (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\n" for r in rows).encode())
+    records, log = load_sft([str(tmp_path / "bom.jsonl")])
+    assert log.kept == 3 and not log.counts
+    with open(tmp_path / "bom.csv", "w", newline="", encoding="utf-8-sig") as f:
+        writer = csv.DictWriter(f, fieldnames=["subreddit", "title", "post", "summary"])
+        writer.writeheader()
+        writer.writerows(rows)
+    records, log = load_sft([str(tmp_path / "bom.csv")])
+    assert [r.fields["subreddit"] for r in records] == [r["subreddit"] for r in rows]

@@ -92,3 +92,18 @@ def test_inside_launcher_detection(monkeypatch):
     monkeypatch.delenv("LOCAL_RANK")
     monkeypatch.setenv("ACCELERATE_PROCESS_ID", "1")
     assert inside_launcher()
+
+
+def test_more_processes_than_gpus_fall_back_to_cpu(monkeypatch):
+    import torch
+
+    from rlhfkit.distributed import processes_need_cpu
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert processes_need_cpu()  # two processes cannot share one GPU over NCCL
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert not processes_need_cpu()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert processes_need_cpu()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from .formats import HH_ASSISTANT
@@ -19,10 +20,9 @@ def split_dialogue(dialogue: str) -> tuple[str, str] | None:
 
 
 def subset_of(where: str) -> str:
-    """The HH subset (harmless-base, helpful-online, ...) from a local path, else the hub split."""
-    path = where.rsplit(":", 1)[0]
-    parent = Path(path).parent.name
-    return parent if parent and "[" not in path else ""
+    """The HH subset (harmless-base, helpful-online, ...): the folder of a local file, else ""."""
+    path = re.sub(r"(:\d+|\[\d+\])$", "", where)  # file:line (JSON lines, CSV) or file[index] (array, parquet)
+    return Path(path).parent.name if Path(path).is_file() else ""
 
 
 def parse_hh_row(row: Row, log: SkipLog) -> Comparison | None:

@@ -92,9 +92,10 @@ def looks_like_hub_id(text: str) -> bool:
 
 
 def open_text(path: str, newline: str | None = None) -> io.TextIOBase:
+    """UTF-8 text; a byte-order mark (as some Windows tools write) is dropped, not read as data."""
     if path.endswith(".gz"):
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline=newline)
-    return open(path, encoding="utf-8", newline=newline)
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8-sig", newline=newline)
+    return open(path, encoding="utf-8-sig", newline=newline)
 
 
 def iter_jsonl(path: str) -> Iterator[Row]:
