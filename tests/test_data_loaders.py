@@ -520,8 +520,24 @@ def test_byte_order_mark_is_not_data(tmp_path, sft_path):
     records, log = load_sft([str(tmp_path / "bom.jsonl")])
     assert log.kept == 3 and not log.counts
     with open(tmp_path / "bom.csv", "w", newline="", encoding="utf-8-sig") as f:
-        writer = csv.DictWriter(f, fieldnames=["subreddit", "title", "post", "summary"])
+        writer = csv.DictWriter(f, fieldnames=["subreddit", "title", "post", "summary"], extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
     records, log = load_sft([str(tmp_path / "bom.csv")])
     assert [r.fields["subreddit"] for r in records] == [r["subreddit"] for r in rows]
+
+
+def test_hub_failure_is_a_clear_data_error(monkeypatch, capsys, tmp_path):
+    import datasets
+
+    def offline(name, config=None, split=None):
+        raise ConnectionError(f"Couldn't reach '{name}' on the Hub (LocalEntryNotFoundError)\nmore detail")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(DataFormatError, match=r"^data/typo: no such local file or folder, and loading it as a Hugging Face"):
+        load_sft(["data/typo"])
+    from rlhfkit.cli import main
+
+    assert main(["data", "analyze", "--dataset", "hh", "--path", "data/typo", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "ConnectionError: Couldn't reach 'data/typo'" in err and "Traceback" not in err

@@ -158,7 +158,13 @@ def iter_hub(dataset_id: str, split: str) -> Iterator[Row]:
     """Rows of a hub dataset (needs network or the local HF cache)."""
     import datasets
 
-    loaded = datasets.load_dataset(dataset_id, HUB_CONFIGS.get(dataset_id), split=split or None)
+    try:
+        loaded = datasets.load_dataset(dataset_id, HUB_CONFIGS.get(dataset_id), split=split or None)
+    except Exception as e:  # offline, a typo, or a local path that does not exist
+        raise DataFormatError(
+            f"{dataset_id}: no such local file or folder, and loading it as a Hugging Face dataset failed "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no message'})"
+        ) from e
     splits = loaded.items() if isinstance(loaded, datasets.DatasetDict) else [(split, loaded)]
     for split_name, ds in splits:
         for i, item in enumerate(ds):
