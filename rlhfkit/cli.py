@@ -6,6 +6,7 @@ import importlib
 import json
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from . import config as cfgmod
 from .config import ConfigError
@@ -134,8 +135,9 @@ def run_analyze(cfg: cfgmod.AnalyzeConfig, _: Parsed) -> int:
     result = run_analysis(
         cfg.dataset, cfg.path, tokenizer, cfg.out, cfg.max_query_length, cfg.max_article_query_length, cfg.hf_split
     )
+    (Path(cfg.out) / "config.yaml").write_text(cfgmod.to_yaml(cfg, "data-analyze"))
     print(headline(result))
-    print(f"wrote {cfg.out}/analysis.json and {len(result['plots'])} plots")
+    print(f"wrote {cfg.out}/analysis.json, config.yaml and {len(result['plots'])} plots")
     return 0
 
 

@@ -216,6 +216,13 @@ def save_tiny_policy(folder: str | Path, **kwargs) -> Path:
 
 
 
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute activations in the backward pass (transformers 5 renamed gradient checkpointing)."""
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable()
+    model.config.use_cache = False
+
+
 SCALAR_CONFIG = "rlhfkit_scalar.json"
 SCALAR_HEAD = "scalar_head.safetensors"
 
@@ -262,8 +269,8 @@ class ScalarModel(torch.nn.Module):
         backbone = getattr(policy, policy.base_model_prefix)
         return cls(disable_dropout(backbone), head, policy.config.pad_token_id)
 
-    def gradient_checkpointing_enable(self, **kwargs) -> None:
-        self.backbone.gradient_checkpointing_enable(**kwargs)
+    def activation_checkpointing_enable(self) -> None:
+        enable_activation_checkpointing(self.backbone)
 
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         # Detail 14: positions follow the attention mask, so left and right padding see the same positions.

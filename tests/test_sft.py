@@ -146,3 +146,30 @@ def test_resume_after_sigkill_gives_bit_identical_weights(tiny_model_dir, sft_po
         assert torch.equal(a[key], b[key]), key
     losses = [json.loads(line) for line in (killed / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in losses if "train/loss" in r] == list(range(1, steps + 1))
+
+
+def test_generate_command_writes_samples_with_rouge_for_the_validation_posts(tiny_model_dir, sft_posts, tmp_path):
+    from rlhfkit.cli import main
+
+    out = tmp_path / "samples.jsonl"
+    args = [f"model={tiny_model_dir}", f"data={sft_posts}", "validation_posts=8", "num_samples=3", "max_new_tokens=5",
+            "max_query_length=128", f"out={out}", "temperature=0"]
+    assert main(["generate", *args]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    records, _ = load_sft([str(sft_posts)])
+    from rlhfkit.data.split import split_by_prompt
+
+    _, validation = split_by_prompt(records, lambda r: r.prompt_id, validation_size=8, seed=1)
+    assert [r["prompt_id"] for r in rows] == [r.prompt_id for r in validation[:3]]
+    assert all({"text", "reference", "rouge_l", "has_eos", "tokens"} <= set(r) for r in rows)
+    assert all(r["tokens"] <= 5 for r in rows)
+
+
+def test_gradient_checkpointing_run_matches_plain_run(tiny_model_dir, sft_posts, tmp_path):
+    weights = []
+    for flag in (False, True):
+        out = tmp_path / f"gc-{flag}"
+        sft.run(resolve("sft", None, None, fast_args(tiny_model_dir, sft_posts, out, max_steps=1, gradient_checkpointing=flag)))
+        weights.append(load_file(out / "model" / "model.safetensors"))
+    for key in weights[0]:
+        torch.testing.assert_close(weights[0][key], weights[1][key], atol=1e-6, rtol=1e-5)

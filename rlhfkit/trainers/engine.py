@@ -24,6 +24,7 @@ from transformers import get_scheduler
 
 from ..checkpoint import find_checkpoint, load_training_state, save_checkpoint, seed_everything
 from ..config import ConfigError, TrainConfig, to_yaml
+from ..models import enable_activation_checkpointing
 from ..tracking import Tracker
 
 # loss_fn(model, batch) -> (loss summed over the batch's units, extra metrics summed the same way).
@@ -136,8 +137,7 @@ def train(cfg: TrainConfig, stage: Stage, run_dir: Path, checkpoint: Path | None
     schedule = plan_schedule(cfg, len(stage.examples), accelerator.num_processes)
     model = stage.model
     if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-        model.config.use_cache = False
+        enable_activation_checkpointing(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
     scheduler = get_scheduler(cfg.lr_scheduler, optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=schedule.total_steps)
     start = load_training_state(checkpoint, optimizer, scheduler)["step"] if checkpoint else 0
