@@ -147,3 +147,18 @@ def test_rm_stage_and_rm_eval_end_to_end(tiny_model_dir, tmp_path):
     again = json.loads((eval_out / "rm_eval.json").read_text())
     assert again["pairs"] == evaluation["pairs"]
     assert np.isclose(again["accuracy"], evaluation["accuracy"])
+
+
+def test_detail13_reward_logits_dump_covers_every_response_token_and_marks_eos(reward_model, tmp_path):
+    from rlhfkit.data.examples import PairExample, QueryTokens
+    from rlhfkit.data.tldr import Comparison
+
+    model, tok = reward_model
+    (q, r), (_, r2) = pairs_of(tok)
+    record = Comparison("p", "tldr", {}, "a", "b", "here")
+    example = PairExample(record, QueryTokens(q, "", len(q), 0, False), r, r2)
+    dump = reward.dump_reward_logits(model, tok, [example], tmp_path)[0]
+    assert len(dump["scores"]) == len(r) and dump["eos_index"] == len(r) - 1
+    batch = reward.collate_scored([q], [r], tok.pad_token_id)
+    assert dump["scores"][-1] == pytest.approx(model(batch["input_ids"], batch["attention_mask"]).item(), abs=1e-5)
+    assert (tmp_path / "reward_logits.png").is_file()

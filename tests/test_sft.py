@@ -74,7 +74,7 @@ def test_sft_lowers_the_loss_on_a_fixed_batch(tiny_model, sft_posts):
     assert losses[-1] < losses[0] - 1.0, losses
 
 
-def test_run_directory_has_config_metrics_events_checkpoints_samples_plots_report(tiny_model_dir, sft_posts, tmp_path):
+def test_detail9_run_directory_has_config_metrics_events_checkpoints_samples_plots_report(tiny_model_dir, sft_posts, tmp_path):
     out = tmp_path / "run"
     cfg = resolve("sft", "tldr-sft", None, fast_args(tiny_model_dir, sft_posts, out, eval_samples=2, max_steps=2, report_to="tensorboard"))
     assert sft.run(cfg) == 0
@@ -85,6 +85,9 @@ def test_run_directory_has_config_metrics_events_checkpoints_samples_plots_repor
     assert (out / "checkpoints" / "step-000002" / "model" / "model.safetensors").is_file()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "train/loss" in r] == [1, 2]
+    # Table 3's cosine schedule over 2 steps: after step 1 the rate is half the peak.
+    assert rows[0]["train/lr"] == pytest.approx(cfg.learning_rate / 2)
+    assert cfg.adam_eps == 1e-5 and cfg.lr_scheduler == "cosine"
     assert "lr_scheduler: cosine" in (out / "config.yaml").read_text()
     sample = json.loads((out / "samples.jsonl").read_text().splitlines()[0])
     assert {"post", "reference", "base", "sft", "base_rouge_l", "sft_rouge_l"} <= set(sample)

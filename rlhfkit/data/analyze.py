@@ -134,7 +134,7 @@ def analyze_pairs(
         for value in sorted({getattr(r, attribute) for r in records}):
             idx = [i for i, e in enumerate(examples) if getattr(e.record, attribute) == value]
             result["length_bias"][f"{attribute}={value}"] = length_bias([chosen[i] for i in idx], [rejected[i] for i in idx])
-    if fmt != "hh":
+    if fmt != "hh":  # Detail 6: validation comparisons span far more policy pairs (out of distribution)
         result["counts"]["policy_pairs_distinct_by_split"] = {
             s: len({r.policy_pair for r in records if r.split == s}) for s in sorted({r.split for r in records})
         }
