@@ -10,6 +10,7 @@ from pathlib import Path
 
 from . import config as cfgmod
 from .config import ConfigError
+from .errors import NonFiniteError, UserError
 
 
 @dataclass(frozen=True)
@@ -178,21 +179,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg = cfgmod.resolve(cmd.stage, parsed.preset, parsed.config_file, parsed.overrides) if cmd.stage else None
         module, function = cmd.runner.split(":")
         return int(getattr(importlib.import_module(module), function)(cfg, parsed) or 0)
-    except ConfigError as e:
+    except NonFiniteError as e:
+        print(f"rlhfkit: stopped: {e}", file=sys.stderr)
+        return 3
+    except UserError as e:  # the message names what to fix: one line, no traceback
         print(f"rlhfkit: error: {e}", file=sys.stderr)
         return 2
-    except Exception as e:  # known user-facing errors get one clear line instead of a traceback
-        from .data.records import DataFormatError
-        from .models import ModelError
-        from .trainers.engine import NonFiniteError
-
-        if isinstance(e, NonFiniteError):
-            print(f"rlhfkit: stopped: {e}", file=sys.stderr)
-            return 3
-        if isinstance(e, DataFormatError | ModelError):
-            print(f"rlhfkit: error: {e}", file=sys.stderr)
-            return 2
-        raise
 
 
 if __name__ == "__main__":

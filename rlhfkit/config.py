@@ -18,14 +18,12 @@ from typing import Any, Literal
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """A configuration value or key the user must fix; the message names it."""
+from .errors import ConfigError
 
 
-def opt(default: Any, help: str, source: str | None = None) -> Any:
-    """A config field with help text and the paper source of its default."""
-    meta = {"help": help, "source": source}
+def opt(default: Any, help: str, source: str | None = None, minimum: float = 0) -> Any:
+    """A config field with help text, the paper source of its default, and (numbers) its lower bound."""
+    meta = {"help": help, "source": source, "minimum": minimum}
     if isinstance(default, list | dict):
         return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
     return field(default=default, metadata=meta)
@@ -37,8 +35,8 @@ class AnalyzeConfig:
     path: list[str] = opt([], "files, folders or a Hugging Face dataset id (comma separated)")
     model: str = opt("smollm2-135m", "tokenizer used for token lengths (any HF model dir or hub id)")
     out: str = opt("runs/analysis", "folder for analysis.json and the PNG plots")
-    max_query_length: int = opt(512, "query token budget for paragraph truncation", "Detail 2")
-    max_article_query_length: int = opt(2047, "query token budget for CNN/DM articles", "Detail 5")
+    max_query_length: int = opt(512, "query token budget for paragraph truncation", "Detail 2", minimum=1)
+    max_article_query_length: int = opt(2047, "query token budget for CNN/DM articles", "Detail 5", minimum=1)
     hf_split: str = opt("", "split to read when `path` is a hub id (empty: all splits)")
 
 
@@ -56,10 +54,10 @@ class TrainConfig:
     warmup_steps: int = opt(0, "linear warm-up steps before the schedule")
     num_epochs: float = opt(1.0, "passes over the training set", "Tables 3, 4")
     max_steps: int = opt(0, "stop after this many optimizer steps (0: use num_epochs)")
-    total_batch_size: int = opt(128, "episodes per optimizer step = micro batch x accumulation x processes", "Table 3")
-    micro_batch_size: int = opt(8, "rows per forward pass on one process")
-    max_query_length: int = opt(512, "query tokens; longer posts lose paragraphs from the end", "Detail 2")
-    max_response_length: int = opt(53, "response tokens including EOS; longer ones are skipped and counted", "Detail 4")
+    total_batch_size: int = opt(128, "episodes per optimizer step = micro batch x accumulation x processes", "Table 3", minimum=1)
+    micro_batch_size: int = opt(8, "rows per forward pass on one process", minimum=1)
+    max_query_length: int = opt(512, "query tokens; longer posts lose paragraphs from the end", "Detail 2", minimum=1)
+    max_response_length: int = opt(53, "response tokens including EOS; longer ones are skipped and counted", "Detail 4", minimum=1)
     trust_remote_code: bool = opt(False, "allow model code from the hub (off: safer)")
     mixed_precision: Literal["auto", "no", "bf16"] = opt("auto", "bf16 autocast where supported, else fp32", "Detail 8")
     gradient_checkpointing: bool = opt(False, "recompute activations to save memory")
@@ -67,7 +65,7 @@ class TrainConfig:
     keep_checkpoints: int = opt(2, "newest checkpoints kept in checkpoints/ (0: all)")
     save_every: int = opt(0, "save a checkpoint every N optimizer steps (0: only at the end)")
     eval_every: int = opt(0, "evaluate every N optimizer steps (0: only at the end)")
-    log_every: int = opt(1, "log metrics every N optimizer steps")
+    log_every: int = opt(1, "log metrics every N optimizer steps", minimum=1)
     report_to: list[str] = opt(["tensorboard"], "trackers besides metrics.jsonl: tensorboard, wandb")
     resume: str = opt("", "run directory or checkpoint folder to resume from")
 
@@ -95,10 +93,10 @@ class RMConfig(TrainConfig):
     )
     data_format: Literal["tldr-comparisons", "hh"] = opt("tldr-comparisons", "format of `data`")
     hf_split: str = opt("train", "split to read when `data` is a hub id")
-    total_batch_size: int = opt(64, "pairs per optimizer step", "Table 4")
-    micro_batch_size: int = opt(4, "pairs per forward pass on one process")
-    max_response_length: int = opt(169, "response tokens including EOS; longer pairs are skipped", "Detail 4")
-    max_article_query_length: int = opt(2047, "query token budget for CNN/DM articles", "Detail 5")
+    total_batch_size: int = opt(64, "pairs per optimizer step", "Table 4", minimum=1)
+    micro_batch_size: int = opt(4, "pairs per forward pass on one process", minimum=1)
+    max_response_length: int = opt(169, "response tokens including EOS; longer pairs are skipped", "Detail 4", minimum=1)
+    max_article_query_length: int = opt(2047, "query token budget for CNN/DM articles", "Detail 5", minimum=1)
     validation_fraction: float = opt(0.1, "fraction of posts held out by post identity for validation")
     splits: list[str] = opt([], "keep only comparisons from these splits (e.g. train, valid1; empty: all)", "Detail 16")
     batches: list[str] = opt([], "keep only comparisons from these annotation batches (empty: all)", "Detail 16")
@@ -117,9 +115,9 @@ class GenerateConfig:
     validation_posts: int = opt(300, "posts held out by post identity (same split as `rlhfkit sft` with the same seed)")
     seed: int = opt(1, "seed for the split and for sampling")
     num_samples: int = opt(0, "posts to summarise (0: all of the chosen side)")
-    batch_size: int = opt(8, "queries per generation batch")
-    max_query_length: int = opt(512, "query tokens; longer posts lose paragraphs from the end", "Detail 2")
-    max_new_tokens: int = opt(53, "response tokens sampled at most", "Detail 4")
+    batch_size: int = opt(8, "queries per generation batch", minimum=1)
+    max_query_length: int = opt(512, "query tokens; longer posts lose paragraphs from the end", "Detail 2", minimum=1)
+    max_new_tokens: int = opt(53, "response tokens sampled at most", "Detail 4", minimum=1)
     temperature: float = opt(0.7, "sampling temperature (0: greedy)", "Table 7")
     top_k: int = opt(0, "keep only the k most likely tokens (0: off)")
     top_p: float = opt(1.0, "nucleus sampling mass (1: off)")
@@ -139,13 +137,13 @@ class RMEvalConfig:
     validation_fraction: float = opt(0.1, "the prompt split's validation fraction (same as the training run)")
     seed: int = opt(1, "the prompt split's seed (same as the training run)")
     max_pairs: int = opt(0, "score at most this many pairs (0: all)")
-    batch_size: int = opt(8, "pairs per forward pass")
-    max_query_length: int = opt(512, "query tokens; longer posts lose paragraphs from the end", "Detail 2")
-    max_article_query_length: int = opt(2047, "query token budget for CNN/DM articles", "Detail 5")
-    max_response_length: int = opt(169, "response tokens including EOS; longer pairs are skipped and counted", "Detail 4")
+    batch_size: int = opt(8, "pairs per forward pass", minimum=1)
+    max_query_length: int = opt(512, "query tokens; longer posts lose paragraphs from the end", "Detail 2", minimum=1)
+    max_article_query_length: int = opt(2047, "query token budget for CNN/DM articles", "Detail 5", minimum=1)
+    max_response_length: int = opt(169, "response tokens including EOS; longer pairs are skipped and counted", "Detail 4", minimum=1)
     probes: str = opt("builtin", "YAML of graded probe responses ('builtin': rlhfkit/probes/tldr-probes.yaml; '': none)")
     errors: int = opt(20, "most confidently wrong pairs written to confident_errors.jsonl")
-    calibration_bins: int = opt(10, "reward-margin bins of the calibration plot", "Detail 18")
+    calibration_bins: int = opt(10, "reward-margin bins of the calibration plot", "Detail 18", minimum=1)
     dump_logits: int = opt(1, "pairs whose per-token reward logits are dumped", "Detail 13")
     trust_remote_code: bool = opt(False, "allow model code from the hub (off: safer)")
     out: str = opt("", "output folder (empty: <model>/../rm_eval)")
@@ -241,8 +239,17 @@ def apply(cls: type, values: dict[str, Any], where: str, base: Any = None) -> An
     for key, value in values.items():
         key = key.replace("-", "_")
         check_known(cls, key, where)
-        current[key] = coerce(key, value, hints[key])
+        current[key] = check_minimum(cls, key, coerce(key, value, hints[key]))
     return cls(**current)
+
+
+def check_minimum(cls: type, key: str, value: Any) -> Any:
+    """No numeric option is meaningful below its minimum (0 unless the field says otherwise)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        minimum = next(f.metadata.get("minimum", 0) for f in dataclasses.fields(cls) if f.name == key)
+        if value < minimum:
+            raise ConfigError(f"{key}={value} is out of range; it must be >= {minimum}")
+    return value
 
 
 def preset_names() -> list[str]:

@@ -19,6 +19,8 @@ import torch
 from platformdirs import user_cache_dir
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedTokenizerBase
 
+from .errors import ModelError
+
 PAD_TOKEN = "[PAD]"
 EMBEDDED = {
     "smollm2-135m": {
@@ -30,8 +32,6 @@ EMBEDDED = {
 }
 
 
-class ModelError(RuntimeError):
-    """A model that cannot be found or prepared; the message says what to do."""
 
 
 def cache_dir() -> Path:

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import DataFormatError
+
 SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".parquet", ".csv", ".csv.gz")
 
 
-class DataFormatError(ValueError):
-    """The input is not in the expected upstream format; the message names file, line and field."""
 
 
 @dataclass

@@ -6,6 +6,8 @@ import hashlib
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from ..errors import ConfigError
+
 T = TypeVar("T")
 
 
@@ -26,13 +28,13 @@ def split_by_prompt(
     data always splits the same way and every record of a prompt stays on one side.
     """
     if (validation_size is None) == (validation_fraction is None):
-        raise ValueError("give exactly one of validation_size and validation_fraction")
+        raise ConfigError("give exactly one of validation_size and validation_fraction")
     keys = sorted({key(r) for r in records}, key=lambda k: stable_rank(k, seed))
     n = validation_size if validation_size is not None else round(len(keys) * validation_fraction)
     if n < 0:
-        raise ValueError(f"the validation size must not be negative, got {validation_size if validation_size is not None else validation_fraction}")
+        raise ConfigError(f"the validation size must not be negative, got {validation_size if validation_size is not None else validation_fraction}")
     if n > len(keys):
-        raise ValueError(f"asked for {n} validation prompts but the data has only {len(keys)} distinct prompts")
+        raise ConfigError(f"asked for {n} validation prompts but the data has only {len(keys)} distinct prompts")
     held_out = set(keys[:n])
     train = [r for r in records if key(r) not in held_out]
     validation = [r for r in records if key(r) in held_out]

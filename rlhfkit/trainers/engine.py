@@ -24,6 +24,7 @@ from transformers import get_scheduler
 
 from ..checkpoint import find_checkpoint, load_training_state, save_checkpoint, seed_everything
 from ..config import ConfigError, TrainConfig, to_yaml
+from ..errors import NonFiniteError
 from ..models import enable_activation_checkpointing
 from ..tracking import Tracker
 
@@ -32,8 +33,6 @@ from ..tracking import Tracker
 LossFn = Callable[[torch.nn.Module, dict[str, torch.Tensor]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
-class NonFiniteError(RuntimeError):
-    """A loss or gradient became NaN/inf; the run stops and the last good checkpoint is kept."""
 
 
 @dataclass

@@ -1,0 +1,21 @@
+"""Errors a user can act on. The CLI prints their message in one line instead of a traceback."""
+
+
+class UserError(Exception):
+    """Base class: the message names what is wrong (key, file, line, step) and what to do."""
+
+
+class ConfigError(UserError, ValueError):
+    """A configuration value or key the user must fix."""
+
+
+class DataFormatError(UserError, ValueError):
+    """Input not in the expected upstream format; the message names file, line and field."""
+
+
+class ModelError(UserError, RuntimeError):
+    """A model that cannot be found, loaded or prepared."""
+
+
+class NonFiniteError(UserError, RuntimeError):
+    """A loss or gradient became NaN/inf; the run stops and the last good checkpoint is kept."""
