@@ -29,14 +29,26 @@ def opt(default: Any, help: str, source: str | None = None, minimum: float = 0) 
     return field(default=default, metadata=meta)
 
 
+def query_length_opt() -> Any:
+    return opt(512, "query tokens; longer posts lose paragraphs from the end", "Detail 2", minimum=1)
+
+
+def article_length_opt() -> Any:
+    return opt(2047, "query token budget for CNN/DM articles", "Detail 5", minimum=1)
+
+
+def remote_code_opt() -> Any:
+    return opt(False, "allow model code from the hub (off: safer)")
+
+
 @dataclass
 class AnalyzeConfig:
     dataset: Literal["tldr-sft", "tldr-comparisons", "hh"] = opt("tldr-sft", "which upstream format to read")
     path: list[str] = opt([], "files, folders or a Hugging Face dataset id (comma separated)")
     model: str = opt("smollm2-135m", "tokenizer used for token lengths (any HF model dir or hub id)")
     out: str = opt("runs/analysis", "folder for analysis.json and the PNG plots")
-    max_query_length: int = opt(512, "query token budget for paragraph truncation", "Detail 2", minimum=1)
-    max_article_query_length: int = opt(2047, "query token budget for CNN/DM articles", "Detail 5", minimum=1)
+    max_query_length: int = query_length_opt()
+    max_article_query_length: int = article_length_opt()
     hf_split: str = opt("", "split to read when `path` is a hub id (empty: all splits)")
 
 
@@ -56,9 +68,9 @@ class TrainConfig:
     max_steps: int = opt(0, "stop after this many optimizer steps (0: use num_epochs)")
     total_batch_size: int = opt(128, "episodes per optimizer step = micro batch x accumulation x processes", "Table 3", minimum=1)
     micro_batch_size: int = opt(8, "rows per forward pass on one process", minimum=1)
-    max_query_length: int = opt(512, "query tokens; longer posts lose paragraphs from the end", "Detail 2", minimum=1)
+    max_query_length: int = query_length_opt()
     max_response_length: int = opt(53, "response tokens including EOS; longer ones are skipped and counted", "Detail 4", minimum=1)
-    trust_remote_code: bool = opt(False, "allow model code from the hub (off: safer)")
+    trust_remote_code: bool = remote_code_opt()
     mixed_precision: Literal["auto", "no", "bf16"] = opt("auto", "bf16 autocast where supported, else fp32", "Detail 8")
     gradient_checkpointing: bool = opt(False, "recompute activations to save memory")
     max_grad_norm: float = opt(0.0, "clip the gradient norm to this (0: no clipping; the norm is still logged)")
@@ -96,7 +108,7 @@ class RMConfig(TrainConfig):
     total_batch_size: int = opt(64, "pairs per optimizer step", "Table 4", minimum=1)
     micro_batch_size: int = opt(4, "pairs per forward pass on one process", minimum=1)
     max_response_length: int = opt(169, "response tokens including EOS; longer pairs are skipped", "Detail 4", minimum=1)
-    max_article_query_length: int = opt(2047, "query token budget for CNN/DM articles", "Detail 5", minimum=1)
+    max_article_query_length: int = article_length_opt()
     validation_fraction: float = opt(0.1, "fraction of posts held out by post identity for validation")
     splits: list[str] = opt([], "keep only comparisons from these splits (e.g. train, valid1; empty: all)", "Detail 16")
     batches: list[str] = opt([], "keep only comparisons from these annotation batches (empty: all)", "Detail 16")
@@ -116,12 +128,12 @@ class GenerateConfig:
     seed: int = opt(1, "seed for the split and for sampling")
     num_samples: int = opt(0, "posts to summarise (0: all of the chosen side)")
     batch_size: int = opt(8, "queries per generation batch", minimum=1)
-    max_query_length: int = opt(512, "query tokens; longer posts lose paragraphs from the end", "Detail 2", minimum=1)
+    max_query_length: int = query_length_opt()
     max_new_tokens: int = opt(53, "response tokens sampled at most", "Detail 4", minimum=1)
     temperature: float = opt(0.7, "sampling temperature (0: greedy)", "Table 7")
     top_k: int = opt(0, "keep only the k most likely tokens (0: off)")
     top_p: float = opt(1.0, "nucleus sampling mass (1: off)")
-    trust_remote_code: bool = opt(False, "allow model code from the hub (off: safer)")
+    trust_remote_code: bool = remote_code_opt()
     out: str = opt("samples.jsonl", "output JSON-lines file")
 
 
@@ -138,14 +150,14 @@ class RMEvalConfig:
     seed: int = opt(1, "the prompt split's seed (same as the training run)")
     max_pairs: int = opt(0, "score at most this many pairs (0: all)")
     batch_size: int = opt(8, "pairs per forward pass", minimum=1)
-    max_query_length: int = opt(512, "query tokens; longer posts lose paragraphs from the end", "Detail 2", minimum=1)
-    max_article_query_length: int = opt(2047, "query token budget for CNN/DM articles", "Detail 5", minimum=1)
+    max_query_length: int = query_length_opt()
+    max_article_query_length: int = article_length_opt()
     max_response_length: int = opt(169, "response tokens including EOS; longer pairs are skipped and counted", "Detail 4", minimum=1)
     probes: str = opt("builtin", "YAML of graded probe responses ('builtin': rlhfkit/probes/tldr-probes.yaml; '': none)")
     errors: int = opt(20, "most confidently wrong pairs written to confident_errors.jsonl")
     calibration_bins: int = opt(10, "reward-margin bins of the calibration plot", "Detail 18", minimum=1)
     dump_logits: int = opt(1, "pairs whose per-token reward logits are dumped", "Detail 13")
-    trust_remote_code: bool = opt(False, "allow model code from the hub (off: safer)")
+    trust_remote_code: bool = remote_code_opt()
     out: str = opt("", "output folder (empty: <model>/../rm_eval)")
 
 
