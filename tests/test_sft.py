@@ -176,3 +176,33 @@ def test_gradient_checkpointing_run_matches_plain_run(tiny_model_dir, sft_posts,
         weights.append(load_file(out / "model" / "model.safetensors"))
     for key in weights[0]:
         torch.testing.assert_close(weights[0][key], weights[1][key], atol=1e-6, rtol=1e-5)
+
+
+def test_gradient_accumulation_matches_one_large_batch(tiny_model_dir, sft_posts, tmp_path):
+    """The effective batch is micro batch x accumulation: 2 x 2 must train like 4 x 1."""
+    weights = []
+    for micro in (2, 4):
+        out = tmp_path / f"micro-{micro}"
+        sft.run(resolve("sft", None, None, fast_args(tiny_model_dir, sft_posts, out, max_steps=2, micro_batch_size=micro)))
+        weights.append(load_file(out / "model" / "model.safetensors"))
+    for key in weights[0]:
+        torch.testing.assert_close(weights[0][key], weights[1][key], atol=2e-6, rtol=1e-4)
+
+
+def test_two_processes_train_like_one(tiny_model_dir, sft_posts, tmp_path):
+    """total_batch_size = micro batch x accumulation x processes: 2 processes x 2 rows == 1 x 2 x 2."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE")}
+    env |= {"TQDM_DISABLE": "1", "RLHFKIT_PORT": str(port), "OMP_NUM_THREADS": "1"}
+    one, two = tmp_path / "one", tmp_path / "two"
+    subprocess.run(cli(fast_args(tiny_model_dir, sft_posts, one, max_steps=2)), check=True, env=env, capture_output=True)
+    proc = subprocess.run([*cli(fast_args(tiny_model_dir, sft_posts, two, max_steps=2)), "--num-processes", "2"], env=env,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = load_file(one / "model" / "model.safetensors"), load_file(two / "model" / "model.safetensors")
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], atol=2e-6, rtol=1e-4)

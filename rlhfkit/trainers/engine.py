@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -76,6 +77,11 @@ def batch_indices(schedule: Schedule, seed: int, step: int, rank: int) -> list[l
     return [mine[i : i + schedule.micro_batch_size] for i in range(0, per_rank, schedule.micro_batch_size)]
 
 
+def is_main_process() -> bool:
+    """True on the process that writes files (rank 0 under `accelerate launch`, or the only one)."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def make_run_dir(cfg: TrainConfig, stage: str) -> Path:
     if cfg.output_dir:
         run_dir = Path(cfg.output_dir)
@@ -83,8 +89,9 @@ def make_run_dir(cfg: TrainConfig, stage: str) -> Path:
         run_dir = find_checkpoint(cfg.resume).parents[1]
     else:
         run_dir = Path("runs") / f"{stage}-{datetime.now():%Y%m%d-%H%M%S}"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(to_yaml(cfg, stage))
+    if is_main_process():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(to_yaml(cfg, stage))
     return run_dir
 
 

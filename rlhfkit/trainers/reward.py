@@ -26,7 +26,7 @@ from ..eval import rm_metrics
 from ..eval.report import image_html, table_html, write_report
 from ..models import ScalarModel, load_policy, load_reward_model
 from ..tracking import read_metrics
-from .engine import Stage, make_run_dir, resume_checkpoint, train
+from .engine import Stage, is_main_process, make_run_dir, resume_checkpoint, train
 
 
 def filter_comparisons(records: list[Comparison], splits: list[str], batches: list[str]) -> list[Comparison]:
@@ -204,6 +204,8 @@ def run(cfg: RMConfig, _parsed: Any = None) -> int:
 
     stage = Stage("rm", model, tokenizer, train_examples, lambda b: collate_pairs(b, tokenizer.pad_token_id), pairwise_loss_fn, evaluate)
     result = train(cfg, stage, run_dir, checkpoint)
+    if not is_main_process():
+        return 0
     final: ScalarModel = result["model"]
     normalization = normalize_to_references(final, tokenizer, cfg.sft_data, cfg) if cfg.sft_data else {"skipped": "no sft_data given"}
     notes.append(f"reward normalisation (Detail 15): {normalization}")

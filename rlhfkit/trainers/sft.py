@@ -25,7 +25,7 @@ from ..models import load_policy
 from ..ops import token_cross_entropy_sum
 from ..rollout import SamplingParams, generate_texts
 from ..tracking import read_metrics
-from .engine import Stage, make_run_dir, resume_checkpoint, train
+from .engine import Stage, is_main_process, make_run_dir, resume_checkpoint, train
 
 
 def collate_sft(examples: list[SFTExample], pad_id: int, loss_on_query: bool) -> dict[str, torch.Tensor]:
@@ -122,7 +122,7 @@ def run(cfg: SFTConfig, _parsed: Any = None) -> int:
     print("\n".join(notes))
     eval_examples = val_examples[: cfg.eval_samples]
     base_path = run_dir / "samples_base.jsonl"
-    if eval_examples and not base_path.exists() and checkpoint is None:
+    if eval_examples and not base_path.exists() and checkpoint is None and is_main_process():
         write_jsonl(base_path, summarise(model, tokenizer, eval_examples, cfg, "base model"))
 
     def evaluate(current: torch.nn.Module, step: int) -> dict[str, float]:
@@ -140,6 +140,8 @@ def run(cfg: SFTConfig, _parsed: Any = None) -> int:
         evaluate,
     )
     result = train(cfg, stage, run_dir, checkpoint)
+    if not is_main_process():
+        return 0
     final = result["model"]
     final.save_pretrained(run_dir / "model", safe_serialization=True)
     tokenizer.save_pretrained(run_dir / "model")
