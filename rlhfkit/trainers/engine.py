@@ -171,13 +171,13 @@ def train(cfg: TrainConfig, stage: Stage, run_dir: Path, checkpoint: Path | None
         if cfg.save_every and done % cfg.save_every == 0 and done < schedule.total_steps:
             save(accelerator, run_dir, done, model, stage.tokenizer, optimizer, scheduler, schedule, cfg.keep_checkpoints)
     bar.close()
+    save(accelerator, run_dir, schedule.total_steps, model, stage.tokenizer, optimizer, scheduler, schedule, cfg.keep_checkpoints)
     final_model = accelerator.unwrap_model(model)
-    if stage.evaluate is not None:
+    if stage.evaluate is not None:  # after the save: a failing evaluation must not lose the trained model
         final_eval = stage.evaluate(final_model, schedule.total_steps)
         last |= final_eval
         if tracker is not None:
             tracker.log(schedule.total_steps, final_eval)
-    save(accelerator, run_dir, schedule.total_steps, model, stage.tokenizer, optimizer, scheduler, schedule, cfg.keep_checkpoints)
     if tracker is not None:
         tracker.close()
     return {"model": final_model, "steps": schedule.total_steps, "schedule": dataclasses.asdict(schedule), "last_metrics": last}
