@@ -152,6 +152,8 @@ def train(cfg: TrainConfig, stage: Stage, run_dir: Path, checkpoint: Path | None
     tracker = Tracker(run_dir, cfg.report_to, dataclasses.asdict(cfg), resume_step=start) if accelerator.is_main_process else None
     bar = tqdm(total=schedule.total_steps, initial=start, desc=stage.name, unit="step", disable=not accelerator.is_main_process)
     last: dict[str, float] = {}
+    if stage.evaluate is not None and cfg.eval_every and start == 0 and tracker is not None:
+        tracker.log(0, stage.evaluate(accelerator.unwrap_model(model), 0))  # where the curves start
     for step in range(start, schedule.total_steps):
         began = time.perf_counter()
         metrics, tokens = run_step(accelerator, model, stage, schedule, cfg, step)
