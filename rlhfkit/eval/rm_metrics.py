@@ -724,7 +724,8 @@ def plot_calibration(calib: dict[str, Any], path: Path) -> Path:
         title=f"RM calibration (ECE {calib['ece']:.3f})",
         xlabel="|score difference| $\\Delta$",
         ylabel="accuracy",
-        ylim=(0.3, 1.02),
+        # below 0.5 the model is confidently wrong: keep such bins on the chart
+        ylim=(min(0.3, min(b["accuracy"] - b["stderr"] for b in bins) - 0.03), 1.02),
     )
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
