@@ -112,7 +112,7 @@ def dump_reward_logits(model: ScalarModel, tokenizer, examples: list[PairExample
         with torch.no_grad():
             scores = model.per_token_scores(batch["input_ids"].to(device), batch["attention_mask"].to(device))[0].cpu()
         start = len(e.query.ids)
-        tokens = tokenizer.convert_ids_to_tokens(e.chosen)
+        tokens = [tokenizer.decode([t]) for t in e.chosen]  # readable text, not byte-level pieces
         dumps.append({"tokens": tokens, "scores": scores[start : start + len(e.chosen)].tolist(), "eos_index": len(e.chosen) - 1})
     (out / "reward_logits.json").write_text(json.dumps(dumps, indent=2))
     if dumps:
