@@ -41,3 +41,19 @@ def tiny_model(tiny_model_dir):
     from rlhfkit.models import load_policy
 
     return load_policy(str(tiny_model_dir))
+
+
+def sft_losses_on_fixed_batch(model, batch, lr: float, steps: int) -> list[float]:
+    """Per-token SFT loss after each of `steps` AdamW steps on the same batch."""
+    from rlhfkit.trainers.sft import sft_loss
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, eps=1e-5)
+    losses = []
+    for _ in range(steps):
+        loss_sum, _ = sft_loss(model, batch)
+        loss = loss_sum / batch["loss_units"].sum()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses

@@ -17,7 +17,7 @@ from rlhfkit.data.tldr import load_sft
 from rlhfkit.trainers import sft
 from rlhfkit.trainers.engine import NonFiniteError
 
-from .conftest import data_file
+from .conftest import data_file, sft_losses_on_fixed_batch
 
 
 @pytest.fixture(scope="module")
@@ -61,16 +61,7 @@ def test_sft_lowers_the_loss_on_a_fixed_batch(tiny_model, sft_posts):
     model, tok = tiny_model
     records, _ = load_sft([str(sft_posts)])
     examples, _ = tokenize_sft(records[:4], tok, 128, 53)
-    batch = sft.collate_sft(examples, tok.pad_token_id, loss_on_query=False)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, eps=1e-5)
-    losses = []
-    for _ in range(8):
-        loss_sum, _ = sft.sft_loss(model, batch)
-        loss = loss_sum / batch["loss_units"].sum()
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
+    losses = sft_losses_on_fixed_batch(model, sft.collate_sft(examples, tok.pad_token_id, loss_on_query=False), 3e-3, 8)
     assert losses[-1] < losses[0] - 1.0, losses
 
 
@@ -168,25 +159,25 @@ def test_generate_command_writes_samples_with_rouge_for_the_validation_posts(tin
     assert all(r["tokens"] <= 5 for r in rows)
 
 
-def test_gradient_checkpointing_run_matches_plain_run(tiny_model_dir, sft_posts, tmp_path):
+def assert_runs_train_alike(tiny_model_dir, sft_posts, tmp_path, variants: list[dict], max_steps: int) -> None:
+    """Run SFT once per variant of the options; all must end with the same weights."""
     weights = []
-    for flag in (False, True):
-        out = tmp_path / f"gc-{flag}"
-        sft.run(resolve("sft", None, None, fast_args(tiny_model_dir, sft_posts, out, max_steps=1, gradient_checkpointing=flag)))
+    for i, options in enumerate(variants):
+        out = tmp_path / f"variant-{i}"
+        sft.run(resolve("sft", None, None, fast_args(tiny_model_dir, sft_posts, out, max_steps=max_steps, **options)))
         weights.append(load_file(out / "model" / "model.safetensors"))
     for key in weights[0]:
-        torch.testing.assert_close(weights[0][key], weights[1][key], atol=1e-6, rtol=1e-5)
+        for other in weights[1:]:
+            torch.testing.assert_close(weights[0][key], other[key], atol=2e-6, rtol=1e-4)
+
+
+def test_gradient_checkpointing_run_matches_plain_run(tiny_model_dir, sft_posts, tmp_path):
+    assert_runs_train_alike(tiny_model_dir, sft_posts, tmp_path, [{}, {"gradient_checkpointing": True}], max_steps=1)
 
 
 def test_gradient_accumulation_matches_one_large_batch(tiny_model_dir, sft_posts, tmp_path):
     """The effective batch is micro batch x accumulation: 2 x 2 must train like 4 x 1."""
-    weights = []
-    for micro in (2, 4):
-        out = tmp_path / f"micro-{micro}"
-        sft.run(resolve("sft", None, None, fast_args(tiny_model_dir, sft_posts, out, max_steps=2, micro_batch_size=micro)))
-        weights.append(load_file(out / "model" / "model.safetensors"))
-    for key in weights[0]:
-        torch.testing.assert_close(weights[0][key], weights[1][key], atol=2e-6, rtol=1e-4)
+    assert_runs_train_alike(tiny_model_dir, sft_posts, tmp_path, [{"micro_batch_size": 2}, {"micro_batch_size": 4}], max_steps=2)
 
 
 def test_two_processes_train_like_one(tiny_model_dir, sft_posts, tmp_path):
