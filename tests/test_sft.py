@@ -197,3 +197,13 @@ def test_two_processes_train_like_one(tiny_model_dir, sft_posts, tmp_path):
     a, b = load_file(one / "model" / "model.safetensors"), load_file(two / "model" / "model.safetensors")
     for key in a:
         torch.testing.assert_close(a[key], b[key], atol=2e-6, rtol=1e-4)
+
+
+def test_cli_reports_non_finite_loss_in_one_line_with_exit_code_3(tiny_model_dir, sft_posts, tmp_path, monkeypatch, capsys):
+    from rlhfkit.cli import main
+
+    monkeypatch.setattr(sft, "sft_loss", lambda model, batch: (torch.tensor(float("inf")), {}))
+    args = fast_args(tiny_model_dir, sft_posts, tmp_path / "run", max_steps=2)
+    assert main(["sft", *[f"{k}={v}" for k, v in args.items()]]) == 3
+    err = capsys.readouterr().err
+    assert "step 1: loss is inf" in err and "Traceback" not in err
