@@ -20,16 +20,17 @@ class Command:
     runner: str  # "module:function", imported only when the command runs
     stage: str | None = None  # config dataclass in config.STAGES
     positional: str | None = None  # name of one positional argument
+    multi_process: bool = False  # may run under --num-processes N
 
 
 COMMANDS = [
-    Command(("sft",), "supervised fine-tuning on TL;DR (Section 5, Table 3)", "rlhfkit.trainers.sft:run", "sft"),
-    Command(("rm",), "reward-model training on human comparisons (Section 6, Table 4)", "rlhfkit.trainers.reward:run", "rm"),
+    Command(("sft",), "supervised fine-tuning on TL;DR (Section 5, Table 3)", "rlhfkit.trainers.sft:run", "sft", multi_process=True),
+    Command(("rm",), "reward-model training on human comparisons (Section 6, Table 4)", "rlhfkit.trainers.reward:run", "rm", multi_process=True),
     Command(("rm-eval",), "reward-model evaluation: accuracy by split/batch/confidence, calibration, length bias, probes", "rlhfkit.trainers.reward:run_eval", "rm-eval"),
     Command(("generate",), "summarise TL;DR posts with a policy, with ROUGE-L against the references", "rlhfkit.trainers.sft:run_generate", "generate"),
     Command(("data", "analyze"), "dataset analysis: counts, token lengths, truncation, length bias", "rlhfkit.cli:run_analyze", "data-analyze"),
     Command(("models", "prepare"), "convert an embedded model (smollm2-135m) into the cache once", "rlhfkit.cli:run_prepare", positional="name"),
-    Command(("dist-check",), "check that launched processes communicate and agree (use with --num-processes)", "rlhfkit.cli:run_dist_check"),
+    Command(("dist-check",), "check that launched processes communicate and agree (use with --num-processes)", "rlhfkit.cli:run_dist_check", multi_process=True),
 ]
 
 
@@ -126,6 +127,19 @@ def strip_launcher_flag(args: list[str]) -> list[str]:
     return out
 
 
+def resumed_run_config(parsed: Parsed) -> str | None:
+    """`resume=RUN` without --preset/--config continues with the run's own config.yaml as the base,
+    so a resumed run keeps its data, batch and schedule; command-line values still win."""
+    from .checkpoint import find_checkpoint
+
+    resume = (parsed.overrides or {}).get("resume")
+    if not resume or parsed.preset:
+        return None
+    checkpoint = find_checkpoint(resume)
+    candidates = [Path(resume) / "config.yaml"] + ([checkpoint.parents[1] / "config.yaml"] if checkpoint else [])
+    return next((str(c) for c in candidates if c.is_file()), None)
+
+
 def run_analyze(cfg: cfgmod.AnalyzeConfig, _: Parsed) -> int:
     from .data.analyze import headline, run_analysis
     from .models import load_tokenizer
@@ -174,9 +188,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         from .distributed import inside_launcher, relaunch
 
+        config_file = parsed.config_file or resumed_run_config(parsed)
+        cfg = cfgmod.resolve(cmd.stage, parsed.preset, config_file, parsed.overrides) if cmd.stage else None
         if parsed.num_processes > 1 and not inside_launcher():
+            if not cmd.multi_process:
+                raise ConfigError(f"{' '.join(cmd.words)} runs in one process; --num-processes is for sft, rm and dist-check")
             return relaunch([*cmd.words, *strip_launcher_flag(rest)], parsed.num_processes)
-        cfg = cfgmod.resolve(cmd.stage, parsed.preset, parsed.config_file, parsed.overrides) if cmd.stage else None
         module, function = cmd.runner.split(":")
         return int(getattr(importlib.import_module(module), function)(cfg, parsed) or 0)
     except NonFiniteError as e:

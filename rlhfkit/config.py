@@ -78,7 +78,7 @@ class TrainConfig:
     save_every: int = opt(0, "save a checkpoint every N optimizer steps (0: only at the end)")
     eval_every: int = opt(0, "evaluate every N optimizer steps (0: only at the end)")
     log_every: int = opt(1, "log metrics every N optimizer steps", minimum=1)
-    report_to: list[str] = opt(["tensorboard"], "trackers besides metrics.jsonl: tensorboard, wandb")
+    report_to: list[Literal["tensorboard", "wandb"]] = opt(["tensorboard"], "trackers besides metrics.jsonl (wandb needs the wandb extra)")
     resume: str = opt("", "run directory or checkpoint folder to resume from")
 
 
@@ -122,7 +122,7 @@ class RMConfig(TrainConfig):
 class GenerateConfig:
     model: str = opt("smollm2-135m", "policy to sample from: embedded name, HF directory or hub id")
     data: list[str] = opt([], "TL;DR SFT data (hub id or files) whose posts are summarised")
-    hf_split: str = opt("validation", "split to read when `data` is a hub id")
+    hf_split: str = opt("train", "split to read when `data` is a hub id (train: the one `rlhfkit sft` splits)")
     split: Literal["all", "train", "validation"] = opt("validation", "which side of the post split to use")
     validation_posts: int = opt(300, "posts held out by post identity (same split as `rlhfkit sft` with the same seed)")
     seed: int = opt(1, "seed for the split and for sampling")
@@ -153,12 +153,12 @@ class RMEvalConfig:
     max_query_length: int = query_length_opt()
     max_article_query_length: int = article_length_opt()
     max_response_length: int = opt(169, "response tokens including EOS; longer pairs are skipped and counted", "Detail 4", minimum=1)
-    probes: str = opt("builtin", "YAML of graded probe responses ('builtin': rlhfkit/probes/tldr-probes.yaml; '': none)")
+    probes: str = opt("builtin", "YAML of graded probe responses ('builtin': the TL;DR probes, for TL;DR data only; '': none)")
     errors: int = opt(20, "most confidently wrong pairs written to confident_errors.jsonl")
     calibration_bins: int = opt(10, "reward-margin bins of the calibration plot", "Detail 18", minimum=1)
     dump_logits: int = opt(1, "pairs whose per-token reward logits are dumped", "Detail 13")
     trust_remote_code: bool = remote_code_opt()
-    out: str = opt("", "output folder (empty: <model>/../rm_eval)")
+    out: str = opt("", "output folder (empty: runs/rm-eval-<timestamp>)")
 
 
 STAGES: dict[str, type] = {"sft": SFTConfig, "rm": RMConfig, "rm-eval": RMEvalConfig, "generate": GenerateConfig, "data-analyze": AnalyzeConfig}

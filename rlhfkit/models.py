@@ -6,6 +6,7 @@ EOS (Detail 3). Weights are read from safetensors only and remote code is off un
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import math
@@ -116,8 +117,22 @@ def ensure_pad_token(tokenizer: PreTrainedTokenizerBase) -> bool:
     return added > 0
 
 
+@contextlib.contextmanager
+def model_loading(path: str):
+    """Turn transformers' OSError for a bad folder, a hub-id typo or no network into a ModelError."""
+    try:
+        yield
+    except OSError as e:
+        raise ModelError(
+            f"cannot load {path!r}: {e}\nGive an embedded name ({', '.join(EMBEDDED)}), a folder with config.json "
+            "and *.safetensors, or a hub id (needs network access or the local HF cache)."
+        ) from None
+
+
 def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(name_or_path), trust_remote_code=trust_remote_code)
+    path = resolve_model_path(name_or_path)
+    with model_loading(path):
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     ensure_pad_token(tokenizer)
     tokenizer.padding_side = "right"
     return tokenizer
@@ -173,9 +188,8 @@ def load_policy(
                 "since unpickling can run arbitrary code. Convert the weights to model.safetensors first."
             )
     tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=True
-    )
+    with model_loading(path):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=True)
     match_vocab(model, tokenizer)
     return disable_dropout(model), tokenizer
 
@@ -236,7 +250,9 @@ def linear_head(hidden_size: int) -> torch.nn.Linear:
 
 
 def mean_mlp_head(hidden_size: int) -> torch.nn.Sequential:
-    """Seed 002's alternative: an MLP over the mean of the response's hidden states."""
+    """An MLP over the mean of the response's hidden states, after seed 002's pooled head (which
+    averages every unpadded token through a ReLU MLP); pooling only the response keeps the score
+    independent of query padding (Detail 14)."""
     return torch.nn.Sequential(torch.nn.Linear(hidden_size, hidden_size), torch.nn.Tanh(), linear_head(hidden_size))
 
 
@@ -273,8 +289,10 @@ class ScalarModel(torch.nn.Module):
         enable_activation_checkpointing(self.backbone)
 
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        from .ops import position_ids_from_mask
+
         # Detail 14: positions follow the attention mask, so left and right padding see the same positions.
-        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        positions = position_ids_from_mask(attention_mask)
         return self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).last_hidden_state
 
     def per_token_scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -290,7 +308,12 @@ class ScalarModel(torch.nn.Module):
         left padded up to `context_length` (generation) or not padded at all (context_length 0)."""
         hidden = self.hidden_states(input_ids, attention_mask)
         if self.head_type == "mean-mlp":
-            mask = (response_mask if response_mask is not None else attention_mask).unsqueeze(-1).to(hidden.dtype)
+            if response_mask is None:  # the response is whatever is unpadded after the query
+                if context_length == 0:
+                    raise ModelError("the mean-mlp head needs response_mask or context_length to find the response")
+                after_query = torch.arange(input_ids.size(1), device=input_ids.device) >= context_length
+                response_mask = attention_mask * after_query
+            mask = response_mask.unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
         else:
             pooled = hidden[torch.arange(hidden.size(0), device=hidden.device), self.reward_index(input_ids, context_length)]
@@ -325,7 +348,8 @@ class ScalarModel(torch.nn.Module):
         if not meta_path.is_file():
             raise ModelError(f"{folder} is not a reward/value model folder ({SCALAR_CONFIG} missing); train one with `rlhfkit rm`")
         meta = json.loads(meta_path.read_text())
-        backbone = AutoModel.from_pretrained(folder, trust_remote_code=trust_remote_code, use_safetensors=True, dtype=torch.float32)
+        with model_loading(str(folder)):
+            backbone = AutoModel.from_pretrained(folder, trust_remote_code=trust_remote_code, use_safetensors=True, dtype=torch.float32)
         model = cls(disable_dropout(backbone), meta["head"], meta["pad_token_id"])
         model.head.load_state_dict(load_file(str(folder / SCALAR_HEAD)))
         return model

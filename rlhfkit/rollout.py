@@ -64,7 +64,8 @@ def generate(
         generator = torch.Generator(device=device).manual_seed(params.seed)
     batch = query_ids.size(0)
     mask = query_mask.clone()
-    out = model(input_ids=query_ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=True)
+    # logits_to_keep=1: only the last position's logits are needed, not (B, Q, vocab)
+    out = model(input_ids=query_ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=True, logits_to_keep=1)
     cache, logits = out.past_key_values, out.logits[:, -1]
     tokens, logps = [], []
     finished = torch.zeros(batch, dtype=torch.bool, device=device)

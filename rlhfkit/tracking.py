@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from .errors import ConfigError
+
 
 class Tracker:
     def __init__(self, run_dir: Path, report_to: list[str], config: dict[str, Any], project: str = "rlhfkit", resume_step: int = 0):
@@ -22,7 +24,7 @@ class Tracker:
             try:
                 import wandb
             except ImportError:
-                raise RuntimeError("report_to=wandb needs the wandb extra: pip install 'rlhfkit[wandb]'") from None
+                raise ConfigError("report_to=wandb needs the wandb extra: pip install 'rlhfkit[wandb]'") from None
             self.wandb = wandb.init(project=project, name=run_dir.name, dir=str(run_dir), config=config, resume="allow")
         unknown = set(report_to) - {"tensorboard", "wandb"}
         if unknown:
@@ -32,9 +34,7 @@ class Tracker:
         """On resume, forget metrics logged after the checkpoint so curves have no duplicates."""
         if not self.path.exists():
             return
-        rows = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
-        kept = [r for r in rows if r.get("step", 0) <= step] if step else []
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        write_jsonl(self.path, [r for r in read_jsonl(self.path) if r.get("step", 0) <= step] if step else [])
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         row = {"step": step, **{k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in metrics.items()}}
@@ -55,6 +55,14 @@ class Tracker:
             self.wandb.finish()
 
 
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    Path(path).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return read_jsonl(path) if path.exists() else []

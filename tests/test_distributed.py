@@ -79,8 +79,20 @@ def test_cli_relaunches_without_the_launcher_flag(monkeypatch):
     calls = []
     monkeypatch.setattr(distributed, "relaunch", lambda argv, n: calls.append((argv, n)) or 0)
     assert cli.main(["sft", "--num-processes", "2", "seed=4"]) == 0
-    assert cli.main(["data", "analyze", "--num_processes=4", "--dataset", "hh"]) == 0
-    assert calls == [(["sft", "seed=4"], 2), (["data", "analyze", "--dataset", "hh"], 4)]
+    assert cli.main(["rm", "--num_processes=4", "--head", "mean-mlp"]) == 0
+    assert calls == [(["sft", "seed=4"], 2), (["rm", "--head", "mean-mlp"], 4)]
+
+
+def test_cli_checks_the_config_before_launching_and_refuses_single_process_commands(monkeypatch, capsys):
+    for var in LAUNCHER_VARS:
+        monkeypatch.delenv(var, raising=False)
+    calls = []
+    monkeypatch.setattr(distributed, "relaunch", lambda argv, n: calls.append((argv, n)) or 0)
+    assert cli.main(["sft", "--num-processes", "2", "lrate=1"]) == 2
+    assert "unknown key 'lrate'" in capsys.readouterr().err
+    assert cli.main(["data", "analyze", "--num_processes=4", "--dataset", "hh"]) == 2
+    assert "runs in one process" in capsys.readouterr().err
+    assert calls == []
 
 
 def test_inside_launcher_detection(monkeypatch):

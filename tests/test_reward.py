@@ -84,17 +84,6 @@ def test_pairwise_loss_and_accuracy_against_hand_values():
     assert extras["train/chosen_reward"].item() == pytest.approx(1.5)
 
 
-def test_mean_mlp_head_pools_response_tokens_only(tiny_model):
-    policy, tok = tiny_model
-    model = ScalarModel.from_policy(policy, head="mean-mlp").eval()
-    (q, r), _ = pairs_of(tok)
-    batch = reward.collate_scored([q, q], [r, r], tok.pad_token_id)
-    batch["input_ids"][1, 0] = 1234  # change a query token: the pooled response states move only via attention
-    a, b = reward.score(model, batch)
-    assert a != b
-    assert torch.isfinite(a)
-
-
 def test_saved_reward_model_reloads_with_one_call_and_scores_identically(reward_model, tmp_path):
     model, tok = reward_model
     model.output_bias.data += 0.25
@@ -162,3 +151,41 @@ def test_detail13_reward_logits_dump_covers_every_response_token_and_marks_eos(r
     batch = reward.collate_scored([q], [r], tok.pad_token_id)
     assert dump["scores"][-1] == pytest.approx(model(batch["input_ids"], batch["attention_mask"]).item(), abs=1e-5)
     assert (tmp_path / "reward_logits.png").is_file()
+
+
+def test_seed_governs_the_reward_head_initialisation(tmp_path):
+    from rlhfkit.trainers.engine import start_run
+
+    heads = []
+    for seed in (1, 1, 2):
+        start_run(resolve("rm", None, None, {"seed": seed, "output_dir": str(tmp_path / "r")}), "rm")
+        heads.append(linear_head(16).weight.detach().clone())
+    assert torch.equal(heads[0], heads[1]) and not torch.equal(heads[0], heads[2])
+
+
+def test_mean_mlp_head_pools_exactly_the_response_and_ignores_query_padding(tiny_model):
+    policy, tok = tiny_model
+    model = ScalarModel.from_policy(policy, head="mean-mlp").eval()
+    pairs = pairs_of(tok)
+    right = reward.collate_scored([q for q, _ in pairs], [r for _, r in pairs], tok.pad_token_id)
+    rewards = reward.score(model, right)
+    hidden = model.hidden_states(right["input_ids"], right["attention_mask"])
+    for row, (q, r) in enumerate(pairs):
+        expected = model.head(hidden[row, len(q) : len(q) + len(r)].mean(0))
+        assert rewards[row].item() == pytest.approx(expected.item(), abs=1e-5)
+    queries, qmask = pad([q for q, _ in pairs], tok.pad_token_id, "left")
+    responses, rmask = pad([r for _, r in pairs], tok.pad_token_id, "right")
+    left = model(torch.cat([queries, responses], 1), torch.cat([qmask, rmask], 1), context_length=queries.size(1))
+    torch.testing.assert_close(left, rewards, atol=1e-4, rtol=1e-4)
+
+
+def test_missing_model_or_probe_file_is_a_user_error(tmp_path):
+    from rlhfkit.models import ModelError, load_policy
+
+    with pytest.raises(ModelError, match="cannot load"):
+        load_policy(str(tmp_path / "no-such-model"))
+    from rlhfkit.errors import UserError
+    from rlhfkit.eval.rm_metrics import load_probes
+
+    with pytest.raises(UserError):
+        load_probes(tmp_path / "missing.yaml")

@@ -33,7 +33,7 @@ class ScriptedLM(torch.nn.Module):
         self.calls = 0
         self.weight = torch.nn.Parameter(torch.zeros(1))
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=True):
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=True, logits_to_keep=0):
         logits = torch.full((input_ids.size(0), input_ids.size(1), self.vocab), -10.0)
         for row, script in enumerate(self.scripts):
             logits[row, -1, script[min(self.calls, len(script) - 1)]] = 10.0

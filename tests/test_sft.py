@@ -207,3 +207,36 @@ def test_cli_reports_non_finite_loss_in_one_line_with_exit_code_3(tiny_model_dir
     assert main(["sft", *[f"{k}={v}" for k, v in args.items()]]) == 3
     err = capsys.readouterr().err
     assert "step 1: loss is inf" in err and "Traceback" not in err
+
+
+def test_constant_schedule_honours_warmup_and_evaluations_are_always_logged(tiny_model_dir, sft_posts, tmp_path):
+    out = tmp_path / "run"
+    cfg = resolve("sft", None, None, fast_args(tiny_model_dir, sft_posts, out, max_steps=2, lr_scheduler="constant",
+                                               warmup_steps=2, eval_every=1, log_every=5, eval_samples=2))
+    sft.run(cfg)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if "train/lr" in r]
+    assert [r["train/lr"] for r in train] == pytest.approx([cfg.learning_rate / 2, cfg.learning_rate])
+    assert [r["step"] for r in rows if "val/loss" in r] == [0, 1, 2]  # step 0, the periodic one, the final one
+
+
+def test_resume_continues_with_the_runs_own_config(tiny_model_dir, sft_posts, tmp_path, monkeypatch):
+    from rlhfkit.cli import main
+
+    out = tmp_path / "run"
+    args = fast_args(tiny_model_dir, sft_posts, out, max_steps=2, total_batch_size=2, micro_batch_size=1)
+    assert main(["sft", *[f"{k}={v}" for k, v in args.items()]]) == 0
+    monkeypatch.chdir(tmp_path)
+    assert main(["sft", f"resume={out}", "max_steps=3"]) == 0  # data, model and batch come from out/config.yaml
+    config = (out / "config.yaml").read_text()
+    assert f"- {sft_posts}" in config and "total_batch_size: 2" in config and "max_steps: 3" in config
+    assert json.loads((out / "checkpoints" / "latest").read_text())["step"] == 3
+
+
+def test_bad_resume_path_fails_before_creating_a_run_directory(tmp_path, monkeypatch, capsys):
+    from rlhfkit.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["sft", "resume=nowhere"]) == 2
+    assert "no complete checkpoint" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()

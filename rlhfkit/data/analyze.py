@@ -17,10 +17,10 @@ import numpy as np
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from . import load_pairs
 from .examples import query_limits, tokenize_pairs, tokenize_sft
-from .hh import load_hh
 from .records import SkipLog
-from .tldr import load_comparisons, load_sft
+from .tldr import load_sft
 
 TOO_SHORT_TOKENS = 3  # responses below this many tokens (EOS excluded) are counted as too short
 NO_LENGTH_LIMIT = 10**9
@@ -102,7 +102,7 @@ def analyze_sft(paths: list[str], tokenizer: PreTrainedTokenizerBase, max_query_
 def analyze_pairs(
     paths: list[str], tokenizer: PreTrainedTokenizerBase, limits: dict[str, int], fmt: str, hf_split: str = ""
 ) -> dict:
-    records, log = (load_hh if fmt == "hh" else load_comparisons)(paths, hf_split)
+    records, log = load_pairs(fmt, paths, hf_split)
     examples, _ = tokenize_pairs(tqdm(records, desc="tokenizing", unit="pair"), tokenizer, limits, NO_LENGTH_LIMIT)
     chosen = [len(e.chosen) - 1 for e in examples]
     rejected = [len(e.rejected) - 1 for e in examples]
@@ -142,10 +142,9 @@ def analyze_pairs(
 
 
 def plot_histograms(lengths: dict[str, list[int]], out: Path) -> list[str]:
-    import matplotlib
+    from ..eval.report import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     files = []
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -180,10 +179,9 @@ def plot_histograms(lengths: dict[str, list[int]], out: Path) -> list[str]:
 
 
 def plot_counts(result_counts: dict[str, Any], out: Path) -> list[str]:
-    import matplotlib
+    from ..eval.report import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     files = []
     for name, table in result_counts.items():

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
+from ..errors import ConfigError
+
 # Detail 2: the query template of Stiennon et al. 2020 (no trailing space after "TL;DR:").
 TLDR_TEMPLATE = "SUBREDDIT: r/{subreddit}\n\nTITLE: {title}\n\nPOST: {post}\n\nTL;DR:"
 CNNDM_TEMPLATE = "Article:\n{article}\n\nTL;DR:"
@@ -96,7 +98,7 @@ def encode_query(tokenizer: PreTrainedTokenizerBase, task: str, fields: dict[str
             dropped += 1
         ids = encode_text(tokenizer, format_query(task, fields))
         if token_cut and len(ids) > max_length:
-            raise ValueError(f"the {task} template alone is longer than max_query_length={max_length} tokens")
+            raise ConfigError(f"the {task} template alone is longer than max_query_length={max_length} tokens; raise it")
     return QueryTokens(ids, format_query(task, fields), original_length, dropped, token_cut)
 
 

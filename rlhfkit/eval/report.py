@@ -8,12 +8,19 @@ from pathlib import Path
 from typing import Any
 
 
-def plot_curves(rows: list[dict[str, Any]], keys: list[str], out: Path, title: str) -> Path | None:
-    """One panel per metric key present in `rows` (from metrics.jsonl), against step."""
+def pyplot():
+    """matplotlib's pyplot on the Agg backend: files only, no display on training machines."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_curves(rows: list[dict[str, Any]], keys: list[str], out: Path, title: str) -> Path | None:
+    """One panel per metric key present in `rows` (from metrics.jsonl), against step."""
+    plt = pyplot()
 
     present = [k for k in keys if any(isinstance(r.get(k), int | float) for r in rows)]
     if not present:

@@ -28,6 +28,8 @@ import yaml
 
 from ..data.formats import QUERY_FORMATS, format_query
 from ..data.tldr import Comparison
+from ..errors import UserError
+from .report import pyplot
 
 UNKNOWN = "unknown"  # group label for a missing split/batch/confidence, so JSON keys stay readable
 BREAKDOWN_ATTRIBUTES = ("split", "batch", "confidence", "policy_pair", "task")
@@ -410,7 +412,7 @@ def evaluate_rewards(
 # Probes: hand-written ladders of responses to one prompt
 
 
-class ProbeFileError(ValueError):
+class ProbeFileError(UserError, ValueError):
     """The probe file does not follow the schema; the message names the file and the bad field."""
 
 
@@ -676,13 +678,6 @@ def render_probe_table_markdown(
 # Plots
 
 
-def pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: no display on training machines
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def save(fig: Any, path: Path) -> Path:

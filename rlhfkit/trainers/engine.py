@@ -8,6 +8,7 @@ so resuming at step k replays exactly the batches an uninterrupted run would see
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -25,6 +26,7 @@ from transformers import get_scheduler
 
 from ..checkpoint import find_checkpoint, load_training_state, save_checkpoint, seed_everything
 from ..config import ConfigError, TrainConfig, to_yaml
+from ..distributed import processes_need_cpu
 from ..errors import NonFiniteError
 from ..models import enable_activation_checkpointing
 from ..tracking import Tracker
@@ -95,6 +97,15 @@ def make_run_dir(cfg: TrainConfig, stage: str) -> Path:
     return run_dir
 
 
+def start_run(cfg: TrainConfig, stage: str) -> tuple[Path, Path | None]:
+    """(run directory, checkpoint to resume or None), with every RNG seeded before any model is
+    built, so `seed` also governs the reward head and the new [PAD] embedding row."""
+    checkpoint = resume_checkpoint(cfg)  # a bad resume path fails before any folder is made
+    run_dir = make_run_dir(cfg, stage)
+    seed_everything(cfg.seed)
+    return run_dir, checkpoint
+
+
 def resume_checkpoint(cfg: TrainConfig) -> Path | None:
     if not cfg.resume:
         return None
@@ -138,14 +149,16 @@ def train(cfg: TrainConfig, stage: Stage, run_dir: Path, checkpoint: Path | None
     """Run the optimizer steps of `stage`, resuming from `checkpoint` when given."""
     from accelerate import Accelerator
 
-    accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=autocast_precision(cfg))
+    accelerator = Accelerator(cpu=processes_need_cpu(), mixed_precision=autocast_precision(cfg))
     seed_everything(cfg.seed)
     schedule = plan_schedule(cfg, len(stage.examples), accelerator.num_processes)
     model = stage.model
     if cfg.gradient_checkpointing:
         enable_activation_checkpointing(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
-    scheduler = get_scheduler(cfg.lr_scheduler, optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=schedule.total_steps)
+    # transformers' "constant" schedule ignores warm-up; "constant_with_warmup" is the same without it
+    name = "constant_with_warmup" if cfg.lr_scheduler == "constant" else cfg.lr_scheduler
+    scheduler = get_scheduler(name, optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=schedule.total_steps)
     start = load_training_state(checkpoint, optimizer, scheduler)["step"] if checkpoint else 0
     model, optimizer = accelerator.prepare(model, optimizer)
     model.train()
@@ -153,7 +166,7 @@ def train(cfg: TrainConfig, stage: Stage, run_dir: Path, checkpoint: Path | None
     bar = tqdm(total=schedule.total_steps, initial=start, desc=stage.name, unit="step", disable=not accelerator.is_main_process)
     last: dict[str, float] = {}
     if stage.evaluate is not None and cfg.eval_every and start == 0 and tracker is not None:
-        tracker.log(0, stage.evaluate(accelerator.unwrap_model(model), 0))  # where the curves start
+        tracker.log(0, stage.evaluate(unwrap(accelerator, model), 0))  # where the curves start
     for step in range(start, schedule.total_steps):
         began = time.perf_counter()
         metrics, tokens = run_step(accelerator, model, stage, schedule, cfg, step)
@@ -163,9 +176,10 @@ def train(cfg: TrainConfig, stage: Stage, run_dir: Path, checkpoint: Path | None
         done = step + 1
         elapsed = time.perf_counter() - began
         metrics |= {"train/lr": scheduler.get_last_lr()[0], "perf/tokens_per_s": tokens / elapsed, "perf/step_s": elapsed}
-        if stage.evaluate is not None and cfg.eval_every and done % cfg.eval_every == 0 and done < schedule.total_steps:
-            metrics |= stage.evaluate(accelerator.unwrap_model(model), done)
-        if tracker is not None and (done % cfg.log_every == 0 or done == schedule.total_steps):
+        evaluated = stage.evaluate is not None and cfg.eval_every and done % cfg.eval_every == 0 and done < schedule.total_steps
+        if evaluated:
+            metrics |= stage.evaluate(unwrap(accelerator, model), done)
+        if tracker is not None and (evaluated or done % cfg.log_every == 0 or done == schedule.total_steps):
             tracker.log(done, metrics)
         last = metrics
         bar.update(1)
@@ -174,7 +188,7 @@ def train(cfg: TrainConfig, stage: Stage, run_dir: Path, checkpoint: Path | None
             save(accelerator, run_dir, done, model, stage.tokenizer, optimizer, scheduler, schedule, cfg.keep_checkpoints)
     bar.close()
     save(accelerator, run_dir, schedule.total_steps, model, stage.tokenizer, optimizer, scheduler, schedule, cfg.keep_checkpoints)
-    final_model = accelerator.unwrap_model(model)
+    final_model = unwrap(accelerator, model)
     if stage.evaluate is not None:  # after the save: a failing evaluation must not lose the trained model
         final_eval = stage.evaluate(final_model, schedule.total_steps)
         last |= final_eval
@@ -194,11 +208,14 @@ def run_step(accelerator, model, stage: Stage, schedule: Schedule, cfg: TrainCon
     units = accelerator.reduce(sum(b["loss_units"].sum() for b in micro).float(), "sum")
     loss_total = torch.zeros((), device=accelerator.device)
     extra_total: dict[str, torch.Tensor] = {}
-    for batch in micro:
-        with accelerator.autocast():
-            loss_sum, extra = stage.loss_fn(model, batch)
-        check_finite(step + 1, "loss", loss_sum.detach())
-        accelerator.backward(loss_sum * accelerator.num_processes / units)
+    for i, batch in enumerate(micro):
+        # all-reduce gradients once per optimizer step, after the last micro-batch
+        sync = contextlib.nullcontext() if i == len(micro) - 1 else accelerator.no_sync(model)
+        with sync:
+            with accelerator.autocast():
+                loss_sum, extra = stage.loss_fn(model, batch)
+            check_finite(step + 1, "loss", loss_sum.detach())
+            accelerator.backward(loss_sum * accelerator.num_processes / units)
         loss_total += loss_sum.detach().float()
         for key, value in extra.items():
             extra_total[key] = extra_total.get(key, 0) + value.detach().float()
@@ -210,9 +227,15 @@ def run_step(accelerator, model, stage: Stage, schedule: Schedule, cfg: TrainCon
     return metrics, sum(count_tokens(b) for b in micro) * accelerator.num_processes
 
 
+def unwrap(accelerator, model):
+    """The bare model, without DDP or the autocast wrapper: evaluation after training runs in fp32,
+    exactly as a later `from_pretrained` load would."""
+    return accelerator.unwrap_model(model, keep_fp32_wrapper=False)
+
+
 def save(accelerator, run_dir: Path, step: int, model, tokenizer, optimizer, scheduler, schedule: Schedule, keep: int) -> None:
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         state = {"examples_seen": step * schedule.total_batch_size, "epoch": step / schedule.steps_per_epoch}
-        save_checkpoint(run_dir, step, accelerator.unwrap_model(model), tokenizer, optimizer, scheduler, state, keep)
+        save_checkpoint(run_dir, step, unwrap(accelerator, model), tokenizer, optimizer, scheduler, state, keep)
     accelerator.wait_for_everyone()

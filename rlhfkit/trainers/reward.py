@@ -8,6 +8,7 @@ head bias is set so the SFT reference summaries score 0 on average (Detail 15).
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,15 +19,15 @@ from tqdm import tqdm
 
 from ..config import ConfigError, RMConfig, RMEvalConfig
 from ..data import load_pairs, load_sft
-from ..data.collate import pad
+from ..data.collate import right_pad_query_response
 from ..data.examples import PairExample, query_limits, tokenize_pairs, tokenize_sft
 from ..data.split import split_by_prompt
 from ..data.tldr import Comparison
 from ..eval import rm_metrics
-from ..eval.report import image_html, table_html, write_report
+from ..eval.report import image_html, pyplot, table_html, write_report
 from ..models import ScalarModel, load_policy, load_reward_model
 from ..tracking import read_metrics
-from .engine import Stage, is_main_process, make_run_dir, resume_checkpoint, train
+from .engine import Stage, is_main_process, start_run, train
 
 
 def filter_comparisons(records: list[Comparison], splits: list[str], batches: list[str]) -> list[Comparison]:
@@ -35,11 +36,9 @@ def filter_comparisons(records: list[Comparison], splits: list[str], batches: li
 
 def collate_scored(queries: list[list[int]], responses: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-padded query+response rows (Detail 5) with a mask of the response tokens."""
-    ids, mask = pad([q + r for q, r in zip(queries, responses, strict=True)], pad_id, "right")
-    response_mask = torch.zeros_like(mask)
-    for row, (q, r) in enumerate(zip(queries, responses, strict=True)):
-        response_mask[row, len(q) : len(q) + len(r)] = 1
-    return {"input_ids": ids, "attention_mask": mask, "response_mask": response_mask}
+    batch = right_pad_query_response(queries, responses, pad_id)
+    batch.pop("labels")
+    return batch
 
 
 def collate_pairs(examples: list[PairExample], pad_id: int) -> dict[str, torch.Tensor]:
@@ -94,7 +93,7 @@ def score_pairs(model: ScalarModel, pad_id: int, examples: list[PairExample], ba
 @torch.no_grad()
 def normalize_to_references(model: ScalarModel, tokenizer, sft_data: list[str], cfg: RMConfig) -> dict[str, float]:
     """Detail 15: shift the head bias so the SFT reference summaries average a reward of 0."""
-    records, log = load_sft(sft_data)
+    records, log = load_sft(sft_data, hf_split="train")
     examples, _ = tokenize_sft(records[: cfg.normalization_samples], tokenizer, cfg.max_query_length, cfg.max_response_length)
     rewards = score_texts(model, tokenizer.pad_token_id, [e.query.ids for e in examples], [e.response for e in examples],
                           cfg.micro_batch_size * 2, "normalising (Detail 15)")
@@ -121,7 +120,7 @@ def dump_reward_logits(model: ScalarModel, tokenizer, examples: list[PairExample
 
 
 def plot_reward_logits(dump: dict[str, Any], path: Path) -> None:
-    plt = rm_metrics.pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(6, 0.25 * len(dump["tokens"])), 3.5))
     colors = ["tab:red" if i == dump["eos_index"] else "tab:gray" for i in range(len(dump["tokens"]))]
     ax.bar(range(len(dump["scores"])), dump["scores"], color=colors)
@@ -143,6 +142,11 @@ def score_probes(model: ScalarModel, tokenizer, probes_path: str, limits: dict[s
     responses = [encode_completion(tokenizer, it["text"]) for it in items]
     scores = score_texts(model, tokenizer.pad_token_id, queries, responses, 8, "probes")
     return rm_metrics.probe_table(probes, scores.tolist())
+
+
+def builtin_probes_for(data_format: str, probes: str) -> str:
+    """The shipped probes are TL;DR posts: they say nothing about an HH reward model."""
+    return "" if probes == "builtin" and data_format != "tldr-comparisons" else probes
 
 
 def evaluate_reward_model(
@@ -170,8 +174,7 @@ def prepare_pairs(cfg, tokenizer, records: list[Comparison]) -> tuple[list[PairE
 
 
 def run(cfg: RMConfig, _parsed: Any = None) -> int:
-    run_dir = make_run_dir(cfg, "rm")
-    checkpoint = resume_checkpoint(cfg)
+    run_dir, checkpoint = start_run(cfg, "rm")
     records, load_log = load_pairs(cfg.data_format, cfg.data, cfg.hf_split)
     records = filter_comparisons(records, cfg.splits, cfg.batches)
     if not records:
@@ -213,11 +216,15 @@ def run(cfg: RMConfig, _parsed: Any = None) -> int:
     tokenizer.save_pretrained(run_dir / "model")
     (run_dir / "normalization.json").write_text(json.dumps(normalization, indent=2))
     limits = query_limits(cfg.max_query_length, cfg.max_article_query_length)
-    evaluation = evaluate_reward_model(final, tokenizer, val_examples, run_dir / "rm_eval", batch_size=cfg.micro_batch_size * 2,
-                                       probes="builtin" if cfg.data_format == "tldr-comparisons" else "", limits=limits)
+    evaluation: dict[str, Any] = {}
+    if val_examples:
+        evaluation = evaluate_reward_model(final, tokenizer, val_examples, run_dir / "rm_eval", batch_size=cfg.micro_batch_size * 2,
+                                           probes=builtin_probes_for(cfg.data_format, "builtin"), limits=limits)
+        print(rm_metrics.headline(evaluation))
+    else:
+        notes.append("no validation pairs (validation_fraction=0): evaluate with `rlhfkit rm-eval`")
     rm_metrics.plot_training_curves(read_metrics(run_dir), run_dir / "plots")
     write_rm_report(run_dir, notes, evaluation, run_dir / "rm_eval")
-    print(rm_metrics.headline(evaluation))
     print(f"model: {run_dir / 'model'}\nreport: {run_dir / 'report.html'}")
     return 0
 
@@ -252,9 +259,12 @@ def run_eval(cfg: RMEvalConfig, _parsed: Any = None) -> int:
     records = records[: cfg.max_pairs] if cfg.max_pairs else records
     examples, note = prepare_pairs(cfg, tokenizer, records)
     print(f"loaded: {log.summary('pairs')}; scoring: {note}")
-    out = Path(cfg.out) if cfg.out else Path(cfg.model).parent / "rm_eval"
+    if not examples:
+        raise ConfigError(f"no pairs left to evaluate (filters splits={cfg.splits} batches={cfg.batches} side={cfg.side})")
+    out = Path(cfg.out) if cfg.out else Path("runs") / f"rm-eval-{datetime.now():%Y%m%d-%H%M%S}"
     limits = query_limits(cfg.max_query_length, cfg.max_article_query_length)
-    result = evaluate_reward_model(model, tokenizer, examples, out, batch_size=cfg.batch_size, probes=cfg.probes, limits=limits,
+    probes = builtin_probes_for(cfg.data_format, cfg.probes)
+    result = evaluate_reward_model(model, tokenizer, examples, out, batch_size=cfg.batch_size, probes=probes, limits=limits,
                                    errors=cfg.errors, bins=cfg.calibration_bins, dump=cfg.dump_logits)
     print(rm_metrics.headline(result))
     print(f"wrote {out / 'rm_eval.json'}")

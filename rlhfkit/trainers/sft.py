@@ -24,8 +24,8 @@ from ..eval.rouge import mean, rouge_l
 from ..models import load_policy
 from ..ops import token_cross_entropy_sum
 from ..rollout import SamplingParams, generate_texts
-from ..tracking import read_metrics
-from .engine import Stage, is_main_process, make_run_dir, resume_checkpoint, train
+from ..tracking import read_jsonl, read_metrics, write_jsonl
+from .engine import Stage, is_main_process, start_run, train
 
 
 def collate_sft(examples: list[SFTExample], pad_id: int, loss_on_query: bool) -> dict[str, torch.Tensor]:
@@ -82,14 +82,6 @@ def summary_metrics(rows: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-def write_jsonl(path: Path, rows: list[dict]) -> None:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def write_sft_report(run_dir: Path, cfg: SFTConfig, metrics: dict[str, float], rows: list[dict], data_notes: list[str]) -> Path:
     history = read_metrics(run_dir)
     plot = plot_curves(history, ["train/loss", "val/loss", "train/lr", "perf/tokens_per_s"], run_dir / "plots" / "loss.png", "SFT")
@@ -106,8 +98,7 @@ def write_sft_report(run_dir: Path, cfg: SFTConfig, metrics: dict[str, float], r
 
 
 def run(cfg: SFTConfig, _parsed: Any = None) -> int:
-    run_dir = make_run_dir(cfg, "sft")
-    checkpoint = resume_checkpoint(cfg)
+    run_dir, checkpoint = start_run(cfg, "sft")
     records, load_log = load_sft(cfg.data, cfg.hf_split)
     train_records, val_records = split_by_prompt(records, lambda r: r.prompt_id, validation_size=cfg.validation_posts, seed=cfg.seed)
     model, tokenizer = load_policy(str(checkpoint / "model") if checkpoint else cfg.model, cfg.trust_remote_code)
@@ -123,7 +114,8 @@ def run(cfg: SFTConfig, _parsed: Any = None) -> int:
     eval_examples = val_examples[: cfg.eval_samples]
     base_path = run_dir / "samples_base.jsonl"
     if eval_examples and not base_path.exists() and checkpoint is None and is_main_process():
-        write_jsonl(base_path, summarise(model, tokenizer, eval_examples, cfg, "base model"))
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        write_jsonl(base_path, summarise(model.to(device), tokenizer, eval_examples, cfg, "base model"))
 
     def evaluate(current: torch.nn.Module, step: int) -> dict[str, float]:
         if not eval_examples:
