@@ -240,3 +240,12 @@ def test_bad_resume_path_fails_before_creating_a_run_directory(tmp_path, monkeyp
     assert main(["sft", "resume=nowhere"]) == 2
     assert "no complete checkpoint" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+def test_resume_into_a_new_folder_carries_the_metrics_history(tiny_model_dir, sft_posts, tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    sft.run(resolve("sft", None, None, fast_args(tiny_model_dir, sft_posts, first, max_steps=2, save_every=1, keep_checkpoints=0)))
+    sft.run(resolve("sft", None, None, fast_args(tiny_model_dir, sft_posts, second, max_steps=3,
+                                                 resume=first / "checkpoints" / "step-000002")))
+    rows = [json.loads(line) for line in (second / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 3]

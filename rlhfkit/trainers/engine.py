@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -102,8 +103,18 @@ def start_run(cfg: TrainConfig, stage: str) -> tuple[Path, Path | None]:
     built, so `seed` also governs the reward head and the new [PAD] embedding row."""
     checkpoint = resume_checkpoint(cfg)  # a bad resume path fails before any folder is made
     run_dir = make_run_dir(cfg, stage)
+    if checkpoint is not None and is_main_process():
+        carry_history(checkpoint.parents[1], run_dir)
     seed_everything(cfg.seed)
     return run_dir, checkpoint
+
+
+def carry_history(source: Path, run_dir: Path) -> None:
+    """Resuming into a new folder: bring the curves and base-model samples along, so the new run's
+    plots and report cover the whole run, not just the part after the checkpoint."""
+    for name in ("metrics.jsonl", "samples_base.jsonl"):
+        if (source / name).is_file() and not (run_dir / name).exists() and source.resolve() != run_dir.resolve():
+            shutil.copy2(source / name, run_dir / name)
 
 
 def resume_checkpoint(cfg: TrainConfig) -> Path | None:
