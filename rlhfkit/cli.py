@@ -51,9 +51,10 @@ def overview() -> str:
 def command_help(cmd: Command) -> str:
     usage = f"usage: rlhfkit {' '.join(cmd.words)}"
     usage += f" {cmd.positional.upper()}" if cmd.positional else ""
+    launcher = " [--num-processes N]" if cmd.multi_process else ""
     if cmd.stage is None:
-        return f"{usage} [--num-processes N]\n\n{cmd.about}"
-    lines = [f"{usage} [--preset NAME | --config FILE] [key=value | --key value ...] [--num-processes N]", "", cmd.about, "", "options (default; source):"]
+        return f"{usage}{launcher}\n\n{cmd.about}"
+    lines = [f"{usage} [--preset NAME | --config FILE] [key=value | --key value ...]{launcher}", "", cmd.about, "", "options (default; source):"]
     for name, default, help_text, source, type_text in cfgmod.field_info(cfgmod.STAGES[cmd.stage]):
         shown = ",".join(map(str, default)) if isinstance(default, list) else default
         src = f"  [{source}]" if source else ""
