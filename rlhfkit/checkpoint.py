@@ -1,7 +1,8 @@
 """Atomic checkpoints and exact resume.
 
 A checkpoint is a folder `checkpoints/step-NNNNNN/` holding the model and tokenizer as
-`save_pretrained` folders (safetensors), `state.pt` (optimizer and scheduler, read back with
+`save_pretrained` folders (safetensors; PPO adds its value model as `value/`), `state.pt` (optimizer
+and scheduler, plus any further ones such as PPO's value optimizer, read back with
 `weights_only=True`), `rng.json` (python, numpy and torch RNG states) and `trainer.json` (step and
 data position). It is written under a temporary name and renamed into place, so a crash mid-save
 never leaves a broken latest checkpoint; `latest` names the newest complete one.
@@ -65,15 +66,25 @@ def save_checkpoint(
     scheduler: Any,
     trainer_state: dict[str, Any],
     keep: int = 2,
+    extra_models: dict[str, torch.nn.Module] | None = None,
+    extra_states: dict[str, Any] | None = None,
 ) -> Path:
-    """Write checkpoint `step` atomically, point `latest` at it, keep the newest `keep` (0: all)."""
+    """Write checkpoint `step` atomically, point `latest` at it, keep the newest `keep` (0: all).
+
+    `extra_models` are saved as `save_pretrained` folders named by their key; `extra_states` are
+    objects with `state_dict()` (optimizers, schedulers) stored in state.pt under their key.
+    """
     folder = run_dir / "checkpoints"
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"step-{step:06d}"
     tmp = Path(tempfile.mkdtemp(dir=folder, prefix=f".tmp-step-{step:06d}-"))
     model.save_pretrained(tmp / "model", safe_serialization=True)
     tokenizer.save_pretrained(tmp / "model")
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "state.pt")
+    for name, extra in (extra_models or {}).items():
+        extra.save_pretrained(tmp / name, safe_serialization=True)
+    states = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+    states |= {name: obj.state_dict() for name, obj in (extra_states or {}).items()}
+    torch.save(states, tmp / "state.pt")
     (tmp / "rng.json").write_text(json.dumps(rng_state()))
     (tmp / "trainer.json").write_text(json.dumps({"step": step, **trainer_state}, indent=2))
     if final.exists():
@@ -107,10 +118,15 @@ def find_checkpoint(path: str | Path) -> Path | None:
     return None
 
 
-def load_training_state(checkpoint: Path, optimizer: torch.optim.Optimizer, scheduler: Any) -> dict[str, Any]:
-    """Restore optimizer, scheduler and RNG states; return trainer.json (step, data position...)."""
+def load_training_state(
+    checkpoint: Path, optimizer: torch.optim.Optimizer, scheduler: Any, extra_states: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Restore optimizer, scheduler (and `extra_states`, by key) and RNG states; return trainer.json
+    (step, data position...)."""
     state = torch.load(checkpoint / "state.pt", map_location="cpu", weights_only=True)
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
+    for name, obj in (extra_states or {}).items():
+        obj.load_state_dict(state[name])
     set_rng_state(json.loads((checkpoint / "rng.json").read_text()))
     return json.loads((checkpoint / "trainer.json").read_text())

@@ -26,6 +26,7 @@ class Command:
 COMMANDS = [
     Command(("sft",), "supervised fine-tuning on TL;DR (Section 5, Table 3)", "rlhfkit.trainers.sft:run", "sft", multi_process=True),
     Command(("rm",), "reward-model training on human comparisons (Section 6, Table 4)", "rlhfkit.trainers.reward:run", "rm", multi_process=True),
+    Command(("ppo",), "PPO from the SFT policy against the reward model (Section 7, Details 20-25, Table 7)", "rlhfkit.trainers.ppo:run", "ppo"),
     Command(("rm-eval",), "reward-model evaluation: accuracy by split/batch/confidence, calibration, length bias, probes", "rlhfkit.trainers.reward:run_eval", "rm-eval"),
     Command(("generate",), "summarise TL;DR posts with a policy, with ROUGE-L against the references", "rlhfkit.trainers.sft:run_generate", "generate"),
     Command(("data", "analyze"), "dataset analysis: counts, token lengths, truncation, length bias", "rlhfkit.cli:run_analyze", "data-analyze"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -53,7 +54,7 @@ class AnalyzeConfig:
 
 
 @dataclass
-class TrainConfig:
+class RunConfig:
     """Fields shared by every training stage."""
 
     model: str = opt("smollm2-135m", "starting model: embedded name, HF directory or hub id")
@@ -64,7 +65,6 @@ class TrainConfig:
     weight_decay: float = opt(0.0, "AdamW weight decay")
     lr_scheduler: Literal["cosine", "linear", "constant"] = opt("cosine", "learning-rate schedule", "Tables 3, 4")
     warmup_steps: int = opt(0, "linear warm-up steps before the schedule")
-    num_epochs: float = opt(1.0, "passes over the training set", "Tables 3, 4")
     max_steps: int = opt(0, "stop after this many optimizer steps (0: use num_epochs)")
     total_batch_size: int = opt(128, "episodes per optimizer step = micro batch x accumulation x processes", "Table 3", minimum=1)
     micro_batch_size: int = opt(8, "rows per forward pass on one process", minimum=1)
@@ -80,6 +80,13 @@ class TrainConfig:
     log_every: int = opt(1, "log metrics every N optimizer steps", minimum=1)
     report_to: list[Literal["tensorboard", "wandb"]] = opt(["tensorboard"], "trackers besides metrics.jsonl (wandb needs the wandb extra)")
     resume: str = opt("", "run directory or checkpoint folder to resume from")
+
+
+@dataclass
+class TrainConfig(RunConfig):
+    """Fields of the supervised stages (SFT, reward model): one pass = one epoch over the data."""
+
+    num_epochs: float = opt(1.0, "passes over the training set", "Tables 3, 4")
 
 
 @dataclass
@@ -116,6 +123,60 @@ class RMConfig(TrainConfig):
     head: Literal["eos-linear", "mean-mlp"] = opt("eos-linear", "reward head: EOS-token linear or mean-pooled MLP", "Details 11-12")
     sft_data: list[str] = opt([], "SFT data whose reference summaries set the reward bias (empty: skip)", "Detail 15")
     normalization_samples: int = opt(1024, "reference summaries used for the bias", "Detail 15")
+
+
+def sft_data_opt(help_text: str) -> Any:
+    return opt(["vwxyzjn/summarize_from_feedback_tldr_3_filtered"], help_text, "Detail 1")
+
+
+@dataclass
+class OnPolicyConfig(RunConfig):
+    """Fields of every on-policy stage: prompts, sampling, scoring, KL penalty, clipped updates."""
+
+    model: str = opt("smollm2-135m", "SFT policy: starts the trained policy and is the frozen reference policy", "Section 7")
+    reward_model: str = opt("", "reward model folder written by `rlhfkit rm` (its model/ folder); frozen", "Section 7")
+    data: list[str] = sft_data_opt("prompts: TL;DR SFT data, hub id or files (their posts, not their summaries)")
+    hf_split: str = opt("train", "split to read when `data` is a hub id")
+    validation_posts: int = opt(300, "posts held out by post identity, as `rlhfkit sft` splits them: never prompts; evaluation summarises them")
+    eval_samples: int = opt(64, "held-out posts summarised by the SFT and trained policies at the end (0: none)")
+    eval_temperature: float = opt(0.0, "temperature of the evaluation summaries (0: greedy)")
+    learning_rate: float = opt(3e-6, "AdamW learning rate", "Table 7")
+    adam_eps: float = opt(1e-5, "AdamW epsilon", "Table 7")
+    lr_scheduler: Literal["cosine", "linear", "constant"] = opt("linear", "learning-rate schedule over the updates", "Table 7")
+    total_episodes: int = opt(1_000_000, "episodes (sampled responses) in the whole run", "Table 7, Detail 21", minimum=1)
+    total_batch_size: int = opt(512, "episodes per update (rollout batch)", "Table 7", minimum=1)
+    max_steps: int = opt(0, "stop after this many updates (0: total_episodes / total_batch_size)")
+    num_minibatches: int = opt(1, "minibatches per update epoch; one optimizer step each", "Table 7 (N_mb)", minimum=1)
+    update_epochs: int = opt(4, "passes over each rollout batch", "Table 7 (K)", minimum=1)
+    micro_batch_size: int = opt(8, "rows per forward/backward pass in the update (gradient accumulation)", minimum=1)
+    generation_batch_size: int = opt(64, "queries per generation batch", minimum=1)
+    forward_batch_size: int = opt(16, "rows per no-grad forward pass over the rollout (policy, reference, value, reward)", minimum=1)
+    samples_per_prompt: int = opt(1, "responses sampled per prompt (1 for PPO; group methods use more)", minimum=1)
+    max_response_length: int = opt(53, "response tokens sampled; the response is cut after its first EOS", "Detail 23", minimum=1)
+    temperature: float = opt(0.7, "sampling temperature, also applied in every forward pass that computes logprobs", "Table 7")
+    missing_eos_score: float = opt(-1.0, "score of a response without EOS (the EOS trick)", "Detail 23", minimum=-math.inf)
+    eos_trick: bool = opt(True, "replace the score of responses without EOS by missing_eos_score", "Detail 23")
+    kl_coef: float = opt(0.05, "KL penalty coefficient beta of equation 3", "Table 7")
+    kl_estimator: Literal["k1", "k2", "k3"] = opt("k1", "per-token KL estimator in the penalty (k1: log ratio, the paper's)", "Equation 3")
+    adaptive_kl: bool = opt(False, "adapt kl_coef toward kl_target (Ziegler et al. 2019)")
+    kl_target: float = opt(6.0, "target KL (sum over tokens) of the adaptive controller", minimum=1e-9)
+    kl_horizon: float = opt(10000.0, "horizon in episodes of the adaptive controller", minimum=1)
+    whiten_rewards: bool = opt(False, "whiten the per-token rewards of each rollout batch, keeping their mean", "Detail 24")
+    whiten_advantages: bool = opt(True, "whiten the advantages over valid tokens", "Detail 25")
+    advantage_estimator: Literal["gae"] = opt("gae", "advantage estimator (ops.ADVANTAGE_ESTIMATORS)", "Section 7")
+    gamma: float = opt(1.0, "discount factor", "Table 7")
+    lam: float = opt(0.95, "GAE lambda", "Table 7")
+    clip_range: float = opt(0.2, "policy ratio clipping epsilon (0: no clipping)", "Table 7")
+    frozen_device: str = opt("", "device of the frozen reference and reward models (empty: the policy's; e.g. cpu, cuda:1)")
+    sample_every: int = opt(10, "log the highest- and lowest-scored samples every N updates (0: never)")
+    log_samples: int = opt(2, "samples logged at each end (highest and lowest scored)", minimum=1)
+
+
+@dataclass
+class PPOConfig(OnPolicyConfig):
+    value_model: str = opt("", "value model folder (empty: initialise it from the reward model)", "Detail 22")
+    vf_coef: float = opt(0.1, "value loss coefficient c1", "Table 7")
+    value_clip_range: float = opt(0.2, "value clipping epsilon (0: no value loss clipping)", "Table 7")
 
 
 @dataclass
@@ -161,7 +222,7 @@ class RMEvalConfig:
     out: str = opt("", "output folder (empty: runs/rm-eval-<timestamp>)")
 
 
-STAGES: dict[str, type] = {"sft": SFTConfig, "rm": RMConfig, "rm-eval": RMEvalConfig, "generate": GenerateConfig, "data-analyze": AnalyzeConfig}
+STAGES: dict[str, type] = {"sft": SFTConfig, "rm": RMConfig, "ppo": PPOConfig, "rm-eval": RMEvalConfig, "generate": GenerateConfig, "data-analyze": AnalyzeConfig}
 
 
 def field_info(cls: type) -> list[tuple[str, Any, str, str | None, str]]:

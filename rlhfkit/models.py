@@ -347,6 +347,8 @@ class ScalarModel(torch.nn.Module):
         meta_path = folder / SCALAR_CONFIG
         if not meta_path.is_file():
             raise ModelError(f"{folder} is not a reward/value model folder ({SCALAR_CONFIG} missing); train one with `rlhfkit rm`")
+        if not (folder / SCALAR_HEAD).is_file():
+            raise ModelError(f"{folder} has {SCALAR_CONFIG} but no {SCALAR_HEAD}: the scalar head is missing; re-save it with `rlhfkit rm`")
         meta = json.loads(meta_path.read_text())
         with model_loading(str(folder)):
             backbone = AutoModel.from_pretrained(folder, trust_remote_code=trust_remote_code, use_safetensors=True, dtype=torch.float32)

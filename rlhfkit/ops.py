@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import typing
+
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 
 def first_true_indices(bools: torch.Tensor, dtype: torch.dtype = torch.long) -> torch.Tensor:
@@ -21,12 +24,14 @@ def truncate_after_eos(responses: torch.Tensor, eos_id: int, pad_id: int) -> tor
 
 
 def logprobs_from_logits(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Log-probability of `tokens` under `logits / temperature` (Detail 25: the same T in every forward pass)."""
+    """Log-probability of `tokens` under `logits / temperature`: the sampling temperature is applied in
+    every forward pass that computes log-probabilities (Table 7), so sampling and training agree."""
     scaled = logits.float() / (temperature if temperature > 0 else 1.0)
     return torch.gather(F.log_softmax(scaled, dim=-1), -1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean of `values` where `mask` is set (over everything, or along `dim`); 0 where nothing is set."""
     mask = mask.to(values.dtype)
     if dim is None:
         return (values * mask).sum() / mask.sum().clamp(min=1)
@@ -59,3 +64,198 @@ def token_cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor, ignore_i
     return F.cross_entropy(
         shifted_logits.reshape(-1, shifted_logits.size(-1)), shifted_labels.reshape(-1), ignore_index=ignore_index, reduction="sum"
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# RL maths shared by the on-policy trainers. Shapes: B rows (episodes), T response positions.
+# `mask` (B, T) marks each row's valid response prefix: every token up to and including EOS.
+# ---------------------------------------------------------------------------------------------
+
+
+def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """Variance of `values` where `mask` is set; Bessel-corrected when `unbiased` (needs 2+ entries)."""
+    centered = values - masked_mean(values, mask)
+    variance = masked_mean(centered**2, mask)
+    if unbiased:
+        count = mask.sum()
+        if count < 2:
+            raise ValueError("masked_var(unbiased=True) needs at least two unmasked values")
+        variance = variance * count / (count - 1)
+    return variance
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+    """The paper's `whiten` (Details 24-25) over unmasked entries: unit variance, and mean 0 when
+    `shift_mean` (advantages), the original mean kept otherwise (rewards). Masked entries become 0."""
+    mean, variance = masked_mean(values, mask), masked_var(values, mask)
+    whitened = (values - mean) * torch.rsqrt(variance + 1e-8)
+    if not shift_mean:
+        whitened = whitened + mean
+    return whitened * mask.to(values.dtype)
+
+
+def chunked_logprobs_entropy(
+    features: torch.Tensor,
+    tokens: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    chunk_rows: int = 256,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probabilities of `tokens`, entropies), both (B, T), at `temperature`, `chunk_rows` positions at a time.
+
+    `features` are either hidden states (B, T, H) with the LM head `weight` (V, H) and `bias`, or
+    logits (B, T, V) when `weight` is None. Only one chunk's float32 (chunk_rows, V) logits exist at
+    once, in the forward pass and, through recomputation, in the backward pass too: with a 49k
+    vocabulary the full (B, T, V) tensor would be the largest of the step.
+    """
+    rows, flat_tokens = features.reshape(-1, features.size(-1)), tokens.reshape(-1)
+    recompute = torch.is_grad_enabled() and (features.requires_grad or (weight is not None and weight.requires_grad))
+    logprobs, entropies = [], []
+    for start in range(0, rows.size(0), chunk_rows):
+        args = (rows[start : start + chunk_rows], flat_tokens[start : start + chunk_rows], weight, bias, temperature)
+        if recompute:
+            lp, ent = torch.utils.checkpoint.checkpoint(logprobs_entropy_of_chunk, *args, use_reentrant=False)
+        else:
+            lp, ent = logprobs_entropy_of_chunk(*args)
+        logprobs.append(lp)
+        entropies.append(ent)
+    return torch.cat(logprobs).view(tokens.shape), torch.cat(entropies).view(tokens.shape)
+
+
+def logprobs_entropy_of_chunk(
+    rows: torch.Tensor, tokens: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = rows if weight is None else F.linear(rows, weight, bias)
+    logp = (logits.float() / (temperature if temperature > 0 else 1.0)).log_softmax(-1)
+    return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), -(logp.exp() * logp).sum(-1)
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "k1") -> torch.Tensor:
+    """Per-token KL estimate between the policy and the reference from sampled-token log-probabilities.
+
+    k1 = log(pi/pi_ref) (the paper's, unbiased, can be negative); k2 = (log(pi/pi_ref))^2 / 2;
+    k3 = pi_ref/pi - 1 - log(pi_ref/pi) (unbiased and never negative; Schulman 2020).
+    """
+    log_ratio = logprobs - ref_logprobs
+    if kind == "k1":
+        return log_ratio
+    if kind == "k2":
+        return 0.5 * log_ratio**2
+    if kind == "k3":
+        return torch.expm1(-log_ratio) + log_ratio
+    raise ValueError(f"unknown KL estimator {kind!r}; choose k1, k2 or k3")
+
+
+def eos_trick(scores: torch.Tensor, has_eos: torch.Tensor, missing_eos_score: float) -> torch.Tensor:
+    """Detail 23: a response that never emitted EOS has no valid reward-model score; it gets a constant."""
+    return torch.where(has_eos, scores, torch.full_like(scores, missing_eos_score))
+
+
+def rlhf_rewards(scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, kl_coef: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Equation 3 per token: (rewards, non-score rewards), both (B, T).
+
+    Every valid token is rewarded -kl_coef * KL; the sequence score (B,) is added at the row's last
+    valid token, the EOS itself (or the last sampled token when there is none), not one past it.
+    """
+    non_score = -kl_coef * kl * mask.to(kl.dtype)
+    last = mask.long().sum(-1).clamp(min=1) - 1
+    rewards = non_score.clone()
+    rewards[torch.arange(rewards.size(0), device=rewards.device), last] += scores.to(rewards.dtype)
+    return rewards, non_score
+
+
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation: (advantages, returns), both (B, T).
+
+    values[:, t] is V(state before token t). The episode ends after each row's valid prefix: the
+    value after the last valid token is 0, and advantages and returns are 0 beyond the prefix.
+    """
+    mask = mask.to(rewards.dtype)
+    rewards, values = rewards * mask, values * mask
+    advantages = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(rewards.size(1))):
+        next_value = values[:, t + 1] if t + 1 < rewards.size(1) else torch.zeros_like(running)
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        running = delta + gamma * lam * running
+        advantages[:, t] = running
+    return advantages, advantages + values
+
+
+class PolicyLoss(typing.NamedTuple):
+    loss: torch.Tensor  # scalar, mean over unmasked tokens
+    clip_fraction: torch.Tensor  # share of tokens where the clipped objective was the active one
+    approx_kl: torch.Tensor  # mean of (log ratio)^2 / 2, the old-to-new policy KL estimate
+
+
+def ppo_policy_loss(
+    new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, clip: float | None
+) -> PolicyLoss:
+    """PPO's clipped surrogate (Table 7: clip 0.2) over unmasked tokens; `clip=None` turns clipping off."""
+    log_ratio = new_logprobs - old_logprobs
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    if clip is None:
+        losses, clip_fraction = unclipped, torch.zeros((), device=ratio.device)
+    else:
+        clipped = -advantages * torch.clamp(ratio, 1.0 - clip, 1.0 + clip)
+        losses = torch.maximum(unclipped, clipped)
+        clip_fraction = masked_mean((clipped > unclipped).float(), mask)
+    approx_kl = 0.5 * masked_mean(log_ratio.detach() ** 2, mask)
+    return PolicyLoss(masked_mean(losses, mask), clip_fraction.detach(), approx_kl)
+
+
+def ppo_value_loss(
+    new_values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, clip: float | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, clip fraction): half the squared error to the returns, with the new values kept within
+    `clip` of the rollout's values (Table 7: value function loss clipping, 0.2); None: no clipping."""
+    unclipped = (new_values - returns) ** 2
+    if clip is None:
+        return 0.5 * masked_mean(unclipped, mask), torch.zeros((), device=new_values.device)
+    clipped_values = old_values + torch.clamp(new_values - old_values, -clip, clip)
+    clipped = (clipped_values - returns) ** 2
+    loss = 0.5 * masked_mean(torch.maximum(unclipped, clipped), mask)
+    return loss, masked_mean((clipped > unclipped).float(), mask).detach()
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """1 - Var(returns - values) / Var(returns) over unmasked tokens: 1 is a perfect value model, 0 a constant."""
+    return 1 - masked_var(returns - values, mask, unbiased=False) / masked_var(returns, mask, unbiased=False).clamp(min=1e-8)
+
+
+def pearson(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Correlation of two 1-D tensors; 0 when either is constant."""
+    x, y = x.double() - x.double().mean(), y.double() - y.double().mean()
+    denominator = (x.norm() * y.norm()).clamp(min=1e-12)
+    return (x * y).sum() / denominator
+
+
+def adaptive_kl_coef(coef: float, kl: float, target: float, horizon: float, steps: int) -> float:
+    """Ziegler et al. 2019's proportional controller: move the KL coefficient toward `target` KL,
+    by at most 20% of `steps / horizon` per update."""
+    error = min(max(kl / target - 1.0, -0.2), 0.2)
+    return coef * (1.0 + error * steps / horizon)
+
+
+# Advantage estimators, looked up by name by the on-policy trainer. Each takes the per-token
+# rewards (B, T), the valid-token mask (B, T) and keyword inputs (values, group ids, gamma, lam),
+# and returns (advantages, returns). Adding an estimator is one function and one entry here.
+
+
+class AdvantageEstimator(typing.NamedTuple):
+    fn: typing.Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    needs_values: bool  # trains a value model (critic) alongside the policy
+    about: str
+
+
+def gae_estimator(rewards, mask, *, values, gamma, lam, **_):
+    return gae(rewards, values, mask, gamma, lam)
+
+
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
+    "gae": AdvantageEstimator(gae_estimator, True, "PPO: GAE over per-token rewards with a value model"),
+}

@@ -15,6 +15,7 @@ from transformers import PreTrainedTokenizerBase
 
 from .data.collate import left_pad_queries
 from .ops import (
+    chunked_logprobs_entropy,
     filter_logits,
     first_true_indices,
     logprobs_from_logits,
@@ -88,6 +89,46 @@ def generate(
     valid = torch.arange(raw.size(1), device=device).unsqueeze(0) < lengths.unsqueeze(1)
     logprobs = torch.stack(logps, dim=1) * valid
     return Rollout(query_ids, responses, logprobs, lengths, has_eos)
+
+
+# Config fields of models whose logits are not a plain linear map of the last hidden state
+# (soft-capping, scaling): their log-probabilities come from the model's own logits instead.
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+def plain_lm_head(model: torch.nn.Module) -> torch.nn.Linear | None:
+    """The LM head when logits = head(last hidden state) exactly, else None."""
+    head = model.get_output_embeddings()
+    config = model.config
+    if not isinstance(head, torch.nn.Linear) or any(getattr(config, key, None) not in (None, 0) for key in LOGIT_TRANSFORMS):
+        return None
+    return head
+
+
+def response_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    context_length: int,
+    temperature: float,
+    chunk_rows: int = 256,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probabilities, entropies), both (B, R), of the response tokens `input_ids[:, context_length:]`
+    under `model` at the sampling temperature, from one forward pass over left-padded query + response.
+
+    Logits are formed from the hidden states a chunk at a time (ops.chunked_logprobs_entropy), never
+    as a (B, L, vocab) tensor; only the positions that predict response tokens are computed.
+    """
+    responses = input_ids[:, context_length:]
+    positions = position_ids_from_mask(attention_mask)
+    head = plain_lm_head(model)
+    if head is None:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                       logits_to_keep=responses.size(1) + 1).logits[:, :-1]
+        return chunked_logprobs_entropy(logits, responses, temperature=temperature, chunk_rows=chunk_rows)
+    backbone = getattr(model, model.base_model_prefix)
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).last_hidden_state
+    return chunked_logprobs_entropy(hidden[:, context_length - 1 : -1], responses, head.weight, head.bias, temperature, chunk_rows)
 
 
 def response_texts(rollout: Rollout, tokenizer: PreTrainedTokenizerBase) -> list[str]:

@@ -32,14 +32,11 @@ class Tracker:
 
     def drop_after(self, step: int) -> None:
         """On resume, forget metrics logged after the checkpoint so curves have no duplicates."""
-        if not self.path.exists():
-            return
-        write_jsonl(self.path, [r for r in read_jsonl(self.path) if r.get("step", 0) <= step] if step else [])
+        drop_rows_after(self.path, step)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         row = {"step": step, **{k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in metrics.items()}}
-        with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+        append_jsonl(self.path, [row])
         if self.tb is not None:
             for key, value in metrics.items():
                 if isinstance(value, int | float):
@@ -53,6 +50,17 @@ class Tracker:
             self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
+
+
+def drop_rows_after(path: Path, step: int) -> None:
+    """Keep only the rows of a JSON-lines log whose `step` is at most `step` (all of them go at 0)."""
+    if path.exists():
+        write_jsonl(path, [r for r in read_jsonl(path) if r.get("step", 0) <= step] if step else [])
+
+
+def append_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    with Path(path).open("a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -26,7 +26,7 @@ from tqdm import tqdm
 from transformers import get_scheduler
 
 from ..checkpoint import find_checkpoint, load_training_state, save_checkpoint, seed_everything
-from ..config import ConfigError, TrainConfig, to_yaml
+from ..config import ConfigError, RunConfig, TrainConfig, to_yaml
 from ..distributed import processes_need_cpu
 from ..errors import NonFiniteError
 from ..models import enable_activation_checkpointing
@@ -85,7 +85,7 @@ def is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def make_run_dir(cfg: TrainConfig, stage: str) -> Path:
+def make_run_dir(cfg: RunConfig, stage: str) -> Path:
     if cfg.output_dir:
         run_dir = Path(cfg.output_dir)
     elif cfg.resume and find_checkpoint(cfg.resume) is not None:
@@ -98,7 +98,7 @@ def make_run_dir(cfg: TrainConfig, stage: str) -> Path:
     return run_dir
 
 
-def start_run(cfg: TrainConfig, stage: str) -> tuple[Path, Path | None]:
+def start_run(cfg: RunConfig, stage: str) -> tuple[Path, Path | None]:
     """(run directory, checkpoint to resume or None), with every RNG seeded before any model is
     built, so `seed` also governs the reward head and the new [PAD] embedding row."""
     checkpoint = resume_checkpoint(cfg)  # a bad resume path fails before any folder is made
@@ -117,7 +117,7 @@ def carry_history(source: Path, run_dir: Path) -> None:
             shutil.copy2(source / name, run_dir / name)
 
 
-def resume_checkpoint(cfg: TrainConfig) -> Path | None:
+def resume_checkpoint(cfg: RunConfig) -> Path | None:
     if not cfg.resume:
         return None
     ckpt = find_checkpoint(cfg.resume)
@@ -126,7 +126,7 @@ def resume_checkpoint(cfg: TrainConfig) -> Path | None:
     return ckpt
 
 
-def autocast_precision(cfg: TrainConfig) -> str:
+def autocast_precision(cfg: RunConfig) -> str:
     """bf16 autocast where the hardware supports it (Detail 8), fp32 otherwise."""
     if cfg.mixed_precision == "auto":
         return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
