@@ -80,8 +80,9 @@ def save_checkpoint(
     tmp = Path(tempfile.mkdtemp(dir=folder, prefix=f".tmp-step-{step:06d}-"))
     model.save_pretrained(tmp / "model", safe_serialization=True)
     tokenizer.save_pretrained(tmp / "model")
-    for name, extra in (extra_models or {}).items():
+    for name, extra in (extra_models or {}).items():  # each a complete folder, loadable on its own
         extra.save_pretrained(tmp / name, safe_serialization=True)
+        tokenizer.save_pretrained(tmp / name)
     states = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
     states |= {name: obj.state_dict() for name, obj in (extra_states or {}).items()}
     torch.save(states, tmp / "state.pt")

@@ -1,5 +1,6 @@
 import math
 
+import pytest
 import torch
 
 from rlhfkit import ops
@@ -27,8 +28,6 @@ def test_logprobs_from_logits_divides_by_temperature():
 
 
 def pytest_approx(x):
-    import pytest
-
     return pytest.approx(x, rel=1e-5)
 
 
@@ -59,3 +58,151 @@ def test_token_cross_entropy_sum_shifts_labels():
     loss = ops.token_cross_entropy_sum(logits, labels)
     expected = -(2 - math.log(math.exp(2) + 3))
     assert loss.item() == pytest_approx(expected)
+
+
+# --- RL maths (issue 7): every value below is worked out by hand in the comments ---------------
+
+
+
+def test_masked_var_biased_and_unbiased():
+    values = torch.tensor([[1.0, 2.0, 3.0, 100.0]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    # mean 2; squared deviations 1, 0, 1 -> biased 2/3, unbiased 2/2
+    assert ops.masked_var(values, mask, unbiased=False).item() == pytest.approx(2 / 3)
+    assert ops.masked_var(values, mask).item() == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        ops.masked_var(values, torch.tensor([[1, 0, 0, 0]]))
+
+
+def test_detail24_25_masked_whiten_with_and_without_shifting_the_mean():
+    values = torch.tensor([[1.0, 2.0, 3.0, 100.0]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    # unbiased std 1 -> (x - 2) / 1; the masked entry becomes 0
+    torch.testing.assert_close(ops.masked_whiten(values, mask), torch.tensor([[-1.0, 0.0, 1.0, 0.0]]))
+    # shift_mean=False (reward whitening, Detail 24) adds the mean back
+    torch.testing.assert_close(ops.masked_whiten(values, mask, shift_mean=False), torch.tensor([[1.0, 2.0, 3.0, 0.0]]))
+
+
+def test_gae_matches_a_hand_computed_trajectory():
+    rewards = torch.tensor([[0.1, 0.2, 1.0, 55.0]])
+    values = torch.tensor([[0.5, 0.4, 0.3, 77.0]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    advantages, returns = ops.gae(rewards, values, mask, gamma=0.9, lam=0.8)
+    # t=2: delta = 1.0 + 0.9*0 - 0.3 = 0.7                      A2 = 0.7 (the episode ends: next value 0)
+    # t=1: delta = 0.2 + 0.9*0.3 - 0.4 = 0.07                   A1 = 0.07 + 0.72*0.7 = 0.574
+    # t=0: delta = 0.1 + 0.9*0.4 - 0.5 = -0.04                  A0 = -0.04 + 0.72*0.574 = 0.37328
+    torch.testing.assert_close(advantages, torch.tensor([[0.37328, 0.574, 0.7, 0.0]]))
+    torch.testing.assert_close(returns, torch.tensor([[0.87328, 0.974, 1.0, 0.0]]))
+
+
+def test_gae_with_gamma_and_lambda_one_returns_the_reward_to_go():
+    rewards = torch.tensor([[0.1, 0.2, 1.0], [0.5, 0.0, 0.0]])
+    values = torch.tensor([[0.5, 0.4, 0.3], [0.2, 9.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    advantages, returns = ops.gae(rewards, values, mask, gamma=1.0, lam=1.0)
+    torch.testing.assert_close(returns, torch.tensor([[1.3, 1.2, 1.0], [0.5, 0.0, 0.0]]))
+    torch.testing.assert_close(advantages, torch.tensor([[0.8, 0.8, 0.7], [0.3, 0.0, 0.0]]))
+
+
+def test_ppo_policy_loss_clips_in_the_pessimistic_direction():
+    old = torch.zeros(1, 4)
+    new = torch.log(torch.tensor([[1.5, 0.5, 1.1, 50.0]]))
+    advantages = torch.tensor([[1.0, -1.0, 1.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    out = ops.ppo_policy_loss(new, old, advantages, mask, clip=0.2)
+    # token 0: ratio 1.5, A=+1: -1.5 vs clipped -1.2 -> -1.2 (clipped)
+    # token 1: ratio 0.5, A=-1: +0.5 vs clipped +0.8 -> +0.8 (clipped)
+    # token 2: ratio 1.1, A=+1: -1.1 vs -1.1 -> -1.1 (inside the range)
+    assert out.loss.item() == pytest.approx((-1.2 + 0.8 - 1.1) / 3)
+    assert out.clip_fraction.item() == pytest.approx(2 / 3)
+    logs = [math.log(1.5), math.log(0.5), math.log(1.1)]
+    assert out.approx_kl.item() == pytest.approx(0.5 * sum(x * x for x in logs) / 3)
+    unclipped = ops.ppo_policy_loss(new, old, advantages, mask, clip=None)
+    assert unclipped.loss.item() == pytest.approx((-1.5 + 0.5 - 1.1) / 3)
+    assert unclipped.clip_fraction.item() == 0
+
+
+def test_ppo_value_loss_clips_around_the_rollout_values():
+    old = torch.zeros(1, 3)
+    new = torch.tensor([[0.5, -0.1, 40.0]])
+    returns = torch.ones(1, 3)
+    mask = torch.tensor([[1, 1, 0]])
+    loss, clip_fraction = ops.ppo_value_loss(new, old, returns, mask, clip=0.2)
+    # token 0: (0.5-1)^2 = 0.25 vs clipped value 0.2: (0.2-1)^2 = 0.64 -> 0.64 (clipped)
+    # token 1: (-0.1-1)^2 = 1.21, inside the range -> 1.21
+    assert loss.item() == pytest.approx(0.5 * (0.64 + 1.21) / 2)
+    assert clip_fraction.item() == pytest.approx(0.5)
+    assert ops.ppo_value_loss(new, old, returns, mask, clip=None)[0].item() == pytest.approx(0.5 * (0.25 + 1.21) / 2)
+
+
+def test_kl_estimators_hand_values_and_zero_for_equal_policies():
+    logprobs, ref = torch.log(torch.tensor([0.5])), torch.log(torch.tensor([0.25]))
+    log2 = math.log(2)
+    assert ops.kl_penalty(logprobs, ref, "k1").item() == pytest.approx(log2)
+    assert ops.kl_penalty(logprobs, ref, "k2").item() == pytest.approx(0.5 * log2**2)
+    assert ops.kl_penalty(logprobs, ref, "k3").item() == pytest.approx(0.5 - 1 + log2)  # r - 1 - log r, r = 0.25/0.5
+    for kind in ("k1", "k2", "k3"):
+        assert ops.kl_penalty(logprobs, logprobs, kind).item() == 0
+    with pytest.raises(ValueError, match="k4"):
+        ops.kl_penalty(logprobs, ref, "k4")
+
+
+def test_detail23_eos_trick_replaces_exactly_the_scores_without_eos():
+    scores = torch.tensor([1.0, 2.0, 3.0])
+    out = ops.eos_trick(scores, torch.tensor([True, False, True]), -1.0)
+    assert out.tolist() == [1.0, -1.0, 3.0]
+
+
+def test_equation3_rewards_put_the_score_on_the_last_valid_token():
+    scores = torch.tensor([2.0, -1.0])
+    kl = torch.tensor([[0.1, 0.2, 0.3], [0.1, 0.1, 0.1]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    rewards, non_score = ops.rlhf_rewards(scores, kl, mask, kl_coef=0.5)
+    torch.testing.assert_close(non_score, torch.tensor([[-0.05, -0.1, 0.0], [-0.05, -0.05, -0.05]]))
+    torch.testing.assert_close(rewards, torch.tensor([[-0.05, 1.9, 0.0], [-0.05, -0.05, -1.05]]))
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 3, 100])
+def test_chunked_logprobs_and_entropy_equal_the_full_computation_with_gradients(chunk_rows):
+    torch.manual_seed(0)
+    hidden = torch.randn(2, 5, 8, requires_grad=True)
+    weight = torch.randn(11, 8, requires_grad=True)
+    tokens = torch.randint(0, 11, (2, 5))
+    temperature = 0.7
+    full = torch.log_softmax(hidden @ weight.T / temperature, -1)
+    expected_lp = full.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    expected_ent = -(full.exp() * full).sum(-1)
+    lp, ent = ops.chunked_logprobs_entropy(hidden, tokens, weight, temperature=temperature, chunk_rows=chunk_rows)
+    torch.testing.assert_close(lp, expected_lp)
+    torch.testing.assert_close(ent, expected_ent)
+    expected_grads = torch.autograd.grad((expected_lp.sum() + expected_ent.sum()), (hidden, weight))
+    grads = torch.autograd.grad((lp.sum() + ent.sum()), (hidden, weight))
+    for got, want in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(got, want)
+    from_logits, _ = ops.chunked_logprobs_entropy((hidden @ weight.T).detach(), tokens, temperature=temperature, chunk_rows=chunk_rows)
+    torch.testing.assert_close(from_logits, expected_lp.detach())
+
+
+def test_explained_variance_pearson_and_the_adaptive_kl_controller():
+    returns = torch.tensor([[1.0, 2.0, 3.0, 50.0]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    assert ops.explained_variance(returns, returns, mask).item() == pytest.approx(1.0)
+    assert ops.explained_variance(torch.full_like(returns, 2.0), returns, mask).item() == pytest.approx(0.0)
+    assert ops.pearson(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([2.0, 4.0, 6.0])).item() == pytest.approx(1.0)
+    assert ops.pearson(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([5.0, 5.0, 5.0])).item() == 0
+    assert ops.adaptive_kl_coef(0.1, kl=6.0, target=6.0, horizon=100, steps=10) == pytest.approx(0.1)
+    # KL twice the target: error clipped to +0.2 -> coef * (1 + 0.2 * 10/100)
+    assert ops.adaptive_kl_coef(0.1, kl=12.0, target=6.0, horizon=100, steps=10) == pytest.approx(0.1 * 1.02)
+    assert ops.adaptive_kl_coef(0.1, kl=5.4, target=6.0, horizon=100, steps=10) == pytest.approx(0.1 * (1 - 0.1 * 0.1))
+
+
+def test_advantage_estimators_are_registered_by_name():
+    rewards = torch.tensor([[0.1, 0.2, 1.0]])
+    values = torch.tensor([[0.5, 0.4, 0.3]])
+    mask = torch.ones(1, 3)
+    estimator = ops.ADVANTAGE_ESTIMATORS["gae"]
+    assert estimator.needs_values
+    got = estimator.fn(rewards, mask, values=values, groups=None, gamma=0.9, lam=0.8)
+    want = ops.gae(rewards, values, mask, 0.9, 0.8)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)

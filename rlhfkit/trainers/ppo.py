@@ -211,6 +211,7 @@ def run_on_policy(cfg: OnPolicyConfig, name: str) -> int:
     models.tokenizer.save_pretrained(run_dir / "model")
     if models.value is not None:
         models.value.save_pretrained(run_dir / "value")
+        models.tokenizer.save_pretrained(run_dir / "value")
     metrics, rows = compare_policies(models, eval_examples, cfg, name) if eval_examples else ({}, [])
     write_jsonl(run_dir / "eval_samples.jsonl", rows)
     (run_dir / "eval.json").write_text(json.dumps(metrics, indent=2))

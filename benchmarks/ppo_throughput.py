@@ -1,0 +1,117 @@
+"""PPO seconds per update split into phases, generation tokens/s and peak memory, as one JSON line.
+
+    python benchmarks/ppo_throughput.py --model smollm2-135m --batch 8 --query-length 400 --updates 2
+    python benchmarks/ppo_throughput.py --model tiny --batch 16
+
+Runs the real on-policy loop of `rlhfkit ppo` (generation, the four scoring forward passes,
+K update epochs of policy and value) on random-token queries of `--query-length` tokens: the policy
+and reference are `--model`, the reward and value models its backbone with a fresh scalar head.
+Random queries rarely end in EOS, so every response runs to `--response-length` tokens: the worst
+case of Detail 23's fixed budget. `--warmup` updates are discarded, the median of the rest is shown.
+On CUDA the peak is `max_memory_allocated`; on CPU it is the process's peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import sys
+import time
+
+import torch
+
+
+def build(model_name: str, device: torch.device):
+    from rlhfkit.models import ScalarModel, load_policy, tiny_policy
+    from rlhfkit.trainers.onpolicy import OnPolicyModels
+
+    def policy():
+        return tiny_policy() if model_name == "tiny" else load_policy(model_name)
+
+    trained, tokenizer = policy()
+    reference, _ = policy()
+    torch.manual_seed(0)
+    reward = ScalarModel.from_policy(policy()[0])
+    value = ScalarModel.from_policy(policy()[0])
+    value.load_state_dict(reward.state_dict())
+    return OnPolicyModels(trained.to(device), reference.to(device), reward.to(device), value.to(device), tokenizer)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m", help="embedded name, HF directory, hub id, or 'tiny'")
+    parser.add_argument("--batch", type=int, default=8, help="episodes per update (total_batch_size)")
+    parser.add_argument("--micro-batch", type=int, default=4, help="rows per forward/backward in the update")
+    parser.add_argument("--query-length", type=int, default=400, help="query tokens (TL;DR posts: ~300-512)")
+    parser.add_argument("--response-length", type=int, default=53)
+    parser.add_argument("--update-epochs", type=int, default=4, help="Table 7: K = 4")
+    parser.add_argument("--updates", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--bf16", action="store_true", help="bf16 autocast")
+    args = parser.parse_args()
+
+    from rlhfkit.config import resolve
+    from rlhfkit.trainers import onpolicy
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    models = build(args.model, device)
+    cfg = resolve("ppo", "tldr-ppo", None, {
+        "total_batch_size": args.batch, "micro_batch_size": args.micro_batch, "generation_batch_size": args.batch,
+        "forward_batch_size": args.micro_batch, "max_response_length": args.response_length,
+        "update_epochs": args.update_epochs, "reward_model": "unused",
+    })
+    onpolicy.prepare_for_training(models, cfg)
+    optimizers = onpolicy.build_optimizers(models, cfg, args.warmup + args.updates)
+    generator = torch.Generator().manual_seed(0)
+    prompts = torch.randint(100, len(models.tokenizer) - 1, (args.batch, args.query_length), generator=generator).tolist()
+    precision = "bf16" if args.bf16 else "no"
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    rows = []
+    for update in range(args.warmup + args.updates):
+        timings: dict[str, float] = {}
+        began = time.perf_counter()
+        batch = onpolicy.collect(models, prompts, cfg, update, cfg.kl_coef, precision, timings)
+        tick = time.perf_counter()
+        onpolicy.update_on_rollout(models, optimizers, batch, cfg, update + 1, precision)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        timings["update"] = time.perf_counter() - tick
+        timings["total"] = time.perf_counter() - began
+        timings["generated_tokens"] = float(batch.lengths.sum())
+        if update >= args.warmup:
+            rows.append(timings)
+
+    def median(key: str) -> float:
+        values = sorted(r[key] for r in rows)
+        return values[len(values) // 2]
+
+    peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({
+        "benchmark": "ppo_update",
+        "model": args.model,
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+        "batch": args.batch,
+        "micro_batch": args.micro_batch,
+        "query_length": args.query_length,
+        "response_length": args.response_length,
+        "update_epochs": args.update_epochs,
+        "generation_s": round(median("generation"), 3),
+        "scoring_s": round(median("scoring"), 3),
+        "update_s": round(median("update"), 3),
+        "update_total_s": round(median("total"), 3),
+        "generation_tokens_per_s": round(median("generated_tokens") / median("generation"), 1),
+        "episodes_per_s": round(args.batch / median("total"), 3),
+        "peak_memory_bytes": int(peak),
+        "peak_memory_kind": "cuda_allocated" if device.type == "cuda" else "process_rss",
+        "bf16": args.bf16,
+        "torch": torch.__version__,
+    }))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,293 @@
+"""PPO invariants on tiny random models with the real tokenizer and real TL;DR posts (issue 7)."""
+
+import copy
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlhfkit import ops, rollout
+from rlhfkit.cli import main as cli_main
+from rlhfkit.config import resolve
+from rlhfkit.data.collate import left_pad_queries
+from rlhfkit.models import ScalarModel, load_policy
+from rlhfkit.trainers import onpolicy, ppo
+
+from .conftest import data_file
+
+
+@pytest.fixture(scope="module")
+def ppo_dirs(tmp_path_factory, tiny_model_dir):
+    """A tiny policy, a reward model made from it (scalar head at seed 1) and 40 real TL;DR posts."""
+    root = tmp_path_factory.mktemp("ppo")
+    policy, tok = load_policy(str(tiny_model_dir))
+    torch.manual_seed(1)
+    reward = ScalarModel.from_policy(policy)
+    reward.save_pretrained(root / "rm")
+    tok.save_pretrained(root / "rm")
+    with gzip.open(data_file("tldr-sft-sample", "tldr_sft_sample.jsonl.gz"), "rt") as f:
+        (root / "posts.jsonl").write_text("".join(line for _, line in zip(range(40), f, strict=False)))
+    return {"policy": tiny_model_dir, "rm": root / "rm", "posts": root / "posts.jsonl"}
+
+
+def ppo_args(dirs, out, **extra):
+    args = {
+        "model": str(dirs["policy"]), "reward_model": str(dirs["rm"]), "data": str(dirs["posts"]), "output_dir": str(out),
+        "validation_posts": 8, "eval_samples": 0, "total_batch_size": 8, "micro_batch_size": 4, "generation_batch_size": 8,
+        "forward_batch_size": 4, "max_steps": 2, "max_query_length": 128, "max_response_length": 10, "learning_rate": 1e-3,
+        "report_to": "", "sample_every": 0,
+    }
+    return args | extra
+
+
+def setup(dirs, tmp_path, **extra):
+    cfg = resolve("ppo", "tldr-ppo", None, ppo_args(dirs, tmp_path / "run", **extra))
+    models = ppo.load_models(cfg, None, needs_value=True)
+    train, _, _ = ppo.split_posts(cfg, models.tokenizer)
+    onpolicy.prepare_for_training(models, cfg)
+    return cfg, models, [e.query.ids for e in train]
+
+
+def scripted_batch(models, cfg, prompts, eos_at: list[int | None], width: int = 6) -> onpolicy.RolloutBatch:
+    """Responses of random tokens with EOS where asked (None: no EOS), PAD after it, then scored."""
+    tok = models.tokenizer
+    generator = torch.Generator().manual_seed(0)
+    padded = left_pad_queries(prompts[: len(eos_at)], tok.pad_token_id)
+    responses = torch.randint(100, 1000, (len(eos_at), width), generator=generator)
+    for row, at in enumerate(eos_at):
+        if at is not None:
+            responses[row, at] = tok.eos_token_id
+    responses = ops.truncate_after_eos(responses, tok.eos_token_id, tok.pad_token_id)
+    lengths = torch.tensor([width if at is None else at + 1 for at in eos_at])
+    mask = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
+    has_eos = torch.tensor([at is not None for at in eos_at])
+    batch = onpolicy.RolloutBatch(torch.arange(len(eos_at)), padded["input_ids"], padded["attention_mask"], responses, mask, has_eos)
+    return onpolicy.score_rollout(models, batch, cfg, "no")
+
+
+def test_kl_is_exactly_zero_and_the_ratio_exactly_one_before_any_update(ppo_dirs, tmp_path):
+    # forward batches of 3 rows at sampling time, shuffled micro-batches of 5 with gradients at update time
+    cfg, models, prompts = setup(ppo_dirs, tmp_path, forward_batch_size=3, micro_batch_size=5, update_epochs=1)
+    batch = onpolicy.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
+    assert torch.equal(batch.logprobs, batch.ref_logprobs)
+    assert torch.equal(batch.kl, torch.zeros_like(batch.kl)) and (batch.non_score_rewards == 0).all()
+    rows = torch.as_tensor(np.random.default_rng(0).permutation(batch.size)[:5])
+    micro = batch.select(rows)
+    new, _ = onpolicy.policy_logprobs(models.policy, micro, cfg.temperature)
+    assert torch.equal(torch.exp(new - micro.logprobs)[micro.mask], torch.ones(int(micro.mask.sum())))
+    metrics = onpolicy.update_on_rollout(models, onpolicy.build_optimizers(models, cfg, 2), batch, cfg, 1, "no")
+    assert metrics["val/ratio"] == 1.0 and metrics["policy/clipfrac_avg"] == 0 and metrics["policy/approxkl_avg"] == 0
+
+
+def test_detail23_score_lands_on_the_eos_index_and_missing_eos_scores_minus_one(ppo_dirs, tmp_path):
+    cfg, models, prompts = setup(ppo_dirs, tmp_path)
+    eos_at = [2, None, 0, 5]
+    batch = onpolicy.compute_advantages(scripted_batch(models, cfg, prompts, eos_at), cfg, kl_coef=0.05)
+    assert batch.scores.tolist() == [batch.raw_scores[0].item(), -1.0, batch.raw_scores[2].item(), batch.raw_scores[3].item()]
+    score_part = batch.rewards - batch.non_score_rewards
+    for row, at in enumerate(eos_at):
+        index = 5 if at is None else at
+        if at is not None:
+            assert batch.responses[row, index] == models.tokenizer.eos_token_id
+        expected = torch.zeros(6)
+        expected[index] = batch.scores[row]
+        torch.testing.assert_close(score_part[row], expected)
+    # the reward model read the EOS token itself: the same score as a right-padded query+response row
+    eos_row = torch.cat([batch.query_ids[0][batch.query_mask[0].bool()], batch.responses[0, :3]]).unsqueeze(0)
+    torch.testing.assert_close(models.reward(eos_row, torch.ones_like(eos_row)), batch.raw_scores[:1], atol=1e-5, rtol=1e-4)
+
+
+def test_everything_after_eos_is_masked_in_every_loss_and_metric(ppo_dirs, tmp_path):
+    cfg, models, prompts = setup(ppo_dirs, tmp_path, update_epochs=1)
+    clean = scripted_batch(models, cfg, prompts, [2, None, 0, 4, 1, 3, None, 2])
+    dirty = copy.copy(clean)
+    after_eos = ~clean.mask
+    for key in ("logprobs", "ref_logprobs", "values"):
+        setattr(dirty, key, getattr(clean, key).masked_fill(after_eos, 1e3))
+    clean, dirty = (onpolicy.compute_advantages(b, cfg, 0.05) for b in (clean, dirty))
+    for key in ("rewards", "advantages", "returns", "kl"):
+        torch.testing.assert_close(getattr(dirty, key), getattr(clean, key), msg=key)
+    assert onpolicy.rollout_metrics(dirty, 0.05) == onpolicy.rollout_metrics(clean, 0.05)
+    dirty.advantages = dirty.advantages.masked_fill(after_eos, 1e3)
+    dirty.returns = dirty.returns.masked_fill(after_eos, -1e3)
+    results = []
+    for batch in (clean, dirty):
+        trained = copy.deepcopy(models)
+        metrics = onpolicy.update_on_rollout(trained, onpolicy.build_optimizers(trained, cfg, 2), batch, cfg, 1, "no")
+        results.append((metrics, trained.policy.state_dict(), trained.value.state_dict()))
+    assert results[0][0] == pytest.approx(results[1][0])
+    for a, b in ((results[0][1], results[1][1]), (results[0][2], results[1][2])):
+        for key in a:
+            assert torch.equal(a[key], b[key]), key
+
+
+def test_one_update_raises_the_logprob_of_positive_advantage_tokens(ppo_dirs, tmp_path):
+    cfg, models, prompts = setup(ppo_dirs, tmp_path, update_epochs=1, learning_rate=3e-4)
+    batch = onpolicy.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
+    sign = torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(batch.size)]).unsqueeze(1)
+    batch.advantages = sign * batch.mask
+    onpolicy.update_on_rollout(models, onpolicy.build_optimizers(models, cfg, 2), batch, cfg, 1, "no")
+    with torch.no_grad():
+        new, _ = onpolicy.policy_logprobs(models.policy, batch, cfg.temperature)
+    change = (new - batch.logprobs)
+    positive, negative = batch.mask & (sign > 0), batch.mask & (sign < 0)
+    assert change[positive].mean() > 0 > change[negative].mean()
+
+
+def test_logprobs_at_sampling_and_at_training_agree_for_the_same_weights(ppo_dirs, tmp_path):
+    cfg, models, prompts = setup(ppo_dirs, tmp_path)
+    tok = models.tokenizer
+    padded = left_pad_queries(prompts[:4], tok.pad_token_id)
+    params = rollout.SamplingParams(max_new_tokens=8, temperature=0.7, seed=3)
+    sampled = rollout.generate(models.policy, padded["input_ids"], padded["attention_mask"], params, tok.eos_token_id, tok.pad_token_id)
+    valid = torch.arange(sampled.responses.size(1)).unsqueeze(0) < sampled.lengths.unsqueeze(1)
+    ids = torch.cat([padded["input_ids"], sampled.responses], 1)
+    mask = torch.cat([padded["attention_mask"], valid.long()], 1)
+    with torch.no_grad():
+        trained, _ = rollout.response_logprobs(models.policy, ids, mask, padded["input_ids"].size(1), 0.7)
+    torch.testing.assert_close(trained * valid, sampled.logprobs, atol=1e-5, rtol=1e-4)
+
+
+def test_logits_fallback_path_matches_the_chunked_hidden_state_path(ppo_dirs, tmp_path, monkeypatch):
+    cfg, models, prompts = setup(ppo_dirs, tmp_path)
+    batch = scripted_batch(models, cfg, prompts, [2, None, 4])
+    with torch.no_grad():
+        chunked = onpolicy.policy_logprobs(models.policy, batch, 0.7)
+        monkeypatch.setattr(rollout, "plain_lm_head", lambda model: None)
+        from_logits = onpolicy.policy_logprobs(models.policy, batch, 0.7)
+    for a, b in zip(chunked, from_logits, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_detail21_prompts_are_reshuffled_each_time_they_are_used_up():
+    stream = onpolicy.prompt_indices(5, 15, seed=1, start=0)
+    epochs = stream.reshape(3, 5)
+    for epoch in epochs:
+        assert sorted(epoch.tolist()) == [0, 1, 2, 3, 4]  # without replacement within an epoch
+    assert len({tuple(e) for e in epochs.tolist()}) == 3  # a fresh order each epoch
+    assert onpolicy.prompt_indices(5, 4, seed=1, start=3).tolist() == stream[3:7].tolist()  # resumable anywhere
+    assert onpolicy.prompt_indices(5, 5, seed=2, start=0).tolist() != epochs[0].tolist()
+
+
+def test_detail22_value_model_starts_as_the_reward_model_and_trains_apart_from_it(ppo_dirs, tmp_path):
+    cfg, models, prompts = setup(ppo_dirs, tmp_path, update_epochs=1)
+    reward_before = {k: v.clone() for k, v in models.reward.state_dict().items()}
+    for key, value in models.value.state_dict().items():
+        assert torch.equal(value, reward_before[key]), key
+    assert models.value is not models.reward and not any(p.requires_grad for p in models.reward.parameters())
+    batch = onpolicy.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
+    onpolicy.update_on_rollout(models, onpolicy.build_optimizers(models, cfg, 2), batch, cfg, 1, "no")
+    assert all(torch.equal(v, reward_before[k]) for k, v in models.reward.state_dict().items())
+    assert not torch.equal(models.value.head.weight, reward_before["head.weight"])
+
+
+def test_gradient_accumulation_matches_one_large_micro_batch(ppo_dirs, tmp_path):
+    weights = []
+    for micro in (2, 8):
+        cfg, models, prompts = setup(ppo_dirs, tmp_path, micro_batch_size=micro, update_epochs=1)
+        batch = onpolicy.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
+        onpolicy.update_on_rollout(models, onpolicy.build_optimizers(models, cfg, 2), batch, cfg, 1, "no")
+        weights.append(models.policy.state_dict())
+    for key in weights[0]:
+        torch.testing.assert_close(weights[0][key], weights[1][key], atol=2e-6, rtol=1e-4)
+
+
+EXPECTED_METRICS = [
+    "objective/rlhf_reward", "objective/scores", "objective/kl", "objective/non_score_reward", "objective/entropy",
+    "policy/entropy_avg", "policy/approxkl_avg", "policy/clipfrac_avg", "val/clipfrac_avg", "loss/policy_avg",
+    "loss/value_avg", "val/ratio", "val/ratio_var", "response/length_mean", "response/eos_rate",
+    "response/length_score_corr", "val/explained_variance", "perf/generated_tokens_per_s", "perf/generation_s",
+    "perf/scoring_s", "perf/update_s", "train/lr",
+]
+
+
+def test_run_directory_metrics_samples_and_report(ppo_dirs, tmp_path):
+    out = tmp_path / "run"
+    cfg = resolve("ppo", "tldr-ppo", None, ppo_args(ppo_dirs, out, eval_samples=2, sample_every=1, report_to="tensorboard"))
+    assert ppo.run(cfg) == 0
+    for name in ["config.yaml", "metrics.jsonl", "samples.jsonl", "eval.json", "eval_samples.jsonl", "report.html",
+                 "plots/curves.png", "model/model.safetensors", "value/scalar_head.safetensors",
+                 "checkpoints/step-000002/value/scalar_head.safetensors", "checkpoints/step-000002/state.pt"]:
+        assert (out / name).is_file(), name
+    assert list((out / "tb").glob("events.out.tfevents.*"))
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert set(EXPECTED_METRICS) <= set(rows[0]), set(EXPECTED_METRICS) - set(rows[0])
+    assert rows[0]["objective/kl"] == 0
+    assert [r["train/lr"] for r in rows] == pytest.approx([cfg.learning_rate, cfg.learning_rate / 2])  # Table 7: linear
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert {(s["step"], s["rank"]) for s in samples} == {(1, "highest"), (1, "lowest"), (2, "highest"), (2, "lowest")}
+    evaluation = json.loads((out / "eval.json").read_text())
+    assert {"eval/sft_rm_score", "eval/ppo_rm_score", "eval/ppo_rouge_l", "eval/ppo_eos_rate", "eval/ppo_length"} <= set(evaluation)
+    state = torch.load(out / "checkpoints" / "step-000002" / "state.pt", weights_only=True)
+    assert {"optimizer", "scheduler", "value_optimizer", "value_scheduler"} <= set(state)
+
+
+def ppo_cli(args):
+    return [sys.executable, "-m", "rlhfkit", "ppo", "--preset", "tldr-ppo", *[f"{k}={v}" for k, v in args.items()]]
+
+
+def test_resume_after_sigkill_ends_bit_identical(ppo_dirs, tmp_path):
+    env = {**os.environ, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}
+    updates = 4
+    common = {"max_steps": updates, "adaptive_kl": "true", "kl_horizon": 10, "sample_every": 1}
+    straight = tmp_path / "straight"
+    subprocess.run(ppo_cli(ppo_args(ppo_dirs, straight, **common)), check=True, env=env, capture_output=True)
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(ppo_cli(ppo_args(ppo_dirs, killed, save_every=1, **common)), env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    latest = killed / "checkpoints" / "latest"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if latest.exists() and json.loads(latest.read_text())["step"] >= 2:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert json.loads(latest.read_text())["step"] < updates
+    subprocess.run([sys.executable, "-m", "rlhfkit", "ppo", f"resume={killed}"], check=True, env=env, capture_output=True)
+    for folder, file in (("model", "model.safetensors"), ("value", "model.safetensors"), ("value", "scalar_head.safetensors")):
+        a, b = load_file(straight / folder / file), load_file(Path(killed) / folder / file)
+        assert a.keys() == b.keys()
+        for key in a:
+            assert torch.equal(a[key], b[key]), (folder, key)
+    metrics = [[json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] for run in (straight, killed)]
+    assert [r["step"] for r in metrics[1]] == list(range(1, updates + 1))
+    for a, b in zip(*metrics, strict=True):
+        assert {k: v for k, v in a.items() if not k.startswith("perf/")} == {k: v for k, v in b.items() if not k.startswith("perf/")}
+    assert metrics[0][-1]["objective/kl_coef"] != 0.05  # the adaptive controller moved, and resumed from its state
+    samples = [(run / "samples.jsonl").read_text() for run in (straight, killed)]
+    assert samples[0] == samples[1]
+
+
+def test_bad_model_paths_fail_at_start_in_one_line(ppo_dirs, tmp_path, capsys):
+    def fails_with(message, **extra):
+        args = ppo_args(ppo_dirs, tmp_path / "run", **extra)
+        assert cli_main(["ppo", *[f"{k}={v}" for k, v in args.items()]]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
+
+    fails_with("reward_model=./nowhere: no such folder", reward_model="./nowhere")
+    fails_with("model=./nowhere: no such folder", model="./nowhere")
+    fails_with("is not a reward model folder", reward_model=str(ppo_dirs["policy"]))
+    fails_with("reward_model is required", reward_model="")
+    other = tmp_path / "other-tokenizer-rm"
+    reward = ScalarModel.from_pretrained(ppo_dirs["rm"])
+    reward.save_pretrained(other)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(ppo_dirs["rm"])
+    tok.add_tokens(["<extra-token>"])
+    tok.save_pretrained(other)
+    fails_with("different tokenizers", reward_model=str(other))
+    fails_with("must be a multiple of num_minibatches", num_minibatches=3)
