@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import resource
 import sys
 import time
 
 import torch
+from benchmark_common import best_device, machine_fields
 
 
 def build(model_name: str, device: torch.device):
@@ -55,7 +54,7 @@ def main() -> None:
     from rlhfkit.config import resolve
     from rlhfkit.trainers import onpolicy
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = best_device()
     models = build(args.model, device)
     cfg = resolve("ppo", "tldr-ppo", None, {
         "total_batch_size": args.batch, "micro_batch_size": args.micro_batch, "generation_batch_size": args.batch,
@@ -88,12 +87,9 @@ def main() -> None:
         values = sorted(r[key] for r in rows)
         return values[len(values) // 2]
 
-    peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(json.dumps({
         "benchmark": "ppo_update",
         "model": args.model,
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or platform.machine(),
-        "threads": torch.get_num_threads(),
         "batch": args.batch,
         "micro_batch": args.micro_batch,
         "query_length": args.query_length,
@@ -105,11 +101,8 @@ def main() -> None:
         "update_total_s": round(median("total"), 3),
         "generation_tokens_per_s": round(median("generated_tokens") / median("generation"), 1),
         "episodes_per_s": round(args.batch / median("total"), 3),
-        "peak_memory_bytes": int(peak),
-        "peak_memory_kind": "cuda_allocated" if device.type == "cuda" else "process_rss",
         "bf16": args.bf16,
-        "torch": torch.__version__,
-    }))
+    } | machine_fields(device)))
     sys.stdout.flush()
 
 

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import resource
 import sys
 import time
 
 import torch
+from benchmark_common import best_device, machine_fields
 
 
 def build(stage: str, model_name: str):
@@ -54,7 +53,7 @@ def main() -> None:
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (CUDA)")
     args = parser.parse_args()
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = best_device()
     model, tokenizer, loss_fn = build(args.stage, args.model)
     model.to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, eps=1e-5)
@@ -76,23 +75,17 @@ def main() -> None:
         if step >= args.warmup:
             times.append(time.perf_counter() - began)
     tokens = int(batch["attention_mask"].sum())
-    peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     median = sorted(times)[len(times) // 2]
     print(json.dumps({
         "benchmark": f"{args.stage}_train_step",
         "model": args.model,
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or platform.machine(),
-        "threads": torch.get_num_threads(),
         "batch": args.batch,
         "seq": args.seq,
         "tokens_per_step": tokens,
         "step_s_median": round(median, 4),
         "tokens_per_s": round(tokens / median, 1),
-        "peak_memory_bytes": int(peak),
-        "peak_memory_kind": "cuda_allocated" if device.type == "cuda" else "process_rss",
         "bf16": args.bf16,
-        "torch": torch.__version__,
-    }))
+    } | machine_fields(device)))
     sys.stdout.flush()
 
 

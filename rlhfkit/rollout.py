@@ -1,8 +1,11 @@
-"""Batched generation from left-padded queries, with the KV cache.
+"""Batched generation from left-padded queries, with the KV cache, and the log-probabilities of a
+rollout's response tokens from one forward pass.
 
-Returns the sampled tokens, their log-probabilities under the same temperature used to sample
-(Detail 25), and responses truncated after the first EOS with PAD after it: the mechanics the
-PPO EOS trick (Detail 23) needs. Rows that never emit EOS keep all their tokens.
+`generate` returns the sampled tokens, their log-probabilities under the temperature used to sample
+(Table 7: the temperature divides the logits in every forward pass), and responses truncated after
+the first EOS with PAD after it: the mechanics the PPO EOS trick (Detail 23) needs. Rows that never
+emit EOS keep all their tokens. `response_logprobs` recomputes those log-probabilities (and the
+entropies) the way the trainers do.
 """
 
 from __future__ import annotations

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -57,3 +61,19 @@ def sft_losses_on_fixed_batch(model, batch, lr: float, steps: int) -> list[float
         optimizer.zero_grad()
         losses.append(loss.item())
     return losses
+
+
+def kill_after_checkpoint(command: list[str], run_dir: Path, step: int, env: dict[str, str]) -> int:
+    """Start `command`, SIGKILL it as soon as its checkpoint `step` (or a later one) is complete, and
+    return the step of the newest complete checkpoint it left."""
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    latest = run_dir / "checkpoints" / "latest"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if latest.exists() and json.loads(latest.read_text())["step"] >= step:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return json.loads(latest.read_text())["step"]

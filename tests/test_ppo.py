@@ -4,10 +4,8 @@ import copy
 import gzip
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +20,7 @@ from rlhfkit.data.collate import left_pad_queries
 from rlhfkit.models import ScalarModel, load_policy
 from rlhfkit.trainers import onpolicy, ppo
 
-from .conftest import data_file
+from .conftest import data_file, kill_after_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +166,15 @@ def test_logits_fallback_path_matches_the_chunked_hidden_state_path(ppo_dirs, tm
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
+def test_detail20_tldr_ppo_preset_mirrors_table_7():
+    cfg = resolve("ppo", "tldr-ppo", None, {})
+    table7 = {"total_episodes": 1_000_000, "learning_rate": 3e-6, "adam_eps": 1e-5, "lr_scheduler": "linear",
+              "total_batch_size": 512, "kl_coef": 0.05, "gamma": 1.0, "lam": 0.95, "num_minibatches": 1, "update_epochs": 4,
+              "clip_range": 0.2, "value_clip_range": 0.2, "vf_coef": 0.1, "temperature": 0.7, "max_response_length": 53,
+              "missing_eos_score": -1.0, "whiten_rewards": False, "whiten_advantages": True}
+    assert {k: getattr(cfg, k) for k in table7} == table7
+
+
 def test_detail21_prompts_are_reshuffled_each_time_they_are_used_up():
     stream = onpolicy.prompt_indices(5, 15, seed=1, start=0)
     epochs = stream.reshape(3, 5)
@@ -243,18 +250,7 @@ def test_resume_after_sigkill_ends_bit_identical(ppo_dirs, tmp_path):
     straight = tmp_path / "straight"
     subprocess.run(ppo_cli(ppo_args(ppo_dirs, straight, **common)), check=True, env=env, capture_output=True)
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(ppo_cli(ppo_args(ppo_dirs, killed, save_every=1, **common)), env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    latest = killed / "checkpoints" / "latest"
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
-        if latest.exists() and json.loads(latest.read_text())["step"] >= 2:
-            break
-        time.sleep(0.02)
-    assert proc.poll() is None, "the run finished before it could be killed"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert json.loads(latest.read_text())["step"] < updates
+    assert kill_after_checkpoint(ppo_cli(ppo_args(ppo_dirs, killed, save_every=1, **common)), killed, 2, env) < updates
     subprocess.run([sys.executable, "-m", "rlhfkit", "ppo", f"resume={killed}"], check=True, env=env, capture_output=True)
     for folder, file in (("model", "model.safetensors"), ("value", "model.safetensors"), ("value", "scalar_head.safetensors")):
         a, b = load_file(straight / folder / file), load_file(Path(killed) / folder / file)

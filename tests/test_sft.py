@@ -1,10 +1,8 @@
 import gzip
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,7 @@ from rlhfkit.data.tldr import load_sft
 from rlhfkit.trainers import sft
 from rlhfkit.trainers.engine import NonFiniteError
 
-from .conftest import data_file, sft_losses_on_fixed_batch
+from .conftest import data_file, kill_after_checkpoint, sft_losses_on_fixed_batch
 
 
 @pytest.fixture(scope="module")
@@ -116,18 +114,7 @@ def test_resume_after_sigkill_gives_bit_identical_weights(tiny_model_dir, sft_po
     subprocess.run(cli(fast_args(tiny_model_dir, sft_posts, straight, max_steps=steps)), check=True, env=env, capture_output=True)
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(cli(fast_args(tiny_model_dir, sft_posts, killed, max_steps=steps, save_every=1)), env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    latest = killed / "checkpoints" / "latest"
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
-        if latest.exists() and json.loads(latest.read_text())["step"] >= 2:
-            break
-        time.sleep(0.02)
-    assert proc.poll() is None, "the run finished before it could be killed"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    killed_at = json.loads(latest.read_text())["step"]
+    killed_at = kill_after_checkpoint(cli(fast_args(tiny_model_dir, sft_posts, killed, max_steps=steps, save_every=1)), killed, 2, env)
     assert killed_at < steps
 
     resumed = fast_args(tiny_model_dir, sft_posts, killed, max_steps=steps, save_every=1, resume=killed)
