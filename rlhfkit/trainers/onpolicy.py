@@ -398,17 +398,19 @@ def draw_queries(prompts: list[list[int]], cfg: OnPolicyConfig, update: int) -> 
 
 
 def collect(models: OnPolicyModels, prompts: list[list[int]], cfg: OnPolicyConfig, update: int, kl_coef: float,
-            precision: str, timings: dict[str, float]) -> RolloutBatch:
-    """Sample, score and estimate advantages for update `update` (0-based)."""
+            precision: str, timings: dict[str, float], show=lambda phase: None) -> RolloutBatch:
+    """Sample, score and estimate advantages for update `update` (0-based); `show(phase)` reports progress."""
     device = model_device(models.policy)
     queries, prompt_ids = draw_queries(prompts, cfg, update)
     params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.temperature)
+    show("sampling")
     began = time.perf_counter()
     with autocast(device, precision):
         batch = sample_responses(models.policy, queries, params, models.tokenizer, cfg.generation_batch_size,
                                  update_generator(cfg.seed, update, device))
     batch.prompts = torch.as_tensor(prompt_ids, device=device)
     timings["generation"] = time.perf_counter() - began
+    show("scoring")
     began = time.perf_counter()
     batch = score_rollout(models, batch, cfg, precision)
     timings["scoring"] = time.perf_counter() - began
@@ -458,12 +460,17 @@ def train_on_policy(
     if evaluate is not None and cfg.eval_every and start == 0:
         tracker.log(0, evaluate(models.policy, 0))
     bar = tqdm(total=num_updates, initial=start, desc=name, unit="update")
+
+    def show(phase: str) -> None:
+        bar.set_description_str(f"{name} [{phase}]", refresh=True)
+
     last: dict[str, float] = {}
     for update in range(start, num_updates):
         began = time.perf_counter()
         timings: dict[str, float] = {}
-        batch = collect(models, prompts, cfg, update, kl_coef, precision, timings)
+        batch = collect(models, prompts, cfg, update, kl_coef, precision, timings, show)
         metrics = rollout_metrics(batch, kl_coef)
+        show("updating")
         tick = time.perf_counter()
         metrics |= update_on_rollout(models, optimizers, batch, cfg, update + 1, precision)
         timings["update"] = time.perf_counter() - tick
@@ -483,6 +490,7 @@ def train_on_policy(
         if cfg.sample_every and (done == 1 or done % cfg.sample_every == 0 or done == num_updates):
             append_jsonl(run_dir / SAMPLES_FILE, extreme_samples(batch, models.tokenizer, done, cfg.log_samples))
         if evaluate is not None and cfg.eval_every and done % cfg.eval_every == 0:
+            show("evaluating")
             metrics |= evaluate(models.policy, done)
         if done % cfg.log_every == 0 or done == num_updates:
             tracker.log(done, metrics)
