@@ -302,10 +302,17 @@ class ScalarModel(torch.nn.Module):
         return self.head(self.hidden_states(input_ids, attention_mask)).squeeze(-1).float()
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor | None = None, context_length: int = 0
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        response_mask: torch.Tensor | None = None,
+        context_length: int = 0,
+        eos_index: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """(B,) scores. Rows hold query+response, PAD after the response's EOS; the query part may be
-        left padded up to `context_length` (generation) or not padded at all (context_length 0)."""
+        left padded up to `context_length` (generation) or not padded at all (context_length 0).
+        `eos_index` (B,) gives the EOS positions when the caller knows them (a rollout does), else
+        they are found from the first PAD (Detail 12)."""
         hidden = self.hidden_states(input_ids, attention_mask)
         if self.head_type == "mean-mlp":
             if response_mask is None:  # the response is whatever is unpadded after the query
@@ -316,7 +323,8 @@ class ScalarModel(torch.nn.Module):
             mask = response_mask.unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
         else:
-            pooled = hidden[torch.arange(hidden.size(0), device=hidden.device), self.reward_index(input_ids, context_length)]
+            index = self.reward_index(input_ids, context_length) if eos_index is None else eos_index
+            pooled = hidden[torch.arange(hidden.size(0), device=hidden.device), index]
         return self.head(pooled).squeeze(-1).float()
 
     def reward_index(self, input_ids: torch.Tensor, context_length: int = 0) -> torch.Tensor:

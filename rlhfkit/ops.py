@@ -85,9 +85,10 @@ def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) 
 
 
 def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
-    """The paper's `whiten` (Details 24-25) over unmasked entries: unit variance, and mean 0 when
-    `shift_mean` (advantages), the original mean kept otherwise (rewards). Masked entries become 0."""
-    mean, variance = masked_mean(values, mask), masked_var(values, mask)
+    """The paper's `whiten` (Details 24-25; its listing uses the biased variance) over unmasked entries:
+    unit variance, and mean 0 when `shift_mean` (advantages), the original mean kept otherwise
+    (rewards). Masked entries become 0."""
+    mean, variance = masked_mean(values, mask), masked_var(values, mask, unbiased=False)
     whitened = (values - mean) * torch.rsqrt(variance + 1e-8)
     if not shift_mean:
         whitened = whitened + mean

@@ -45,7 +45,12 @@ class Rollout:
     has_eos: torch.Tensor  # (B,) whether the response contains EOS
 
 
-def pick_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
+def pick_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator, pad_id: int | None = None) -> torch.Tensor:
+    """The next token, greedy or sampled; never PAD (Detail 3: PAD marks where a response ended, so a
+    sampled PAD would move where the reward model reads its score)."""
+    if pad_id is not None and pad_id < logits.size(-1):
+        logits = logits.clone()
+        logits[..., pad_id] = float("-inf")
     if params.temperature <= 0:
         return logits.argmax(-1)
     filtered = filter_logits(logits.float() / params.temperature, params.top_k, params.top_p)
@@ -74,7 +79,7 @@ def generate(
     tokens, logps = [], []
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     for _ in range(params.max_new_tokens):
-        nxt = pick_next(logits, params, generator)
+        nxt = pick_next(logits, params, generator, pad_id)
         tokens.append(nxt)
         logps.append(logprobs_from_logits(logits, nxt, params.temperature))
         finished |= nxt == eos_id
@@ -96,16 +101,25 @@ def generate(
 
 # Config fields of models whose logits are not a plain linear map of the last hidden state
 # (soft-capping, scaling): their log-probabilities come from the model's own logits instead.
-LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale",
+                    "lm_head_multiplier", "softcap")
+PLAIN_HEAD_CHECKED = "_rlhfkit_plain_lm_head"
 
 
 def plain_lm_head(model: torch.nn.Module) -> torch.nn.Linear | None:
-    """The LM head when logits = head(last hidden state) exactly, else None."""
+    """The LM head when logits = head(last hidden state) exactly, else None. Besides the known config
+    fields, this is checked once per model against the model's own logits on a few tokens, so an
+    unknown transform falls back to the slower exact path instead of giving wrong log-probabilities."""
     head = model.get_output_embeddings()
-    config = model.config
-    if not isinstance(head, torch.nn.Linear) or any(getattr(config, key, None) not in (None, 0) for key in LOGIT_TRANSFORMS):
+    if not isinstance(head, torch.nn.Linear) or any(getattr(model.config, key, None) not in (None, 0) for key in LOGIT_TRANSFORMS):
         return None
-    return head
+    if PLAIN_HEAD_CHECKED not in model.__dict__:
+        device = head.weight.device
+        ids = torch.arange(3, device=device).unsqueeze(0)
+        with torch.no_grad():
+            hidden = getattr(model, model.base_model_prefix)(input_ids=ids).last_hidden_state
+            model.__dict__[PLAIN_HEAD_CHECKED] = torch.allclose(head(hidden), model(input_ids=ids).logits, atol=1e-4, rtol=1e-3)
+    return head if model.__dict__[PLAIN_HEAD_CHECKED] else None
 
 
 def response_logprobs(

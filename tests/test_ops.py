@@ -77,10 +77,13 @@ def test_masked_var_biased_and_unbiased():
 def test_detail24_25_masked_whiten_with_and_without_shifting_the_mean():
     values = torch.tensor([[1.0, 2.0, 3.0, 100.0]])
     mask = torch.tensor([[1, 1, 1, 0]])
-    # unbiased std 1 -> (x - 2) / 1; the masked entry becomes 0
-    torch.testing.assert_close(ops.masked_whiten(values, mask), torch.tensor([[-1.0, 0.0, 1.0, 0.0]]))
+    # the paper's whiten: mean 2, biased variance 2/3 -> (x - 2) / sqrt(2/3); the masked entry becomes 0
+    scale = (2 / 3) ** -0.5
+    torch.testing.assert_close(ops.masked_whiten(values, mask), torch.tensor([[-scale, 0.0, scale, 0.0]]))
     # shift_mean=False (reward whitening, Detail 24) adds the mean back
-    torch.testing.assert_close(ops.masked_whiten(values, mask, shift_mean=False), torch.tensor([[1.0, 2.0, 3.0, 0.0]]))
+    torch.testing.assert_close(ops.masked_whiten(values, mask, shift_mean=False), torch.tensor([[2 - scale, 2.0, 2 + scale, 0.0]]))
+    # a single valid token does not crash a run: it whitens to 0
+    assert ops.masked_whiten(values, torch.tensor([[1, 0, 0, 0]])).tolist() == [[0.0, 0.0, 0.0, 0.0]]
 
 
 def test_gae_matches_a_hand_computed_trajectory():

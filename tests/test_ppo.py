@@ -86,6 +86,52 @@ def test_kl_is_exactly_zero_and_the_ratio_exactly_one_before_any_update(ppo_dirs
     assert metrics["val/ratio"] == 1.0 and metrics["policy/clipfrac_avg"] == 0 and metrics["policy/approxkl_avg"] == 0
 
 
+def test_kl_moves_after_an_update_and_the_reference_stays_frozen(ppo_dirs, tmp_path):
+    cfg, models, prompts = setup(ppo_dirs, tmp_path, update_epochs=1)
+    reference_before = {k: v.clone() for k, v in models.reference.state_dict().items()}
+    batch = onpolicy.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
+    onpolicy.update_on_rollout(models, onpolicy.build_optimizers(models, cfg, 2), batch, cfg, 1, "no")
+    after = onpolicy.collect(models, prompts, cfg, 1, cfg.kl_coef, "no", {})
+    assert after.kl.abs().sum() > 0 and not torch.equal(after.logprobs, after.ref_logprobs)
+    assert all(torch.equal(v, reference_before[k]) for k, v in models.reference.state_dict().items())
+
+
+def test_values_are_read_at_the_position_before_each_response_token(ppo_dirs, tmp_path):
+    cfg, models, prompts = setup(ppo_dirs, tmp_path)
+    batch = scripted_batch(models, cfg, prompts, [4, None, 3])
+    context = batch.context_length
+    with torch.no_grad():
+        for t in (0, 2):  # V(query + response[:t]) is the value model's score of that prefix at its last token
+            prefix = onpolicy.RolloutBatch(batch.prompts, batch.query_ids, batch.query_mask, batch.responses[:, :t],
+                                           batch.mask[:, :t], batch.has_eos)
+            last = torch.full((3,), context + t - 1)
+            expected = models.value(prefix.input_ids(), prefix.attention_mask(), eos_index=last)
+            torch.testing.assert_close(batch.values[:, t], expected, atol=1e-5, rtol=1e-4)
+
+
+def test_gradient_checkpointing_samples_the_same_and_updates_alike(ppo_dirs, tmp_path):
+    results = []
+    for checkpointing in (False, True):
+        cfg, models, prompts = setup(ppo_dirs, tmp_path, update_epochs=1, gradient_checkpointing=checkpointing)
+        batch = onpolicy.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
+        onpolicy.update_on_rollout(models, onpolicy.build_optimizers(models, cfg, 2), batch, cfg, 1, "no")
+        results.append((batch.responses, models.policy.state_dict()))
+    assert torch.equal(results[0][0], results[1][0])
+    for key in results[0][1]:
+        torch.testing.assert_close(results[0][1][key], results[1][1][key], atol=2e-6, rtol=1e-4)
+
+
+def test_sampling_never_emits_pad(tiny_model):
+    model, tok = tiny_model
+    with torch.no_grad():
+        model.get_output_embeddings().weight[tok.pad_token_id] = 100.0  # PAD would win every step
+    padded = left_pad_queries([[1, 2, 3], [4, 5]], tok.pad_token_id)
+    for temperature in (0.0, 0.7):
+        params = rollout.SamplingParams(max_new_tokens=5, temperature=temperature)
+        out = rollout.generate(model, padded["input_ids"], padded["attention_mask"], params, tok.eos_token_id, tok.pad_token_id)
+        assert not (out.responses == tok.pad_token_id).any()
+
+
 def test_detail23_score_lands_on_the_eos_index_and_missing_eos_scores_minus_one(ppo_dirs, tmp_path):
     cfg, models, prompts = setup(ppo_dirs, tmp_path)
     eos_at = [2, None, 0, 5]

@@ -172,8 +172,10 @@ def value_estimates(value: ScalarModel, batch: RolloutBatch) -> torch.Tensor:
 
 
 def reward_scores(reward: ScalarModel, batch: RolloutBatch) -> torch.Tensor:
-    """(B,) reward-model scores read at each response's EOS (Detail 12), the query left padded (Detail 14)."""
-    return reward(batch.input_ids(), batch.attention_mask(), context_length=batch.context_length)
+    """(B,) reward-model scores read at each response's EOS (Detail 12; the last token when there is
+    none), the query left padded (Detail 14): the same index equation 3 puts the score on."""
+    eos_index = batch.context_length + batch.lengths - 1
+    return reward(batch.input_ids(), batch.attention_mask(), context_length=batch.context_length, eos_index=eos_index)
 
 
 def on_device(batch: RolloutBatch, device: torch.device) -> RolloutBatch:
@@ -328,7 +330,7 @@ def update_on_rollout(
             for key, norm in optimizers.step(models, cfg.max_grad_norm, update).items():
                 grad_norms.add(key, norm, 1.0)
     means = stats.means() | grad_norms.means()
-    means["val/ratio_var"] = means.pop("ratio_squared") - means["val/ratio"] ** 2
+    means["val/ratio_var"] = max(0.0, means.pop("ratio_squared") - means["val/ratio"] ** 2)
     return means
 
 
@@ -405,7 +407,8 @@ def collect(models: OnPolicyModels, prompts: list[list[int]], cfg: OnPolicyConfi
     params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.temperature)
     show("sampling")
     began = time.perf_counter()
-    with autocast(device, precision):
+    # eval mode: with activation checkpointing on, a model in train mode refuses the KV cache
+    with autocast(device, precision), evaluation_mode(models.policy):
         batch = sample_responses(models.policy, queries, params, models.tokenizer, cfg.generation_batch_size,
                                  update_generator(cfg.seed, update, device))
     batch.prompts = torch.as_tensor(prompt_ids, device=device)
