@@ -110,8 +110,8 @@ def test_config_file_for_the_wrong_stage_fails(tmp_path):
 
 
 def test_unknown_preset_lists_shipped_presets():
-    with pytest.raises(ConfigError, match=r"unknown preset 'tldr-ppo'.*tldr-rm, tldr-sft"):
-        resolve("sft", "tldr-ppo", None, {})
+    with pytest.raises(ConfigError, match=r"unknown preset 'tldr-grpo'.*tldr-ppo, tldr-rm, tldr-sft"):
+        resolve("sft", "tldr-grpo", None, {})
 
 
 def test_missing_config_file_fails(tmp_path):
@@ -228,7 +228,7 @@ def test_unknown_command_shows_the_overview(capsys):
     assert cli.main(["ppo-train"]) == 2
     err = capsys.readouterr().err
     assert "unknown command 'ppo-train'" in err
-    assert "data analyze" in err and "presets: tldr-rm, tldr-sft" in err
+    assert "data analyze" in err and "presets: tldr-ppo, tldr-rm, tldr-sft" in err
 
 
 # ---------------------------------------------------------------- --help and round trip
@@ -277,9 +277,9 @@ def test_rm_help_shows_table4_batch(capsys):
 def test_top_level_help_lists_commands_and_presets(capsys):
     assert cli.main([]) == 0
     out = capsys.readouterr().out
-    for words in ("sft", "rm", "data analyze", "models prepare", "dist-check"):
+    for words in ("sft", "rm", "ppo", "data analyze", "models prepare", "dist-check"):
         assert f"  {words} " in out
-    assert "presets: tldr-rm, tldr-sft" in out
+    assert "presets: tldr-ppo, tldr-rm, tldr-sft" in out
 
 
 @pytest.mark.parametrize(("stage", "preset"), [("sft", "tldr-sft"), ("rm", "tldr-rm"), ("data-analyze", None)])
