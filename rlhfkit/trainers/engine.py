@@ -203,7 +203,7 @@ def train(cfg: TrainConfig, stage: Stage, run_dir: Path, checkpoint: Path | None
     if stage.evaluate is not None:  # after the save: a failing evaluation must not lose the trained model
         final_eval = stage.evaluate(final_model, schedule.total_steps)
         last |= final_eval
-        if tracker is not None:
+        if tracker is not None and final_eval:
             tracker.log(schedule.total_steps, final_eval)
     if tracker is not None:
         tracker.close()
