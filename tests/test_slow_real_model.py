@@ -47,3 +47,25 @@ def test_real_reward_model_left_and_right_padding_agree(real_examples):
         r, rm = pad(responses, tok.pad_token_id, "right")
         left_rewards = model(torch.cat([q, r], 1), torch.cat([qm, rm], 1), context_length=q.size(1))
     assert (left_rewards - right_rewards).abs().max().item() < 1e-3
+
+
+def test_real_model_ppo_starts_with_kl_zero_and_ratio_one(real_examples):
+    """The PPO invariants at real scale: four SmolLM2-135M models, real posts, one update."""
+    from rlhfkit.config import resolve
+    from rlhfkit.trainers import onpolicy
+
+    policy, tok = load_policy("smollm2-135m")
+    reference, _ = load_policy("smollm2-135m")
+    torch.manual_seed(0)
+    reward_model = ScalarModel.from_policy(load_policy("smollm2-135m")[0])
+    value = ScalarModel.from_policy(load_policy("smollm2-135m")[0])
+    value.load_state_dict(reward_model.state_dict())
+    models = onpolicy.OnPolicyModels(policy, reference, reward_model, value, tok)
+    cfg = resolve("ppo", "tldr-ppo", None, {"reward_model": "unused", "total_batch_size": 4, "micro_batch_size": 3,
+                                            "forward_batch_size": 2, "max_response_length": 8, "update_epochs": 1})
+    onpolicy.prepare_for_training(models, cfg)
+    examples, _ = tokenize_sft(real_examples, tok, 128, 53)
+    batch = onpolicy.collect(models, [e.query.ids for e in examples], cfg, 0, cfg.kl_coef, "no", {})
+    assert torch.equal(batch.kl, torch.zeros_like(batch.kl))
+    metrics = onpolicy.update_on_rollout(models, onpolicy.build_optimizers(models, cfg, 1), batch, cfg, 1, "no")
+    assert metrics["val/ratio"] == 1.0 and metrics["policy/approxkl_avg"] == 0
