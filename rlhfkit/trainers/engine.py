@@ -133,6 +133,14 @@ def autocast_precision(cfg: RunConfig) -> str:
     return cfg.mixed_precision
 
 
+def build_optimizer(model: torch.nn.Module, cfg: RunConfig, total_steps: int) -> tuple[torch.optim.Optimizer, Any]:
+    """AdamW with the paper's epsilon (Tables 3, 4, 7) and the configured schedule over `total_steps`."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
+    # transformers' "constant" schedule ignores warm-up; "constant_with_warmup" is the same without it
+    name = "constant_with_warmup" if cfg.lr_scheduler == "constant" else cfg.lr_scheduler
+    return optimizer, get_scheduler(name, optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=total_steps)
+
+
 def check_finite(step: int, name: str, value: torch.Tensor) -> None:
     if not torch.isfinite(value).all():
         raise NonFiniteError(
@@ -166,10 +174,7 @@ def train(cfg: TrainConfig, stage: Stage, run_dir: Path, checkpoint: Path | None
     model = stage.model
     if cfg.gradient_checkpointing:
         enable_activation_checkpointing(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
-    # transformers' "constant" schedule ignores warm-up; "constant_with_warmup" is the same without it
-    name = "constant_with_warmup" if cfg.lr_scheduler == "constant" else cfg.lr_scheduler
-    scheduler = get_scheduler(name, optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=schedule.total_steps)
+    optimizer, scheduler = build_optimizer(model, cfg, schedule.total_steps)
     start = load_training_state(checkpoint, optimizer, scheduler)["step"] if checkpoint else 0
     model, optimizer = accelerator.prepare(model, optimizer)
     model.train()

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 from tqdm import tqdm
-from transformers import PreTrainedTokenizerBase, get_scheduler
+from transformers import PreTrainedTokenizerBase
 
 from .. import ops
 from ..checkpoint import load_training_state, save_checkpoint
@@ -36,7 +36,7 @@ from ..data.collate import left_pad_queries
 from ..models import ScalarModel, enable_activation_checkpointing
 from ..rollout import SamplingParams, generate, response_logprobs
 from ..tracking import Tracker, append_jsonl, drop_rows_after
-from .engine import autocast_precision, check_finite
+from .engine import autocast_precision, build_optimizer, check_finite
 
 SAMPLES_FILE = "samples.jsonl"
 
@@ -89,10 +89,16 @@ class RolloutBatch:
     def attention_mask(self) -> torch.Tensor:
         return torch.cat([self.query_mask, self.mask.to(self.query_mask.dtype)], dim=1)
 
+    def map_tensors(self, fn) -> RolloutBatch:
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return RolloutBatch(**{k: (fn(v) if isinstance(v, torch.Tensor) else v) for k, v in fields.items()})
+
     def select(self, rows: torch.Tensor | np.ndarray | slice) -> RolloutBatch:
         """The same fields for a subset of rows (columns unchanged, so every row is computed alike)."""
-        picked = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return RolloutBatch(**{k: (v[rows] if isinstance(v, torch.Tensor) else v) for k, v in picked.items()})
+        return self.map_tensors(lambda v: v[rows])
+
+    def to(self, device: torch.device) -> RolloutBatch:
+        return self.map_tensors(lambda v: v.to(device))
 
 
 def prompt_indices(num_prompts: int, count: int, seed: int, start: int) -> np.ndarray:
@@ -131,7 +137,7 @@ def sample_responses(
     desc: str = "",
 ) -> RolloutBatch:
     """Sample one response per query, longest queries first to pad less; rows keep input order."""
-    device = next(policy.parameters()).device
+    device = model_device(policy)
     padded = left_pad_queries(queries, tokenizer.pad_token_id)
     query_ids, query_mask = padded["input_ids"].to(device), padded["attention_mask"].to(device)
     order = sorted(range(len(queries)), key=lambda i: -len(queries[i]))
@@ -178,11 +184,6 @@ def reward_scores(reward: ScalarModel, batch: RolloutBatch) -> torch.Tensor:
     return reward(batch.input_ids(), batch.attention_mask(), context_length=batch.context_length, eos_index=eos_index)
 
 
-def on_device(batch: RolloutBatch, device: torch.device) -> RolloutBatch:
-    fields = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
-    return RolloutBatch(**{k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in fields.items()})
-
-
 @torch.no_grad()
 def score_rollout(models: OnPolicyModels, batch: RolloutBatch, cfg: OnPolicyConfig, precision: str) -> RolloutBatch:
     """Fill in the sampling-time log-probabilities, reference log-probabilities, values and scores,
@@ -198,9 +199,9 @@ def score_rollout(models: OnPolicyModels, batch: RolloutBatch, cfg: OnPolicyConf
             if models.value is not None:
                 parts["values"].append(value_estimates(models.value, part).float())
         with autocast(frozen, precision):
-            remote = on_device(part, frozen)
+            remote = part.to(frozen)  # the reference and reward models share the frozen device
             parts["ref_logprobs"].append(policy_logprobs(models.reference, remote, cfg.temperature)[0].to(device))
-            parts["raw_scores"].append(reward_scores(models.reward, on_device(part, model_device(models.reward))).float().to(device))
+            parts["raw_scores"].append(reward_scores(models.reward, remote).float().to(device))
     filled = {k: torch.cat(v) for k, v in parts.items()}
     mask = batch.mask
     # Everything after EOS is masked out of every loss and metric; zero it here too so that no
@@ -262,14 +263,8 @@ class Optimizers:
 def build_optimizers(models: OnPolicyModels, cfg: OnPolicyConfig, num_updates: int) -> Optimizers:
     """AdamW (Table 7: eps 1e-5) for the policy and, when there is one, the value model, each with the
     learning-rate schedule stepped once per update (Table 7: linear decay to 0 over the run)."""
-
-    def pair(model):
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
-        name = "constant_with_warmup" if cfg.lr_scheduler == "constant" else cfg.lr_scheduler
-        return optimizer, get_scheduler(name, optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=num_updates)
-
-    policy_opt, policy_sched = pair(models.policy)
-    value_opt, value_sched = pair(models.value) if models.value is not None else (None, None)
+    policy_opt, policy_sched = build_optimizer(models.policy, cfg, num_updates)
+    value_opt, value_sched = build_optimizer(models.value, cfg, num_updates) if models.value is not None else (None, None)
     return Optimizers(policy_opt, policy_sched, value_opt, value_sched)
 
 

@@ -32,7 +32,6 @@ from .onpolicy import (
     OnPolicyModels,
     evaluation_mode,
     model_device,
-    on_device,
     reward_scores,
     sample_responses,
     train_on_policy,
@@ -120,55 +119,48 @@ def split_posts(cfg: OnPolicyConfig, tokenizer) -> tuple[list[SFTExample], list[
 
 @torch.no_grad()
 def summarise_and_score(policy, models: OnPolicyModels, examples: list[SFTExample], cfg: OnPolicyConfig, label: str) -> list[dict]:
-    """Summaries of `examples` by `policy` with their reward-model scores (EOS trick applied), length and EOS."""
+    """Summaries of `examples` by `policy` with their reward-model scores (EOS trick applied), length,
+    EOS and ROUGE-L against the reference summaries."""
     params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.eval_temperature)
     device = model_device(policy)
     with evaluation_mode(policy):
         batch = sample_responses(policy, [e.query.ids for e in examples], params, models.tokenizer, cfg.generation_batch_size,
                                  update_generator(cfg.seed, 0, device, EVALUATION_STREAM), desc=f"summarising ({label})")
-    raw = torch.cat([reward_scores(models.reward, on_device(batch.select(slice(i, i + cfg.forward_batch_size)),
-                                                               model_device(models.reward))).float().cpu()
+    scored = batch.to(model_device(models.reward))
+    raw = torch.cat([reward_scores(models.reward, scored.select(slice(i, i + cfg.forward_batch_size))).float().cpu()
                      for i in range(0, batch.size, cfg.forward_batch_size)])
     scores = eos_trick(raw, batch.has_eos.cpu(), cfg.missing_eos_score) if cfg.eos_trick else raw
-    rows = []
-    for i in range(batch.size):
-        tokens = batch.responses[i][batch.mask[i]].tolist()
-        rows.append({"text": models.tokenizer.decode(tokens, skip_special_tokens=True).strip(), "tokens": len(tokens),
-                     "has_eos": bool(batch.has_eos[i]), "rm_score": float(scores[i]), "raw_rm_score": float(raw[i])})
-    return rows
+    texts = [models.tokenizer.decode(batch.responses[i][batch.mask[i]].tolist(), skip_special_tokens=True).strip()
+             for i in range(batch.size)]
+    rouge = rouge_l(texts, [e.record.summary.strip() for e in examples])
+    return [{"text": texts[i], "tokens": int(batch.lengths[i]), "has_eos": bool(batch.has_eos[i]), "rm_score": float(scores[i]),
+             "raw_rm_score": float(raw[i]), "rouge_l": rouge[i]} for i in range(batch.size)]
 
 
-def policy_summary(rows: list[dict], references: list[str], who: str) -> dict[str, float]:
-    return {
-        f"eval/{who}_rm_score": mean([r["rm_score"] for r in rows]),
-        f"eval/{who}_length": mean([float(r["tokens"]) for r in rows]),
-        f"eval/{who}_eos_rate": mean([float(r["has_eos"]) for r in rows]),
-        f"eval/{who}_rouge_l": mean(rouge_l([r["text"] for r in rows], references)),
-    }
+def policy_summary(rows: list[dict], who: str) -> dict[str, float]:
+    return {f"eval/{who}_{name}": mean([float(r[key]) for r in rows])
+            for name, key in (("rm_score", "rm_score"), ("length", "tokens"), ("eos_rate", "has_eos"), ("rouge_l", "rouge_l"))}
 
 
 def compare_policies(models: OnPolicyModels, examples: list[SFTExample], cfg: OnPolicyConfig, name: str) -> tuple[dict, list[dict]]:
     """SFT (the frozen reference) and the trained policy on the same held-out posts."""
-    references = [e.record.summary.strip() for e in examples]
     sft_rows = summarise_and_score(models.reference, models, examples, cfg, "SFT policy")
     new_rows = summarise_and_score(models.policy, models, examples, cfg, f"{name} policy")
-    metrics = {"eval/posts": len(examples)} | policy_summary(sft_rows, references, "sft") | policy_summary(new_rows, references, name)
+    metrics = {"eval/posts": len(examples)} | policy_summary(sft_rows, "sft") | policy_summary(new_rows, name)
     metrics[f"eval/{name}_beats_sft_rm_score"] = mean([float(n["rm_score"] > s["rm_score"]) for n, s in zip(new_rows, sft_rows, strict=True)])
-    sft_rouge, new_rouge = rouge_l([r["text"] for r in sft_rows], references), rouge_l([r["text"] for r in new_rows], references)
     rows = []
-    for i, e in enumerate(examples):
-        rows.append({"prompt_id": e.record.prompt_id, "post": e.record.fields["post"], "reference": references[i],
-                     "sft": sft_rows[i]["text"], "sft_rm_score": sft_rows[i]["rm_score"], "sft_tokens": sft_rows[i]["tokens"],
-                     "sft_rouge_l": sft_rouge[i], name: new_rows[i]["text"], f"{name}_rm_score": new_rows[i]["rm_score"],
-                     f"{name}_tokens": new_rows[i]["tokens"], f"{name}_rouge_l": new_rouge[i]})
+    for e, sft, new in zip(examples, sft_rows, new_rows, strict=True):
+        row = {"prompt_id": e.record.prompt_id, "post": e.record.fields["post"], "reference": e.record.summary.strip()}
+        for who, result in (("sft", sft), (name, new)):
+            row |= {who: result["text"], f"{who}_rm_score": result["rm_score"], f"{who}_tokens": result["tokens"],
+                    f"{who}_rouge_l": result["rouge_l"]}
+        rows.append(row)
     return metrics, rows
 
 
 def periodic_evaluation(models: OnPolicyModels, examples: list[SFTExample], cfg: OnPolicyConfig):
-    references = [e.record.summary.strip() for e in examples]
-
     def evaluate(policy, update: int) -> dict[str, float]:
-        return policy_summary(summarise_and_score(policy, models, examples, cfg, f"update {update}"), references, "policy")
+        return policy_summary(summarise_and_score(policy, models, examples, cfg, f"update {update}"), "policy")
 
     return evaluate if examples else None
 
