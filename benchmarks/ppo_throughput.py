@@ -74,7 +74,7 @@ def main() -> None:
         began = time.perf_counter()
         batch = onpolicy.collect(models, prompts, cfg, update, cfg.kl_coef, precision, timings)
         tick = time.perf_counter()
-        onpolicy.update_on_rollout(models, optimizers, batch, cfg, update + 1, precision)
+        onpolicy.update_on_rollout(models, optimizers, batch, cfg, update + 1, precision, cfg.kl_coef)
         if device.type == "cuda":
             torch.cuda.synchronize()
         timings["update"] = time.perf_counter() - tick

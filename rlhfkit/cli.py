@@ -26,7 +26,10 @@ class Command:
 COMMANDS = [
     Command(("sft",), "supervised fine-tuning on TL;DR (Section 5, Table 3)", "rlhfkit.trainers.sft:run", "sft", multi_process=True),
     Command(("rm",), "reward-model training on human comparisons (Section 6, Table 4)", "rlhfkit.trainers.reward:run", "rm", multi_process=True),
+    Command(("dpo",), "DPO from the SFT policy on human comparisons (Appendix A equations 4-5, Table 6)", "rlhfkit.trainers.dpo:run", "dpo", multi_process=True),
     Command(("ppo",), "PPO from the SFT policy against the reward model (Section 7, Details 20-25, Table 7)", "rlhfkit.trainers.ppo:run", "ppo"),
+    Command(("grpo",), "GRPO: G samples per prompt, group-normalised advantages, no value model (PPO's core)", "rlhfkit.trainers.group:run_grpo", "grpo"),
+    Command(("rloo",), "RLOO: k samples per prompt, leave-one-out baseline, no value model (PPO's core)", "rlhfkit.trainers.group:run_rloo", "rloo"),
     Command(("rm-eval",), "reward-model evaluation: accuracy by split/batch/confidence, calibration, length bias, probes", "rlhfkit.trainers.reward:run_eval", "rm-eval"),
     Command(("generate",), "summarise TL;DR posts with a policy, with ROUGE-L against the references", "rlhfkit.trainers.sft:run_generate", "generate"),
     Command(("data", "analyze"), "dataset analysis: counts, token lengths, truncation, length bias", "rlhfkit.cli:run_analyze", "data-analyze"),
@@ -194,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = cfgmod.resolve(cmd.stage, parsed.preset, config_file, parsed.overrides) if cmd.stage else None
         if parsed.num_processes > 1 and not inside_launcher():
             if not cmd.multi_process:
-                raise ConfigError(f"{' '.join(cmd.words)} runs in one process; --num-processes is for sft, rm and dist-check")
+                raise ConfigError(f"{' '.join(cmd.words)} runs in one process; --num-processes is for sft, rm, dpo and dist-check")
             return relaunch([*cmd.words, *strip_launcher_flag(rest)], parsed.num_processes)
         module, function = cmd.runner.split(":")
         return int(getattr(importlib.import_module(module), function)(cfg, parsed) or 0)

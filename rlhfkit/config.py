@@ -104,7 +104,9 @@ class SFTConfig(TrainConfig):
 
 
 @dataclass
-class RMConfig(TrainConfig):
+class PairConfig(TrainConfig):
+    """Fields of the stages that train on human comparisons (reward model, DPO)."""
+
     data: list[str] = opt(
         ["openai/summarize_from_feedback"],
         "comparisons: hub id or OpenAI JSON-lines / HH-RLHF jsonl.gz files",
@@ -112,17 +114,35 @@ class RMConfig(TrainConfig):
     )
     data_format: Literal["tldr-comparisons", "hh"] = opt("tldr-comparisons", "format of `data`")
     hf_split: str = opt("train", "split to read when `data` is a hub id")
-    total_batch_size: int = opt(64, "pairs per optimizer step", "Table 4", minimum=1)
+    total_batch_size: int = opt(64, "pairs per optimizer step", "Tables 4, 6", minimum=1)
     micro_batch_size: int = opt(4, "pairs per forward pass on one process", minimum=1)
     max_response_length: int = opt(169, "response tokens including EOS; longer pairs are skipped", "Detail 4", minimum=1)
     max_article_query_length: int = article_length_opt()
-    validation_fraction: float = opt(0.1, "fraction of posts held out by post identity for validation")
+    validation_fraction: float = opt(0.1, "fraction of prompts (posts, dialogues) held out by prompt identity for validation")
     splits: list[str] = opt([], "keep only comparisons from these splits (e.g. train, valid1; empty: all)", "Detail 16")
     batches: list[str] = opt([], "keep only comparisons from these annotation batches (empty: all)", "Detail 16")
+    max_pairs: int = opt(0, "train on at most this many training pairs, in data order (0: all)")
     eval_pairs: int = opt(256, "validation pairs scored at each evaluation (0: all)")
+
+
+@dataclass
+class RMConfig(PairConfig):
     head: Literal["eos-linear", "mean-mlp"] = opt("eos-linear", "reward head: EOS-token linear or mean-pooled MLP", "Details 11-12")
     sft_data: list[str] = opt([], "SFT data whose reference summaries set the reward bias (empty: skip)", "Detail 15")
     normalization_samples: int = opt(1024, "reference summaries used for the bias", "Detail 15")
+
+
+@dataclass
+class DPOConfig(PairConfig):
+    """DPO from the SFT policy (Appendix A equations 4-5, Table 6)."""
+
+    model: str = opt("smollm2-135m", "SFT policy: starts the trained policy and, unless reference_model is set, is the frozen reference")
+    reference_model: str = opt("", "frozen reference policy (empty: the starting model)", "Appendix A")
+    beta: float = opt(0.05, "DPO beta: weight of the log-ratio to the reference", "Table 6", minimum=1e-9)
+    learning_rate: float = opt(3e-6, "AdamW learning rate", "Table 6")
+    lr_scheduler: Literal["cosine", "linear", "constant"] = opt("cosine", "learning-rate schedule", "Table 6")
+    forward_batch_size: int = opt(8, "pairs per no-grad forward pass (reference log-probabilities, validation)", minimum=1)
+    eval_samples: int = opt(16, "validation prompts answered greedily by the reference and the DPO policy at the end (0: none)")
 
 
 def sft_data_opt(help_text: str) -> Any:
@@ -135,7 +155,8 @@ class OnPolicyConfig(RunConfig):
 
     model: str = opt("smollm2-135m", "SFT policy: starts the trained policy and is the frozen reference policy", "Section 7")
     reward_model: str = opt("", "reward model folder written by `rlhfkit rm` (its model/ folder); frozen", "Section 7")
-    data: list[str] = sft_data_opt("prompts: TL;DR SFT data, hub id or files (their posts, not their summaries)")
+    data: list[str] = sft_data_opt("prompts: TL;DR SFT data (their posts), or HH-RLHF comparisons (their dialogues) with prompt_format=hh")
+    prompt_format: Literal["tldr-sft", "hh"] = opt("tldr-sft", "format of `data`; for hh the chosen response is the reference the evaluation compares with")
     hf_split: str = opt("train", "split to read when `data` is a hub id")
     validation_posts: int = opt(300, "posts held out by post identity, as `rlhfkit sft` splits them: never prompts; evaluation summarises them")
     eval_samples: int = opt(64, "held-out posts summarised by the SFT and trained policies at the end (0: none)")
@@ -163,11 +184,13 @@ class OnPolicyConfig(RunConfig):
     kl_horizon: float = opt(10000.0, "horizon in episodes of the adaptive controller", minimum=1)
     whiten_rewards: bool = opt(False, "whiten the per-token rewards of each rollout batch, keeping their mean", "Detail 24")
     whiten_advantages: bool = opt(True, "whiten the advantages over valid tokens", "Detail 25")
-    advantage_estimator: Literal["gae"] = opt("gae", "advantage estimator (ops.ADVANTAGE_ESTIMATORS)", "Section 7")
+    advantage_estimator: Literal["gae", "grpo", "rloo"] = opt("gae", "advantage estimator (ops.ADVANTAGE_ESTIMATORS); gae needs the value model of `rlhfkit ppo`", "Section 7")
     gamma: float = opt(1.0, "discount factor", "Table 7")
     lam: float = opt(0.95, "GAE lambda", "Table 7")
     clip_range: float = opt(0.2, "policy ratio clipping epsilon (0: no clipping)", "Table 7")
     frozen_device: str = opt("", "device of the frozen reference and reward models (empty: the policy's; e.g. cpu, cuda:1)")
+    kl_placement: Literal["reward", "loss"] = opt("reward", "where the KL to the reference enters: a per-token penalty in the reward (equation 3) or a term of the loss (GRPO)", "Equation 3")
+    entropy_coef: float = opt(0.0, "entropy bonus coefficient in the policy loss (seed 002's PPO: 0.01)")
     sample_every: int = opt(10, "log the highest- and lowest-scored samples every N updates (0: never)")
     log_samples: int = opt(2, "samples logged at each end (highest and lowest scored)", minimum=1)
 
@@ -177,6 +200,27 @@ class PPOConfig(OnPolicyConfig):
     value_model: str = opt("", "value model folder (empty: initialise it from the reward model)", "Detail 22")
     vf_coef: float = opt(0.1, "value loss coefficient c1", "Table 7")
     value_clip_range: float = opt(0.2, "value clipping epsilon (0: no value loss clipping)", "Table 7")
+
+
+@dataclass
+class GRPOConfig(OnPolicyConfig):
+    """GRPO (Shao et al. 2024): G samples per prompt, group-normalised advantages, no value model."""
+
+    samples_per_prompt: int = opt(4, "G: responses sampled per prompt; the prompt is encoded once per group", "seed 002", minimum=2)
+    advantage_estimator: Literal["grpo", "rloo"] = opt("grpo", "advantage estimator (ops.ADVANTAGE_ESTIMATORS)")
+    scale_rewards: bool = opt(True, "divide by the group's standard deviation (false: Dr. GRPO, mean-centred only)")
+    kl_placement: Literal["reward", "loss"] = opt("loss", "where the KL to the reference enters: a term of the loss (GRPO) or a per-token penalty in the reward", "Equation 3")
+    kl_estimator: Literal["k1", "k2", "k3"] = opt("k3", "per-token KL estimator (k3: GRPO's, never negative)")
+    whiten_advantages: bool = opt(False, "also whiten the advantages over the whole batch", "Detail 25")
+
+
+@dataclass
+class RLOOConfig(OnPolicyConfig):
+    """RLOO (Ahmadian et al. 2024): k samples per prompt, each baselined by the mean of the others."""
+
+    samples_per_prompt: int = opt(4, "k: responses sampled per prompt; the prompt is encoded once per group", minimum=2)
+    advantage_estimator: Literal["rloo", "grpo"] = opt("rloo", "advantage estimator (ops.ADVANTAGE_ESTIMATORS)")
+    whiten_advantages: bool = opt(False, "also whiten the advantages over the whole batch", "Detail 25")
 
 
 @dataclass
@@ -200,7 +244,9 @@ class GenerateConfig:
 
 @dataclass
 class RMEvalConfig:
-    model: str = opt("", "reward model folder written by `rlhfkit rm` (its model/ folder)")
+    model: str = opt("", "reward model folder written by `rlhfkit rm`, or a DPO policy (its implicit reward, equation 5)", "Detail 19")
+    reference_model: str = opt("", "DPO only: the reference policy (empty: the one `rlhfkit dpo` recorded in the model folder)", "Appendix A")
+    beta: float = opt(0.0, "DPO only: beta of the implicit reward (0: the one `rlhfkit dpo` recorded)", "Appendix A")
     data: list[str] = opt([], "comparisons: hub id or OpenAI JSON-lines / HH-RLHF jsonl.gz files")
     data_format: Literal["tldr-comparisons", "hh"] = opt("tldr-comparisons", "format of `data`")
     hf_split: str = opt("validation", "split to read when `data` is a hub id")
@@ -222,7 +268,7 @@ class RMEvalConfig:
     out: str = opt("", "output folder (empty: runs/rm-eval-<timestamp>)")
 
 
-STAGES: dict[str, type] = {"sft": SFTConfig, "rm": RMConfig, "ppo": PPOConfig, "rm-eval": RMEvalConfig, "generate": GenerateConfig, "data-analyze": AnalyzeConfig}
+STAGES: dict[str, type] = {"sft": SFTConfig, "rm": RMConfig, "dpo": DPOConfig, "ppo": PPOConfig, "grpo": GRPOConfig, "rloo": RLOOConfig, "rm-eval": RMEvalConfig, "generate": GenerateConfig, "data-analyze": AnalyzeConfig}
 
 
 def field_info(cls: type) -> list[tuple[str, Any, str, str | None, str]]:

@@ -369,3 +369,41 @@ def load_reward_model(folder: str | Path, trust_remote_code: bool = False) -> tu
     """A saved reward model and its tokenizer, in one call."""
     model = ScalarModel.from_pretrained(folder, trust_remote_code)
     return model.eval(), load_tokenizer(str(folder), trust_remote_code)
+
+
+DPO_RECORD = "rlhfkit_dpo.json"  # written beside a DPO policy: its reference and beta
+
+
+class ImplicitRewardModel(torch.nn.Module):
+    """DPO's implicit reward (equation 5), beta * (log pi(y|x) - log pi_ref(y|x)), behind the reward
+    model's interface, so `rlhfkit rm-eval` scores a DPO policy exactly as it scores a reward model
+    (Detail 19)."""
+
+    head_type = "dpo-implicit"
+
+    def __init__(self, policy: torch.nn.Module, reference: torch.nn.Module, beta: float):
+        super().__init__()
+        self.policy, self.reference, self.beta = policy, reference, beta
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+        from .rollout import sequence_logprobs
+
+        policy = sequence_logprobs(self.policy, input_ids, attention_mask, response_mask)
+        reference = sequence_logprobs(self.reference, input_ids, attention_mask, response_mask)
+        return (self.beta * (policy - reference)).float()
+
+
+def load_implicit_reward_model(folder: str | Path, reference: str, beta: float, trust_remote_code: bool = False
+                               ) -> tuple[ImplicitRewardModel, PreTrainedTokenizerBase]:
+    """A DPO policy as a reward model. `reference` and `beta` default to what `rlhfkit dpo` recorded
+    in the folder; a policy from elsewhere needs both given."""
+    record_path = Path(folder) / DPO_RECORD
+    record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    reference = reference or record.get("reference_model", "")
+    beta = beta or record.get("beta", 0.0)
+    if not reference or not beta:
+        raise ModelError(f"{folder} is neither a reward model ({SCALAR_CONFIG} missing) nor a DPO policy written by "
+                         f"`rlhfkit dpo` ({DPO_RECORD} missing): to score a policy's implicit reward give reference_model= and beta=")
+    policy, tokenizer = load_policy(str(folder), trust_remote_code)
+    reference_policy, _ = load_policy(reference, trust_remote_code)
+    return ImplicitRewardModel(policy, reference_policy, beta).eval(), tokenizer

@@ -242,14 +242,71 @@ def adaptive_kl_coef(coef: float, kl: float, target: float, horizon: float, step
     return coef * (1.0 + error * steps / horizon)
 
 
+def group_sums(values: torch.Tensor, groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of each row's group, size of each row's group), both (B,), for group ids (B,) in any order."""
+    _, inverse = torch.unique(groups, return_inverse=True)
+    sums = torch.zeros(int(inverse.max()) + 1, dtype=values.dtype, device=values.device).index_add_(0, inverse, values)
+    counts = torch.bincount(inverse).to(values.dtype)
+    return sums[inverse], counts[inverse]
+
+
+def require_groups_of_two(counts: torch.Tensor, what: str) -> None:
+    if bool((counts < 2).any()):
+        raise ValueError(f"{what} needs at least two samples per prompt (group); set samples_per_prompt >= 2")
+
+
+def group_relative_advantages(scores: torch.Tensor, groups: torch.Tensor, scale_by_std: bool = True, eps: float = 1e-4) -> torch.Tensor:
+    """GRPO (Shao et al. 2024): each sequence's score minus the mean of its group (the samples of one
+    prompt), divided by the group's standard deviation (Bessel-corrected) + eps when `scale_by_std`
+    (Liu et al. 2025, "Dr. GRPO", drop the division: it up-weights prompts whose samples barely differ).
+    scores, groups: (B,). A group whose scores are all equal gets advantage 0."""
+    sums, counts = group_sums(scores, groups)
+    require_groups_of_two(counts, "group-relative advantages")
+    centered = scores - sums / counts
+    if not scale_by_std:
+        return centered
+    variance = group_sums(centered**2, groups)[0] / (counts - 1)
+    return centered / (variance.sqrt() + eps)
+
+
+def leave_one_out_baseline(scores: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """RLOO (Ahmadian et al. 2024): for each sequence, the mean score of the *other* samples of its
+    prompt, (group sum - own score) / (k - 1). scores, groups: (B,)."""
+    sums, counts = group_sums(scores, groups)
+    require_groups_of_two(counts, "the leave-one-out baseline")
+    return (sums - scores) / (counts - 1)
+
+
+class DPOLoss(typing.NamedTuple):
+    losses: torch.Tensor  # (B,) -log sigmoid(chosen_rewards - rejected_rewards), equation 4
+    chosen_rewards: torch.Tensor  # (B,) implicit rewards beta * log(pi / pi_ref), equation 5
+    rejected_rewards: torch.Tensor  # (B,)
+
+
+def dpo_loss(
+    policy_chosen_logps: torch.Tensor,
+    policy_rejected_logps: torch.Tensor,
+    ref_chosen_logps: torch.Tensor,
+    ref_rejected_logps: torch.Tensor,
+    beta: float,
+) -> DPOLoss:
+    """DPO (Rafailov et al. 2023; the paper's Appendix A equations 4-5) from sequence log-probabilities
+    (B,) summed over each response's tokens. The rewards are detached: they are for logging."""
+    chosen = beta * (policy_chosen_logps - ref_chosen_logps)
+    rejected = beta * (policy_rejected_logps - ref_rejected_logps)
+    return DPOLoss(-F.logsigmoid(chosen - rejected), chosen.detach(), rejected.detach())
+
+
 # Advantage estimators, looked up by name by the on-policy trainer. Each takes the per-token
-# rewards (B, T), the valid-token mask (B, T) and keyword inputs (values, group ids, gamma, lam),
-# and returns (advantages, returns). Adding an estimator is one function and one entry here.
+# rewards (B, T), the valid-token mask (B, T) and keyword inputs (values, group ids, gamma, lam,
+# scale_by_std), and returns (advantages, returns), both (B, T). Adding an estimator is one
+# function and one entry here.
 
 
 class AdvantageEstimator(typing.NamedTuple):
     fn: typing.Callable[..., tuple[torch.Tensor, torch.Tensor]]
     needs_values: bool  # trains a value model (critic) alongside the policy
+    needs_groups: bool  # compares the samples of one prompt: samples_per_prompt >= 2
     about: str
 
 
@@ -257,6 +314,24 @@ def gae_estimator(rewards, mask, *, values, gamma, lam, **_):
     return gae(rewards, values, mask, gamma, lam)
 
 
+def sequence_advantages(advantages: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One advantage per sequence (B,) given to each of its valid tokens: (advantages, returns), both
+    (B, T). Without a value model there is nothing to regress, so the returns are the advantages."""
+    per_token = advantages.unsqueeze(1) * mask.to(advantages.dtype)
+    return per_token, per_token
+
+
+def grpo_estimator(rewards, mask, *, groups, scale_by_std=True, **_):
+    return sequence_advantages(group_relative_advantages(rewards.sum(-1), groups, scale_by_std), mask)
+
+
+def rloo_estimator(rewards, mask, *, groups, **_):
+    returns = rewards.sum(-1)
+    return sequence_advantages(returns - leave_one_out_baseline(returns, groups), mask)
+
+
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
-    "gae": AdvantageEstimator(gae_estimator, True, "PPO: GAE over per-token rewards with a value model"),
+    "gae": AdvantageEstimator(gae_estimator, True, False, "PPO: GAE over per-token rewards with a value model"),
+    "grpo": AdvantageEstimator(grpo_estimator, False, True, "GRPO: sequence reward minus its group's mean, over the group's std"),
+    "rloo": AdvantageEstimator(rloo_estimator, False, True, "RLOO: sequence reward minus the mean of the other samples of its prompt"),
 }

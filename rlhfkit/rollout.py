@@ -66,16 +66,24 @@ def generate(
     eos_id: int,
     pad_id: int,
     generator: torch.Generator | None = None,
+    samples_per_prompt: int = 1,
 ) -> Rollout:
-    """Sample up to `max_new_tokens` for each left-padded query; stop early once every row has EOS."""
+    """Sample up to `max_new_tokens` for each left-padded query; stop early once every row has EOS.
+
+    With `samples_per_prompt` G > 1 each query is encoded once and its KV cache repeated G times, so
+    a group of G samples (GRPO, RLOO) costs one prefill; the rows come out as G consecutive samples
+    of query 0, then of query 1, and so on."""
     device = query_ids.device
     if generator is None:
         generator = torch.Generator(device=device).manual_seed(params.seed)
-    batch = query_ids.size(0)
     mask = query_mask.clone()
     # logits_to_keep=1: only the last position's logits are needed, not (B, Q, vocab)
     out = model(input_ids=query_ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=True, logits_to_keep=1)
     cache, logits = out.past_key_values, out.logits[:, -1]
+    if samples_per_prompt > 1:
+        cache.batch_repeat_interleave(samples_per_prompt)
+        query_ids, mask, logits = (t.repeat_interleave(samples_per_prompt, dim=0) for t in (query_ids, mask, logits))
+    batch = query_ids.size(0)
     tokens, logps = [], []
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     for _ in range(params.max_new_tokens):
@@ -110,6 +118,8 @@ def plain_lm_head(model: torch.nn.Module) -> torch.nn.Linear | None:
     """The LM head when logits = head(last hidden state) exactly, else None. Besides the known config
     fields, this is checked once per model against the model's own logits on a few tokens, so an
     unknown transform falls back to the slower exact path instead of giving wrong log-probabilities."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return None  # calling the backbone directly would bypass DDP's gradient synchronisation
     head = model.get_output_embeddings()
     if not isinstance(head, torch.nn.Linear) or any(getattr(model.config, key, None) not in (None, 0) for key in LOGIT_TRANSFORMS):
         return None
@@ -146,6 +156,26 @@ def response_logprobs(
     backbone = getattr(model, model.base_model_prefix)
     hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).last_hidden_state
     return chunked_logprobs_entropy(hidden[:, context_length - 1 : -1], responses, head.weight, head.bias, temperature, chunk_rows)
+
+
+def sequence_logprobs(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor, chunk_rows: int = 256
+) -> torch.Tensor:
+    """(B,) summed log-probabilities (temperature 1) of the tokens where `response_mask` is set, each
+    predicted from the position before it: log pi(y|x) of DPO (equation 4) and of its implicit reward
+    (equation 5). Any padding side; logits are formed only at those positions, a chunk at a time."""
+    targets = response_mask[:, 1:].bool()
+    positions = position_ids_from_mask(attention_mask)
+    head = plain_lm_head(model)
+    if head is None:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).logits[:, :-1]
+        features, weight, bias = logits[targets], None, None
+    else:
+        hidden = getattr(model, model.base_model_prefix)(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions)
+        features, weight, bias = hidden.last_hidden_state[:, :-1][targets], head.weight, head.bias
+    logprobs = chunked_logprobs_entropy(features, input_ids[:, 1:][targets], weight, bias, 1.0, chunk_rows)[0]
+    rows = torch.arange(input_ids.size(0), device=input_ids.device).unsqueeze(1).expand_as(targets)[targets]
+    return torch.zeros(input_ids.size(0), dtype=logprobs.dtype, device=logprobs.device).index_add(0, rows, logprobs)
 
 
 def response_texts(rollout: Rollout, tokenizer: PreTrainedTokenizerBase) -> list[str]:

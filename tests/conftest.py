@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
@@ -77,3 +78,58 @@ def kill_after_checkpoint(command: list[str], run_dir: Path, step: int, env: dic
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     return json.loads(latest.read_text())["step"]
+
+
+@pytest.fixture(scope="session")
+def ppo_dirs(tmp_path_factory, tiny_model_dir):
+    """A tiny policy, a reward model made from it (scalar head at seed 1) and 40 real TL;DR posts."""
+    from rlhfkit.models import ScalarModel, load_policy
+
+    root = tmp_path_factory.mktemp("ppo")
+    policy, tok = load_policy(str(tiny_model_dir))
+    torch.manual_seed(1)
+    reward = ScalarModel.from_policy(policy)
+    reward.save_pretrained(root / "rm")
+    tok.save_pretrained(root / "rm")
+    with gzip.open(data_file("tldr-sft-sample", "tldr_sft_sample.jsonl.gz"), "rt") as f:
+        (root / "posts.jsonl").write_text("".join(line for _, line in zip(range(40), f, strict=False)))
+    return {"policy": tiny_model_dir, "rm": root / "rm", "posts": root / "posts.jsonl"}
+
+
+def straight_and_resumed(stage: str, preset: str, args: dict, tmp_path: Path, kill_at: int) -> tuple[Path, Path]:
+    """Run `rlhfkit <stage>` once straight through, and once SIGKILLed after checkpoint `kill_at`
+    then resumed; return both run directories for comparison."""
+    import sys
+
+    env = {**os.environ, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}
+
+    def command(out: Path, **extra) -> list[str]:
+        values = args | extra | {"output_dir": str(out)}
+        return [sys.executable, "-m", "rlhfkit", stage, "--preset", preset, *[f"{k}={v}" for k, v in values.items()]]
+
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    subprocess.run(command(straight), check=True, env=env, capture_output=True)
+    kill_after_checkpoint(command(killed, save_every=1), killed, kill_at, env)
+    subprocess.run([sys.executable, "-m", "rlhfkit", stage, f"resume={killed}"], check=True, env=env, capture_output=True)
+    return straight, killed
+
+
+def assert_same_files(a: Path, b: Path, files: list[str]) -> None:
+    from safetensors.torch import load_file
+
+    for name in files:
+        left, right = load_file(a / name), load_file(b / name)
+        assert left.keys() == right.keys(), name
+        for key in left:
+            assert torch.equal(left[key], right[key]), (name, key)
+
+
+def assert_same_metrics(a: Path, b: Path, steps: int) -> list[dict]:
+    """Every logged number but the timings is identical; returns the straight run's rows."""
+    rows = [[json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] for run in (a, b)]
+    assert sorted({r["step"] for r in rows[1]}) == sorted({r["step"] for r in rows[0]})
+    assert max(r["step"] for r in rows[1]) == steps
+    for left, right in zip(*rows, strict=True):
+        drop = ("perf/",)
+        assert {k: v for k, v in left.items() if not k.startswith(drop)} == {k: v for k, v in right.items() if not k.startswith(drop)}
+    return rows[0]

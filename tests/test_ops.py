@@ -209,3 +209,77 @@ def test_advantage_estimators_are_registered_by_name():
     want = ops.gae(rewards, values, mask, 0.9, 0.8)
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_dpo_loss_is_log2_with_zero_rewards_when_the_policy_is_the_reference():
+    logps = torch.tensor([-3.0, -7.5, -0.2])
+    other = torch.tensor([-4.0, -1.0, -9.0])
+    out = ops.dpo_loss(logps, other, logps, other, beta=0.05)
+    torch.testing.assert_close(out.losses, torch.full((3,), math.log(2)))
+    assert out.chosen_rewards.abs().max() == 0 and out.rejected_rewards.abs().max() == 0
+
+
+def test_dpo_loss_hand_values_and_gradient_direction():
+    chosen = torch.tensor([-1.0], requires_grad=True)
+    rejected = torch.tensor([-2.0], requires_grad=True)
+    out = ops.dpo_loss(chosen, rejected, torch.tensor([-1.5]), torch.tensor([-1.0]), beta=0.5)
+    # chosen reward 0.5 * (-1 + 1.5) = 0.25, rejected 0.5 * (-2 + 1) = -0.5, loss = log(1 + exp(-0.75))
+    assert out.chosen_rewards.item() == 0.25 and out.rejected_rewards.item() == -0.5
+    torch.testing.assert_close(out.losses, torch.tensor([math.log1p(math.exp(-0.75))]))
+    out.losses.sum().backward()
+    assert chosen.grad.item() < 0 < rejected.grad.item()  # descent raises the chosen, lowers the rejected
+    assert not out.chosen_rewards.requires_grad
+
+
+def test_group_relative_advantages_hand_values_with_and_without_std_scaling():
+    scores = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 5.0, 5.0, 5.0])
+    groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    std = math.sqrt((1.5**2 + 0.5**2 + 0.5**2 + 1.5**2) / 3)  # Bessel-corrected
+    want = torch.tensor([-1.5, -0.5, 0.5, 1.5]) / (std + 1e-4)
+    got = ops.group_relative_advantages(scores, groups)
+    torch.testing.assert_close(got[:4], want)
+    assert got[4:].tolist() == [0.0, 0.0, 0.0, 0.0]  # equal rewards in a group: zero advantages
+    assert ops.group_relative_advantages(scores, groups, scale_by_std=False).tolist() == [-1.5, -0.5, 0.5, 1.5, 0, 0, 0, 0]
+
+
+def test_group_statistics_follow_group_ids_in_any_order():
+    scores = torch.tensor([1.0, 10.0, 3.0, 20.0])
+    groups = torch.tensor([3, 1, 3, 1])
+    assert ops.group_relative_advantages(scores, groups, scale_by_std=False).tolist() == [-1.0, -5.0, 1.0, 5.0]
+    assert ops.leave_one_out_baseline(scores, groups).tolist() == [3.0, 20.0, 1.0, 10.0]
+
+
+def test_leave_one_out_baseline_hand_values_and_it_excludes_the_sample_itself():
+    scores = torch.tensor([1.0, 2.0, 3.0, 6.0])
+    groups = torch.zeros(4, dtype=torch.long)
+    torch.testing.assert_close(ops.leave_one_out_baseline(scores, groups), torch.tensor([11 / 3, 10 / 3, 3.0, 2.0]))
+    changed = scores.clone()
+    changed[2] = 100.0
+    baseline = ops.leave_one_out_baseline(changed, groups)
+    assert baseline[2].item() == 3.0 and baseline[0].item() != 11 / 3
+
+
+def test_group_estimators_need_two_samples_per_group():
+    with pytest.raises(ValueError, match="at least two samples"):
+        ops.leave_one_out_baseline(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([0, 0, 1]))
+    with pytest.raises(ValueError, match="at least two samples"):
+        ops.group_relative_advantages(torch.tensor([1.0]), torch.tensor([0]))
+
+
+@pytest.mark.parametrize("name", ["grpo", "rloo"])
+def test_group_estimators_give_each_valid_token_its_sequence_advantage(name):
+    # per-token rewards: -0.1 KL penalty per token, the score on the last valid token
+    rewards = torch.tensor([[-0.1, -0.1, 1.0], [-0.1, 2.0, 0.0], [-0.1, -0.1, -0.1], [0.5, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 0, 0]])
+    groups = torch.tensor([0, 0, 1, 1])
+    returns = torch.tensor([0.8, 1.9, -0.3, 0.5])
+    estimator = ops.ADVANTAGE_ESTIMATORS[name]
+    assert not estimator.needs_values and estimator.needs_groups
+    advantages, _ = estimator.fn(rewards, mask, values=None, groups=groups, gamma=1.0, lam=0.95, scale_by_std=False)
+    # with two samples per group both the group mean and the leave-one-out baseline are hand-checkable
+    if name == "grpo":
+        per_sequence = torch.tensor([-0.55, 0.55, -0.4, 0.4])
+    else:
+        per_sequence = torch.tensor([0.8 - 1.9, 1.9 - 0.8, -0.3 - 0.5, 0.5 + 0.3])
+    torch.testing.assert_close(advantages, per_sequence.unsqueeze(1) * mask)
+    assert torch.allclose(returns, rewards.sum(-1))

@@ -1,40 +1,20 @@
 """PPO invariants on tiny random models with the real tokenizer and real TL;DR posts (issue 7)."""
 
 import copy
-import gzip
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from rlhfkit import ops, rollout
 from rlhfkit.cli import main as cli_main
 from rlhfkit.config import resolve
 from rlhfkit.data.collate import left_pad_queries
-from rlhfkit.models import ScalarModel, load_policy
+from rlhfkit.models import ScalarModel
 from rlhfkit.trainers import onpolicy, ppo
 
-from .conftest import data_file, kill_after_checkpoint
-
-
-@pytest.fixture(scope="module")
-def ppo_dirs(tmp_path_factory, tiny_model_dir):
-    """A tiny policy, a reward model made from it (scalar head at seed 1) and 40 real TL;DR posts."""
-    root = tmp_path_factory.mktemp("ppo")
-    policy, tok = load_policy(str(tiny_model_dir))
-    torch.manual_seed(1)
-    reward = ScalarModel.from_policy(policy)
-    reward.save_pretrained(root / "rm")
-    tok.save_pretrained(root / "rm")
-    with gzip.open(data_file("tldr-sft-sample", "tldr_sft_sample.jsonl.gz"), "rt") as f:
-        (root / "posts.jsonl").write_text("".join(line for _, line in zip(range(40), f, strict=False)))
-    return {"policy": tiny_model_dir, "rm": root / "rm", "posts": root / "posts.jsonl"}
+from .conftest import assert_same_files, assert_same_metrics, straight_and_resumed
 
 
 def ppo_args(dirs, out, **extra):
@@ -77,12 +57,12 @@ def test_kl_is_exactly_zero_and_the_ratio_exactly_one_before_any_update(ppo_dirs
     cfg, models, prompts = setup(ppo_dirs, tmp_path, forward_batch_size=3, micro_batch_size=5, update_epochs=1)
     batch = onpolicy.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
     assert torch.equal(batch.logprobs, batch.ref_logprobs)
-    assert torch.equal(batch.kl, torch.zeros_like(batch.kl)) and (batch.non_score_rewards == 0).all()
+    assert torch.equal(batch.kl, torch.zeros_like(batch.kl))
     rows = torch.as_tensor(np.random.default_rng(0).permutation(batch.size)[:5])
     micro = batch.select(rows)
     new, _ = onpolicy.policy_logprobs(models.policy, micro, cfg.temperature)
     assert torch.equal(torch.exp(new - micro.logprobs)[micro.mask], torch.ones(int(micro.mask.sum())))
-    metrics = onpolicy.update_on_rollout(models, onpolicy.build_optimizers(models, cfg, 2), batch, cfg, 1, "no")
+    metrics = onpolicy.update_on_rollout(models, onpolicy.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
     assert metrics["val/ratio"] == 1.0 and metrics["policy/clipfrac_avg"] == 0 and metrics["policy/approxkl_avg"] == 0
 
 
@@ -90,7 +70,7 @@ def test_kl_moves_after_an_update_and_the_reference_stays_frozen(ppo_dirs, tmp_p
     cfg, models, prompts = setup(ppo_dirs, tmp_path, update_epochs=1)
     reference_before = {k: v.clone() for k, v in models.reference.state_dict().items()}
     batch = onpolicy.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
-    onpolicy.update_on_rollout(models, onpolicy.build_optimizers(models, cfg, 2), batch, cfg, 1, "no")
+    onpolicy.update_on_rollout(models, onpolicy.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
     after = onpolicy.collect(models, prompts, cfg, 1, cfg.kl_coef, "no", {})
     assert after.kl.abs().sum() > 0 and not torch.equal(after.logprobs, after.ref_logprobs)
     assert all(torch.equal(v, reference_before[k]) for k, v in models.reference.state_dict().items())
@@ -114,7 +94,7 @@ def test_gradient_checkpointing_samples_the_same_and_updates_alike(ppo_dirs, tmp
     for checkpointing in (False, True):
         cfg, models, prompts = setup(ppo_dirs, tmp_path, update_epochs=1, gradient_checkpointing=checkpointing)
         batch = onpolicy.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
-        onpolicy.update_on_rollout(models, onpolicy.build_optimizers(models, cfg, 2), batch, cfg, 1, "no")
+        onpolicy.update_on_rollout(models, onpolicy.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
         results.append((batch.responses, models.policy.state_dict()))
     assert torch.equal(results[0][0], results[1][0])
     for key in results[0][1]:
@@ -137,7 +117,7 @@ def test_detail23_score_lands_on_the_eos_index_and_missing_eos_scores_minus_one(
     eos_at = [2, None, 0, 5]
     batch = onpolicy.compute_advantages(scripted_batch(models, cfg, prompts, eos_at), cfg, kl_coef=0.05)
     assert batch.scores.tolist() == [batch.raw_scores[0].item(), -1.0, batch.raw_scores[2].item(), batch.raw_scores[3].item()]
-    score_part = batch.rewards - batch.non_score_rewards
+    score_part = batch.rewards + cfg.kl_coef * batch.kl
     for row, at in enumerate(eos_at):
         index = 5 if at is None else at
         if at is not None:
@@ -166,7 +146,7 @@ def test_everything_after_eos_is_masked_in_every_loss_and_metric(ppo_dirs, tmp_p
     results = []
     for batch in (clean, dirty):
         trained = copy.deepcopy(models)
-        metrics = onpolicy.update_on_rollout(trained, onpolicy.build_optimizers(trained, cfg, 2), batch, cfg, 1, "no")
+        metrics = onpolicy.update_on_rollout(trained, onpolicy.build_optimizers(trained, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
         results.append((metrics, trained.policy.state_dict(), trained.value.state_dict()))
     assert results[0][0] == pytest.approx(results[1][0])
     for a, b in ((results[0][1], results[1][1]), (results[0][2], results[1][2])):
@@ -179,7 +159,7 @@ def test_one_update_raises_the_logprob_of_positive_advantage_tokens(ppo_dirs, tm
     batch = onpolicy.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
     sign = torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(batch.size)]).unsqueeze(1)
     batch.advantages = sign * batch.mask
-    onpolicy.update_on_rollout(models, onpolicy.build_optimizers(models, cfg, 2), batch, cfg, 1, "no")
+    onpolicy.update_on_rollout(models, onpolicy.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
     with torch.no_grad():
         new, _ = onpolicy.policy_logprobs(models.policy, batch, cfg.temperature)
     change = (new - batch.logprobs)
@@ -238,7 +218,7 @@ def test_detail22_value_model_starts_as_the_reward_model_and_trains_apart_from_i
         assert torch.equal(value, reward_before[key]), key
     assert models.value is not models.reward and not any(p.requires_grad for p in models.reward.parameters())
     batch = onpolicy.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
-    onpolicy.update_on_rollout(models, onpolicy.build_optimizers(models, cfg, 2), batch, cfg, 1, "no")
+    onpolicy.update_on_rollout(models, onpolicy.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
     assert all(torch.equal(v, reward_before[k]) for k, v in models.reward.state_dict().items())
     assert not torch.equal(models.value.head.weight, reward_before["head.weight"])
 
@@ -248,7 +228,7 @@ def test_gradient_accumulation_matches_one_large_micro_batch(ppo_dirs, tmp_path)
     for micro in (2, 8):
         cfg, models, prompts = setup(ppo_dirs, tmp_path, micro_batch_size=micro, update_epochs=1)
         batch = onpolicy.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
-        onpolicy.update_on_rollout(models, onpolicy.build_optimizers(models, cfg, 2), batch, cfg, 1, "no")
+        onpolicy.update_on_rollout(models, onpolicy.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
         weights.append(models.policy.state_dict())
     for key in weights[0]:
         torch.testing.assert_close(weights[0][key], weights[1][key], atol=2e-6, rtol=1e-4)
@@ -285,29 +265,13 @@ def test_run_directory_metrics_samples_and_report(ppo_dirs, tmp_path):
     assert {"optimizer", "scheduler", "value_optimizer", "value_scheduler"} <= set(state)
 
 
-def ppo_cli(args):
-    return [sys.executable, "-m", "rlhfkit", "ppo", "--preset", "tldr-ppo", *[f"{k}={v}" for k, v in args.items()]]
-
-
 def test_resume_after_sigkill_ends_bit_identical(ppo_dirs, tmp_path):
-    env = {**os.environ, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}
     updates = 4
     common = {"max_steps": updates, "adaptive_kl": "true", "kl_horizon": 10, "sample_every": 1}
-    straight = tmp_path / "straight"
-    subprocess.run(ppo_cli(ppo_args(ppo_dirs, straight, **common)), check=True, env=env, capture_output=True)
-    killed = tmp_path / "killed"
-    assert kill_after_checkpoint(ppo_cli(ppo_args(ppo_dirs, killed, save_every=1, **common)), killed, 2, env) < updates
-    subprocess.run([sys.executable, "-m", "rlhfkit", "ppo", f"resume={killed}"], check=True, env=env, capture_output=True)
-    for folder, file in (("model", "model.safetensors"), ("value", "model.safetensors"), ("value", "scalar_head.safetensors")):
-        a, b = load_file(straight / folder / file), load_file(Path(killed) / folder / file)
-        assert a.keys() == b.keys()
-        for key in a:
-            assert torch.equal(a[key], b[key]), (folder, key)
-    metrics = [[json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] for run in (straight, killed)]
-    assert [r["step"] for r in metrics[1]] == list(range(1, updates + 1))
-    for a, b in zip(*metrics, strict=True):
-        assert {k: v for k, v in a.items() if not k.startswith("perf/")} == {k: v for k, v in b.items() if not k.startswith("perf/")}
-    assert metrics[0][-1]["objective/kl_coef"] != 0.05  # the adaptive controller moved, and resumed from its state
+    straight, killed = straight_and_resumed("ppo", "tldr-ppo", ppo_args(ppo_dirs, tmp_path, **common), tmp_path, kill_at=2)
+    assert_same_files(straight, killed, ["model/model.safetensors", "value/model.safetensors", "value/scalar_head.safetensors"])
+    rows = assert_same_metrics(straight, killed, updates)
+    assert rows[-1]["objective/kl_coef"] != 0.05  # the adaptive controller moved, and resumed from its state
     samples = [(run / "samples.jsonl").read_text() for run in (straight, killed)]
     assert samples[0] == samples[1]
 

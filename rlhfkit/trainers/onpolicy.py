@@ -67,7 +67,6 @@ class RolloutBatch:
     scores: torch.Tensor | None = None  # (B,) after the EOS trick
     kl: torch.Tensor | None = None  # (B, R) per-token KL estimate
     rewards: torch.Tensor | None = None  # (B, R) equation 3
-    non_score_rewards: torch.Tensor | None = None  # (B, R)
     advantages: torch.Tensor | None = None  # (B, R)
     returns: torch.Tensor | None = None  # (B, R)
 
@@ -135,28 +134,34 @@ def sample_responses(
     batch_size: int,
     generator: torch.Generator,
     desc: str = "",
+    samples_per_prompt: int = 1,
 ) -> RolloutBatch:
-    """Sample one response per query, longest queries first to pad less; rows keep input order."""
+    """Sample `samples_per_prompt` (G) responses per query, longest queries first to pad less. Row
+    g + G*i is sample g of query i; `batch_size` counts rows, and each query is encoded once."""
     device = model_device(policy)
+    group = samples_per_prompt
     padded = left_pad_queries(queries, tokenizer.pad_token_id)
     query_ids, query_mask = padded["input_ids"].to(device), padded["attention_mask"].to(device)
     order = sorted(range(len(queries)), key=lambda i: -len(queries[i]))
+    per_chunk = max(1, batch_size // group)
     chunks = []
-    for start in tqdm(range(0, len(order), batch_size), desc=desc or "sampling", unit="batch", leave=False, disable=not desc):
-        rows = torch.tensor(order[start : start + batch_size], device=device)
-        ids, mask = trim_left_padding(query_ids[rows], query_mask[rows])
-        out = generate(policy, ids, mask, params, tokenizer.eos_token_id, tokenizer.pad_token_id, generator)
+    for start in tqdm(range(0, len(order), per_chunk), desc=desc or "sampling", unit="batch", leave=False, disable=not desc):
+        picked = torch.tensor(order[start : start + per_chunk], device=device)
+        ids, mask = trim_left_padding(query_ids[picked], query_mask[picked])
+        out = generate(policy, ids, mask, params, tokenizer.eos_token_id, tokenizer.pad_token_id, generator, group)
+        rows = (picked.unsqueeze(1) * group + torch.arange(group, device=device)).reshape(-1)
         chunks.append((rows, out))
+    total = len(queries) * group
     width = max(out.responses.size(1) for _, out in chunks)
-    responses = torch.full((len(queries), width), tokenizer.pad_token_id, dtype=torch.long, device=device)
-    lengths = torch.zeros(len(queries), dtype=torch.long, device=device)
-    has_eos = torch.zeros(len(queries), dtype=torch.bool, device=device)
+    responses = torch.full((total, width), tokenizer.pad_token_id, dtype=torch.long, device=device)
+    lengths = torch.zeros(total, dtype=torch.long, device=device)
+    has_eos = torch.zeros(total, dtype=torch.bool, device=device)
     for rows, out in chunks:
         responses[rows, : out.responses.size(1)] = out.responses
         lengths[rows], has_eos[rows] = out.lengths, out.has_eos
     mask = torch.arange(width, device=device).unsqueeze(0) < lengths.unsqueeze(1)
-    prompts = torch.arange(len(queries), device=device)
-    return RolloutBatch(prompts, query_ids, query_mask, responses, mask, has_eos)
+    prompts = torch.arange(len(queries), device=device).repeat_interleave(group)
+    return RolloutBatch(prompts, query_ids.repeat_interleave(group, 0), query_mask.repeat_interleave(group, 0), responses, mask, has_eos)
 
 
 def autocast(device: torch.device, precision: str):
@@ -213,21 +218,22 @@ def score_rollout(models: OnPolicyModels, batch: RolloutBatch, cfg: OnPolicyConf
 
 
 def compute_advantages(batch: RolloutBatch, cfg: OnPolicyConfig, kl_coef: float) -> RolloutBatch:
-    """Scores -> per-token rewards (equation 3) -> advantages and returns by the configured estimator."""
+    """Scores -> per-token rewards (equation 3) -> advantages and returns by the configured estimator.
+    With kl_placement=loss the rewards carry the score alone and the KL enters the update's loss."""
     mask = batch.mask
     scores = ops.eos_trick(batch.raw_scores, batch.has_eos, cfg.missing_eos_score) if cfg.eos_trick else batch.raw_scores
     kl = ops.kl_penalty(batch.logprobs, batch.ref_logprobs, cfg.kl_estimator) * mask
-    rewards, non_score = ops.rlhf_rewards(scores, kl, mask, kl_coef)
+    rewards, _ = ops.rlhf_rewards(scores, kl, mask, kl_coef if cfg.kl_placement == "reward" else 0.0)
     if cfg.whiten_rewards:  # Detail 24
         rewards = ops.masked_whiten(rewards, mask, shift_mean=False)
     estimator = ops.ADVANTAGE_ESTIMATORS[cfg.advantage_estimator]
-    advantages, returns = estimator.fn(
-        rewards, mask, values=batch.values, groups=batch.prompts, gamma=cfg.gamma, lam=cfg.lam
-    )
+    groups = torch.arange(batch.size, device=mask.device) // cfg.samples_per_prompt  # rows come in groups (sample_responses)
+    advantages, returns = estimator.fn(rewards, mask, values=batch.values, groups=groups, gamma=cfg.gamma, lam=cfg.lam,
+                                       scale_by_std=getattr(cfg, "scale_rewards", True))
     if cfg.whiten_advantages:  # Detail 25
         advantages = ops.masked_whiten(advantages, mask)
     return dataclasses.replace(
-        batch, scores=scores, kl=kl, rewards=rewards, non_score_rewards=non_score, advantages=advantages, returns=returns
+        batch, scores=scores, kl=kl, rewards=rewards, advantages=advantages, returns=returns
     )
 
 
@@ -284,10 +290,13 @@ class Averages:
 
 
 def update_on_rollout(
-    models: OnPolicyModels, optimizers: Optimizers, batch: RolloutBatch, cfg: OnPolicyConfig, update: int, precision: str
+    models: OnPolicyModels, optimizers: Optimizers, batch: RolloutBatch, cfg: OnPolicyConfig, update: int, precision: str,
+    kl_coef: float,
 ) -> dict[str, float]:
     """K epochs (Table 7: 4) over the rollout batch in N minibatches (Table 7: 1), one optimizer step
-    per minibatch, micro-batches accumulated so the step equals one pass over the whole minibatch."""
+    per minibatch, micro-batches accumulated so the step equals one pass over the whole minibatch.
+    The loss: clipped surrogate, plus vf_coef x value loss (PPO), plus kl_coef x KL to the reference
+    (kl_placement=loss), minus entropy_coef x entropy."""
     device = batch.responses.device
     rng = np.random.default_rng([cfg.seed, update, 11])
     minibatch = batch.size // cfg.num_minibatches
@@ -307,6 +316,12 @@ def update_on_rollout(
                     logprobs, entropy = policy_logprobs(models.policy, micro, cfg.temperature)
                     policy_loss = ops.ppo_policy_loss(logprobs, micro.logprobs, micro.advantages, micro.mask, clip)
                     loss = policy_loss.loss
+                    if cfg.kl_placement == "loss":
+                        kl_term = ops.masked_mean(ops.kl_penalty(logprobs, micro.ref_logprobs, cfg.kl_estimator), micro.mask)
+                        loss = loss + kl_coef * kl_term
+                        stats.add("loss/kl_avg", kl_term.detach(), weight)
+                    if cfg.entropy_coef:
+                        loss = loss - cfg.entropy_coef * ops.masked_mean(entropy, micro.mask)
                     if models.value is not None:
                         new_values = value_estimates(models.value, micro).float()
                         value_loss, value_clipfrac = ops.ppo_value_loss(new_values, micro.values, micro.returns, micro.mask, value_clip)
@@ -333,7 +348,7 @@ def rollout_metrics(batch: RolloutBatch, kl_coef: float) -> dict[str, float]:
     """The per-update curves of Figure 12 and seed 000 Stage 3, from the rollout alone."""
     mask, lengths = batch.mask, batch.lengths.float()
     kl_sum = batch.kl.sum(-1)
-    non_score = batch.non_score_rewards.sum(-1)
+    non_score = -kl_coef * kl_sum  # also when the KL enters the loss instead of the reward
     metrics = {
         "objective/rlhf_reward": float((batch.scores + non_score).mean()),
         "objective/scores": float(batch.scores.mean()),
@@ -372,6 +387,9 @@ def extreme_samples(batch: RolloutBatch, tokenizer, update: int, count: int) -> 
 
 
 def check_batch_shape(cfg: OnPolicyConfig) -> None:
+    estimator = ops.ADVANTAGE_ESTIMATORS[cfg.advantage_estimator]
+    if estimator.needs_groups and cfg.samples_per_prompt < 2:
+        raise ConfigError(f"advantage_estimator={cfg.advantage_estimator} compares the samples of a prompt: set samples_per_prompt >= 2")
     if cfg.total_batch_size % cfg.samples_per_prompt:
         raise ConfigError(f"total_batch_size={cfg.total_batch_size} must be a multiple of samples_per_prompt={cfg.samples_per_prompt}")
     if cfg.total_batch_size % cfg.num_minibatches:
@@ -387,11 +405,10 @@ def planned_updates(cfg: OnPolicyConfig) -> int:
 
 
 def draw_queries(prompts: list[list[int]], cfg: OnPolicyConfig, update: int) -> tuple[list[list[int]], np.ndarray]:
-    """This update's queries: total_batch_size / samples_per_prompt prompts, each repeated for its group."""
+    """This update's total_batch_size / samples_per_prompt queries and their prompt indices."""
     per_update = cfg.total_batch_size // cfg.samples_per_prompt
     picked = prompt_indices(len(prompts), per_update, cfg.seed, update * per_update)
-    repeated = np.repeat(picked, cfg.samples_per_prompt)
-    return [prompts[i] for i in repeated], repeated
+    return [prompts[i] for i in picked], picked
 
 
 def collect(models: OnPolicyModels, prompts: list[list[int]], cfg: OnPolicyConfig, update: int, kl_coef: float,
@@ -405,8 +422,8 @@ def collect(models: OnPolicyModels, prompts: list[list[int]], cfg: OnPolicyConfi
     # eval mode: with activation checkpointing on, a model in train mode refuses the KV cache
     with autocast(device, precision), evaluation_mode(models.policy):
         batch = sample_responses(models.policy, queries, params, models.tokenizer, cfg.generation_batch_size,
-                                 update_generator(cfg.seed, update, device))
-    batch.prompts = torch.as_tensor(prompt_ids, device=device)
+                                 update_generator(cfg.seed, update, device), samples_per_prompt=cfg.samples_per_prompt)
+    batch.prompts = torch.as_tensor(prompt_ids, device=device).repeat_interleave(cfg.samples_per_prompt)
     timings["generation"] = time.perf_counter() - began
     show("scoring")
     began = time.perf_counter()
@@ -470,7 +487,7 @@ def train_on_policy(
         metrics = rollout_metrics(batch, kl_coef)
         show("updating")
         tick = time.perf_counter()
-        metrics |= update_on_rollout(models, optimizers, batch, cfg, update + 1, precision)
+        metrics |= update_on_rollout(models, optimizers, batch, cfg, update + 1, precision, kl_coef)
         timings["update"] = time.perf_counter() - tick
         metrics["train/lr"] = optimizers.policy_schedule.get_last_lr()[0]
         optimizers.advance_schedules()

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..config import ConfigError, OnPolicyConfig, PPOConfig
-from ..data import load_sft
+from ..data import SFTRecord, SkipLog, load_pairs, load_sft
 from ..data.examples import SFTExample, tokenize_sft
 from ..data.split import split_by_prompt
 from ..errors import ModelError
@@ -101,15 +101,23 @@ def load_models(cfg: PPOConfig, checkpoint: Path | None, needs_value: bool) -> O
     return OnPolicyModels(policy.to(device), reference.to(frozen), reward.to(frozen), value, tokenizer)
 
 
+def hh_prompts(paths: list[str], hf_split: str) -> tuple[list[SFTRecord], SkipLog]:
+    """HH-RLHF dialogues as prompts, one per distinct dialogue; the chosen response stands in for
+    the reference summary that the evaluation compares with."""
+    comparisons, log = load_pairs("hh", paths, hf_split)
+    unique = {c.prompt_id: SFTRecord(c.prompt_id, c.fields, c.chosen, c.where, c.task) for c in comparisons}
+    return list(unique.values()), log
+
+
 def split_posts(cfg: OnPolicyConfig, tokenizer) -> tuple[list[SFTExample], list[SFTExample], list[str]]:
-    """(prompts to train on, held-out posts to evaluate on, notes): the post split of `rlhfkit sft`."""
-    records, log = load_sft(cfg.data, cfg.hf_split)
+    """(prompts to train on, held-out prompts to evaluate on, notes): the post split of `rlhfkit sft`."""
+    records, log = hh_prompts(cfg.data, cfg.hf_split) if cfg.prompt_format == "hh" else load_sft(cfg.data, cfg.hf_split)
     train_records, val_records = split_by_prompt(records, lambda r: r.prompt_id, validation_size=cfg.validation_posts, seed=cfg.seed)
     train, train_log = tokenize_sft(train_records, tokenizer, cfg.max_query_length, 10**9)
     held_out, _ = tokenize_sft(val_records, tokenizer, cfg.max_query_length, 10**9)
     notes = [
         f"loaded: {log.summary('posts')}",
-        f"split by post (seed {cfg.seed}): {len(train)} prompt posts, {len(held_out)} held-out posts",
+        f"split by prompt (seed {cfg.seed}): {len(train)} training prompts, {len(held_out)} held-out prompts",
         f"queries truncated at a paragraph to {cfg.max_query_length} tokens (Detail 2): {sum(e.query.truncated for e in train)}",
     ]
     if not train:
@@ -137,6 +145,11 @@ def summarise_and_score(policy, models: OnPolicyModels, examples: list[SFTExampl
              "raw_rm_score": float(raw[i]), "rouge_l": rouge[i]} for i in range(batch.size)]
 
 
+def prompt_body(record: SFTRecord) -> str:
+    """The TL;DR post, or the HH dialogue, without its template."""
+    return record.fields.get("post") or "\n\n".join(record.fields.values())
+
+
 def policy_summary(rows: list[dict], who: str) -> dict[str, float]:
     return {f"eval/{who}_{name}": mean([float(r[key]) for r in rows])
             for name, key in (("rm_score", "rm_score"), ("length", "tokens"), ("eos_rate", "has_eos"), ("rouge_l", "rouge_l"))}
@@ -150,7 +163,7 @@ def compare_policies(models: OnPolicyModels, examples: list[SFTExample], cfg: On
     metrics[f"eval/{name}_beats_sft_rm_score"] = mean([float(n["rm_score"] > s["rm_score"]) for n, s in zip(new_rows, sft_rows, strict=True)])
     rows = []
     for e, sft, new in zip(examples, sft_rows, new_rows, strict=True):
-        row = {"prompt_id": e.record.prompt_id, "post": e.record.fields["post"], "reference": e.record.summary.strip()}
+        row = {"prompt_id": e.record.prompt_id, "post": prompt_body(e.record), "reference": e.record.summary.strip()}
         for who, result in (("sft", sft), (name, new)):
             row |= {who: result["text"], f"{who}_rm_score": result["rm_score"], f"{who}_tokens": result["tokens"],
                     f"{who}_rouge_l": result["rouge_l"]}

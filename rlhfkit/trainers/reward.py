@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..config import ConfigError, RMConfig, RMEvalConfig
+from ..config import ConfigError, PairConfig, RMConfig, RMEvalConfig
 from ..data import load_pairs, load_sft
 from ..data.collate import right_pad_query_response
 from ..data.examples import PairExample, query_limits, tokenize_pairs, tokenize_sft
@@ -25,7 +25,14 @@ from ..data.split import split_by_prompt
 from ..data.tldr import Comparison
 from ..eval import rm_metrics
 from ..eval.report import image_html, pyplot, table_html, write_report
-from ..models import ScalarModel, load_policy, load_reward_model
+from ..models import (
+    DPO_RECORD,
+    SCALAR_CONFIG,
+    ScalarModel,
+    load_implicit_reward_model,
+    load_policy,
+    load_reward_model,
+)
 from ..tracking import read_metrics
 from .engine import Stage, is_main_process, start_run, train
 
@@ -173,13 +180,29 @@ def prepare_pairs(cfg, tokenizer, records: list[Comparison]) -> tuple[list[PairE
     return examples, log.summary("pairs")
 
 
-def run(cfg: RMConfig, _parsed: Any = None) -> int:
-    run_dir, checkpoint = start_run(cfg, "rm")
+def split_comparisons(cfg: PairConfig) -> tuple[list[Comparison], list[Comparison], list[str]]:
+    """(training comparisons, validation comparisons, notes): filters, then the split by prompt that
+    `rlhfkit rm-eval side=validation` repeats, then at most max_pairs training pairs."""
     records, load_log = load_pairs(cfg.data_format, cfg.data, cfg.hf_split)
     records = filter_comparisons(records, cfg.splits, cfg.batches)
     if not records:
         raise ConfigError(f"no comparisons left after splits={cfg.splits} batches={cfg.batches}")
     train_records, val_records = split_by_prompt(records, lambda r: r.prompt_id, validation_fraction=cfg.validation_fraction, seed=cfg.seed)
+    notes = [
+        f"loaded: {load_log.summary('pairs')}",
+        f"after split/batch filters: {len(records)} pairs",
+        f"split by prompt: {len(train_records)} train pairs ({len({r.prompt_id for r in train_records})} prompts), "
+        f"{len(val_records)} validation pairs ({len({r.prompt_id for r in val_records})} prompts), no prompt on both sides",
+    ]
+    if cfg.max_pairs and len(train_records) > cfg.max_pairs:
+        train_records = train_records[: cfg.max_pairs]
+        notes.append(f"training on the first {cfg.max_pairs} training pairs (max_pairs)")
+    return train_records, val_records, notes
+
+
+def run(cfg: RMConfig, _parsed: Any = None) -> int:
+    run_dir, checkpoint = start_run(cfg, "rm")
+    train_records, val_records, notes = split_comparisons(cfg)
     if checkpoint:
         model, tokenizer = load_reward_model(checkpoint / "model", cfg.trust_remote_code)
         model.train()
@@ -188,14 +211,7 @@ def run(cfg: RMConfig, _parsed: Any = None) -> int:
         model = ScalarModel.from_policy(policy, cfg.head)
     train_examples, train_note = prepare_pairs(cfg, tokenizer, train_records)
     val_examples, val_note = prepare_pairs(cfg, tokenizer, val_records)
-    notes = [
-        f"loaded: {load_log.summary('pairs')}",
-        f"after split/batch filters: {len(records)} pairs",
-        f"split by prompt: {len(train_records)} train pairs ({len({r.prompt_id for r in train_records})} prompts), "
-        f"{len(val_records)} validation pairs ({len({r.prompt_id for r in val_records})} prompts), no prompt on both sides",
-        f"train tokenization: {train_note}",
-        f"validation tokenization: {val_note}",
-    ]
+    notes += [f"train tokenization: {train_note}", f"validation tokenization: {val_note}"]
     print("\n".join(notes))
     eval_examples = val_examples[: cfg.eval_pairs] if cfg.eval_pairs else val_examples
 
@@ -229,7 +245,8 @@ def run(cfg: RMConfig, _parsed: Any = None) -> int:
     return 0
 
 
-def write_rm_report(run_dir: Path, notes: list[str], evaluation: dict[str, Any], eval_dir: Path) -> Path:
+def write_rm_report(run_dir: Path, notes: list[str], evaluation: dict[str, Any], eval_dir: Path, title: str = "Reward model",
+                    extra_sections: list[tuple[str, str]] = ()) -> Path:
     overall = evaluation["breakdown"]["overall"] if "breakdown" in evaluation else {}
     sections = [("Data", "<br>".join(notes)), ("Validation accuracy", table_html([{"metric": k, "value": v} for k, v in overall.items()], ["metric", "value"]))]
     for name in ("confidence", "batch", "split", "task"):
@@ -241,14 +258,23 @@ def write_rm_report(run_dir: Path, notes: list[str], evaluation: dict[str, Any],
         sections.append((png.stem.replace("_", " "), image_html(png)))
     if (eval_dir / "probes.md").exists():
         sections.append(("Probes", f"<pre>{(eval_dir / 'probes.md').read_text()}</pre>"))
+    sections += list(extra_sections)
     sections.append(("Resolved config", f"<pre>{(run_dir / 'config.yaml').read_text()}</pre>"))
-    return write_report(run_dir, f"Reward model run {run_dir.name}", sections)
+    return write_report(run_dir, f"{title} run {run_dir.name}", sections)
+
+
+def load_pair_scorer(cfg: RMEvalConfig) -> tuple[torch.nn.Module, Any]:
+    """A reward model, or a DPO policy whose implicit reward is scored the same way (Detail 19)."""
+    folder = Path(cfg.model)
+    if folder.is_dir() and not (folder / SCALAR_CONFIG).is_file() and ((folder / DPO_RECORD).is_file() or cfg.reference_model):
+        return load_implicit_reward_model(folder, cfg.reference_model, cfg.beta, cfg.trust_remote_code)
+    return load_reward_model(cfg.model, cfg.trust_remote_code)
 
 
 def run_eval(cfg: RMEvalConfig, _parsed: Any = None) -> int:
     if not cfg.model or not cfg.data:
-        raise ConfigError("rm-eval needs model=<reward model folder> and data=<comparisons>")
-    model, tokenizer = load_reward_model(cfg.model, cfg.trust_remote_code)
+        raise ConfigError("rm-eval needs model=<reward model or DPO policy folder> and data=<comparisons>")
+    model, tokenizer = load_pair_scorer(cfg)
     if torch.cuda.is_available():
         model = model.cuda()
     records, log = load_pairs(cfg.data_format, cfg.data, cfg.hf_split)

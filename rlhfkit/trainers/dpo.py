@@ -1,0 +1,202 @@
+"""`rlhfkit dpo`: DPO from the SFT policy on human comparisons (Appendix A equations 4-5, Table 6, Detail 19).
+
+The loss is -log sigmoid(beta * [log pi(y_w)/pi_ref(y_w) - log pi(y_l)/pi_ref(y_l)]) over the
+response tokens of each pair (equation 4). The frozen reference's log-probabilities are computed
+once before training, stored in the run directory and read back on resume; they are never
+recomputed per step. Data, the split by prompt, the training loop and the evaluation are the
+reward model's, so DPO's implicit reward (equation 5) and an explicit reward model can be set side
+by side on the same pairs (Detail 19, Figure 6): both are scored by the same `rm-eval` code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from .. import ops
+from ..config import DPOConfig
+from ..data.examples import PairExample, query_limits
+from ..eval import rm_metrics
+from ..eval.report import table_html
+from ..models import DPO_RECORD, ImplicitRewardModel, load_policy
+from ..rollout import SamplingParams, generate_texts, sequence_logprobs
+from ..tracking import read_metrics, write_jsonl
+from .engine import Stage, autocast_precision, is_main_process, start_run, train
+from .onpolicy import autocast, evaluation_mode, model_device
+from .reward import (
+    builtin_probes_for,
+    collate_pairs,
+    evaluate_reward_model,
+    prepare_pairs,
+    split_comparisons,
+    write_rm_report,
+)
+
+REFERENCE_CACHE = "reference_logps.pt"
+
+
+@dataclass
+class DPOExample:
+    pair: PairExample
+    ref_chosen: float  # log pi_ref(chosen | query), summed over the response tokens
+    ref_rejected: float
+
+
+def collate_dpo(examples: list[DPOExample], pad_id: int) -> dict[str, torch.Tensor]:
+    """The reward model's pair batch (chosen rows, then rejected rows) plus the cached reference log-probabilities."""
+    batch = collate_pairs([e.pair for e in examples], pad_id)
+    batch["ref_chosen"] = torch.tensor([e.ref_chosen for e in examples], dtype=torch.float32)
+    batch["ref_rejected"] = torch.tensor([e.ref_rejected for e in examples], dtype=torch.float32)
+    return batch
+
+
+def pair_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log pi(chosen), log pi(rejected)), each (B,), from one forward pass over the 2B rows."""
+    chosen, rejected = sequence_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["response_mask"]).chunk(2)
+    return chosen, rejected
+
+
+def make_dpo_loss(beta: float):
+    def dpo_loss_fn(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Sum over pairs of equation 4, with the metrics of the reward model's loss (same names, so
+        the RM and DPO curves share plots) and the KL to the reference on the chosen responses."""
+        chosen, rejected = pair_logprobs(model, batch)
+        out = ops.dpo_loss(chosen, rejected, batch["ref_chosen"], batch["ref_rejected"], beta)
+        margin = out.chosen_rewards - out.rejected_rewards
+        extras = {
+            "train/accuracy": (margin > 0).float().sum(),
+            "train/chosen_reward": out.chosen_rewards.sum(),
+            "train/rejected_reward": out.rejected_rewards.sum(),
+            "train/margin": margin.sum(),
+            "train/kl_chosen": (chosen.detach() - batch["ref_chosen"]).sum(),
+        }
+        return out.losses.sum(), extras
+
+    return dpo_loss_fn
+
+
+@torch.no_grad()
+def pair_logprobs_all(model: torch.nn.Module, pairs: list[PairExample], pad_id: int, batch_size: int, precision: str,
+                      desc: str) -> tuple[np.ndarray, np.ndarray]:
+    """(log pi(chosen), log pi(rejected)) of every pair, in input order; batched longest first."""
+    device = model_device(model)
+    order = sorted(range(len(pairs)), key=lambda i: -(len(pairs[i].query.ids) + max(len(pairs[i].chosen), len(pairs[i].rejected))))
+    chosen, rejected = np.zeros(len(pairs)), np.zeros(len(pairs))
+    with evaluation_mode(model), autocast(device, precision):
+        for start in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch", disable=len(order) <= batch_size):
+            rows = order[start : start + batch_size]
+            batch = {k: v.to(device) for k, v in collate_pairs([pairs[i] for i in rows], pad_id).items()}
+            c, r = pair_logprobs(model, batch)
+            chosen[rows], rejected[rows] = c.float().cpu().numpy(), r.float().cpu().numpy()
+    return chosen, rejected
+
+
+def cache_key(reference: str, precision: str, pairs: list[PairExample]) -> str:
+    digest = hashlib.sha256(f"{reference}|{precision}".encode())
+    for p in pairs:
+        digest.update(np.asarray(p.query.ids + [-1] + p.chosen + [-2] + p.rejected + [-3], dtype=np.int64).tobytes())
+    return digest.hexdigest()
+
+
+def reference_logprobs(reference: torch.nn.Module, reference_name: str, pairs: list[PairExample], pad_id: int, cfg: DPOConfig,
+                       cache: Path) -> list[DPOExample]:
+    """The pairs with their reference log-probabilities: read from `cache` when it holds these exact
+    pairs for this reference and precision (a resumed run), else computed once and written there."""
+    precision = autocast_precision(cfg)
+    key = cache_key(reference_name, precision, pairs)
+    stored = torch.load(cache, weights_only=True) if cache.is_file() else {}
+    if stored.get("key") == key:
+        chosen, rejected = stored["chosen"].numpy(), stored["rejected"].numpy()
+    else:
+        chosen, rejected = pair_logprobs_all(reference, pairs, pad_id, cfg.forward_batch_size, precision,
+                                             f"reference log-probabilities ({cache.stem})")
+        if is_main_process():
+            torch.save({"key": key, "chosen": torch.from_numpy(chosen), "rejected": torch.from_numpy(rejected)}, cache)
+    return [DPOExample(p, float(c), float(r)) for p, c, r in zip(pairs, chosen, rejected, strict=True)]
+
+
+def implicit_rewards(model: torch.nn.Module, examples: list[DPOExample], pad_id: int, cfg: DPOConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Equation 5 for each pair: beta * (log pi - log pi_ref) of the chosen and the rejected response."""
+    chosen, rejected = pair_logprobs_all(model, [e.pair for e in examples], pad_id, cfg.forward_batch_size, autocast_precision(cfg),
+                                         "validating")
+    ref_chosen = np.array([e.ref_chosen for e in examples])
+    ref_rejected = np.array([e.ref_rejected for e in examples])
+    return cfg.beta * (chosen - ref_chosen), cfg.beta * (rejected - ref_rejected)
+
+
+def validation_metrics(chosen: np.ndarray, rejected: np.ndarray, kl_chosen: np.ndarray) -> dict[str, float]:
+    return {"val/accuracy": rm_metrics.pairwise_accuracy(chosen, rejected), "val/loss": rm_metrics.pairwise_loss(chosen, rejected),
+            "val/chosen_reward": float(chosen.mean()), "val/rejected_reward": float(rejected.mean()),
+            "val/margin": float((chosen - rejected).mean()), "val/kl_chosen": float(kl_chosen.mean())}
+
+
+def sample_comparison(policy, reference, tokenizer, pairs: list[PairExample], cfg: DPOConfig) -> list[dict[str, Any]]:
+    """Greedy responses of the reference and the DPO policy to validation prompts, with their lengths
+    (DPO is known to lengthen responses: the first thing to look at)."""
+    params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=0.0, seed=cfg.seed)
+    queries = [p.query.ids for p in pairs]
+    before = generate_texts(reference, tokenizer, queries, params, cfg.forward_batch_size, desc="sampling (reference)")
+    after = generate_texts(policy, tokenizer, queries, params, cfg.forward_batch_size, desc="sampling (DPO policy)")
+    return [{"prompt": rm_metrics.prompt_text(p.record), "human_chosen": p.record.chosen, "reference": b["text"], "dpo": a["text"],
+             "reference_tokens": b["tokens"], "dpo_tokens": a["tokens"], "reference_has_eos": b["has_eos"], "dpo_has_eos": a["has_eos"]}
+            for p, b, a in zip(pairs, before, after, strict=True)]
+
+
+def run(cfg: DPOConfig, _parsed: Any = None) -> int:
+    run_dir, checkpoint = start_run(cfg, "dpo")
+    train_records, val_records, notes = split_comparisons(cfg)
+    reference_name = cfg.reference_model or cfg.model
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    policy, tokenizer = load_policy(str(checkpoint / "model") if checkpoint else cfg.model, cfg.trust_remote_code)
+    reference, _ = load_policy(reference_name, cfg.trust_remote_code)
+    reference = reference.to(device).eval().requires_grad_(False)
+    train_pairs, train_note = prepare_pairs(cfg, tokenizer, train_records)
+    val_pairs, val_note = prepare_pairs(cfg, tokenizer, val_records)
+    notes += [f"train tokenization: {train_note}", f"validation tokenization: {val_note}", f"reference policy: {reference_name}, beta {cfg.beta}"]
+    print("\n".join(notes))
+    pad_id = tokenizer.pad_token_id
+    train_examples = reference_logprobs(reference, reference_name, train_pairs, pad_id, cfg, run_dir / REFERENCE_CACHE)
+    eval_pairs = val_pairs[: cfg.eval_pairs] if cfg.eval_pairs else val_pairs
+    eval_examples = reference_logprobs(reference, reference_name, eval_pairs, pad_id, cfg, run_dir / f"validation_{REFERENCE_CACHE}")
+
+    def evaluate(current: torch.nn.Module, step: int) -> dict[str, float]:
+        if not eval_examples:
+            return {}
+        chosen, rejected = implicit_rewards(current, eval_examples, pad_id, cfg)
+        return validation_metrics(chosen, rejected, chosen / cfg.beta)
+
+    stage = Stage("dpo", policy.to(device), tokenizer, train_examples, lambda b: collate_dpo(b, pad_id), make_dpo_loss(cfg.beta), evaluate)
+    result = train(cfg, stage, run_dir, checkpoint)
+    if not is_main_process():
+        return 0
+    final = result["model"]
+    final.save_pretrained(run_dir / "model", safe_serialization=True)
+    tokenizer.save_pretrained(run_dir / "model")
+    reference_path = Path(reference_name).resolve() if Path(reference_name).is_dir() else reference_name
+    (run_dir / "model" / DPO_RECORD).write_text(json.dumps({"reference_model": str(reference_path), "beta": cfg.beta}, indent=2))
+    evaluation: dict[str, Any] = {}
+    extra_sections = []
+    if val_pairs:
+        implicit = ImplicitRewardModel(final, reference, cfg.beta)
+        evaluation = evaluate_reward_model(implicit, tokenizer, val_pairs, run_dir / "rm_eval", batch_size=cfg.forward_batch_size,
+                                           probes=builtin_probes_for(cfg.data_format, "builtin"),
+                                           limits=query_limits(cfg.max_query_length, cfg.max_article_query_length))
+        print(rm_metrics.headline(evaluation))
+        samples = sample_comparison(final, reference, tokenizer, val_pairs[: cfg.eval_samples], cfg) if cfg.eval_samples else []
+        write_jsonl(run_dir / "eval_samples.jsonl", samples)
+        if samples:
+            lengths = {who: float(np.mean([s[f"{who}_tokens"] for s in samples])) for who in ("reference", "dpo")}
+            extra_sections.append((f"Greedy responses to {len(samples)} validation prompts (mean tokens: reference "
+                                   f"{lengths['reference']:.1f}, DPO {lengths['dpo']:.1f})",
+                                   table_html(samples[:10], ["prompt", "human_chosen", "reference", "dpo", "reference_tokens", "dpo_tokens"])))
+    rm_metrics.plot_training_curves(read_metrics(run_dir), run_dir / "plots")
+    write_rm_report(run_dir, notes, evaluation, run_dir / "rm_eval", "DPO (implicit reward, equation 5)", extra_sections)
+    print(f"model: {run_dir / 'model'}\nreport: {run_dir / 'report.html'}")
+    return 0
