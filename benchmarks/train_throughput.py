@@ -2,6 +2,10 @@
 
     python benchmarks/train_throughput.py --stage sft --model smollm2-135m --batch 4 --seq 562
     python benchmarks/train_throughput.py --stage rm  --model tiny --batch 2 --seq 638
+    python benchmarks/train_throughput.py --stage dpo --model smollm2-135m --batch 2 --seq 638
+
+DPO rows are query + a 53-token response, chosen then rejected (2 x batch rows), with the reference
+log-probabilities given (the trainer caches them before training), so a step is one policy pass.
 
 Runs the stage's real loss function and an AdamW step on random token rows of the given shape
 (rows are right-padded to `--seq`, as Detail 5 batches are), discards `--warmup` steps, times
@@ -27,6 +31,10 @@ def build(stage: str, model_name: str):
         from rlhfkit.trainers.sft import sft_loss
 
         return policy, tokenizer, sft_loss
+    if stage == "dpo":
+        from rlhfkit.trainers.dpo import make_dpo_loss
+
+        return policy, tokenizer, make_dpo_loss(0.05)
     from rlhfkit.models import ScalarModel
     from rlhfkit.trainers.reward import pairwise_loss_fn
 
@@ -34,17 +42,21 @@ def build(stage: str, model_name: str):
 
 
 def random_batch(stage: str, tokenizer, batch: int, seq: int, device) -> dict[str, torch.Tensor]:
-    rows = 2 * batch if stage == "rm" else batch
+    rows = 2 * batch if stage in ("rm", "dpo") else batch
     ids = torch.randint(100, len(tokenizer) - 1, (rows, seq))
     ids[:, -1] = tokenizer.eos_token_id
     mask = torch.ones_like(ids)
     out = {"input_ids": ids, "attention_mask": mask, "labels": ids.clone(), "loss_units": torch.full((batch,), seq)}
+    if stage == "dpo":
+        response = torch.zeros_like(mask, dtype=torch.bool)
+        response[:, -53:] = True
+        out |= {"response_mask": response, "ref_chosen": torch.full((batch,), -60.0), "ref_rejected": torch.full((batch,), -60.0)}
     return {k: v.to(device) for k, v in out.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--stage", choices=["sft", "rm"], default="sft")
+    parser.add_argument("--stage", choices=["sft", "rm", "dpo"], default="sft")
     parser.add_argument("--model", default="smollm2-135m", help="embedded name, HF directory, hub id, or 'tiny'")
     parser.add_argument("--batch", type=int, default=4, help="rows per step (pairs for rm)")
     parser.add_argument("--seq", type=int, default=562, help="tokens per row (562 SFT, 638 RM in the paper)")

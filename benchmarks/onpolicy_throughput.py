@@ -1,11 +1,13 @@
-"""PPO seconds per update split into phases, generation tokens/s and peak memory, as one JSON line.
+"""PPO, GRPO or RLOO seconds per update split into phases, generation tokens/s and peak memory, as one JSON line.
 
-    python benchmarks/ppo_throughput.py --model smollm2-135m --batch 8 --query-length 400 --updates 2
-    python benchmarks/ppo_throughput.py --model tiny --batch 16
+    python benchmarks/onpolicy_throughput.py --algorithm ppo --model smollm2-135m --batch 8 --query-length 400 --updates 2
+    python benchmarks/onpolicy_throughput.py --algorithm grpo --model tiny --batch 16
 
-Runs the real on-policy loop of `rlhfkit ppo` (generation, the four scoring forward passes,
-K update epochs of policy and value) on random-token queries of `--query-length` tokens: the policy
-and reference are `--model`, the reward and value models its backbone with a fresh scalar head.
+Runs the real on-policy loop of `rlhfkit ppo|grpo|rloo` with the algorithm's preset (generation, the
+scoring forward passes, K update epochs of the policy and, for PPO, the value model) on random-token
+queries of `--query-length` tokens: the policy and reference are `--model`, the reward (and value)
+model its backbone with a fresh scalar head. GRPO and RLOO draw batch / 4 queries, 4 samples each,
+each query encoded once.
 Random queries rarely end in EOS, so every response runs to `--response-length` tokens: the worst
 case of Detail 23's fixed budget. `--warmup` updates are discarded, the median of the rest is shown.
 On CUDA the peak is `max_memory_allocated`; on CPU it is the process's peak RSS.
@@ -22,7 +24,10 @@ import torch
 from benchmark_common import best_device, machine_fields
 
 
-def build(model_name: str, device: torch.device):
+PRESETS = {"ppo": "tldr-ppo", "grpo": "tldr-grpo", "rloo": "tldr-rloo"}
+
+
+def build(model_name: str, device: torch.device, with_value: bool):
     from rlhfkit.models import ScalarModel, load_policy, tiny_policy
     from rlhfkit.trainers.onpolicy import OnPolicyModels
 
@@ -33,13 +38,17 @@ def build(model_name: str, device: torch.device):
     reference, _ = policy()
     torch.manual_seed(0)
     reward = ScalarModel.from_policy(policy()[0])
-    value = ScalarModel.from_policy(policy()[0])
-    value.load_state_dict(reward.state_dict())
-    return OnPolicyModels(trained.to(device), reference.to(device), reward.to(device), value.to(device), tokenizer)
+    value = None
+    if with_value:
+        value = ScalarModel.from_policy(policy()[0])
+        value.load_state_dict(reward.state_dict())
+        value = value.to(device)
+    return OnPolicyModels(trained.to(device), reference.to(device), reward.to(device), value, tokenizer)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--algorithm", choices=sorted(PRESETS), default="ppo")
     parser.add_argument("--model", default="smollm2-135m", help="embedded name, HF directory, hub id, or 'tiny'")
     parser.add_argument("--batch", type=int, default=8, help="episodes per update (total_batch_size)")
     parser.add_argument("--micro-batch", type=int, default=4, help="rows per forward/backward in the update")
@@ -55,8 +64,8 @@ def main() -> None:
     from rlhfkit.trainers import onpolicy
 
     device = best_device()
-    models = build(args.model, device)
-    cfg = resolve("ppo", "tldr-ppo", None, {
+    models = build(args.model, device, with_value=args.algorithm == "ppo")
+    cfg = resolve(args.algorithm, PRESETS[args.algorithm], None, {
         "total_batch_size": args.batch, "micro_batch_size": args.micro_batch, "generation_batch_size": args.batch,
         "forward_batch_size": args.micro_batch, "max_response_length": args.response_length,
         "update_epochs": args.update_epochs, "reward_model": "unused",
@@ -64,7 +73,8 @@ def main() -> None:
     onpolicy.prepare_for_training(models, cfg)
     optimizers = onpolicy.build_optimizers(models, cfg, args.warmup + args.updates)
     generator = torch.Generator().manual_seed(0)
-    prompts = torch.randint(100, len(models.tokenizer) - 1, (args.batch, args.query_length), generator=generator).tolist()
+    queries = args.batch // cfg.samples_per_prompt
+    prompts = torch.randint(100, len(models.tokenizer) - 1, (queries, args.query_length), generator=generator).tolist()
     precision = "bf16" if args.bf16 else "no"
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -88,7 +98,8 @@ def main() -> None:
         return values[len(values) // 2]
 
     print(json.dumps({
-        "benchmark": "ppo_update",
+        "benchmark": f"{args.algorithm}_update",
+        "samples_per_prompt": cfg.samples_per_prompt,
         "model": args.model,
         "batch": args.batch,
         "micro_batch": args.micro_batch,

@@ -1,0 +1,175 @@
+"""DPO (issue 8): equation 4 at step 0, cached reference log-probabilities, implicit-reward evaluation, resume."""
+
+import gzip
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rlhfkit import rollout
+from rlhfkit.cli import main as cli_main
+from rlhfkit.config import resolve
+from rlhfkit.data.collate import pad
+from rlhfkit.models import DPO_RECORD, load_policy
+from rlhfkit.trainers import dpo, reward
+
+from .conftest import assert_same_files, assert_same_metrics, data_file, straight_and_resumed
+
+
+@pytest.fixture(scope="module")
+def comparisons(tmp_path_factory):
+    """80 real TL;DR human comparisons (OpenAI batch 13)."""
+    path = tmp_path_factory.mktemp("dpo") / "comparisons.jsonl"
+    with gzip.open(data_file("summarize-from-feedback-comparisons", "batch13.jsonl.gz"), "rt") as f:
+        path.write_text("".join(line for _, line in zip(range(80), f, strict=False)))
+    return path
+
+
+def dpo_args(model, data, out, **extra):
+    args = {
+        "model": str(model), "data": str(data), "output_dir": str(out), "validation_fraction": 0.2, "total_batch_size": 8,
+        "micro_batch_size": 4, "forward_batch_size": 4, "max_steps": 3, "max_query_length": 128, "learning_rate": 1e-3,
+        "eval_pairs": 0, "eval_samples": 2, "report_to": "",
+    }
+    return args | extra
+
+
+def pairs_for(cfg, tokenizer):
+    train_records, val_records, _ = reward.split_comparisons(cfg)
+    return reward.prepare_pairs(cfg, tokenizer, train_records)[0], reward.prepare_pairs(cfg, tokenizer, val_records)[0]
+
+
+def test_sequence_logprobs_do_not_depend_on_padding_side_or_batch_company(tiny_model):
+    model, tok = tiny_model
+    rows = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17]]
+    prompt_lengths = [2, 1, 3]
+    alone = []
+    for row, q in zip(rows, prompt_lengths, strict=True):
+        ids = torch.tensor([row])
+        response = torch.zeros_like(ids, dtype=torch.bool)
+        response[0, q:] = True
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, :-1].log_softmax(-1)
+        alone.append(sum(float(logits[t - 1, row[t]]) for t in range(q, len(row))))
+    for side in ("right", "left"):
+        ids, mask = pad(rows, tok.pad_token_id, side)
+        response = torch.zeros_like(mask, dtype=torch.bool)
+        for i, (row, q) in enumerate(zip(rows, prompt_lengths, strict=True)):
+            start = 0 if side == "right" else ids.size(1) - len(row)
+            response[i, start + q : start + len(row)] = True
+        with torch.no_grad():
+            got = rollout.sequence_logprobs(model, ids, mask, response)
+        torch.testing.assert_close(got, torch.tensor(alone), atol=1e-4, rtol=1e-5, msg=side)
+
+
+def test_a_dpo_step_with_the_policy_equal_to_the_reference_gives_log2_and_zero_rewards(tiny_model_dir, comparisons, tmp_path):
+    cfg = resolve("dpo", "tldr-dpo", None, dpo_args(tiny_model_dir, comparisons, tmp_path))
+    policy, tok = load_policy(str(tiny_model_dir))
+    train_pairs, _ = pairs_for(cfg, tok)
+    examples = dpo.reference_logprobs(policy, str(tiny_model_dir), train_pairs[:6], tok.pad_token_id, cfg, tmp_path / "ref.pt")
+    loss_sum, extras = dpo.make_dpo_loss(cfg.beta)(policy, dpo.collate_dpo(examples, tok.pad_token_id))
+    assert loss_sum.item() / 6 == pytest.approx(math.log(2), abs=1e-5)
+    for key in ("train/chosen_reward", "train/rejected_reward", "train/margin", "train/kl_chosen"):
+        assert abs(extras[key].item()) < 1e-4, key
+    assert extras["train/accuracy"].item() <= 6
+
+
+def test_reference_logprobs_are_computed_once_and_read_back(tiny_model_dir, comparisons, tmp_path, monkeypatch):
+    cfg = resolve("dpo", "tldr-dpo", None, dpo_args(tiny_model_dir, comparisons, tmp_path))
+    policy, tok = load_policy(str(tiny_model_dir))
+    pairs = pairs_for(cfg, tok)[0][:5]
+    cache = tmp_path / "ref.pt"
+    first = dpo.reference_logprobs(policy, "ref", pairs, tok.pad_token_id, cfg, cache)
+
+    def must_not_run(*_args, **_kwargs):
+        raise AssertionError("the reference log-probabilities were recomputed")
+
+    monkeypatch.setattr(dpo, "pair_logprobs_all", must_not_run)
+    again = dpo.reference_logprobs(policy, "ref", pairs, tok.pad_token_id, cfg, cache)
+    assert [(e.ref_chosen, e.ref_rejected) for e in again] == [(e.ref_chosen, e.ref_rejected) for e in first]
+    with pytest.raises(AssertionError, match="recomputed"):  # other pairs or another reference: not the cache's
+        dpo.reference_logprobs(policy, "another-reference", pairs, tok.pad_token_id, cfg, cache)
+
+
+def test_training_raises_the_margin_on_the_training_pairs(tiny_model_dir, comparisons, tmp_path):
+    cfg = resolve("dpo", "tldr-dpo", None, dpo_args(tiny_model_dir, comparisons, tmp_path, learning_rate=3e-3))
+    policy, tok = load_policy(str(tiny_model_dir))
+    examples = dpo.reference_logprobs(policy, "ref", pairs_for(cfg, tok)[0][:8], tok.pad_token_id, cfg, tmp_path / "ref.pt")
+    batch = dpo.collate_dpo(examples, tok.pad_token_id)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(5):
+        loss_sum, extras = dpo.make_dpo_loss(cfg.beta)(policy, batch)
+        (loss_sum / 8).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss_sum.item() / 8)
+    assert losses[-1] < losses[0] and extras["train/margin"].item() > 0
+
+
+def test_run_directory_evaluation_and_rm_eval_of_the_dpo_policy(tiny_model_dir, comparisons, tmp_path, capsys):
+    out = tmp_path / "run"
+    cfg = resolve("dpo", "tldr-dpo", None, dpo_args(tiny_model_dir, comparisons, out, eval_every=2, report_to="tensorboard"))
+    assert dpo.run(cfg) == 0
+    for name in ["config.yaml", "metrics.jsonl", "report.html", "model/model.safetensors", f"model/{DPO_RECORD}",
+                 dpo.REFERENCE_CACHE, f"validation_{dpo.REFERENCE_CACHE}", "rm_eval/rm_eval.json", "eval_samples.jsonl",
+                 "plots/rm_training.png"]:
+        assert (out / name).is_file(), name
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["step"] == 0 and rows[0]["val/accuracy"] == 0 and rows[0]["val/loss"] == pytest.approx(math.log(2), abs=1e-5)
+    train_rows = [r for r in rows if "train/loss" in r]
+    assert {"train/accuracy", "train/chosen_reward", "train/rejected_reward", "train/margin", "train/kl_chosen"} <= set(train_rows[0])
+    assert train_rows[0]["train/loss"] == pytest.approx(math.log(2), abs=1e-5)
+    final_val = rows[-1]["val/accuracy"]
+    evaluation = json.loads((out / "rm_eval" / "rm_eval.json").read_text())
+    overall = evaluation["breakdown"]["overall"]
+    assert overall["accuracy"] == pytest.approx(final_val)  # the training-time validation and rm-eval agree
+    # rm-eval reads the DPO policy as a reward model: its implicit reward (equation 5), reference and beta from the record
+    eval_out = tmp_path / "rm-eval"
+    assert cli_main(["rm-eval", f"model={out / 'model'}", f"data={comparisons}", "side=validation", "validation_fraction=0.2",
+                     "max_query_length=128", "probes=", f"out={eval_out}"]) == 0
+    again = json.loads((eval_out / "rm_eval.json").read_text())["breakdown"]["overall"]
+    assert again["accuracy"] == pytest.approx(overall["accuracy"]) and again["count"] == overall["count"]
+    assert "accuracy" in capsys.readouterr().out
+
+
+def test_rm_eval_refuses_a_plain_policy_without_reference_and_beta(tiny_model_dir, comparisons, tmp_path, capsys):
+    assert cli_main(["rm-eval", f"model={tiny_model_dir}", f"data={comparisons}", "probes=", f"out={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert "not a reward" in err or "neither a reward model" in err
+    assert "Traceback" not in err
+
+
+def test_resume_after_sigkill_is_identical(tiny_model_dir, comparisons, tmp_path):
+    args = dpo_args(tiny_model_dir, comparisons, tmp_path, max_steps=4, eval_samples=0, eval_every=2)
+    straight, killed = straight_and_resumed("dpo", "tldr-dpo", args, tmp_path, kill_at=2)
+    assert_same_files(straight, killed, ["model/model.safetensors"])
+    assert_same_metrics(straight, killed, 4)
+
+
+@pytest.mark.parametrize(("preset", "expected"), [
+    ("tldr-dpo", {"num_epochs": 1, "adam_eps": 1e-5, "learning_rate": 3e-6, "lr_scheduler": "cosine", "total_batch_size": 64, "beta": 0.05}),
+    ("hh-dpo", {"beta": 0.1, "learning_rate": 5e-7, "num_epochs": 1, "total_batch_size": 4, "data_format": "hh"}),
+])
+def test_dpo_presets(preset, expected):
+    cfg = resolve("dpo", preset, None, {})
+    assert {k: getattr(cfg, k) for k in expected} == expected
+
+
+def test_implicit_reward_accuracy_breaks_down_like_a_reward_models(tiny_model_dir, comparisons, tmp_path):
+    """Same pairs through the reward-model evaluation: accuracy equals the sign agreement of equation 5."""
+    cfg = resolve("dpo", "tldr-dpo", None, dpo_args(tiny_model_dir, comparisons, tmp_path))
+    policy, tok = load_policy(str(tiny_model_dir))
+    reference, _ = load_policy(str(tiny_model_dir))
+    with torch.no_grad():
+        policy.model.embed_tokens.weight.add_(0.05 * torch.randn_like(policy.model.embed_tokens.weight))
+    _, val_pairs = pairs_for(cfg, tok)
+    examples = dpo.reference_logprobs(reference, "ref", val_pairs, tok.pad_token_id, cfg, tmp_path / "ref.pt")
+    chosen, rejected = dpo.implicit_rewards(policy, examples, tok.pad_token_id, cfg)
+    from rlhfkit.models import ImplicitRewardModel
+
+    result = reward.evaluate_reward_model(ImplicitRewardModel(policy, reference, cfg.beta), tok, val_pairs, tmp_path / "eval",
+                                          batch_size=4, probes="", limits={"tldr": 128, "hh": 128, "cnndm": 128})
+    assert result["breakdown"]["overall"]["accuracy"] == pytest.approx(float(np.mean(chosen > rejected)))
