@@ -23,7 +23,6 @@ import time
 import torch
 from benchmark_common import best_device, machine_fields
 
-
 PRESETS = {"ppo": "tldr-ppo", "grpo": "tldr-grpo", "rloo": "tldr-rloo"}
 
 

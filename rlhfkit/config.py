@@ -114,7 +114,7 @@ class PairConfig(TrainConfig):
     )
     data_format: Literal["tldr-comparisons", "hh"] = opt("tldr-comparisons", "format of `data`")
     hf_split: str = opt("train", "split to read when `data` is a hub id")
-    total_batch_size: int = opt(64, "pairs per optimizer step", "Tables 4, 6", minimum=1)
+    total_batch_size: int = opt(64, "pairs per optimizer step", minimum=1)
     micro_batch_size: int = opt(4, "pairs per forward pass on one process", minimum=1)
     max_response_length: int = opt(169, "response tokens including EOS; longer pairs are skipped", "Detail 4", minimum=1)
     max_article_query_length: int = article_length_opt()
@@ -127,6 +127,7 @@ class PairConfig(TrainConfig):
 
 @dataclass
 class RMConfig(PairConfig):
+    total_batch_size: int = opt(64, "pairs per optimizer step", "Table 4", minimum=1)
     head: Literal["eos-linear", "mean-mlp"] = opt("eos-linear", "reward head: EOS-token linear or mean-pooled MLP", "Details 11-12")
     sft_data: list[str] = opt([], "SFT data whose reference summaries set the reward bias (empty: skip)", "Detail 15")
     normalization_samples: int = opt(1024, "reference summaries used for the bias", "Detail 15")
@@ -139,6 +140,7 @@ class DPOConfig(PairConfig):
     model: str = opt("smollm2-135m", "SFT policy: starts the trained policy and, unless reference_model is set, is the frozen reference")
     reference_model: str = opt("", "frozen reference policy (empty: the starting model)", "Appendix A")
     beta: float = opt(0.05, "DPO beta: weight of the log-ratio to the reference", "Table 6", minimum=1e-9)
+    total_batch_size: int = opt(64, "pairs per optimizer step", "Table 6", minimum=1)
     learning_rate: float = opt(3e-6, "AdamW learning rate", "Table 6")
     lr_scheduler: Literal["cosine", "linear", "constant"] = opt("cosine", "learning-rate schedule", "Table 6")
     forward_batch_size: int = opt(8, "pairs per no-grad forward pass (reference log-probabilities, validation)", minimum=1)

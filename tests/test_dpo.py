@@ -173,3 +173,31 @@ def test_implicit_reward_accuracy_breaks_down_like_a_reward_models(tiny_model_di
     result = reward.evaluate_reward_model(ImplicitRewardModel(policy, reference, cfg.beta), tok, val_pairs, tmp_path / "eval",
                                           batch_size=4, probes="", limits={"tldr": 128, "hh": 128, "cnndm": 128})
     assert result["breakdown"]["overall"]["accuracy"] == pytest.approx(float(np.mean(chosen > rejected)))
+
+
+def test_two_processes_train_like_one(tiny_model_dir, comparisons, tmp_path):
+    """total_batch_size = micro batch x accumulation x processes; the DDP path of the log-probabilities
+    (full logits, not the backbone called around DDP) gives the same weights as one process."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE")}
+    env |= {"TQDM_DISABLE": "1", "RLHFKIT_PORT": str(port), "OMP_NUM_THREADS": "1"}
+    runs = {}
+    for processes, micro in ((1, 4), (2, 2)):
+        out = tmp_path / f"p{processes}"
+        args = dpo_args(tiny_model_dir, comparisons, out, max_steps=2, micro_batch_size=micro, eval_samples=0, eval_pairs=4)
+        command = [sys.executable, "-m", "rlhfkit", "dpo", "--preset", "tldr-dpo", *[f"{k}={v}" for k, v in args.items()]]
+        proc = subprocess.run([*command, "--num-processes", str(processes)], env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[processes] = out
+    from safetensors.torch import load_file
+
+    a, b = load_file(runs[1] / "model" / "model.safetensors"), load_file(runs[2] / "model" / "model.safetensors")
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], atol=2e-6, rtol=1e-4)

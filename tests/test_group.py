@@ -91,7 +91,7 @@ def test_kl_as_a_loss_term_is_zero_at_step_0_and_pulls_towards_the_reference(ppo
     score_only[torch.arange(batch.size), last] = batch.scores
     torch.testing.assert_close(batch.rewards, score_only)  # no KL penalty inside the reward
     metrics = onpolicy.update_on_rollout(models, onpolicy.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
-    assert 0 < metrics["loss/kl_avg"]  # the second epoch saw a moved policy
+    assert metrics["loss/kl_avg"] > 0  # the second epoch saw a moved policy
     first_epoch_only = onpolicy.update_on_rollout(*reset(models, cfg, prompts, update_epochs=1), "no", cfg.kl_coef)
     assert first_epoch_only["loss/kl_avg"] == 0  # k3 of identical policies
 
@@ -131,7 +131,7 @@ def test_run_directory_and_resume_after_sigkill_are_identical(stage, ppo_dirs, t
     assert not (straight / "value").exists()  # no value model
     assert_same_files(straight, killed, ["model/model.safetensors"])
     rows = assert_same_metrics(straight, killed, updates)
-    assert rows[0]["objective/kl"] == 0 and rows[0]["val/ratio"] == 1.0
+    assert rows[0]["objective/kl"] == 0
     assert "val/explained_variance" not in rows[0] and ("loss/kl_avg" in rows[0]) == (stage == "grpo")
     assert (straight / "samples.jsonl").read_text() == (killed / "samples.jsonl").read_text()
     evaluation = json.loads((straight / "eval.json").read_text())

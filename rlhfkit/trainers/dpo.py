@@ -117,8 +117,10 @@ def reference_logprobs(reference: torch.nn.Module, reference_name: str, pairs: l
     else:
         chosen, rejected = pair_logprobs_all(reference, pairs, pad_id, cfg.forward_batch_size, precision,
                                              f"reference log-probabilities ({cache.stem})")
-        if is_main_process():
-            torch.save({"key": key, "chosen": torch.from_numpy(chosen), "rejected": torch.from_numpy(rejected)}, cache)
+        if is_main_process():  # written whole, then renamed: another process never reads half a file
+            partial = cache.with_suffix(".partial")
+            torch.save({"key": key, "chosen": torch.from_numpy(chosen), "rejected": torch.from_numpy(rejected)}, partial)
+            partial.replace(cache)
     return [DPOExample(p, float(c), float(r)) for p, c, r in zip(pairs, chosen, rejected, strict=True)]
 
 

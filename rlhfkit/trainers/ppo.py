@@ -39,7 +39,7 @@ from .onpolicy import (
 )
 
 FIGURE_12 = ["objective/rlhf_reward", "objective/kl", "objective/scores", "response/length_mean", "response/eos_rate"]
-UPDATE_CURVES = ["loss/policy_avg", "loss/value_avg", "policy/entropy_avg", "policy/approxkl_avg", "policy/clipfrac_avg",
+UPDATE_CURVES = ["loss/policy_avg", "loss/value_avg", "loss/kl_avg", "policy/entropy_avg", "policy/approxkl_avg", "policy/clipfrac_avg",
                  "val/clipfrac_avg", "val/ratio", "val/explained_variance", "response/length_score_corr"]
 PERF_CURVES = ["perf/generation_s", "perf/scoring_s", "perf/update_s", "perf/generated_tokens_per_s"]
 
