@@ -28,7 +28,7 @@ from ..eval.report import table_html
 from ..models import DPO_RECORD, ImplicitRewardModel, load_policy
 from ..rollout import SamplingParams, generate_texts, sequence_logprobs
 from ..tracking import read_metrics, write_jsonl
-from .engine import Stage, autocast_precision, is_main_process, start_run, train
+from .engine import Stage, autocast_precision, is_main_process, save_final_model, start_run, train
 from .onpolicy import autocast, evaluation_mode, model_device
 from .reward import (
     builtin_probes_for,
@@ -179,8 +179,7 @@ def run(cfg: DPOConfig, _parsed: Any = None) -> int:
     if not is_main_process():
         return 0
     final = result["model"]
-    final.save_pretrained(run_dir / "model", safe_serialization=True)
-    tokenizer.save_pretrained(run_dir / "model")
+    save_final_model(final, tokenizer, run_dir)
     reference_path = Path(reference_name).resolve() if Path(reference_name).is_dir() else reference_name
     (run_dir / "model" / DPO_RECORD).write_text(json.dumps({"reference_model": str(reference_path), "beta": cfg.beta}, indent=2))
     evaluation: dict[str, Any] = {}

@@ -243,6 +243,14 @@ def run_step(accelerator, model, stage: Stage, schedule: Schedule, cfg: TrainCon
     return metrics, sum(count_tokens(b) for b in micro) * accelerator.num_processes
 
 
+def save_final_model(model, tokenizer, run_dir: Path, folder: str = "model") -> Path:
+    """The trained model and its tokenizer as one `save_pretrained` folder of the run directory."""
+    out = run_dir / folder
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
 def unwrap(accelerator, model):
     """The bare model, without DDP or the autocast wrapper: evaluation after training runs in fp32,
     exactly as a later `from_pretrained` load would."""

@@ -25,7 +25,7 @@ from ..models import EMBEDDED, SCALAR_CONFIG, ScalarModel, load_policy, load_rew
 from ..ops import ADVANTAGE_ESTIMATORS, eos_trick
 from ..rollout import SamplingParams
 from ..tracking import read_jsonl, read_metrics, write_jsonl
-from .engine import start_run
+from .engine import save_final_model, start_run
 from .onpolicy import (
     EVALUATION_STREAM,
     SAMPLES_FILE,
@@ -212,11 +212,9 @@ def run_on_policy(cfg: OnPolicyConfig, name: str) -> int:
     eval_examples = held_out[: cfg.eval_samples]
     result = train_on_policy(models, [e.query.ids for e in train], cfg, run_dir, checkpoint, name,
                              periodic_evaluation(models, eval_examples, cfg))
-    models.policy.save_pretrained(run_dir / "model", safe_serialization=True)
-    models.tokenizer.save_pretrained(run_dir / "model")
+    save_final_model(models.policy, models.tokenizer, run_dir)
     if models.value is not None:
-        models.value.save_pretrained(run_dir / "value")
-        models.tokenizer.save_pretrained(run_dir / "value")
+        save_final_model(models.value, models.tokenizer, run_dir, "value")
     metrics, rows = compare_policies(models, eval_examples, cfg, name) if eval_examples else ({}, [])
     write_jsonl(run_dir / "eval_samples.jsonl", rows)
     (run_dir / "eval.json").write_text(json.dumps(metrics, indent=2))

@@ -34,7 +34,7 @@ from ..models import (
     load_reward_model,
 )
 from ..tracking import read_metrics
-from .engine import Stage, is_main_process, start_run, train
+from .engine import Stage, is_main_process, save_final_model, start_run, train
 
 
 def filter_comparisons(records: list[Comparison], splits: list[str], batches: list[str]) -> list[Comparison]:
@@ -228,8 +228,7 @@ def run(cfg: RMConfig, _parsed: Any = None) -> int:
     final: ScalarModel = result["model"]
     normalization = normalize_to_references(final, tokenizer, cfg.sft_data, cfg) if cfg.sft_data else {"skipped": "no sft_data given"}
     notes.append(f"reward normalisation (Detail 15): {normalization}")
-    final.save_pretrained(run_dir / "model")
-    tokenizer.save_pretrained(run_dir / "model")
+    save_final_model(final, tokenizer, run_dir)
     (run_dir / "normalization.json").write_text(json.dumps(normalization, indent=2))
     limits = query_limits(cfg.max_query_length, cfg.max_article_query_length)
     evaluation: dict[str, Any] = {}

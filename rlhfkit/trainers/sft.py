@@ -25,7 +25,7 @@ from ..models import load_policy
 from ..ops import token_cross_entropy_sum
 from ..rollout import SamplingParams, generate_texts
 from ..tracking import read_jsonl, read_metrics, write_jsonl
-from .engine import Stage, is_main_process, start_run, train
+from .engine import Stage, is_main_process, save_final_model, start_run, train
 
 
 def collate_sft(examples: list[SFTExample], pad_id: int, loss_on_query: bool) -> dict[str, torch.Tensor]:
@@ -135,8 +135,7 @@ def run(cfg: SFTConfig, _parsed: Any = None) -> int:
     if not is_main_process():
         return 0
     final = result["model"]
-    final.save_pretrained(run_dir / "model", safe_serialization=True)
-    tokenizer.save_pretrained(run_dir / "model")
+    save_final_model(final, tokenizer, run_dir)
     metrics = {k: v for k, v in result["last_metrics"].items() if k.startswith("val/")}
     rows: list[dict] = []
     if eval_examples:
