@@ -126,9 +126,11 @@ def plain_lm_head(model: torch.nn.Module) -> torch.nn.Linear | None:
     if PLAIN_HEAD_CHECKED not in model.__dict__:
         device = head.weight.device
         ids = torch.arange(3, device=device).unsqueeze(0)
-        with torch.no_grad():
+        # in fp32 whatever the caller's autocast: a wrapper may return fp32 logits from a bf16 forward
+        with torch.no_grad(), torch.autocast(device_type=device.type, enabled=False):
             hidden = getattr(model, model.base_model_prefix)(input_ids=ids).last_hidden_state
-            model.__dict__[PLAIN_HEAD_CHECKED] = torch.allclose(head(hidden), model(input_ids=ids).logits, atol=1e-4, rtol=1e-3)
+            logits = model(input_ids=ids).logits
+            model.__dict__[PLAIN_HEAD_CHECKED] = torch.allclose(head(hidden).float(), logits.float(), atol=1e-4, rtol=1e-3)
     return head if model.__dict__[PLAIN_HEAD_CHECKED] else None
 
 
