@@ -201,3 +201,14 @@ def test_two_processes_train_like_one(tiny_model_dir, comparisons, tmp_path):
     a, b = load_file(runs[1] / "model" / "model.safetensors"), load_file(runs[2] / "model" / "model.safetensors")
     for key in a:
         torch.testing.assert_close(a[key], b[key], atol=2e-6, rtol=1e-4)
+
+
+def test_the_lm_head_check_holds_under_accelerates_bf16_wrapper(tiny_model_dir):
+    """accelerate's mixed precision returns fp32 logits from a bf16 forward; the exactness check of the
+    chunked log-probability path must not trip over the dtypes (it runs in fp32)."""
+    from accelerate.utils import convert_outputs_to_fp32
+
+    model, _ = load_policy(str(tiny_model_dir))
+    model.forward = convert_outputs_to_fp32(model.forward)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert rollout.plain_lm_head(model) is model.get_output_embeddings()
