@@ -117,6 +117,9 @@ def test_detail23_score_lands_on_the_eos_index_and_missing_eos_scores_minus_one(
     eos_at = [2, None, 0, 5]
     batch = onpolicy.compute_advantages(scripted_batch(models, cfg, prompts, eos_at), cfg, kl_coef=0.05)
     assert batch.scores.tolist() == [batch.raw_scores[0].item(), -1.0, batch.raw_scores[2].item(), batch.raw_scores[3].item()]
+    metrics = onpolicy.rollout_metrics(batch, 0.05)
+    assert metrics["objective/scores_with_eos"] == pytest.approx(float(batch.raw_scores[[0, 2, 3]].mean()))
+    assert metrics["response/eos_rate"] == 0.75
     score_part = batch.rewards + cfg.kl_coef * batch.kl
     for row, at in enumerate(eos_at):
         index = 5 if at is None else at

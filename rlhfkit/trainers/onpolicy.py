@@ -364,6 +364,8 @@ def rollout_metrics(batch: RolloutBatch, kl_coef: float) -> dict[str, float]:
         "advantages/min": float(batch.advantages[mask].min()),
         "returns/mean": float(ops.masked_mean(batch.returns, mask)),
     }
+    if bool(batch.has_eos.any()):  # the score of valid responses alone, apart from the EOS trick's constant
+        metrics["objective/scores_with_eos"] = float(batch.raw_scores[batch.has_eos].mean())
     if batch.values is not None:
         metrics["val/mean"] = float(ops.masked_mean(batch.values, mask))
         metrics["val/explained_variance"] = float(ops.explained_variance(batch.values, batch.returns, mask))
