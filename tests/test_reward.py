@@ -185,7 +185,7 @@ def test_missing_model_or_probe_file_is_a_user_error(tmp_path):
     with pytest.raises(ModelError, match="cannot load"):
         load_policy(str(tmp_path / "no-such-model"))
     from rlhfkit.errors import UserError
-    from rlhfkit.eval.rm_metrics import load_probes
+    from rlhfkit.eval.probes import load_probes
 
     with pytest.raises(UserError):
         load_probes(tmp_path / "missing.yaml")

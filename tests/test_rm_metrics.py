@@ -1,4 +1,5 @@
-"""Reward-model evaluation over computed rewards (rlhfkit.eval.rm_metrics), against hand-computed values."""
+"""Reward-model evaluation over computed rewards (rlhfkit.eval: rm_metrics, probes, plots, rm_report),
+against hand-computed values."""
 
 from __future__ import annotations
 
@@ -10,6 +11,17 @@ import pytest
 
 from rlhfkit.data.tldr import Comparison
 from rlhfkit.eval import rm_metrics as rm
+from rlhfkit.eval.plots import metric_series, plot_training_curves
+from rlhfkit.eval.probes import (
+    ProbeFileError,
+    load_probes,
+    probe_checks,
+    probe_items,
+    probe_table,
+    render_probe_table_markdown,
+    word_count,
+)
+from rlhfkit.eval.rm_report import headline, write_rm_eval
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -189,7 +201,7 @@ def test_error_prompt_of_a_dialogue():
 
 
 def test_shipped_probes_load():
-    probes = rm.load_probes()
+    probes = load_probes()
     assert probes and all(
         p.task == "tldr" and set(p.fields) == {"subreddit", "title", "post"} for p in probes
     )
@@ -198,7 +210,7 @@ def test_shipped_probes_load():
     quality = next(ladder for ladder in probes[0].ladders if ladder.kind == "quality")
     assert len(quality.responses) == 5
     length = next(ladder for ladder in probes[0].ladders if ladder.kind == "length")
-    words = [rm.word_count(r.text) for r in length.responses]
+    words = [word_count(r.text) for r in length.responses]
     assert len(words) == 3 and words == sorted(words) and words[0] < words[-1]
 
 
@@ -243,16 +255,16 @@ def test_probe_validation_names_the_file_and_field(tmp_path, old, new, message):
     assert old in VALID_PROBE
     path = tmp_path / "broken-probes.yaml"
     path.write_text(VALID_PROBE.replace(old, new, 1))
-    with pytest.raises(rm.ProbeFileError, match=message) as error:
-        rm.load_probes(path)
+    with pytest.raises(ProbeFileError, match=message) as error:
+        load_probes(path)
     assert str(path) in str(error.value)
 
 
 def test_probe_file_that_is_not_a_list(tmp_path):
     path = tmp_path / "p.yaml"
     path.write_text("name: p\n")
-    with pytest.raises(rm.ProbeFileError, match=r"p\.yaml: the top level \(probes\) must be a list"):
-        rm.load_probes(path)
+    with pytest.raises(ProbeFileError, match=r"p\.yaml: the top level \(probes\) must be a list"):
+        load_probes(path)
 
 
 def ladder_probe(tmp_path):
@@ -268,19 +280,19 @@ def ladder_probe(tmp_path):
     )
     path = tmp_path / "p.yaml"
     path.write_text(text)
-    return rm.load_probes(path)
+    return load_probes(path)
 
 
 def test_probe_table_and_checks(tmp_path):
     probes = ladder_probe(tmp_path)
-    assert [(i["ladder"], i["label"]) for i in rm.probe_items(probes)] == [
+    assert [(i["ladder"], i["label"]) for i in probe_items(probes)] == [
         ("q", "good"),
         ("q", "bad"),
         ("lengths", "short"),
         ("lengths", "medium"),
         ("lengths", "long"),
     ]
-    rows = rm.probe_table(probes, [2.0, -1.0, 1.0, 2.0, 3.0])
+    rows = probe_table(probes, [2.0, -1.0, 1.0, 2.0, 3.0])
     assert rows[2] == {
         "probe": "p",
         "ladder": "lengths",
@@ -292,24 +304,24 @@ def test_probe_table_and_checks(tmp_path):
         "score": 1.0,
         "text": "one two",
     }
-    quality, length = rm.probe_checks(rows)
+    quality, length = probe_checks(rows)
     assert quality["monotonic_decreasing"] and quality["spearman"] == pytest.approx(-1.0)
     assert length["slope_per_word"] == pytest.approx(0.5)  # scores 1, 2, 3 at 2, 4, 6 words
     assert (
         length["change_across_ladder"] == pytest.approx(2.0) and "longer scores higher" in length["verdict"]
     )
-    broken = rm.probe_checks(rm.probe_table(probes, [-1.0, 2.0, 3.0, 2.0, 1.0]))
+    broken = probe_checks(probe_table(probes, [-1.0, 2.0, 3.0, 2.0, 1.0]))
     assert not broken[0]["monotonic_decreasing"] and broken[0]["violations"] == ["bad"]
     assert broken[1]["slope_per_word"] == pytest.approx(-0.5)
     with pytest.raises(ValueError, match="5 probe responses but 2 scores"):
-        rm.probe_table(probes, [1.0, 2.0])
+        probe_table(probes, [1.0, 2.0])
 
 
 def test_probe_markdown(tmp_path):
     probes = ladder_probe(tmp_path)
-    rows = rm.probe_table(probes, [2.0, -1.0, 1.0, 2.0, 3.0])
+    rows = probe_table(probes, [2.0, -1.0, 1.0, 2.0, 3.0])
     rows[0]["text"] = "a | b"
-    text = rm.render_probe_table_markdown(rows)
+    text = render_probe_table_markdown(rows)
     assert "### p" in text and "| # | label | words | score | response |" in text
     assert "| 1 | good | 3 | 2.00 | a \\| b |" in text
     assert "scores fall with quality" in text and "longer scores higher" in text
@@ -340,8 +352,8 @@ def test_write_rm_eval_writes_json_errors_and_pngs(tmp_path):
     chosen_len, rejected_len = rm.char_lengths(comparisons)
     result = rm.evaluate_rewards(comparisons, chosen, rejected, n_bins=5, k_errors=7)
     assert result["length_bias"]["unit"] == "characters"
-    rows = rm.probe_table(rm.load_probes(), np.linspace(3, -3, len(rm.probe_items(rm.load_probes()))))
-    files = rm.write_rm_eval(tmp_path, result, chosen, rejected, chosen_len, rejected_len, probe_rows=rows)
+    rows = probe_table(load_probes(), np.linspace(3, -3, len(probe_items(load_probes()))))
+    files = write_rm_eval(tmp_path, result, chosen, rejected, chosen_len, rejected_len, probe_rows=rows)
     pngs = [
         "calibration.png",
         "length_bias.png",
@@ -362,7 +374,7 @@ def test_write_rm_eval_writes_json_errors_and_pngs(tmp_path):
         len(lines) == 7 and margins == sorted(margins) and margins[0] == pytest.approx(min(chosen - rejected))
     )
     assert saved["probes"]["checks"] and (tmp_path / "probes.md").exists()
-    assert "headline" not in saved and "pairs 60" in rm.headline(result)
+    assert "headline" not in saved and "pairs 60" in headline(result)
 
 
 def test_write_rm_eval_skips_batch_plots_without_batches(tmp_path):
@@ -371,7 +383,7 @@ def test_write_rm_eval_skips_batch_plots_without_batches(tmp_path):
         for i in range(6)
     ]
     chosen, rejected = np.arange(6.0), np.full(6, 2.5)
-    files = rm.write_rm_eval(
+    files = write_rm_eval(
         tmp_path, rm.evaluate_rewards(comparisons, chosen, rejected, n_bins=2), chosen, rejected
     )
     assert "accuracy_by_batch.png" not in files and "length_bias.png" not in files
@@ -381,7 +393,7 @@ def test_write_rm_eval_skips_batch_plots_without_batches(tmp_path):
 def test_training_curves_skip_missing_keys(tmp_path):
     rows = [{"step": s, "train/loss": 0.7 - 0.01 * s, "train/accuracy": 0.5 + 0.01 * s} for s in range(10)]
     rows.append({"step": 10, "val/accuracy": 0.62, "train/loss": float("nan")})
-    path = rm.plot_training_curves(rows, tmp_path)
+    path = plot_training_curves(rows, tmp_path)
     assert path == tmp_path / "rm_training.png" and path.read_bytes()[:8] == PNG_MAGIC
-    assert rm.metric_series(rows, "train/loss")[0] == list(range(10))  # NaN row dropped
-    assert rm.plot_training_curves([{"step": 1, "lr": 1e-5}], tmp_path / "none") is None
+    assert metric_series(rows, "train/loss")[0] == list(range(10))  # NaN row dropped
+    assert plot_training_curves([{"step": 1, "lr": 1e-5}], tmp_path / "none") is None

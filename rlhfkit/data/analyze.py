@@ -142,17 +142,14 @@ def analyze_pairs(
 
 
 def plot_histograms(lengths: dict[str, list[int]], out: Path) -> list[str]:
-    from ..eval.report import pyplot
+    from ..eval.plots import pyplot, save
 
     plt = pyplot()
-
     files = []
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.hist(lengths["query"], bins=50, color="tab:gray")
     ax.set(title="Query token length (after truncation)", xlabel="tokens", ylabel="records")
-    fig.tight_layout()
-    fig.savefig(out / "query_lengths.png", dpi=110)
-    plt.close(fig)
+    save(fig, out / "query_lengths.png")
     files.append("query_lengths.png")
     responses = {k: v for k, v in lengths.items() if k != "query"}
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -162,27 +159,22 @@ def plot_histograms(lengths: dict[str, list[int]], out: Path) -> list[str]:
         ax.hist(values, bins=bins, alpha=0.55, label=f"{name} (median {np.median(values):.0f})")
     ax.set(title="Response token length (EOS excluded)", xlabel="tokens", ylabel="records")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "response_lengths.png", dpi=110)
-    plt.close(fig)
+    save(fig, out / "response_lengths.png")
     files.append("response_lengths.png")
     if "chosen" in lengths:
         fig, ax = plt.subplots(figsize=(5, 5))
         ax.scatter(lengths["rejected"], lengths["chosen"], s=4, alpha=0.4)
         ax.plot([0, top], [0, top], color="black", lw=1)
         ax.set(title="Length bias: chosen vs rejected", xlabel="rejected tokens", ylabel="chosen tokens")
-        fig.tight_layout()
-        fig.savefig(out / "length_bias.png", dpi=110)
-        plt.close(fig)
+        save(fig, out / "length_bias.png")
         files.append("length_bias.png")
     return files
 
 
 def plot_counts(result_counts: dict[str, Any], out: Path) -> list[str]:
-    from ..eval.report import pyplot
+    from ..eval.plots import pyplot, save
 
     plt = pyplot()
-
     files = []
     for name, table in result_counts.items():
         if not isinstance(table, dict) or len(table) < 2 or name.endswith("by_split"):
@@ -192,9 +184,7 @@ def plot_counts(result_counts: dict[str, Any], out: Path) -> list[str]:
         ax.barh([k for k, _ in items][::-1], [v for _, v in items][::-1], color="tab:blue")
         ax.set(title=f"Records per {name}" + (" (top 25)" if len(table) > 25 else ""), xlabel="records")
         ax.tick_params(axis="y", labelsize=7)
-        fig.tight_layout()
-        fig.savefig(out / f"counts_{name}.png", dpi=110)
-        plt.close(fig)
+        save(fig, out / f"counts_{name}.png")
         files.append(f"counts_{name}.png")
     return files
 

@@ -1,4 +1,5 @@
-"""Run reports: PNG plots and a self-contained `report.html` (plots embedded)."""
+"""Run reports: a self-contained `report.html` (plots embedded), its HTML tables and images.
+The figures themselves are drawn in `plots.py`."""
 
 from __future__ import annotations
 
@@ -6,37 +7,6 @@ import base64
 import html
 from pathlib import Path
 from typing import Any
-
-
-def pyplot():
-    """matplotlib's pyplot on the Agg backend: files only, no display on training machines."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def plot_curves(rows: list[dict[str, Any]], keys: list[str], out: Path, title: str) -> Path | None:
-    """One panel per metric key present in `rows` (from metrics.jsonl), against step."""
-    plt = pyplot()
-
-    present = [k for k in keys if any(isinstance(r.get(k), int | float) for r in rows)]
-    if not present:
-        return None
-    fig, axes = plt.subplots(1, len(present), figsize=(4.5 * len(present), 3.4), squeeze=False)
-    for ax, key in zip(axes[0], present, strict=True):
-        pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), int | float)]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 40 else None)
-        ax.set(title=key, xlabel="step")
-        ax.grid(alpha=0.3)
-    fig.suptitle(title)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
 
 
 def table_html(rows: list[dict[str, Any]], columns: list[str]) -> str:

@@ -23,7 +23,7 @@ from tqdm import tqdm
 from .. import ops
 from ..config import DPOConfig
 from ..data.examples import PairExample, query_limits
-from ..eval import rm_metrics
+from ..eval import plots, rm_metrics, rm_report
 from ..eval.report import table_html
 from ..models import DPO_RECORD, ImplicitRewardModel, load_policy
 from ..rollout import SamplingParams, generate_texts, sequence_logprobs
@@ -189,7 +189,7 @@ def run(cfg: DPOConfig, _parsed: Any = None) -> int:
         evaluation = evaluate_reward_model(implicit, tokenizer, val_pairs, run_dir / "rm_eval", batch_size=cfg.forward_batch_size,
                                            probes=builtin_probes_for(cfg.data_format, "builtin"),
                                            limits=query_limits(cfg.max_query_length, cfg.max_article_query_length))
-        print(rm_metrics.headline(evaluation))
+        print(rm_report.headline(evaluation))
         samples = sample_comparison(final, reference, tokenizer, val_pairs[: cfg.eval_samples], cfg) if cfg.eval_samples else []
         write_jsonl(run_dir / "eval_samples.jsonl", samples)
         if samples:
@@ -197,7 +197,7 @@ def run(cfg: DPOConfig, _parsed: Any = None) -> int:
             extra_sections.append((f"Greedy responses to {len(samples)} validation prompts (mean tokens: reference "
                                    f"{lengths['reference']:.1f}, DPO {lengths['dpo']:.1f})",
                                    table_html(samples[:10], ["prompt", "human_chosen", "reference", "dpo", "reference_tokens", "dpo_tokens"])))
-    rm_metrics.plot_training_curves(read_metrics(run_dir), run_dir / "plots")
+    plots.plot_training_curves(read_metrics(run_dir), run_dir / "plots")
     write_rm_report(run_dir, notes, evaluation, run_dir / "rm_eval", "DPO (implicit reward, equation 5)", extra_sections)
     print(f"model: {run_dir / 'model'}\nreport: {run_dir / 'report.html'}")
     return 0

@@ -19,7 +19,8 @@ from ..data import SFTRecord, SkipLog, load_pairs, load_sft
 from ..data.examples import SFTExample, tokenize_sft
 from ..data.split import split_by_prompt
 from ..errors import ModelError
-from ..eval.report import image_html, plot_curves, table_html, write_report
+from ..eval.plots import plot_curves
+from ..eval.report import image_html, table_html, write_report
 from ..eval.rouge import mean, rouge_l
 from ..models import EMBEDDED, SCALAR_CONFIG, ScalarModel, load_policy, load_reward_model, load_tokenizer
 from ..ops import ADVANTAGE_ESTIMATORS, eos_trick

@@ -23,8 +23,9 @@ from ..data.collate import right_pad_query_response
 from ..data.examples import PairExample, query_limits, tokenize_pairs, tokenize_sft
 from ..data.split import split_by_prompt
 from ..data.tldr import Comparison
-from ..eval import rm_metrics
-from ..eval.report import image_html, pyplot, table_html, write_report
+from ..eval import plots, rm_metrics, rm_report
+from ..eval.probes import DEFAULT_PROBES, load_probes, probe_items, probe_table
+from ..eval.report import image_html, table_html, write_report
 from ..models import (
     DPO_RECORD,
     SCALAR_CONFIG,
@@ -127,15 +128,12 @@ def dump_reward_logits(model: ScalarModel, tokenizer, examples: list[PairExample
 
 
 def plot_reward_logits(dump: dict[str, Any], path: Path) -> None:
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(max(6, 0.25 * len(dump["tokens"])), 3.5))
+    fig, ax = plots.pyplot().subplots(figsize=(max(6, 0.25 * len(dump["tokens"])), 3.5))
     colors = ["tab:red" if i == dump["eos_index"] else "tab:gray" for i in range(len(dump["tokens"]))]
     ax.bar(range(len(dump["scores"])), dump["scores"], color=colors)
     ax.set_xticks(range(len(dump["tokens"])), dump["tokens"], rotation=90, fontsize=7)
     ax.set(title="Reward logits per response token (red: EOS, the only valid reward; Detail 13)", ylabel="head output")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plots.save(fig, path)
 
 
 def score_probes(model: ScalarModel, tokenizer, probes_path: str, limits: dict[str, int]) -> list[dict[str, Any]]:
@@ -143,12 +141,12 @@ def score_probes(model: ScalarModel, tokenizer, probes_path: str, limits: dict[s
 
     if not probes_path:
         return []
-    probes = rm_metrics.load_probes(rm_metrics.DEFAULT_PROBES if probes_path == "builtin" else probes_path)
-    items = rm_metrics.probe_items(probes)
+    probes = load_probes(DEFAULT_PROBES if probes_path == "builtin" else probes_path)
+    items = probe_items(probes)
     queries = [encode_query(tokenizer, it["task"], it["fields"], limits[it["task"]]).ids for it in items]
     responses = [encode_completion(tokenizer, it["text"]) for it in items]
     scores = score_texts(model, tokenizer.pad_token_id, queries, responses, 8, "probes")
-    return rm_metrics.probe_table(probes, scores.tolist())
+    return probe_table(probes, scores.tolist())
 
 
 def builtin_probes_for(data_format: str, probes: str) -> str:
@@ -168,7 +166,7 @@ def evaluate_reward_model(
     comparisons = [e.record for e in examples]
     result = rm_metrics.evaluate_rewards(comparisons, chosen, rejected, lengths_c, lengths_r, "tokens", bins, errors)
     probe_rows = score_probes(model, tokenizer, probes, limits)
-    rm_metrics.write_rm_eval(out, result, chosen, rejected, lengths_c, lengths_r, probe_rows=probe_rows or None)
+    rm_report.write_rm_eval(out, result, chosen, rejected, lengths_c, lengths_r, probe_rows=probe_rows or None)
     if dump and model.head_type == "eos-linear":
         dump_reward_logits(model, tokenizer, examples[:dump], out)
     return result
@@ -235,10 +233,10 @@ def run(cfg: RMConfig, _parsed: Any = None) -> int:
     if val_examples:
         evaluation = evaluate_reward_model(final, tokenizer, val_examples, run_dir / "rm_eval", batch_size=cfg.micro_batch_size * 2,
                                            probes=builtin_probes_for(cfg.data_format, "builtin"), limits=limits)
-        print(rm_metrics.headline(evaluation))
+        print(rm_report.headline(evaluation))
     else:
         notes.append("no validation pairs (validation_fraction=0): evaluate with `rlhfkit rm-eval`")
-    rm_metrics.plot_training_curves(read_metrics(run_dir), run_dir / "plots")
+    plots.plot_training_curves(read_metrics(run_dir), run_dir / "plots")
     write_rm_report(run_dir, notes, evaluation, run_dir / "rm_eval")
     print(f"model: {run_dir / 'model'}\nreport: {run_dir / 'report.html'}")
     return 0
@@ -291,6 +289,6 @@ def run_eval(cfg: RMEvalConfig, _parsed: Any = None) -> int:
     probes = builtin_probes_for(cfg.data_format, cfg.probes)
     result = evaluate_reward_model(model, tokenizer, examples, out, batch_size=cfg.batch_size, probes=probes, limits=limits,
                                    errors=cfg.errors, bins=cfg.calibration_bins, dump=cfg.dump_logits)
-    print(rm_metrics.headline(result))
+    print(rm_report.headline(result))
     print(f"wrote {out / 'rm_eval.json'}")
     return 0

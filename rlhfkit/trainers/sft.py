@@ -19,7 +19,8 @@ from ..data import load_sft
 from ..data.collate import IGNORE_INDEX, right_pad_query_response
 from ..data.examples import SFTExample, tokenize_sft
 from ..data.split import split_by_prompt
-from ..eval.report import image_html, plot_curves, table_html, write_report
+from ..eval.plots import plot_curves
+from ..eval.report import image_html, table_html, write_report
 from ..eval.rouge import mean, rouge_l
 from ..models import load_policy
 from ..ops import token_cross_entropy_sum

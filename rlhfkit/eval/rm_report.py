@@ -1,0 +1,112 @@
+"""What `rlhfkit rm-eval` writes: rm_eval.json, confident_errors.jsonl, the PNG plots, probes.md, and a
+terminal headline.
+
+It sits on top of the other evaluation modules: `evaluate_rewards` in `rm_metrics` computes the
+result, `plots` draws it, `probes` checks and renders the probe table; the HTML `report.html` that
+embeds these files is written by `report.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .plots import plot_accuracy_bars, plot_calibration, plot_length_bias, plot_margin_histogram
+from .probes import probe_checks, render_probe_table_markdown
+from .rm_metrics import UNKNOWN, reward_pair
+
+
+def json_safe(value: Any) -> Any:
+    """NaN/inf become null and numpy scalars plain numbers, so rm_eval.json is strict JSON."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def write_rm_eval(
+    out_dir: str | Path,
+    result: dict[str, Any],
+    chosen_rewards: Any,
+    rejected_rewards: Any,
+    chosen_lengths: Any = None,
+    rejected_lengths: Any = None,
+    probe_rows: Sequence[dict[str, Any]] | None = None,
+) -> list[str]:
+    """Write rm_eval.json, confident_errors.jsonl, the plots and (with probe rows) probes.md; return the
+    file names.
+
+    `result` is `evaluate_rewards(...)`; its confident errors go to confident_errors.jsonl, one per
+    line, and rm_eval.json keeps their count. length_bias.png needs the response lengths.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    chosen, rejected = reward_pair(chosen_rewards, rejected_rewards)
+    files: list[str] = []
+    summary = {k: v for k, v in result.items() if k != "confident_errors"}
+    errors = result.get("confident_errors") or []
+    with (out / "confident_errors.jsonl").open("w", encoding="utf-8") as handle:
+        for error in errors:
+            handle.write(json.dumps(json_safe(error), ensure_ascii=False) + "\n")
+    summary["confident_errors"] = {"file": "confident_errors.jsonl", "count": len(errors)}
+    files.append("confident_errors.jsonl")
+    if "calibration" in result:
+        files.append(plot_calibration(result["calibration"], out / "calibration.png").name)
+    if chosen_lengths is not None and rejected_lengths is not None:
+        unit = result.get("length_bias", {}).get("unit", "tokens")
+        files.append(
+            plot_length_bias(
+                chosen, rejected, chosen_lengths, rejected_lengths, out / "length_bias.png", unit
+            ).name
+        )
+    table = result.get("breakdown", {})
+    overall = result.get("accuracy", float((chosen > rejected).mean()))
+    for attribute in ("confidence", "batch"):
+        groups = table.get(attribute, {})
+        if groups and set(map(str, groups)) != {UNKNOWN}:  # HH has neither: a lone "unknown" bar says nothing
+            title = f"Validation accuracy by {attribute} (Table 5)"
+            files.append(
+                plot_accuracy_bars(
+                    groups, overall, title, attribute, out / f"accuracy_by_{attribute}.png"
+                ).name
+            )
+    files.append(plot_margin_histogram(chosen, rejected, out / "margin_histogram.png").name)
+    if probe_rows:
+        checks = probe_checks(probe_rows)
+        summary["probes"] = {"rows": list(probe_rows), "checks": checks}
+        (out / "probes.md").write_text(render_probe_table_markdown(probe_rows, checks), encoding="utf-8")
+        files.append("probes.md")
+    summary["files"] = ["rm_eval.json", *files]
+    (out / "rm_eval.json").write_text(
+        json.dumps(json_safe(summary), indent=2, ensure_ascii=False), encoding="utf-8"
+    )
+    return summary["files"]
+
+
+def headline(result: dict[str, Any]) -> str:
+    """A few lines for the terminal: accuracy, loss, calibration and length bias."""
+    calib, bias = result["calibration"], result["length_bias"]
+    rho = bias["spearman"]
+    lines = [
+        f"pairs {result['pairs']}: accuracy {result['accuracy']:.4f}, loss {result['loss']:.4f}",
+        f"calibration ECE {calib['ece']:.4f} over {len(calib['bins'])} bins",
+        f"reward vs length ({bias['unit']}) Spearman {rho:.3f}"
+        if rho is not None
+        else "reward vs length: undefined (constant)",
+    ]
+    if bias["humans_prefer_longer"] is not None and bias["model_prefers_longer"] is not None:
+        lines.append(
+            f"longer response preferred by humans {bias['humans_prefer_longer']:.1%}, "
+            f"by the RM {bias['model_prefers_longer']:.1%}"
+        )
+    return "\n".join(lines)
