@@ -1,0 +1,174 @@
+"""`rlhfkit judge-eval`: how far to trust a judge before trusting its win rates.
+
+The judge compares the two responses of labelled human comparisons (TL;DR, CNN/DM or HH-RLHF pairs).
+Reported, each beside the trivial "always prefer the longer response" rule on the same pairs:
+- agreement with the human label, overall and by split, batch, confidence, policy pair and task
+  (`rm_metrics.breakdown`, as for a reward model), with a bootstrap interval;
+- position bias: every pair is judged in both orders; the share of votes for the response shown
+  first (0.5 for an unbiased judge), and the share of pairs whose two verdicts pick the same response;
+- unparseable replies, ties, calls, cache hits, tokens and cost.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..config import ConfigError, JudgeEvalConfig
+from ..data import load_pairs
+from ..data.tldr import Comparison
+from ..trainers.reward import filter_comparisons
+from . import rm_metrics
+from .judges import ApiOptions, Pair, Verdict, make_judge
+from .report import table_html, write_report
+from .rm_report import json_safe
+from .winrate import bootstrap_interval
+
+
+def pairs_of(comparisons: list[Comparison]) -> list[Pair]:
+    """The human-chosen response as A: a verdict "A" agrees with the human."""
+    return [Pair(rm_metrics.prompt_text(c), c.chosen.strip(), c.rejected.strip()) for c in comparisons]
+
+
+def reversed_pairs(pairs: list[Pair]) -> list[Pair]:
+    return [Pair(p.prompt, p.response_b, p.response_a) for p in pairs]
+
+
+@dataclass
+class BothOrders:
+    """Verdicts of each pair in the caller's order (chosen = A) and with the responses exchanged."""
+
+    forward: list[Verdict]
+    backward: list[Verdict]  # judged as (rejected, chosen): "B" here means the chosen response
+
+    def picks_chosen(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per pair and order: 1 the chosen, 0 the rejected, 0.5 a tie, nan unparseable."""
+        value = {"tie": 0.5, "unparseable": np.nan}
+        forward = [value.get(v.winner, float(v.winner == "A")) for v in self.forward]
+        backward = [value.get(v.winner, float(v.winner == "B")) for v in self.backward]
+        return np.array(forward), np.array(backward)
+
+
+def agreement_summary(picks: np.ndarray, seed: int) -> dict[str, Any]:
+    votes = picks[~np.isnan(picks)]
+    if votes.size == 0:
+        return {"agreement": None, "low": None, "high": None, "votes": 0}
+    low, high = bootstrap_interval(votes, np.mean, seed=seed)
+    return {"agreement": float(votes.mean()), "low": low, "high": high, "votes": int(votes.size)}
+
+
+def position_bias(orders: BothOrders) -> dict[str, Any]:
+    """Share of votes for the response shown first, and the share of pairs whose verdicts in the two
+    orders pick the same response (both votes, neither a tie)."""
+    shown = [v.shown_winner for v in orders.forward + orders.backward if v.shown_winner in ("A", "B")]
+    forward, backward = orders.picks_chosen()
+    decided = ~np.isnan(forward) & ~np.isnan(backward) & (forward != 0.5) & (backward != 0.5)
+    return {
+        "first_position_share": float(np.mean([s == "A" for s in shown])) if shown else None,
+        "first_position_votes": len(shown),
+        "consistent_share": float(np.mean(forward[decided] == backward[decided])) if decided.any() else None,
+        "pairs_decided_in_both_orders": int(decided.sum()),
+    }
+
+
+def longer_baseline(comparisons: list[Comparison]) -> dict[str, Any]:
+    """"Always prefer the longer response" (by characters) on the same pairs; equal length counts half."""
+    chosen, rejected = rm_metrics.char_lengths(comparisons)
+    picks = (chosen > rejected) + 0.5 * (chosen == rejected)
+    return {"agreement": float(picks.mean()), "pairs": len(comparisons), "chosen_longer_share": float((chosen > rejected).mean())}
+
+
+def summarise(comparisons: list[Comparison], orders: BothOrders, seed: int) -> dict[str, Any]:
+    forward, backward = orders.picks_chosen()
+    both = np.concatenate([forward, backward])
+    stacked = np.stack([forward, backward])
+    counted = (~np.isnan(stacked)).sum(0)
+    kept = counted > 0  # pairs with at least one parseable verdict: the mean of their votes
+    per_pair = np.where(kept, np.nan_to_num(stacked).sum(0) / np.maximum(counted, 1), np.nan)
+    outcomes = [v.winner for v in orders.forward + orders.backward]
+    return {
+        "pairs": len(comparisons),
+        "agreement": agreement_summary(both, seed),
+        "agreement_first_order_only": agreement_summary(forward, seed),
+        "breakdown": rm_metrics.breakdown([c for c, k in zip(comparisons, kept, strict=True) if k], per_pair[kept]) if kept.any() else {},
+        "longer_baseline": longer_baseline(comparisons),
+        "position_bias": position_bias(orders),
+        "unparseable": outcomes.count("unparseable"),
+        "ties": outcomes.count("tie"),
+        "verdicts": len(outcomes),
+    }
+
+
+def verdict_rows(comparisons: list[Comparison], orders: BothOrders) -> list[dict[str, Any]]:
+    rows = []
+    for c, f, b in zip(comparisons, orders.forward, orders.backward, strict=True):
+        rows.append({"prompt_id": c.prompt_id, "split": c.split, "batch": c.batch, "confidence": c.confidence,
+                     "chosen_first": {"winner": f.winner, "swapped": f.swapped, "reply": f.raw, "cached": f.cached},
+                     "rejected_first": {"winner": b.winner, "swapped": b.swapped, "reply": b.raw, "cached": b.cached}})
+    return rows
+
+
+def headline(summary: dict[str, Any], judge: str) -> str:
+    agreement, baseline, bias = summary["agreement"], summary["longer_baseline"], summary["position_bias"]
+    lines = [f"judge {judge} on {summary['pairs']} labelled pairs, each in both orders:"]
+    if agreement["agreement"] is None:
+        lines.append("  no parseable verdict: agreement undefined")
+    else:
+        lines.append(f"  agreement with humans {agreement['agreement']:.3f} [{agreement['low']:.3f}, {agreement['high']:.3f}] "
+                     f"over {agreement['votes']} votes; always-prefer-longer {baseline['agreement']:.3f}")
+    if bias["first_position_share"] is not None:
+        lines.append(f"  votes for the response shown first {bias['first_position_share']:.3f} (unbiased: 0.5)")
+    if bias["consistent_share"] is not None:
+        lines.append(f"  same pick in both orders {bias['consistent_share']:.3f} of {bias['pairs_decided_in_both_orders']} pairs")
+    lines.append(f"  unparseable {summary['unparseable']} of {summary['verdicts']} verdicts, ties {summary['ties']}")
+    return "\n".join(lines)
+
+
+def load_comparisons(cfg: JudgeEvalConfig) -> tuple[list[Comparison], str]:
+    records, log = load_pairs(cfg.data_format, cfg.data, cfg.hf_split)
+    records = filter_comparisons(records, cfg.splits, cfg.batches)
+    if not records:
+        raise ConfigError(f"no comparisons left in {', '.join(cfg.data)} after splits={cfg.splits} batches={cfg.batches}")
+    # a seeded sample rather than the first pairs: files are often sorted by batch or policy
+    order = np.random.default_rng(cfg.seed).permutation(len(records))
+    picked = [records[i] for i in sorted(order[: cfg.max_pairs])] if cfg.max_pairs else records
+    return picked, log.summary("pairs")
+
+
+def run(cfg: JudgeEvalConfig, _parsed: Any = None) -> int:
+    if not cfg.judge or not cfg.data:
+        raise ConfigError("judge-eval needs judge=<spec> (e.g. hf:smollm2-135m, openai:gpt-4o-mini, rm:<folder>) and data=<comparisons>")
+    out = Path(cfg.out) if cfg.out else Path("runs") / f"judge-eval-{datetime.now():%Y%m%d-%H%M%S}"
+    out.mkdir(parents=True, exist_ok=True)
+    comparisons, note = load_comparisons(cfg)
+    print(f"loaded: {note}; judging {len(comparisons)} pairs in both orders")
+    options = ApiOptions(concurrency=cfg.concurrency, timeout=cfg.timeout, input_price=cfg.input_price, output_price=cfg.output_price)
+    judge = make_judge(cfg.judge, template=cfg.template or None, cache_dir=cfg.cache_dir, seed=cfg.seed, options=options,
+                       max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size)
+    pairs = pairs_of(comparisons)
+    orders = BothOrders(judge.judge(pairs), judge.judge(reversed_pairs(pairs)))
+    summary = summarise(comparisons, orders, cfg.seed) | {"judge": judge.describe(), "stats": judge.stats.as_dict(), "data": note}
+    (out / "judge_eval.json").write_text(json.dumps(json_safe(summary), indent=2))
+    (out / "verdicts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in verdict_rows(comparisons, orders)))
+    write_judge_report(out, summary)
+    print(headline(summary, cfg.judge))
+    print(f"wrote {out / 'judge_eval.json'}")
+    return 0
+
+
+def write_judge_report(out: Path, summary: dict[str, Any]) -> Path:
+    overview = {"agreement with humans": summary["agreement"]["agreement"], "interval": (summary["agreement"]["low"], summary["agreement"]["high"]),
+                "always prefer the longer": summary["longer_baseline"]["agreement"]} | summary["position_bias"]
+    sections = [("Judge", f"<pre>{json.dumps(summary['judge'], indent=2)}</pre>"),
+                ("Agreement and position bias", table_html([{"metric": k, "value": v} for k, v in overview.items()], ["metric", "value"]))]
+    for name in ("split", "batch", "confidence", "task"):
+        groups = summary.get("breakdown", {}).get(name, {})
+        if groups:
+            sections.append((f"Agreement by {name}", table_html([{name: g, **s} for g, s in groups.items()], [name, "accuracy", "count", "stderr"])))
+    sections.append(("Calls and cost", f"<pre>{json.dumps(summary['stats'], indent=2)}</pre>"))
+    return write_report(out, f"Judge evaluation: {summary['judge']['judge']}", sections)
