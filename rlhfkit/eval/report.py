@@ -9,12 +9,23 @@ from pathlib import Path
 from typing import Any
 
 
+PREVIEW_LINES, PREVIEW_CHARS = 3, 240  # a longer cell (a whole post) is collapsed behind its start
+
+
 def table_html(rows: list[dict[str, Any]], columns: list[str]) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(format_cell(r.get(c, '')))}</td>" for c in columns) + "</tr>" for r in rows
-    )
+    body = "".join("<tr>" + "".join(f"<td>{cell_html(format_cell(r.get(c, '')))}</td>" for c in columns) + "</tr>" for r in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def cell_html(text: str) -> str:
+    """Short text as it is; long text as its first lines, the rest one click away, so a table of
+    samples fits a screen."""
+    lines = text.splitlines()
+    if len(lines) <= PREVIEW_LINES and len(text) <= PREVIEW_CHARS:
+        return html.escape(text)
+    preview = "\n".join(lines[:PREVIEW_LINES])[:PREVIEW_CHARS]
+    return f"<details><summary>{html.escape(preview)} ...</summary>{html.escape(text)}</details>"
 
 
 def format_cell(value: Any) -> str:
