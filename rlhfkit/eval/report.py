@@ -8,7 +8,6 @@ import html
 from pathlib import Path
 from typing import Any
 
-
 PREVIEW_LINES, PREVIEW_CHARS = 3, 240  # a longer cell (a whole post) is collapsed behind its start
 
 
