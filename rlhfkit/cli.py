@@ -32,6 +32,7 @@ COMMANDS = [
     Command(("rloo",), "RLOO: k samples per prompt, leave-one-out baseline, no value model (PPO's core)", "rlhfkit.trainers.group:run_rloo", "rloo"),
     Command(("rm-eval",), "reward-model evaluation: accuracy by split/batch/confidence, calibration, length bias, probes", "rlhfkit.trainers.reward:run_eval", "rm-eval"),
     Command(("judge-eval",), "a judge's agreement with human labels and its position bias, beside the length baseline", "rlhfkit.eval.judge_eval:run", "judge-eval"),
+    Command(("eval",), "policies compared on their samples: judge win rates with intervals and length control, head to head, ROUGE-L, alarms", "rlhfkit.eval.compare:run", "eval"),
     Command(("generate",), "summarise TL;DR posts with a policy, with ROUGE-L against the references", "rlhfkit.trainers.sft:run_generate", "generate"),
     Command(("data", "analyze"), "dataset analysis: counts, token lengths, truncation, length bias", "rlhfkit.cli:run_analyze", "data-analyze"),
     Command(("models", "prepare"), "convert an embedded model (smollm2-135m) into the cache once", "rlhfkit.cli:run_prepare", positional="name"),

@@ -271,14 +271,10 @@ class RMEvalConfig:
 
 
 @dataclass
-class JudgeEvalConfig:
+class JudgeConfig:
+    """Fields of the commands that ask a judge."""
+
     judge: str = opt("", "judge spec: openai:<model>[@<base url>], anthropic:<model>, hf:<model or folder>, rm:<reward model folder>")
-    data: list[str] = opt([], "labelled comparisons: hub id or OpenAI JSON-lines / HH-RLHF jsonl.gz files")
-    data_format: Literal["tldr-comparisons", "hh"] = opt("tldr-comparisons", "format of `data`")
-    hf_split: str = opt("validation", "split to read when `data` is a hub id")
-    splits: list[str] = opt([], "keep only comparisons from these splits (empty: all)", "Detail 16")
-    batches: list[str] = opt([], "keep only comparisons from these annotation batches (empty: all)", "Detail 16")
-    max_pairs: int = opt(64, "judge a seeded sample of this many pairs, each in both orders (0: all)")
     seed: int = opt(1, "seed of the sample and of the A/B order of each pair")
     template: str = opt("", "judge prompt template file (empty: the paper's Appendix I prompt)", "Appendix I")
     cache_dir: str = opt("runs/judge-cache", "verdict cache folder shared by evaluations (a repeated pair is never paid twice)")
@@ -288,10 +284,28 @@ class JudgeEvalConfig:
     output_price: float = opt(0.0, "API judges: price per million output tokens, for the cost line")
     max_new_tokens: int = opt(64, "hf judges: reply tokens generated", minimum=1)
     batch_size: int = opt(8, "hf and rm judges: pairs per forward batch", minimum=1)
+
+
+@dataclass
+class JudgeEvalConfig(JudgeConfig):
+    data: list[str] = opt([], "labelled comparisons: hub id or OpenAI JSON-lines / HH-RLHF jsonl.gz files")
+    data_format: Literal["tldr-comparisons", "hh"] = opt("tldr-comparisons", "format of `data`")
+    hf_split: str = opt("validation", "split to read when `data` is a hub id")
+    splits: list[str] = opt([], "keep only comparisons from these splits (empty: all)", "Detail 16")
+    batches: list[str] = opt([], "keep only comparisons from these annotation batches (empty: all)", "Detail 16")
+    max_pairs: int = opt(64, "judge a seeded sample of this many pairs, each in both orders (0: all)")
     out: str = opt("", "output folder (empty: runs/judge-eval-<timestamp>)")
 
 
-STAGES: dict[str, type] = {"sft": SFTConfig, "rm": RMConfig, "dpo": DPOConfig, "ppo": PPOConfig, "grpo": GRPOConfig, "rloo": RLOOConfig, "rm-eval": RMEvalConfig, "judge-eval": JudgeEvalConfig, "generate": GenerateConfig, "data-analyze": AnalyzeConfig}
+@dataclass
+class EvalConfig(JudgeConfig):
+    samples: list[str] = opt([], "name=path of each policy's samples, written by `rlhfkit generate` on the same posts")
+    rm_judge: str = opt("", "rm:<reward model folder>: its preference consistency with `judge` on the same pairs", "Detail 17")
+    max_prompts: int = opt(0, "compare on at most this many common prompts (0: all)")
+    out: str = opt("", "output folder (empty: runs/eval-<timestamp>)")
+
+
+STAGES: dict[str, type] = {"sft": SFTConfig, "rm": RMConfig, "dpo": DPOConfig, "ppo": PPOConfig, "grpo": GRPOConfig, "rloo": RLOOConfig, "rm-eval": RMEvalConfig, "judge-eval": JudgeEvalConfig, "eval": EvalConfig, "generate": GenerateConfig, "data-analyze": AnalyzeConfig}
 
 
 def field_info(cls: type) -> list[tuple[str, Any, str, str | None, str]]:

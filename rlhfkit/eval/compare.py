@@ -1,0 +1,179 @@
+"""`rlhfkit eval`: policies compared through their samples on the same held-out prompts.
+
+Input: one JSON-lines file per policy as `rlhfkit generate` writes it (prompt_id, query, reference,
+text, tokens, has_eos), named `name=path`. Only prompts present in every file are compared. Output:
+- per policy: ROUGE-L, length, EOS rate, the reward-hacking alarms (`alarms.py`), and with a judge
+  its win rate against the reference summaries with a bootstrap interval, by bins of
+  log(length / reference length) (Figure 8) and adjusted to equal length (`winrate.py`);
+- with a judge and two or more policies: the head-to-head matrix (row beats column; seed 002's table);
+- with `rm_judge` besides `judge`: how often the reward model and the judge prefer the same
+  response of the same pairs (Detail 17's preference consistency).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from ..config import ConfigError, EvalConfig
+from ..tracking import read_jsonl
+from .alarms import alarms, words
+from .judges import ApiOptions, Pair, Verdict, make_judge
+from .report import table_html, write_report
+from .rm_report import json_safe
+from .rouge import mean, rouge_l
+from .winrate import length_adjusted_win_rate, length_bins, win_rate
+
+SAMPLE_FIELDS = ("prompt_id", "query", "reference", "text")
+OUTCOME = {"A": "win", "B": "loss", "tie": "tie", "unparseable": "unparseable"}
+
+
+def parse_named_paths(specs: list[str]) -> dict[str, Path]:
+    named = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise ConfigError(f"samples entry {spec!r} must be name=path (e.g. ppo=runs/ppo/samples.jsonl)")
+        if name in named:
+            raise ConfigError(f"samples: the name {name!r} is given twice")
+        if not Path(path).is_file():
+            raise ConfigError(f"samples: {path} (for {name}) does not exist; write it with `rlhfkit generate`")
+        named[name] = Path(path)
+    return named
+
+
+def read_samples(path: Path) -> dict[str, dict[str, Any]]:
+    rows = read_jsonl(path)
+    for number, row in enumerate(rows, 1):
+        missing = [f for f in SAMPLE_FIELDS if f not in row]
+        if missing:
+            raise ConfigError(f"{path}:{number} lacks {', '.join(missing)}; give a file written by `rlhfkit generate`")
+    return {str(row["prompt_id"]): row for row in rows}
+
+
+def common_prompts(samples: dict[str, dict[str, dict[str, Any]]], limit: int) -> list[str]:
+    """Prompt ids present in every file, in the first file's order."""
+    first, *others = samples.values()
+    ids = [pid for pid in first if all(pid in other for other in others)]
+    if not ids:
+        raise ConfigError("the sample files share no prompt_id: generate them on the same posts (same data, split and seed)")
+    return ids[:limit] if limit else ids
+
+
+def outcomes_of(verdicts: list[Verdict]) -> list[str]:
+    """Verdicts about (A = the policy, B = the other side) as the policy's win/loss/tie/unparseable."""
+    return [OUTCOME[v.winner] for v in verdicts]
+
+
+def policy_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    texts, references = [r["text"] for r in rows], [r["reference"] for r in rows]
+    has_eos = [bool(r.get("has_eos", True)) for r in rows]
+    return {"prompts": len(rows), "rouge_l": mean(rouge_l(texts, references)), "words": mean([len(words(t)) for t in texts]),
+            "reference_words": mean([len(words(t)) for t in references]), "eos_rate": mean([float(e) for e in has_eos]),
+            "alarms": alarms(texts, [r["query"] for r in rows], references, has_eos)}
+
+
+def versus_references(judge, rows: list[dict[str, Any]], seed: int) -> tuple[dict[str, Any], list[Verdict]]:
+    verdicts = judge.judge([Pair(r["query"], r["text"], r["reference"]) for r in rows])
+    outcomes = outcomes_of(verdicts)
+    lengths = [max(1, len(words(r["text"]))) for r in rows]
+    reference_lengths = [max(1, len(words(r["reference"]))) for r in rows]
+    return {
+        "win_rate": asdict(win_rate(outcomes, seed=seed)),
+        "length_bins": length_bins(outcomes, lengths, reference_lengths),
+        "length_adjusted": length_adjusted_win_rate(outcomes, lengths, reference_lengths, seed=seed),
+    }, verdicts
+
+
+def head_to_head(judge, samples: dict[str, dict[str, dict[str, Any]]], ids: list[str], seed: int) -> dict[str, dict[str, Any]]:
+    """matrix[a][b]: a's win rate against b on the same prompts (each unordered pair judged once)."""
+    names = list(samples)
+    matrix: dict[str, dict[str, Any]] = {a: {} for a in names}
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            pairs = [Pair(samples[a][p]["query"], samples[a][p]["text"], samples[b][p]["text"]) for p in ids]
+            outcomes = outcomes_of(judge.judge(pairs))
+            result = win_rate(outcomes, seed=seed)
+            matrix[a][b] = asdict(result)
+            flipped = [{"win": "loss", "loss": "win"}.get(o, o) for o in outcomes]
+            matrix[b][a] = asdict(win_rate(flipped, seed=seed))
+    return matrix
+
+
+def preference_consistency(first: list[Verdict], second: list[Verdict]) -> dict[str, Any]:
+    """Detail 17: share of pairs, decided by both judges, where they prefer the same response."""
+    both = [(a.winner, b.winner) for a, b in zip(first, second, strict=True) if a.winner in ("A", "B") and b.winner in ("A", "B")]
+    return {"pairs": len(both), "consistency": mean([float(a == b) for a, b in both]) if both else None}
+
+
+def run(cfg: EvalConfig, _parsed: Any = None) -> int:
+    if not cfg.samples:
+        raise ConfigError("eval needs samples=name=path[,name=path...] (files written by `rlhfkit generate`)")
+    named = parse_named_paths(cfg.samples)
+    samples = {name: read_samples(path) for name, path in named.items()}
+    ids = common_prompts(samples, cfg.max_prompts)
+    out = Path(cfg.out) if cfg.out else Path("runs") / f"eval-{datetime.now():%Y%m%d-%H%M%S}"
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"comparing {', '.join(named)} on {len(ids)} common prompts")
+    result: dict[str, Any] = {"prompts": len(ids), "policies": {}}
+    judge = make_judge(cfg.judge, template=cfg.template or None, cache_dir=cfg.cache_dir, seed=cfg.seed,
+                       options=ApiOptions(concurrency=cfg.concurrency, timeout=cfg.timeout, input_price=cfg.input_price,
+                                          output_price=cfg.output_price),
+                       max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size) if cfg.judge else None
+    rm_judge = make_judge(cfg.rm_judge, cache_dir=cfg.cache_dir, seed=cfg.seed, batch_size=cfg.batch_size) if cfg.rm_judge else None
+    for name in named:
+        rows = [samples[name][p] for p in ids]
+        summary = policy_summary(rows)
+        if judge is not None:
+            versus, verdicts = versus_references(judge, rows, cfg.seed)
+            summary |= versus
+            if rm_judge is not None:
+                rm_verdicts = rm_judge.judge([Pair(r["query"], r["text"], r["reference"]) for r in rows])
+                summary["rm_judge_consistency"] = preference_consistency(verdicts, rm_verdicts)
+        result["policies"][name] = summary
+    if judge is not None and len(named) > 1:
+        result["head_to_head"] = head_to_head(judge, samples, ids, cfg.seed)
+    if judge is not None:
+        result["judge"] = judge.describe() | {"stats": judge.stats.as_dict()}
+    (out / "eval.json").write_text(json.dumps(json_safe(result), indent=2))
+    write_eval_report(out, result)
+    print(headline(result))
+    print(f"wrote {out / 'eval.json'}")
+    return 0
+
+
+def headline(result: dict[str, Any]) -> str:
+    lines = []
+    for name, s in result["policies"].items():
+        line = f"{name}: ROUGE-L {s['rouge_l']:.3f}, {s['words']:.1f} words (references {s['reference_words']:.1f}), EOS {s['eos_rate']:.2f}"
+        rate = s.get("win_rate", {})
+        if rate.get("rate") is not None:
+            line += f", win rate vs references {rate['rate']:.3f} [{rate['low']:.3f}, {rate['high']:.3f}]"
+        if s["alarms"]["flags"]:
+            line += f", alarms: {', '.join(s['alarms']['flags'])}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def write_eval_report(out: Path, result: dict[str, Any]) -> Path:
+    rows = []
+    for name, s in result["policies"].items():
+        rate, adjusted = s.get("win_rate", {}), s.get("length_adjusted", {})
+        rows.append({"policy": name, "ROUGE-L": s["rouge_l"], "words": s["words"], "EOS rate": s["eos_rate"],
+                     "win rate vs references": rate.get("rate"), "interval": (rate.get("low"), rate.get("high")),
+                     "at equal length": adjusted.get("win_rate_at_equal_length"), "alarms": ", ".join(s["alarms"]["flags"]) or "none"})
+    sections = [("Policies", table_html(rows, list(rows[0])))]
+    for name, s in result["policies"].items():
+        if "length_bins" in s:
+            sections.append((f"{name}: win rate by log(length / reference length) (Figure 8)",
+                             table_html(s["length_bins"], ["low", "high", "pairs", "votes", "win_rate"])))
+    if "head_to_head" in result:
+        names = list(result["head_to_head"])
+        matrix = [{"row beats column": a} | {b: result["head_to_head"][a].get(b, {}).get("rate", "") for b in names} for a in names]
+        sections.append(("Head to head", table_html(matrix, ["row beats column", *names])))
+    if "judge" in result:
+        sections.append(("Judge", f"<pre>{json.dumps(json_safe(result['judge']), indent=2)}</pre>"))
+    return write_report(out, "Policy evaluation", sections)

@@ -1,0 +1,89 @@
+"""`rlhfkit eval` (issue 9): policies compared through their samples; reward-hacking alarms."""
+
+import gzip
+import json
+
+import pytest
+
+from rlhfkit.cli import main as cli_main
+from rlhfkit.eval import alarms
+
+from .conftest import data_file
+from .test_judges import ProtocolServer
+
+
+def test_alarm_measures_hand_values():
+    assert alarms.copy_share("The cat sat on the mat", "yesterday the cat sat on the mat, again") == 1.0
+    assert alarms.copy_share("a b c d e", "a b c d x") == 0.5  # (a b c d) found, (b c d e) not
+    assert alarms.copy_share("too short", "too short") == 0.0  # no 4-gram at all
+    assert alarms.repeated_share("a b c a b c") == 0.25  # abc bca cab abc: one repeat in four
+    result = alarms.alarms(["x y z w v " * 4, "fine summary here"], ["p", "q"], ["one two three", "four five six"], [True, False])
+    assert result["eos_rate"] == 0.5 and result["length_ratio"] == pytest.approx(23 / 6)
+    assert set(result["flags"]) == {"repeated_3gram_share", "length_ratio", "eos_rate"}
+
+
+@pytest.fixture(scope="module")
+def posts():
+    rows = []
+    with gzip.open(data_file("tldr-sft-sample", "tldr_sft_sample.jsonl.gz"), "rt") as f:
+        for _, line in zip(range(12), f, strict=False):
+            record = json.loads(line)
+            rows.append({"prompt_id": str(record["row"]), "query": f"TITLE: {record['title']}\n\nPOST: {record['post']}\n\nTL;DR:",
+                         "reference": record["summary"].strip(), "post": record["post"]})
+    return rows
+
+
+def write_samples(path, posts, text_of, skip=()):
+    rows = [{"prompt_id": p["prompt_id"], "query": p["query"], "reference": p["reference"], "text": text_of(p),
+             "tokens": 10, "has_eos": True} for i, p in enumerate(posts) if i not in skip]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def server(monkeypatch):
+    from . import test_judges
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-eval")
+    monkeypatch.setattr(test_judges, "preference_for", lambda prompt: "Preferred: " + (
+        "A" if "[best]" in prompt.split("Summary A:\n", 1)[1].split("\n\nSummary B:", 1)[0] else "B"))
+    srv = ProtocolServer("openai")
+    yield srv
+    srv.close()
+
+
+def test_eval_win_rates_head_to_head_and_alarms(server, posts, tmp_path, capsys):
+    best = write_samples(tmp_path / "best.jsonl", posts, lambda p: "[best] " + p["reference"])
+    plain = write_samples(tmp_path / "plain.jsonl", posts, lambda p: p["reference"], skip={0})
+    copy = write_samples(tmp_path / "copy.jsonl", posts, lambda p: " ".join(p["post"].split()[:40]))
+    out = tmp_path / "eval"
+    args = [f"samples=best={best},plain={plain},copy={copy}", f"judge=openai:judge-model@{server.url}", f"out={out}",
+            f"cache_dir={tmp_path / 'cache'}", "timeout=5"]
+    assert cli_main(["eval", *args]) == 0
+    result = json.loads((out / "eval.json").read_text())
+    assert result["prompts"] == 11  # the prompt missing from one file is left out of every comparison
+    policies = result["policies"]
+    assert policies["best"]["win_rate"]["rate"] == 1.0
+    # without "[best]" on either side the scripted judge picks the response shown second: the same
+    # seeded A/B order for plain and copy gives both the same coin-flip win rate
+    assert 0 < policies["copy"]["win_rate"]["rate"] == policies["plain"]["win_rate"]["rate"] < 1
+    assert policies["plain"]["rouge_l"] == pytest.approx(1.0)
+    assert "copy_4gram_share" in policies["copy"]["alarms"]["flags"] and not policies["plain"]["alarms"]["flags"]
+    matrix = result["head_to_head"]
+    assert matrix["best"]["plain"]["rate"] == 1.0 and matrix["plain"]["best"]["rate"] == 0.0
+    assert matrix["best"]["copy"]["wins"] == matrix["copy"]["best"]["losses"] == 11
+    assert len(policies["best"]["length_bins"]) == 6 and "win_rate_at_equal_length" in policies["best"]["length_adjusted"]
+    assert "win rate vs references 1.000" in capsys.readouterr().out
+    assert (out / "report.html").is_file()
+    calls = len(server.bodies)
+    assert cli_main(["eval", *args[:-2], f"cache_dir={tmp_path / 'cache'}", f"out={tmp_path / 'again'}", "timeout=5"]) == 0
+    assert len(server.bodies) == calls  # a repeated evaluation is served from the verdict cache
+
+
+def test_eval_rejects_bad_sample_specs(tmp_path, capsys):
+    assert cli_main(["eval", "samples=nonsense"]) == 2
+    assert "must be name=path" in capsys.readouterr().err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt_id": "1", "text": "x"}) + "\n")
+    assert cli_main(["eval", f"samples=a={bad}"]) == 2
+    assert "lacks query, reference" in capsys.readouterr().err
