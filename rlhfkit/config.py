@@ -270,6 +270,30 @@ class RMEvalConfig:
     out: str = opt("", "output folder (empty: runs/rm-eval-<timestamp>)")
 
 
+def stage_opt(preset: str, what: str) -> Any:
+    return opt({"preset": preset}, f"options of the {what} stage, on top of its preset (the `preset` key) and the pipeline's wiring")
+
+
+@dataclass
+class PipelineConfig:
+    """`rlhfkit pipeline`: the stages in order, each in its own sub-directory of output_dir."""
+
+    output_dir: str = opt("runs/pipeline", "run directory; each stage writes <output_dir>/<stage>/")
+    stages: list[Literal["sft", "rm", "dpo", "ppo", "grpo", "rloo", "eval"]] = opt(["sft", "rm", "ppo", "eval"], "stages to run, in this order")
+    model: str = opt("smollm2-135m", "base model the SFT stage starts from")
+    sft_data: list[str] = opt(["vwxyzjn/summarize_from_feedback_tldr_3_filtered"], "TL;DR SFT data: SFT, the RM's Detail 15 bias, on-policy prompts", "Detail 1")
+    comparisons: list[str] = opt(["openai/summarize_from_feedback"], "human comparisons for the reward model and DPO", "Detail 1")
+    judge: str = opt("hf:smollm2-135m", "judge of the eval stage (see `rlhfkit eval --help`); empty: no win rates")
+    eval_posts: int = opt(16, "held-out posts summarised by every policy in the eval stage", minimum=1)
+    sft: dict[str, Any] = stage_opt("tldr-sft", "SFT")
+    rm: dict[str, Any] = stage_opt("tldr-rm", "reward-model")
+    dpo: dict[str, Any] = stage_opt("tldr-dpo", "DPO")
+    ppo: dict[str, Any] = stage_opt("tldr-ppo", "PPO")
+    grpo: dict[str, Any] = stage_opt("tldr-grpo", "GRPO")
+    rloo: dict[str, Any] = stage_opt("tldr-rloo", "RLOO")
+    eval: dict[str, Any] = opt({}, "options of the eval stage (`rlhfkit eval` keys, e.g. max_prompts)")
+
+
 @dataclass
 class JudgeConfig:
     """Fields of the commands that ask a judge."""
@@ -305,7 +329,7 @@ class EvalConfig(JudgeConfig):
     out: str = opt("", "output folder (empty: runs/eval-<timestamp>)")
 
 
-STAGES: dict[str, type] = {"sft": SFTConfig, "rm": RMConfig, "dpo": DPOConfig, "ppo": PPOConfig, "grpo": GRPOConfig, "rloo": RLOOConfig, "rm-eval": RMEvalConfig, "judge-eval": JudgeEvalConfig, "eval": EvalConfig, "generate": GenerateConfig, "data-analyze": AnalyzeConfig}
+STAGES: dict[str, type] = {"sft": SFTConfig, "rm": RMConfig, "dpo": DPOConfig, "ppo": PPOConfig, "grpo": GRPOConfig, "rloo": RLOOConfig, "rm-eval": RMEvalConfig, "judge-eval": JudgeEvalConfig, "eval": EvalConfig, "pipeline": PipelineConfig, "generate": GenerateConfig, "data-analyze": AnalyzeConfig}
 
 
 def field_info(cls: type) -> list[tuple[str, Any, str, str | None, str]]:
@@ -325,6 +349,8 @@ def describe_type(tp: Any) -> str:
         return "list of " + describe_type(typing.get_args(tp)[0]) + " (comma separated)"
     if isinstance(tp, types.UnionType):
         return " or ".join(describe_type(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) is dict:
+        return "mapping (YAML, e.g. '{max_steps: 4, preset: tldr-sft}'; merged into the preset's)"
     return getattr(tp, "__name__", str(tp))
 
 
@@ -342,6 +368,12 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
             value = next((a for a in allowed if str(a).lower() in YAML_BOOL_WORDS[value]), value)
         if value not in allowed:
             raise ConfigError(f"{key}={value!r} is not accepted; choose one of: {', '.join(map(str, allowed))}")
+        return value
+    if origin is dict:
+        if isinstance(value, str):
+            value = read_yaml_text(value, key)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key} expects a mapping of key: value, got {value!r}")
         return value
     if origin is list:
         (item_tp,) = typing.get_args(tp)
@@ -395,7 +427,9 @@ def apply(cls: type, values: dict[str, Any], where: str, base: Any = None) -> An
     for key, value in values.items():
         key = key.replace("-", "_")
         check_known(cls, key, where)
-        current[key] = check_minimum(cls, key, coerce(key, value, hints[key]))
+        value = check_minimum(cls, key, coerce(key, value, hints[key]))
+        # a mapping (a pipeline stage's options) is merged into the one it overrides, not replaced
+        current[key] = {**current.get(key, {}), **value} if isinstance(value, dict) else value
     return cls(**current)
 
 
