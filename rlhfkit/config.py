@@ -325,6 +325,10 @@ class JudgeEvalConfig(JudgeConfig):
 class EvalConfig(JudgeConfig):
     samples: list[str] = opt([], "name=path of each policy's samples, written by `rlhfkit generate` on the same posts")
     rm_judge: str = opt("", "rm:<reward model folder>: its preference consistency with `judge` on the same pairs", "Detail 17")
+    reward_model: str = opt("", "reward model folder: mean RM score of each policy's samples (-1 without EOS, Detail 23)")
+    reference_model: str = opt("", "reference policy (the SFT model): token shift of every policy's samples, KL of those in `models`", "Appendix F.2")
+    models: list[str] = opt([], "name=folder of the policies behind the samples (same names), for their KL to reference_model")
+    shift_samples: int = opt(3, "samples per policy shown with their tokens coloured by shift in the report", "Table 8")
     max_prompts: int = opt(0, "compare on at most this many common prompts (0: all)")
     out: str = opt("", "output folder (empty: runs/eval-<timestamp>)")
 

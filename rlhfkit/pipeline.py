@@ -83,6 +83,17 @@ def eval_samples(cfg: PipelineConfig, root: Path) -> list[str]:
     return specs
 
 
+def model_options(cfg: PipelineConfig, root: Path) -> dict[str, Any]:
+    """The eval stage's models: the RM scores every policy's samples, the SFT policy is the reference
+    of the KL and token shift of the trained ones."""
+    options: dict[str, Any] = {"models": [f"{s}={root / s / 'model'}" for s in cfg.stages if s in POLICY_STAGES]}
+    if "sft" in cfg.stages:
+        options["reference_model"] = str(root / "sft" / "model")
+    if "rm" in cfg.stages:
+        options["reward_model"] = str(root / "rm" / "model")
+    return options
+
+
 def headline_numbers(stage: str, stage_dir: Path) -> dict[str, Any]:
     """The numbers a stage ends with, read from the files it wrote."""
     if stage == "sft":
@@ -111,7 +122,7 @@ def run(cfg: PipelineConfig, _parsed: Any = None) -> int:
             print(f"pipeline: {stage} -> {stage_dir}")
             if stage == "eval":
                 stage_dir.mkdir(parents=True, exist_ok=True)
-                options = {"samples": eval_samples(cfg, root), "judge": cfg.judge, "out": str(stage_dir)} | cfg.eval
+                options = {"samples": eval_samples(cfg, root), "judge": cfg.judge, "out": str(stage_dir)} | model_options(cfg, root) | cfg.eval
                 call(RUNNERS[stage], resolve("eval", None, None, options))
             else:
                 call(RUNNERS[stage], stage_config(stage, cfg, root))

@@ -212,6 +212,8 @@ def generate_texts(
             tokenizer.eos_token_id, tokenizer.pad_token_id, generator,
         )
         for j, (i, text) in enumerate(zip(idx, response_texts(rollout, tokenizer), strict=True)):
-            results[i] = {"text": text.strip(), "tokens": int(rollout.lengths[j]), "has_eos": bool(rollout.has_eos[j])}
+            length = int(rollout.lengths[j])
+            results[i] = {"text": text.strip(), "tokens": length, "has_eos": bool(rollout.has_eos[j]),
+                          "ids": rollout.responses[j, :length].tolist()}
     model.train(was_training)
     return results

@@ -45,6 +45,12 @@ def test_pipeline_runs_every_stage_then_skips_finished_ones_and_resumes_an_inter
     evaluation = json.loads((out / "eval" / "eval.json").read_text())
     assert set(evaluation["policies"]) == {"sft", "ppo"} and evaluation["prompts"] == 4
     assert "head_to_head" in evaluation
+    sft, ppo = evaluation["policies"]["sft"], evaluation["policies"]["ppo"]
+    assert sft["kl"] == pytest.approx(0.0, abs=1e-4)  # the SFT policy is the reference
+    assert set(ppo["token_shift"]) == {"unshifted", "marginal", "shifted"} and "rm_score" in ppo and "kl" in ppo
+    # greedy samples of the reference are its own top-1 tokens (up to batched-vs-single-row rounding)
+    assert sft["token_shift"]["unshifted"] > 0.95
+    assert (out / "eval" / "reward_vs_kl.png").is_file() and "Token shift" in (out / "eval" / "report.html").read_text()
     summary = json.loads((out / "pipeline.json").read_text())
     assert list(summary) == ["sft", "rm", "ppo", "eval"] and "validation_accuracy" in summary["rm"]["headline"]
     capsys.readouterr()

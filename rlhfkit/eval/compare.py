@@ -19,10 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError, EvalConfig
+from ..models import load_policy, load_reward_model
 from ..tracking import read_jsonl
+from ..trainers.reward import score_texts
+from . import policy_stats
 from .alarms import alarms, words
 from .judges import ApiOptions, Pair, Verdict, make_judge
-from .report import table_html, write_report
+from .plots import plot_reward_vs_kl
+from .report import image_html, table_html, write_report
 from .rm_report import json_safe
 from .rouge import mean, rouge_l
 from .winrate import length_adjusted_win_rate, length_bins, win_rate
@@ -31,16 +35,17 @@ SAMPLE_FIELDS = ("prompt_id", "query", "reference", "text")
 OUTCOME = {"A": "win", "B": "loss", "tie": "tie", "unparseable": "unparseable"}
 
 
-def parse_named_paths(specs: list[str]) -> dict[str, Path]:
+def parse_named_paths(specs: list[str], key: str = "samples", folders: bool = False) -> dict[str, Path]:
     named = {}
     for spec in specs:
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
-            raise ConfigError(f"samples entry {spec!r} must be name=path (e.g. ppo=runs/ppo/samples.jsonl)")
+            raise ConfigError(f"{key} entry {spec!r} must be name=path (e.g. ppo=runs/ppo/{'model' if folders else 'samples.jsonl'})")
         if name in named:
-            raise ConfigError(f"samples: the name {name!r} is given twice")
-        if not Path(path).is_file():
-            raise ConfigError(f"samples: {path} (for {name}) does not exist; write it with `rlhfkit generate`")
+            raise ConfigError(f"{key}: the name {name!r} is given twice")
+        exists = Path(path).is_dir() if folders else Path(path).is_file()
+        if not exists:
+            raise ConfigError(f"{key}: {path} (for {name}) does not exist" + ("" if folders else "; write it with `rlhfkit generate`"))
         named[name] = Path(path)
     return named
 
@@ -109,6 +114,36 @@ def preference_consistency(first: list[Verdict], second: list[Verdict]) -> dict[
     return {"pairs": len(both), "consistency": mean([float(a == b) for a, b in both]) if both else None}
 
 
+class ModelStats:
+    """The reward model and the reference policy, loaded once, applied to each policy's samples."""
+
+    def __init__(self, cfg: EvalConfig):
+        self.cfg = cfg
+        self.models = parse_named_paths(cfg.models, "models", folders=True)
+        self.reward = load_reward_model(cfg.reward_model) if cfg.reward_model else None
+        self.reference = load_policy(cfg.reference_model) if cfg.reference_model else None
+
+    def of(self, name: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        stats: dict[str, Any] = {}
+        has_eos = [bool(r.get("has_eos", True)) for r in rows]
+        if self.reward is not None:
+            model, tokenizer = self.reward
+            q, responses = policy_stats.encoded_samples(tokenizer, rows)
+            scores = score_texts(model, tokenizer.pad_token_id, q, responses, self.cfg.batch_size, f"RM scores ({name})")
+            stats["rm_score"] = mean([float(s) if e else -1.0 for s, e in zip(scores, has_eos, strict=True)])
+        if self.reference is not None:
+            reference, tokenizer = self.reference
+            q, responses = policy_stats.encoded_samples(tokenizer, rows)
+            ranks = [policy_stats.token_ranks(reference, qi, ri) if ri else [] for qi, ri in zip(q, responses, strict=True)]
+            stats["token_shift"] = policy_stats.shift_shares(ranks)
+            stats["shift_html"] = [policy_stats.shift_html(tokenizer, r, k) for r, k in list(zip(responses, ranks, strict=True))[: self.cfg.shift_samples]]
+            if name in self.models:
+                policy, _ = load_policy(str(self.models[name]))
+                stats["kl"] = float(policy_stats.kl_to_reference(policy, reference, q, responses, tokenizer.pad_token_id,
+                                                                 self.cfg.batch_size).mean())
+        return stats
+
+
 def run(cfg: EvalConfig, _parsed: Any = None) -> int:
     if not cfg.samples:
         raise ConfigError("eval needs samples=name=path[,name=path...] (files written by `rlhfkit generate`)")
@@ -124,9 +159,10 @@ def run(cfg: EvalConfig, _parsed: Any = None) -> int:
                                           output_price=cfg.output_price),
                        max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size) if cfg.judge else None
     rm_judge = make_judge(cfg.rm_judge, cache_dir=cfg.cache_dir, seed=cfg.seed, batch_size=cfg.batch_size) if cfg.rm_judge else None
+    model_stats = ModelStats(cfg)
     for name in named:
         rows = [samples[name][p] for p in ids]
-        summary = policy_summary(rows)
+        summary = policy_summary(rows) | model_stats.of(name, rows)
         if judge is not None:
             versus, verdicts = versus_references(judge, rows, cfg.seed)
             summary |= versus
@@ -138,8 +174,13 @@ def run(cfg: EvalConfig, _parsed: Any = None) -> int:
         result["head_to_head"] = head_to_head(judge, samples, ids, cfg.seed)
     if judge is not None:
         result["judge"] = judge.describe() | {"stats": judge.stats.as_dict()}
-    (out / "eval.json").write_text(json.dumps(json_safe(result), indent=2))
+    if any("kl" in s and "rm_score" in s for s in result["policies"].values()):
+        points = {n: (s["kl"], s["rm_score"]) for n, s in result["policies"].items() if "kl" in s and "rm_score" in s}
+        plot_reward_vs_kl(points, out / "reward_vs_kl.png")
     write_eval_report(out, result)
+    for summary in result["policies"].values():
+        summary.pop("shift_html", None)  # HTML for the report, not data
+    (out / "eval.json").write_text(json.dumps(json_safe(result), indent=2))
     print(headline(result))
     print(f"wrote {out / 'eval.json'}")
     return 0
@@ -166,6 +207,17 @@ def write_eval_report(out: Path, result: dict[str, Any]) -> Path:
                      "win rate vs references": rate.get("rate"), "interval": (rate.get("low"), rate.get("high")),
                      "at equal length": adjusted.get("win_rate_at_equal_length"), "alarms": ", ".join(s["alarms"]["flags"]) or "none"})
     sections = [("Policies", table_html(rows, list(rows[0])))]
+    shift = [{"policy": n, **s["token_shift"], "KL to reference": s.get("kl"), "RM score": s.get("rm_score")}
+             for n, s in result["policies"].items() if "token_shift" in s]
+    if shift:
+        sections.append(("Token shift against the reference (Appendix F.2), KL and RM score",
+                         table_html(shift, ["policy", "unshifted", "marginal", "shifted", "KL to reference", "RM score"])))
+        for name, s in result["policies"].items():
+            coloured = "".join(f"<p>{h}</p>" for h in s.get("shift_html", []))
+            if coloured:
+                sections.append((f"{name}: tokens the reference ranks 1st (blue), 2nd-3rd (yellow), lower (red)", coloured))
+    if (out / "reward_vs_kl.png").is_file():
+        sections.append(("RM score against KL to the reference", image_html(out / "reward_vs_kl.png")))
     for name, s in result["policies"].items():
         if "length_bins" in s:
             sections.append((f"{name}: win rate by log(length / reference length) (Figure 8)",

@@ -266,3 +266,15 @@ def plot_curves(rows: list[dict[str, Any]], keys: list[str], out: Path, title: s
     fig.suptitle(title)
     out.parent.mkdir(parents=True, exist_ok=True)
     return save(fig, out)
+
+
+def plot_reward_vs_kl(points: dict[str, tuple[float, float]], path: Path) -> Path:
+    """Each policy at (KL to the reference, mean RM score): the trade-off of the paper's Figure 7."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5, 4))
+    for name, (kl, score) in points.items():
+        ax.scatter([kl], [score])
+        ax.annotate(name, (kl, score), textcoords="offset points", xytext=(5, 5))
+    ax.set(xlabel="KL to the reference (nats per response)", ylabel="mean RM score", title="RM score vs KL")
+    ax.grid(alpha=0.3)
+    return save(fig, path)

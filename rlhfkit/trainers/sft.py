@@ -169,7 +169,8 @@ def run_generate(cfg: GenerateConfig, _parsed: Any = None) -> int:
     outputs = generate_texts(model, tokenizer, [e.query.ids for e in examples], params, cfg.batch_size)
     scores = rouge_l([o["text"] for o in outputs], [e.record.summary.strip() for e in examples])
     rows = [
-        {"prompt_id": e.record.prompt_id, "query": e.query.text, "reference": e.record.summary.strip(), **o, "rouge_l": s}
+        {"prompt_id": e.record.prompt_id, "query": e.query.text, "query_ids": e.query.ids, "reference": e.record.summary.strip(),
+         **o, "rouge_l": s}
         for e, o, s in zip(examples, outputs, scores, strict=True)
     ]
     Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
