@@ -212,3 +212,22 @@ def test_the_lm_head_check_holds_under_accelerates_bf16_wrapper(tiny_model_dir):
     model.forward = convert_outputs_to_fp32(model.forward)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert rollout.plain_lm_head(model) is model.get_output_embeddings()
+
+
+def test_reference_log_probabilities_cover_exactly_the_pairs_the_run_visits(tiny_model_dir, comparisons, tmp_path, monkeypatch):
+    """max_steps=1 with batch 8 reaches 8 training pairs: only those pay a reference forward pass."""
+    cfg = resolve("dpo", "tldr-dpo", None, dpo_args(tiny_model_dir, comparisons, tmp_path, max_steps=1))
+    policy, tok = load_policy(str(tiny_model_dir))
+    train_pairs, _ = pairs_for(cfg, tok)
+    counted = []
+    original = dpo.pair_logprobs_all
+    monkeypatch.setattr(dpo, "pair_logprobs_all", lambda model, pairs, *a: counted.append(len(pairs)) or original(model, pairs, *a))
+    examples = dpo.visited_with_reference(policy, "ref", train_pairs, tok.pad_token_id, cfg, tmp_path / "ref.pt")
+    assert counted == [8] and len(examples) == len(train_pairs) > 8
+    from rlhfkit.trainers.engine import batch_indices, plan_schedule
+
+    micro_batches = batch_indices(plan_schedule(cfg, len(train_pairs), 1), cfg.seed, 0, 0)
+    visited = {i for micro in micro_batches for i in micro}
+    assert {i for i, e in enumerate(examples) if not math.isnan(e.ref_chosen)} == visited
+    with pytest.raises(RuntimeError, match="no reference log-probability"):
+        dpo.collate_dpo([e for i, e in enumerate(examples) if i not in visited][:2], tok.pad_token_id)

@@ -2,8 +2,8 @@
 
 The loss is -log sigmoid(beta * [log pi(y_w)/pi_ref(y_w) - log pi(y_l)/pi_ref(y_l)]) over the
 response tokens of each pair (equation 4). The frozen reference's log-probabilities are computed
-once before training, stored in the run directory and read back on resume; they are never
-recomputed per step. Data, the split by prompt, the training loop and the evaluation are the
+once before training for every pair the run will visit, stored in the run directory and read back
+on resume; they are never recomputed per step. Data, the split by prompt, the training loop and the evaluation are the
 reward model's, so DPO's implicit reward (equation 5) and an explicit reward model can be set side
 by side on the same pairs (Detail 19, Figure 6): both are scored by the same `rm-eval` code.
 """
@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,16 @@ from ..eval.report import table_html
 from ..models import DPO_RECORD, ImplicitRewardModel, load_policy
 from ..rollout import SamplingParams, generate_texts, sequence_logprobs
 from ..tracking import read_metrics, write_jsonl
-from .engine import Stage, autocast_precision, is_main_process, save_final_model, start_run, train
+from .engine import (
+    Stage,
+    autocast_precision,
+    batch_indices,
+    is_main_process,
+    plan_schedule,
+    save_final_model,
+    start_run,
+    train,
+)
 from .onpolicy import autocast, evaluation_mode, model_device
 from .reward import (
     builtin_probes_for,
@@ -51,6 +62,8 @@ class DPOExample:
 
 def collate_dpo(examples: list[DPOExample], pad_id: int) -> dict[str, torch.Tensor]:
     """The reward model's pair batch (chosen rows, then rejected rows) plus the cached reference log-probabilities."""
+    if any(math.isnan(e.ref_chosen) for e in examples):
+        raise RuntimeError("a batched pair has no reference log-probability: visited_indices and the engine's order disagree")
     batch = collate_pairs([e.pair for e in examples], pad_id)
     batch["ref_chosen"] = torch.tensor([e.ref_chosen for e in examples], dtype=torch.float32)
     batch["ref_rejected"] = torch.tensor([e.ref_rejected for e in examples], dtype=torch.float32)
@@ -124,6 +137,24 @@ def reference_logprobs(reference: torch.nn.Module, reference_name: str, pairs: l
     return [DPOExample(p, float(c), float(r)) for p, c, r in zip(pairs, chosen, rejected, strict=True)]
 
 
+def visited_indices(cfg: DPOConfig, examples: int) -> list[int]:
+    """The training pairs the schedule reaches on every process (max_steps may stop before an epoch ends)."""
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    schedule = plan_schedule(cfg, examples, processes)
+    return sorted({i for step in range(schedule.total_steps) for rank in range(processes)
+                   for micro in batch_indices(schedule, cfg.seed, step, rank) for i in micro})
+
+
+def visited_with_reference(reference: torch.nn.Module, reference_name: str, pairs: list[PairExample], pad_id: int, cfg: DPOConfig,
+                           cache: Path) -> list[DPOExample]:
+    """Every training pair, with reference log-probabilities for those the run will visit; the others
+    (NaN) are never batched, so a short run does not pay a forward pass over the whole dataset."""
+    visited = visited_indices(cfg, len(pairs))
+    computed = dict(zip(visited, reference_logprobs(reference, reference_name, [pairs[i] for i in visited], pad_id, cfg, cache),
+                        strict=True))
+    return [computed[i] if i in computed else DPOExample(p, math.nan, math.nan) for i, p in enumerate(pairs)]
+
+
 def implicit_rewards(model: torch.nn.Module, examples: list[DPOExample], pad_id: int, cfg: DPOConfig) -> tuple[np.ndarray, np.ndarray]:
     """Equation 5 for each pair: beta * (log pi - log pi_ref) of the chosen and the rejected response."""
     chosen, rejected = pair_logprobs_all(model, [e.pair for e in examples], pad_id, cfg.forward_batch_size, autocast_precision(cfg),
@@ -164,7 +195,7 @@ def run(cfg: DPOConfig, _parsed: Any = None) -> int:
     notes += [f"train tokenization: {train_note}", f"validation tokenization: {val_note}", f"reference policy: {reference_name}, beta {cfg.beta}"]
     print("\n".join(notes))
     pad_id = tokenizer.pad_token_id
-    train_examples = reference_logprobs(reference, reference_name, train_pairs, pad_id, cfg, run_dir / REFERENCE_CACHE)
+    train_examples = visited_with_reference(reference, reference_name, train_pairs, pad_id, cfg, run_dir / REFERENCE_CACHE)
     eval_pairs = val_pairs[: cfg.eval_pairs] if cfg.eval_pairs else val_pairs
     eval_examples = reference_logprobs(reference, reference_name, eval_pairs, pad_id, cfg, run_dir / f"validation_{REFERENCE_CACHE}")
 
