@@ -31,6 +31,7 @@ COMMANDS = [
     Command(("grpo",), "GRPO: G samples per prompt, group-normalised advantages, no value model (PPO's core)", "rlhfkit.trainers.group:run_grpo", "grpo"),
     Command(("rloo",), "RLOO: k samples per prompt, leave-one-out baseline, no value model (PPO's core)", "rlhfkit.trainers.group:run_rloo", "rloo"),
     Command(("pipeline",), "SFT -> RM -> PPO (and DPO, GRPO, RLOO) -> eval, each stage in its own folder, finished ones skipped", "rlhfkit.pipeline:run", "pipeline"),
+    Command(("report",), "several runs in one report.html: shared metrics on shared axes, last values and evaluations side by side", "rlhfkit.eval.runs_report:run", "report"),
     Command(("rm-eval",), "reward-model evaluation: accuracy by split/batch/confidence, calibration, length bias, probes", "rlhfkit.trainers.reward:run_eval", "rm-eval"),
     Command(("judge-eval",), "a judge's agreement with human labels and its position bias, beside the length baseline", "rlhfkit.eval.judge_eval:run", "judge-eval"),
     Command(("eval",), "policies compared on their samples: judge win rates with intervals and length control, head to head, ROUGE-L, alarms", "rlhfkit.eval.compare:run", "eval"),

@@ -333,7 +333,14 @@ class EvalConfig(JudgeConfig):
     out: str = opt("", "output folder (empty: runs/eval-<timestamp>)")
 
 
-STAGES: dict[str, type] = {"sft": SFTConfig, "rm": RMConfig, "dpo": DPOConfig, "ppo": PPOConfig, "grpo": GRPOConfig, "rloo": RLOOConfig, "rm-eval": RMEvalConfig, "judge-eval": JudgeEvalConfig, "eval": EvalConfig, "pipeline": PipelineConfig, "generate": GenerateConfig, "data-analyze": AnalyzeConfig}
+@dataclass
+class RunsReportConfig:
+    runs: list[str] = opt([], "run directories to put side by side (any stages; on-policy runs line up by episodes)")
+    out: str = opt("runs/report", "output folder for report.html and plots/")
+    max_plots: int = opt(40, "panels at most (headline metrics first)", minimum=1)
+
+
+STAGES: dict[str, type] = {"sft": SFTConfig, "rm": RMConfig, "dpo": DPOConfig, "ppo": PPOConfig, "grpo": GRPOConfig, "rloo": RLOOConfig, "rm-eval": RMEvalConfig, "judge-eval": JudgeEvalConfig, "eval": EvalConfig, "pipeline": PipelineConfig, "report": RunsReportConfig, "generate": GenerateConfig, "data-analyze": AnalyzeConfig}
 
 
 def field_info(cls: type) -> list[tuple[str, Any, str, str | None, str]]:
