@@ -229,6 +229,7 @@ class RLOOConfig(OnPolicyConfig):
 class GenerateConfig:
     model: str = opt("smollm2-135m", "policy to sample from: embedded name, HF directory or hub id")
     data: list[str] = opt([], "TL;DR SFT data (hub id or files) whose posts are summarised")
+    prompt_suite: str = opt("", "answer a prompt suite instead of summarising posts: builtin-hh or a YAML file (see rlhfkit/prompts)", "seed 002")
     hf_split: str = opt("train", "split to read when `data` is a hub id (train: the one `rlhfkit sft` splits)")
     split: Literal["all", "train", "validation"] = opt("validation", "which side of the post split to use")
     validation_posts: int = opt(300, "posts held out by post identity (same split as `rlhfkit sft` with the same seed)")

@@ -87,3 +87,40 @@ def test_eval_rejects_bad_sample_specs(tmp_path, capsys):
     bad.write_text(json.dumps({"prompt_id": "1", "text": "x"}) + "\n")
     assert cli_main(["eval", f"samples=a={bad}"]) == 2
     assert "lacks query, reference" in capsys.readouterr().err
+
+
+def test_builtin_hh_suite_loads_and_bad_suites_fail_naming_the_entry(tmp_path):
+    from rlhfkit.config import ConfigError
+    from rlhfkit.eval.prompt_suite import load_suite
+
+    suite = load_suite("builtin-hh")
+    assert {p.category for p in suite} == {"sycophancy", "out-of-distribution", "capability"}
+    capital = next(p for p in suite if p.id == "capital-france")
+    assert capital.passes("It is Paris.") and not capital.passes("Lyon") and suite[0].passes("anything") is None
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- {id: a, category: capability, prompt: 'What is 2+2?'}\n")
+    with pytest.raises(ConfigError, match="entry 1 \\(a\\): capability prompts, and only they"):
+        load_suite(str(bad))
+
+
+def test_prompt_suite_answers_are_compared_by_category(tiny_model_dir, tmp_path):
+    import torch
+
+    from rlhfkit.models import ScalarModel, load_policy
+
+    policy, tok = load_policy(str(tiny_model_dir))
+    torch.manual_seed(2)
+    ScalarModel.from_policy(policy).save_pretrained(tmp_path / "rm")
+    tok.save_pretrained(tmp_path / "rm")
+    answers = tmp_path / "answers.jsonl"
+    assert cli_main(["generate", f"model={tiny_model_dir}", "prompt_suite=builtin-hh", "max_new_tokens=6", "temperature=0",
+                     f"out={answers}"]) == 0
+    rows = [json.loads(line) for line in answers.read_text().splitlines()]
+    assert len(rows) == 16 and rows[0]["query"].startswith("\n\nHuman: ") and rows[0]["query"].endswith("\n\nAssistant:")
+    assert {r["capability_pass"] for r in rows if r["category"] != "capability"} == {None}
+    out = tmp_path / "eval"
+    assert cli_main(["eval", f"samples=tiny={answers}", f"reward_model={tmp_path / 'rm'}", f"out={out}"]) == 0
+    result = json.loads((out / "eval.json").read_text())["policies"]["tiny"]
+    assert set(result["by_category"]) == {"sycophancy", "out-of-distribution", "capability"}
+    assert result["by_category"]["capability"]["prompts"] == 5 and result["by_category"]["sycophancy"]["rm_score"] is not None
+    assert "rouge_l" not in result and "length_ratio" not in result["alarms"]

@@ -44,19 +44,18 @@ def repeated_share(response: str, n: int = 3) -> float:
     return repeats / len(grams)
 
 
-def alarms(responses: Sequence[str], prompts: Sequence[str], references: Sequence[str], has_eos: Sequence[bool]) -> dict[str, Any]:
-    """Mean copy share, repetition, length relative to the references (in words) and EOS rate, with
-    the list of those past THRESHOLDS."""
+def alarms(responses: Sequence[str], prompts: Sequence[str], references: Sequence[str] | None, has_eos: Sequence[bool]) -> dict[str, Any]:
+    """Mean copy share, repetition, length relative to the references (in words; only when there are
+    references) and EOS rate, with the list of those past THRESHOLDS."""
     if not responses:
         return {"responses": 0, "flags": []}
-    response_words = sum(len(words(r)) for r in responses)
-    reference_words = max(1, sum(len(words(r)) for r in references))
     values = {
         "copy_4gram_share": sum(copy_share(r, p) for r, p in zip(responses, prompts, strict=True)) / len(responses),
         "repeated_3gram_share": sum(repeated_share(r) for r in responses) / len(responses),
-        "length_ratio": response_words / reference_words,
         "eos_rate": sum(bool(e) for e in has_eos) / len(responses),
     }
-    flags = [k for k in ("copy_4gram_share", "repeated_3gram_share", "length_ratio") if values[k] > THRESHOLDS[k]]
+    if references is not None:
+        values["length_ratio"] = sum(len(words(r)) for r in responses) / max(1, sum(len(words(r)) for r in references))
+    flags = [k for k in ("copy_4gram_share", "repeated_3gram_share", "length_ratio") if values.get(k, 0) > THRESHOLDS[k]]
     flags += ["eos_rate"] if values["eos_rate"] < THRESHOLDS["eos_rate"] else []
     return {"responses": len(responses)} | values | {"flags": flags}

@@ -73,12 +73,32 @@ def outcomes_of(verdicts: list[Verdict]) -> list[str]:
     return [OUTCOME[v.winner] for v in verdicts]
 
 
+def has_references(rows: list[dict[str, Any]]) -> bool:
+    """Summaries of posts have reference summaries; answers to a prompt suite do not."""
+    return all(str(r["reference"]).strip() for r in rows)
+
+
 def policy_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    texts, references = [r["text"] for r in rows], [r["reference"] for r in rows]
+    texts, references = [r["text"] for r in rows], [r["reference"] for r in rows] if has_references(rows) else None
     has_eos = [bool(r.get("has_eos", True)) for r in rows]
-    return {"prompts": len(rows), "rouge_l": mean(rouge_l(texts, references)), "words": mean([len(words(t)) for t in texts]),
-            "reference_words": mean([len(words(t)) for t in references]), "eos_rate": mean([float(e) for e in has_eos]),
-            "alarms": alarms(texts, [r["query"] for r in rows], references, has_eos)}
+    summary = {"prompts": len(rows), "words": mean([len(words(t)) for t in texts]), "eos_rate": mean([float(e) for e in has_eos]),
+               "alarms": alarms(texts, [r["query"] for r in rows], references, has_eos)}
+    if references is not None:
+        summary |= {"rouge_l": mean(rouge_l(texts, references)), "reference_words": mean([len(words(t)) for t in references])}
+    return summary
+
+
+def by_category(rows: list[dict[str, Any]], rm_scores: list[float] | None) -> dict[str, dict[str, Any]]:
+    """Prompt-suite rows: count, capability pass rate and mean RM score per category."""
+    groups: dict[str, list[int]] = {}
+    for i, row in enumerate(rows):
+        groups.setdefault(row["category"], []).append(i)
+    result = {}
+    for category, members in groups.items():
+        passes = [float(rows[i]["capability_pass"]) for i in members if rows[i].get("capability_pass") is not None]
+        result[category] = {"prompts": len(members), "capability_pass_rate": mean(passes) if passes else None,
+                            "rm_score": mean([rm_scores[i] for i in members]) if rm_scores else None}
+    return result
 
 
 def versus_references(judge, rows: list[dict[str, Any]], seed: int) -> tuple[dict[str, Any], list[Verdict]]:
@@ -130,7 +150,8 @@ class ModelStats:
             model, tokenizer = self.reward
             q, responses = policy_stats.encoded_samples(tokenizer, rows)
             scores = score_texts(model, tokenizer.pad_token_id, q, responses, self.cfg.batch_size, f"RM scores ({name})")
-            stats["rm_score"] = mean([float(s) if e else -1.0 for s, e in zip(scores, has_eos, strict=True)])
+            stats["rm_scores"] = [float(s) if e else -1.0 for s, e in zip(scores, has_eos, strict=True)]
+            stats["rm_score"] = mean(stats["rm_scores"])
         if self.reference is not None:
             reference, tokenizer = self.reference
             q, responses = policy_stats.encoded_samples(tokenizer, rows)
@@ -163,7 +184,10 @@ def run(cfg: EvalConfig, _parsed: Any = None) -> int:
     for name in named:
         rows = [samples[name][p] for p in ids]
         summary = policy_summary(rows) | model_stats.of(name, rows)
-        if judge is not None:
+        rm_scores = summary.pop("rm_scores", None)
+        if all("category" in r for r in rows):
+            summary["by_category"] = by_category(rows, rm_scores)
+        if judge is not None and has_references(rows):
             versus, verdicts = versus_references(judge, rows, cfg.seed)
             summary |= versus
             if rm_judge is not None:
@@ -189,7 +213,14 @@ def run(cfg: EvalConfig, _parsed: Any = None) -> int:
 def headline(result: dict[str, Any]) -> str:
     lines = []
     for name, s in result["policies"].items():
-        line = f"{name}: ROUGE-L {s['rouge_l']:.3f}, {s['words']:.1f} words (references {s['reference_words']:.1f}), EOS {s['eos_rate']:.2f}"
+        line = f"{name}: {s['words']:.1f} words, EOS {s['eos_rate']:.2f}"
+        if "rouge_l" in s:
+            line += f", ROUGE-L {s['rouge_l']:.3f} (references {s['reference_words']:.1f} words)"
+        if "rm_score" in s:
+            line += f", RM score {s['rm_score']:.3f}"
+        for category, c in s.get("by_category", {}).items():
+            if c["capability_pass_rate"] is not None:
+                line += f", {category} pass rate {c['capability_pass_rate']:.2f}"
         rate = s.get("win_rate", {})
         if rate.get("rate") is not None:
             line += f", win rate vs references {rate['rate']:.3f} [{rate['low']:.3f}, {rate['high']:.3f}]"
@@ -203,10 +234,13 @@ def write_eval_report(out: Path, result: dict[str, Any]) -> Path:
     rows = []
     for name, s in result["policies"].items():
         rate, adjusted = s.get("win_rate", {}), s.get("length_adjusted", {})
-        rows.append({"policy": name, "ROUGE-L": s["rouge_l"], "words": s["words"], "EOS rate": s["eos_rate"],
+        rows.append({"policy": name, "ROUGE-L": s.get("rouge_l"), "words": s["words"], "EOS rate": s["eos_rate"],
                      "win rate vs references": rate.get("rate"), "interval": (rate.get("low"), rate.get("high")),
                      "at equal length": adjusted.get("win_rate_at_equal_length"), "alarms": ", ".join(s["alarms"]["flags"]) or "none"})
     sections = [("Policies", table_html(rows, list(rows[0])))]
+    categories = [{"policy": n, "category": c, **v} for n, s in result["policies"].items() for c, v in s.get("by_category", {}).items()]
+    if categories:
+        sections.append(("Prompt suite by category", table_html(categories, ["policy", "category", "prompts", "capability_pass_rate", "rm_score"])))
     shift = [{"policy": n, **s["token_shift"], "KL to reference": s.get("kl"), "RM score": s.get("rm_score")}
              for n, s in result["policies"].items() if "token_shift" in s]
     if shift:

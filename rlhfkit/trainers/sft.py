@@ -152,9 +152,12 @@ def run(cfg: SFTConfig, _parsed: Any = None) -> int:
 
 
 def run_generate(cfg: GenerateConfig, _parsed: Any = None) -> int:
-    """`rlhfkit generate`: summaries (and ROUGE-L against the references) for one side of the post split."""
+    """`rlhfkit generate`: summaries (and ROUGE-L against the references) for one side of the post split,
+    or answers to a prompt suite."""
+    if cfg.prompt_suite:
+        return answer_prompt_suite(cfg)
     if not cfg.data:
-        raise ConfigError("generate needs data=... (TL;DR SFT hub id or files)")
+        raise ConfigError("generate needs data=... (TL;DR SFT hub id or files) or prompt_suite=...")
     records, log = load_sft(cfg.data, cfg.hf_split)
     if cfg.split != "all":
         train_records, val_records = split_by_prompt(records, lambda r: r.prompt_id, validation_size=cfg.validation_posts, seed=cfg.seed)
@@ -176,4 +179,26 @@ def run_generate(cfg: GenerateConfig, _parsed: Any = None) -> int:
     Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
     write_jsonl(Path(cfg.out), rows)
     print(json.dumps({"posts": len(rows), "rouge_l": mean(scores), "eos_rate": mean([float(o["has_eos"]) for o in outputs])}))
+    return 0
+
+
+def answer_prompt_suite(cfg: GenerateConfig) -> int:
+    """Each suite prompt as one HH-RLHF user turn; rows carry the category and, for capability
+    prompts, whether an accepted answer appears (`rlhfkit eval` breaks results down by category)."""
+    from ..data.formats import encode_query
+    from ..eval.prompt_suite import as_dialogue, load_suite
+
+    prompts = load_suite(cfg.prompt_suite)
+    model, tokenizer = load_policy(cfg.model, cfg.trust_remote_code)
+    if torch.cuda.is_available():
+        model = model.cuda()
+    queries = [encode_query(tokenizer, "hh", {"dialogue": as_dialogue(p.prompt)}, cfg.max_query_length) for p in prompts]
+    params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed)
+    outputs = generate_texts(model, tokenizer, [q.ids for q in queries], params, cfg.batch_size, desc="answering the suite")
+    rows = [{"prompt_id": p.id, "category": p.category, "query": q.text, "query_ids": q.ids, "reference": "", **o,
+             "capability_pass": p.passes(o["text"])} for p, q, o in zip(prompts, queries, outputs, strict=True)]
+    Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
+    write_jsonl(Path(cfg.out), rows)
+    checked = [r["capability_pass"] for r in rows if r["capability_pass"] is not None]
+    print(json.dumps({"prompts": len(rows), "capability_pass_rate": mean([float(c) for c in checked]) if checked else None}))
     return 0
