@@ -18,6 +18,7 @@ from typing import Any
 
 from .checkpoint import find_checkpoint
 from .config import ConfigError, PipelineConfig, resolve
+from .tracking import read_metrics
 
 RUNNERS = {"sft": "rlhfkit.trainers.sft:run", "rm": "rlhfkit.trainers.reward:run", "dpo": "rlhfkit.trainers.dpo:run",
            "ppo": "rlhfkit.trainers.ppo:run", "grpo": "rlhfkit.trainers.group:run_grpo", "rloo": "rlhfkit.trainers.group:run_rloo",
@@ -97,8 +98,7 @@ def model_options(cfg: PipelineConfig, root: Path) -> dict[str, Any]:
 def headline_numbers(stage: str, stage_dir: Path) -> dict[str, Any]:
     """The numbers a stage ends with, read from the files it wrote."""
     if stage == "sft":
-        rows = [json.loads(line) for line in (stage_dir / "metrics.jsonl").read_text().splitlines()] if (stage_dir / "metrics.jsonl").is_file() else []
-        return {k: v for row in rows for k, v in row.items() if k.startswith("val/")}
+        return {k: v for row in read_metrics(stage_dir) for k, v in row.items() if k.startswith("val/")}
     if stage in ("rm", "dpo") and (stage_dir / "rm_eval" / "rm_eval.json").is_file():
         result = json.loads((stage_dir / "rm_eval" / "rm_eval.json").read_text())
         return {"validation_accuracy": result.get("accuracy"), "pairs": result.get("pairs"),
