@@ -33,8 +33,6 @@ EMBEDDED = {
 }
 
 
-
-
 def cache_dir() -> Path:
     return Path(os.environ.get("RLHFKIT_CACHE") or user_cache_dir("rlhfkit"))
 
