@@ -299,7 +299,7 @@ class PipelineConfig:
 class JudgeConfig:
     """Fields of the commands that ask a judge."""
 
-    judge: str = opt("", "judge spec: openai:<model>[@<base url>], anthropic:<model>, hf:<model or folder>, rm:<reward model folder>")
+    judge: str = opt("", "judge spec: openai:<model>[@<base url>], anthropic:<model>, hf:<model or folder>, hf-logprob:<model or folder>, rm:<reward model folder>")
     seed: int = opt(1, "seed of the sample and of the A/B order of each pair")
     template: str = opt("", "judge prompt template file (empty: the paper's Appendix I prompt)", "Appendix I")
     cache_dir: str = opt("runs/judge-cache", "verdict cache folder shared by evaluations (a repeated pair is never paid twice)")

@@ -499,3 +499,23 @@ def test_local_chat_judge_gibberish_is_unparseable_not_a_vote(tiny_model_dir, tm
     again = make_judge(f"hf:{tiny_model_dir}", cache_dir=tmp_path / "cache", max_new_tokens=6)
     assert all(v.cached for v in again.judge(pairs)) and again.stats.calls == 0
     assert [v.raw for v in again.judge(pairs)] == [v.raw for v in verdicts]
+
+
+def test_choice_probability_judge_votes_for_the_likelier_letter_after_preferred(tiny_model_dir, tmp_path):
+    pairs = make_pairs(4) + [Pair("SUBREDDIT: r/x\n\nPOST: a much longer post " * 5 + "\n\nTL;DR:", "one", "two words")]
+    judge = make_judge(f"hf-logprob:{tiny_model_dir}", cache_dir=tmp_path / "cache", batch_size=3)
+    verdicts = judge.judge(pairs)  # batches of 3 prompts of different lengths: left padding is exercised
+    assert all(v.is_vote for v in verdicts) and judge.stats.unparseable == 0 and judge.stats.output_tokens == 0
+    a_id, b_id = judge.tokenizer(" A", add_special_tokens=False)["input_ids"] + judge.tokenizer(" B", add_special_tokens=False)["input_ids"]
+    for pair, verdict in zip(pairs, verdicts, strict=True):  # each pair alone, unpadded, in the order shown
+        ids = judge.query_ids(judge.template.render(show(pair, verdict.swapped))) + judge.tokenizer("Preferred:", add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            logps = judge.model(input_ids=torch.tensor([ids])).logits[0, -1].float().log_softmax(-1)
+        shown_winner = "A" if logps[a_id] > logps[b_id] else "B"
+        assert verdict.shown_winner == shown_winner
+        assert verdict.winner == (shown_winner if not verdict.swapped else {"A": "B", "B": "A"}[shown_winner])
+        recorded = json.loads(verdict.raw.split(" ", 2)[2])
+        assert recorded["logprob_A"] == pytest.approx(float(logps[a_id]), abs=1e-4)
+    again = make_judge(f"hf-logprob:{tiny_model_dir}", cache_dir=tmp_path / "cache")
+    assert [v.winner for v in again.judge(pairs)] == [v.winner for v in verdicts] and again.stats.calls == 0
+    assert judge.identity != make_judge(f"hf:{tiny_model_dir}").identity  # hf: replies never answer from this cache

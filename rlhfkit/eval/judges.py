@@ -6,9 +6,10 @@ reward model, each comparing two responses to one prompt.
     openai:<model>[@<base_url>]   chat completions of OpenAI or any compatible server (vLLM, llama.cpp)
     anthropic:<model>             the Anthropic messages API
     hf:<model>                    a local chat model (folder, hub id or embedded name), greedy decoding
+    hf-logprob:<model>            the same model made to answer: its next-token choice after `Preferred:`
     rm:<reward model folder>      the response with the higher reward wins; equal rewards tie
 
-`Judge.judge(pairs)` returns one `Verdict` per pair: "A", "B", "tie" (only a reward model ties) or
+`Judge.judge(pairs)` returns one `Verdict` per pair: "A", "B", "tie" (equal rewards or probabilities only) or
 "unparseable"; an unparseable reply is never a vote. Around every judge:
 
 - the prompt is the paper's Appendix I template by default (`templates/tldr-appendix-i.txt`), or
@@ -45,7 +46,7 @@ from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-SPEC_FORMS = "openai:<model>[@<base_url>], anthropic:<model>, hf:<model>, rm:<reward model folder>"
+SPEC_FORMS = "openai:<model>[@<base_url>], anthropic:<model>, hf:<model>, hf-logprob:<model>, rm:<reward model folder>"
 KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 DEFAULT_TEMPLATE = "tldr-appendix-i.txt"
 PLACEHOLDERS = ("prompt", "response_a", "response_b")
@@ -631,6 +632,8 @@ class ChatModelJudge(Judge):
     """A local HF chat model: the rendered template as one user turn of its chat template, then
     greedy decoding of up to `max_new_tokens`, `batch_size` prompts at a time."""
 
+    KIND = "hf"
+
     def __init__(self, target: str, template: JudgeTemplate, cache_dir: str | Path | None, seed: int,
                  max_new_tokens: int, batch_size: int):
         from ..models import load_policy, resolve_model_path
@@ -641,7 +644,7 @@ class ChatModelJudge(Judge):
         self.model.eval()
         self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
         settings = {"max_new_tokens": max_new_tokens, "weights": weights_fingerprint(resolve_model_path(target))}
-        super().__init__(f"hf:{target}", template, cache_dir, seed, settings)
+        super().__init__(f"{self.KIND}:{target}", template, cache_dir, seed, settings)
 
     def query_ids(self, prompt: str) -> list[int]:
         text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
@@ -666,6 +669,51 @@ class ChatModelJudge(Judge):
             for (index, _), query, text, length in zip(chunk, queries, texts, rollout.lengths.tolist(), strict=True):
                 self.stats.add(calls=1, input_tokens=len(query), output_tokens=length)
                 deliver(index, Reply(text.strip(), parse_preference(text), len(query), length))
+
+
+class ChoiceProbabilityJudge(ChatModelJudge):
+    """A local chat model held to the template's answer format: its reply is started for it with the
+    template's answer line (`Preferred:`), and the verdict is whichever of " A" and " B" it finds more
+    likely as the next token. One forward pass per pair and never unparseable, at the price of the
+    one-sentence comparison that Appendix I asks for first. Small models rarely write the format
+    unprompted (SmolLM2-135M-Instruct: no parseable reply in 24 under `hf:`), so this is how such a
+    model can judge at all; `rlhfkit judge-eval` says how far its verdicts can be trusted."""
+
+    KIND = "hf-logprob"
+    ANSWER_PREFIX = "Preferred:"
+
+    def __init__(self, target: str, template: JudgeTemplate, cache_dir: str | Path | None, seed: int, batch_size: int):
+        super().__init__(target, template, cache_dir, seed, max_new_tokens=0, batch_size=batch_size)
+        self.prefix_ids = self.tokenizer(self.ANSWER_PREFIX, add_special_tokens=False)["input_ids"]
+        self.choice_ids = [self.single_token_id(" " + letter) for letter in "AB"]
+
+    def single_token_id(self, text: str) -> int:
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) != 1:
+            raise ConfigError(f"judge {self.spec}: {text!r} is {len(ids)} tokens for this tokenizer, not one; use hf: instead")
+        return ids[0]
+
+    def answer(self, items: list[tuple[int, Shown]], deliver: Deliver) -> None:
+        import torch
+
+        from ..data.collate import left_pad_queries
+        from ..ops import position_ids_from_mask
+
+        device = next(self.model.parameters()).device
+        for start in range(0, len(items), self.batch_size):
+            chunk = items[start : start + self.batch_size]
+            queries = [self.query_ids(self.template.render(s)) + self.prefix_ids for _, s in chunk]
+            batch = left_pad_queries(queries, self.tokenizer.pad_token_id)
+            ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
+            with torch.inference_mode():
+                logits = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
+                                    logits_to_keep=1).logits[:, -1]
+            choices = logits.float().log_softmax(-1)[:, self.choice_ids].tolist()
+            for (index, _), query, (a, b) in zip(chunk, queries, choices, strict=True):
+                self.stats.add(calls=1, input_tokens=len(query))
+                winner = "A" if a > b else "B" if b > a else "tie"
+                reply = f"{self.ANSWER_PREFIX} {winner} " + json.dumps({"logprob_A": a, "logprob_B": b})
+                deliver(index, Reply(reply, winner, len(query), 0))
 
 
 class RewardModelJudge(Judge):
@@ -706,7 +754,7 @@ def parse_spec(spec: str) -> tuple[str, str, str | None]:
         target, _, base_url = target.partition("@")
         if urlparse(base_url).scheme not in ("http", "https"):
             raise ConfigError(f"judge {spec!r}: the base URL after @ must start with http:// or https://")
-    if not colon or kind not in ("openai", "anthropic", "hf", "rm") or not target:
+    if not colon or kind not in ("openai", "anthropic", "hf", "hf-logprob", "rm") or not target:
         raise ConfigError(f"unknown judge {spec!r}; use one of {SPEC_FORMS}")
     return kind, target, base_url
 
@@ -740,6 +788,8 @@ def make_judge(
     prompt = load_template(template)
     if kind == "hf":
         return ChatModelJudge(target, prompt, cache_dir, seed, max_new_tokens, batch_size)
+    if kind == "hf-logprob":
+        return ChoiceProbabilityJudge(target, prompt, cache_dir, seed, batch_size)
     options = options or ApiOptions()
     if kind == "openai":
         return openai_judge(target, spec_url or base_url, prompt, options, cache_dir, seed)
