@@ -42,6 +42,8 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
+from tqdm import tqdm
+
 from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -385,9 +387,11 @@ class Judge:
                 self.cache.put(keys[index], self.record_of(reply))
             for twin in waiting[keys[index]]:  # equal keys were shown equally, swap included
                 verdicts[twin] = verdict_of(reply, shown[twin].swapped, cached=False)
+            bar.update(1)
 
         if waiting:
-            self.answer([(indices[0], shown[indices[0]]) for indices in waiting.values()], deliver)
+            with tqdm(total=len(waiting), desc=f"judging ({self.spec})", unit="pair") as bar:
+                self.answer([(indices[0], shown[indices[0]]) for indices in waiting.values()], deliver)
         done = [v for v in verdicts if v is not None]
         assert len(done) == len(shown), "a judge returned without answering every pair"
         self.stats.add(unparseable=sum(v.winner == "unparseable" and not v.error for v in done))
