@@ -30,13 +30,14 @@ DONE = "done.json"
 def wiring(stage: str, cfg: PipelineConfig, root: Path) -> dict[str, Any]:
     """Which models and data a stage reads: the previous stages' outputs."""
     sft_model, rm_model = str(root / "sft" / "model"), str(root / "rm" / "model")
+    on_policy = {"model": sft_model, "reward_model": rm_model, "data": cfg.sft_data}
     return {
         "sft": {"model": cfg.model, "data": cfg.sft_data},
         "rm": {"model": sft_model, "data": cfg.comparisons, "sft_data": cfg.sft_data},
         "dpo": {"model": sft_model, "data": cfg.comparisons},
-        "ppo": {"model": sft_model, "reward_model": rm_model, "data": cfg.sft_data},
-        "grpo": {"model": sft_model, "reward_model": rm_model, "data": cfg.sft_data},
-        "rloo": {"model": sft_model, "reward_model": rm_model, "data": cfg.sft_data},
+        "ppo": on_policy,
+        "grpo": on_policy,
+        "rloo": on_policy,
     }[stage] | {"output_dir": str(root / stage)}
 
 
