@@ -656,19 +656,25 @@ class ChatModelJudge(Judge):
         # the chat markers (<|im_start|> ...) must stay special tokens, so no split_special_tokens here
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def answer(self, items: list[tuple[int, Shown]], deliver: Deliver) -> None:
+    def batches(self, items: list[tuple[int, Shown]], suffix: list[int] | None = None):
+        """`batch_size` pairs at a time, as (pairs, their prompt ids + `suffix`, left-padded ids, mask on
+        the model's device); answers are delivered per batch, so a kill loses one batch."""
         from ..data.collate import left_pad_queries
+
+        device = next(self.model.parameters()).device
+        for start in range(0, len(items), self.batch_size):
+            chunk = items[start : start + self.batch_size]
+            queries = [self.query_ids(self.template.render(s)) + (suffix or []) for _, s in chunk]
+            batch = left_pad_queries(queries, self.tokenizer.pad_token_id)
+            yield chunk, queries, batch["input_ids"].to(device), batch["attention_mask"].to(device)
+
+    def answer(self, items: list[tuple[int, Shown]], deliver: Deliver) -> None:
         from ..rollout import SamplingParams, generate, response_texts
 
         params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0)
-        device = next(self.model.parameters()).device
         tokenizer = self.tokenizer
-        for start in range(0, len(items), self.batch_size):  # deliver per batch: a kill loses one batch
-            chunk = items[start : start + self.batch_size]
-            queries = [self.query_ids(self.template.render(s)) for _, s in chunk]
-            batch = left_pad_queries(queries, tokenizer.pad_token_id)
-            rollout = generate(self.model, batch["input_ids"].to(device), batch["attention_mask"].to(device), params,
-                               tokenizer.eos_token_id, tokenizer.pad_token_id)
+        for chunk, queries, ids, mask in self.batches(items):
+            rollout = generate(self.model, ids, mask, params, tokenizer.eos_token_id, tokenizer.pad_token_id)
             texts = response_texts(rollout, tokenizer)
             for (index, _), query, text, length in zip(chunk, queries, texts, rollout.lengths.tolist(), strict=True):
                 self.stats.add(calls=1, input_tokens=len(query), output_tokens=length)
@@ -700,15 +706,9 @@ class ChoiceProbabilityJudge(ChatModelJudge):
     def answer(self, items: list[tuple[int, Shown]], deliver: Deliver) -> None:
         import torch
 
-        from ..data.collate import left_pad_queries
         from ..ops import position_ids_from_mask
 
-        device = next(self.model.parameters()).device
-        for start in range(0, len(items), self.batch_size):
-            chunk = items[start : start + self.batch_size]
-            queries = [self.query_ids(self.template.render(s)) + self.prefix_ids for _, s in chunk]
-            batch = left_pad_queries(queries, self.tokenizer.pad_token_id)
-            ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
+        for chunk, queries, ids, mask in self.batches(items, self.prefix_ids):
             with torch.inference_mode():
                 logits = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
                                     logits_to_keep=1).logits[:, -1]
