@@ -228,7 +228,8 @@ class RLOOConfig(OnPolicyConfig):
 @dataclass
 class GenerateConfig:
     model: str = opt("smollm2-135m", "policy to sample from: embedded name, HF directory or hub id")
-    data: list[str] = opt([], "TL;DR SFT data (hub id or files) whose posts are summarised")
+    data: list[str] = opt([], "TL;DR SFT data (hub id or files) whose posts are summarised, or HH-RLHF comparisons with prompt_format=hh")
+    prompt_format: Literal["tldr-sft", "hh"] = opt("tldr-sft", "format of `data`; for hh each distinct dialogue is answered and its chosen response is the reference")
     prompt_suite: str = opt("", "answer a prompt suite instead of summarising posts: builtin-hh or a YAML file (see rlhfkit/prompts)", "seed 002")
     hf_split: str = opt("train", "split to read when `data` is a hub id (train: the one `rlhfkit sft` splits)")
     split: Literal["all", "train", "validation"] = opt("validation", "which side of the post split to use")
@@ -281,11 +282,13 @@ class PipelineConfig:
 
     output_dir: str = opt("runs/pipeline", "run directory; each stage writes <output_dir>/<stage>/")
     stages: list[Literal["sft", "rm", "dpo", "ppo", "grpo", "rloo", "eval"]] = opt(["sft", "rm", "ppo", "eval"], "stages to run, in this order")
+    task: Literal["tldr", "hh"] = opt("tldr", "tldr: SFT data (posts, reference summaries) and TL;DR comparisons; hh: HH-RLHF comparisons only, whose dialogues are also the prompts (no SFT stage, seed 002)")
     model: str = opt("smollm2-135m", "base model the SFT stage starts from")
     sft_data: list[str] = opt(["vwxyzjn/summarize_from_feedback_tldr_3_filtered"], "TL;DR SFT data: SFT, the RM's Detail 15 bias, on-policy prompts", "Detail 1")
-    comparisons: list[str] = opt(["openai/summarize_from_feedback"], "human comparisons for the reward model and DPO", "Detail 1")
+    comparisons: list[str] = opt(["openai/summarize_from_feedback"], "human comparisons for the reward model and DPO (task=hh: also the prompts)", "Detail 1")
     judge: str = opt("hf:smollm2-135m", "judge of the eval stage (see `rlhfkit eval --help`); empty: no win rates")
     eval_posts: int = opt(16, "held-out posts summarised by every policy in the eval stage", minimum=1)
+    eval_hf_split: str = opt("", "hub split whose posts the eval stage summarises (e.g. validation, as Figure 1; empty: the posts the SFT split held out)")
     sft: dict[str, Any] = stage_opt("tldr-sft", "SFT")
     rm: dict[str, Any] = stage_opt("tldr-rm", "reward-model")
     dpo: dict[str, Any] = stage_opt("tldr-dpo", "DPO")
@@ -301,7 +304,7 @@ class JudgeConfig:
 
     judge: str = opt("", "judge spec: openai:<model>[@<base url>], anthropic:<model>, hf:<model or folder>, hf-logprob:<model or folder>, rm:<reward model folder>")
     seed: int = opt(1, "seed of the sample and of the A/B order of each pair")
-    template: str = opt("", "judge prompt template file (empty: the paper's Appendix I prompt)", "Appendix I")
+    template: str = opt("", "judge prompt template file, or builtin:hh-helpfulness for HH-RLHF dialogues (empty: the paper's Appendix I prompt)", "Appendix I")
     cache_dir: str = opt("runs/judge-cache", "verdict cache folder shared by evaluations (a repeated pair is never paid twice)")
     concurrency: int = opt(4, "API judges: requests in flight at once", minimum=1)
     timeout: float = opt(60.0, "API judges: seconds per request before it is retried", minimum=0.001)

@@ -27,22 +27,35 @@ POLICY_STAGES = ("sft", "dpo", "ppo", "grpo", "rloo")
 DONE = "done.json"
 
 
+def starting_policy(cfg: PipelineConfig, root: Path) -> str:
+    """The policy the later stages start from: the SFT stage's, or the base model without one (seed 002)."""
+    return str(root / "sft" / "model") if "sft" in cfg.stages else cfg.model
+
+
 def wiring(stage: str, cfg: PipelineConfig, root: Path) -> dict[str, Any]:
-    """Which models and data a stage reads: the previous stages' outputs."""
-    sft_model, rm_model = str(root / "sft" / "model"), str(root / "rm" / "model")
-    on_policy = {"model": sft_model, "reward_model": rm_model, "data": cfg.sft_data}
+    """Which models and data a stage reads: the previous stages' outputs. TL;DR prompts come from the
+    SFT data (Detail 21) and its reference summaries set the reward bias (Detail 15); HH-RLHF has no
+    SFT data, so its prompts are the comparisons' dialogues."""
+    policy, rm_model = starting_policy(cfg, root), str(root / "rm" / "model")
+    if cfg.task == "hh":
+        pairs, prompts, reward_bias = {"data": cfg.comparisons, "data_format": "hh"}, {"data": cfg.comparisons, "prompt_format": "hh"}, {}
+    else:
+        pairs, prompts, reward_bias = {"data": cfg.comparisons}, {"data": cfg.sft_data}, {"sft_data": cfg.sft_data}
+    on_policy = {"model": policy, "reward_model": rm_model} | prompts
     return {
         "sft": {"model": cfg.model, "data": cfg.sft_data},
-        "rm": {"model": sft_model, "data": cfg.comparisons, "sft_data": cfg.sft_data},
-        "dpo": {"model": sft_model, "data": cfg.comparisons},
+        "rm": {"model": policy} | pairs | reward_bias,
+        "dpo": {"model": policy} | pairs,
         "ppo": on_policy,
         "grpo": on_policy,
         "rloo": on_policy,
     }[stage] | {"output_dir": str(root / stage)}
 
 
-def check_order(stages: list[str]) -> None:
-    needs = {"rm": "sft", "dpo": "sft", "ppo": "rm", "grpo": "rm", "rloo": "rm"}
+def check_order(stages: list[str], task: str = "tldr") -> None:
+    needs = {"ppo": "rm", "grpo": "rm", "rloo": "rm"}
+    if task == "hh" and "sft" in stages:
+        raise ConfigError("stages: the hh task has no SFT data; its stages start from the base model (seed 002): drop sft")
     for i, stage in enumerate(stages):
         if stages.count(stage) > 1:
             raise ConfigError(f"stages lists {stage} twice")
@@ -68,32 +81,52 @@ def call(target: str, stage_cfg: Any) -> None:
         raise ConfigError(f"{target} stopped with exit code {code}")
 
 
+def eval_policies(cfg: PipelineConfig, root: Path) -> dict[str, str]:
+    """name -> model folder of every policy the eval stage compares: the SFT policy (or, without an SFT
+    stage, the base model) and every trained one."""
+    policies = {} if "sft" in cfg.stages else {"base": cfg.model}
+    return policies | {s: str(root / s / "model") for s in cfg.stages if s in POLICY_STAGES}
+
+
+def held_out_prompts(cfg: PipelineConfig, root: Path) -> dict[str, Any]:
+    """`rlhfkit generate` options that select the prompts the policy stages held out (the split, query
+    budget and response length of the first stage that splits prompts, SFT or on-policy), or a hub
+    split of their own (`eval_hf_split`)."""
+    data = {"data": cfg.comparisons, "prompt_format": "hh"} if cfg.task == "hh" else {"data": cfg.sft_data}
+    if cfg.eval_hf_split:
+        data |= {"hf_split": cfg.eval_hf_split, "split": "all"}
+    splitting = [s for s in cfg.stages if s in ("sft", "ppo", "grpo", "rloo")]
+    if not splitting:
+        return data
+    source = stage_config(splitting[0], cfg, root)
+    return data | {"validation_posts": source.validation_posts, "seed": source.seed, "max_query_length": source.max_query_length,
+                   "max_new_tokens": source.max_response_length}
+
+
 def eval_samples(cfg: PipelineConfig, root: Path) -> list[str]:
-    """Summaries of the same held-out posts by the SFT policy and every trained policy."""
+    """Greedy responses of every policy to the same held-out prompts."""
     specs = []
-    generate_cfg = dict(cfg.sft)
-    for stage in [s for s in cfg.stages if s in POLICY_STAGES]:
-        out = root / "eval" / f"{stage}_samples.jsonl"
+    prompts = held_out_prompts(cfg, root)
+    for name, model in eval_policies(cfg, root).items():
+        out = root / "eval" / f"{name}_samples.jsonl"
         if not out.is_file():
-            overrides = {"model": str(root / stage / "model"), "data": cfg.sft_data, "split": "validation",
-                         "validation_posts": generate_cfg.get("validation_posts", 300), "num_samples": cfg.eval_posts,
-                         "temperature": 0.0, "out": str(out)}
-            if "max_query_length" in generate_cfg:
-                overrides["max_query_length"] = generate_cfg["max_query_length"]
+            overrides = {"split": "validation"} | prompts | {"model": model, "num_samples": cfg.eval_posts, "temperature": 0.0, "out": str(out)}
             call("rlhfkit.trainers.sft:run_generate", resolve("generate", None, None, overrides))
-        specs.append(f"{stage}={out}")
+        specs.append(f"{name}={out}")
     return specs
 
 
-def model_options(cfg: PipelineConfig, root: Path) -> dict[str, Any]:
-    """The eval stage's models: the RM scores every policy's samples, the SFT policy is the reference
-    of the KL and token shift of the trained ones."""
-    options: dict[str, Any] = {"models": [f"{s}={root / s / 'model'}" for s in cfg.stages if s in POLICY_STAGES]}
-    if "sft" in cfg.stages:
-        options["reference_model"] = str(root / "sft" / "model")
+def eval_options(cfg: PipelineConfig, root: Path, samples: list[str]) -> dict[str, Any]:
+    """The eval stage's options: every policy's samples and folder (for its KL), the starting policy as
+    the reference of KL and token shift, the RM scoring every sample, the judge and its template."""
+    options: dict[str, Any] = {"samples": samples, "judge": cfg.judge, "out": str(root / "eval"),
+                               "models": [f"{name}={model}" for name, model in eval_policies(cfg, root).items()],
+                               "reference_model": starting_policy(cfg, root)}
     if "rm" in cfg.stages:
         options["reward_model"] = str(root / "rm" / "model")
-    return options
+    if cfg.task == "hh" and not cfg.judge.startswith("rm:"):  # a reward-model judge reads no template
+        options["template"] = "builtin:hh-helpfulness"
+    return options | cfg.eval
 
 
 def headline_numbers(stage: str, stage_dir: Path) -> dict[str, Any]:
@@ -110,7 +143,7 @@ def headline_numbers(stage: str, stage_dir: Path) -> dict[str, Any]:
 
 
 def run(cfg: PipelineConfig, _parsed: Any = None) -> int:
-    check_order(list(cfg.stages))
+    check_order(list(cfg.stages), cfg.task)
     root = Path(cfg.output_dir)
     root.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {}
@@ -123,8 +156,7 @@ def run(cfg: PipelineConfig, _parsed: Any = None) -> int:
             print(f"pipeline: {stage} -> {stage_dir}")
             if stage == "eval":
                 stage_dir.mkdir(parents=True, exist_ok=True)
-                options = {"samples": eval_samples(cfg, root), "judge": cfg.judge, "out": str(stage_dir)} | model_options(cfg, root) | cfg.eval
-                call(RUNNERS[stage], resolve("eval", None, None, options))
+                call(RUNNERS[stage], resolve("eval", None, None, eval_options(cfg, root, eval_samples(cfg, root))))
             else:
                 call(RUNNERS[stage], stage_config(stage, cfg, root))
             (stage_dir / DONE).write_text(json.dumps({"seconds": round(time.time() - began, 1)}))

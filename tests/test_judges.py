@@ -501,21 +501,35 @@ def test_local_chat_judge_gibberish_is_unparseable_not_a_vote(tiny_model_dir, tm
     assert [v.raw for v in again.judge(pairs)] == [v.raw for v in verdicts]
 
 
-def test_choice_probability_judge_votes_for_the_likelier_letter_after_preferred(tiny_model_dir, tmp_path):
+def choice_logprobs_alone(judge, shown) -> tuple[float, float]:
+    """logprobs of " A" and " B" after `Preferred:` for one pair as shown, unpadded, in a batch of one."""
+    ids = judge.query_ids(judge.template.render(shown)) + judge.tokenizer("Preferred:", add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        logps = judge.model(input_ids=torch.tensor([ids])).logits[0, -1].float().log_softmax(-1)
+    a_id, b_id = judge.choice_ids
+    return float(logps[a_id]), float(logps[b_id])
+
+
+def test_choice_probability_judge_votes_by_the_letter_margin_averaged_over_both_orders(tiny_model_dir, tmp_path):
     pairs = make_pairs(4) + [Pair("SUBREDDIT: r/x\n\nPOST: a much longer post " * 5 + "\n\nTL;DR:", "one", "two words")]
     judge = make_judge(f"hf-logprob:{tiny_model_dir}", cache_dir=tmp_path / "cache", batch_size=3)
     verdicts = judge.judge(pairs)  # batches of 3 prompts of different lengths: left padding is exercised
     assert all(v.is_vote for v in verdicts) and judge.stats.unparseable == 0 and judge.stats.output_tokens == 0
-    a_id, b_id = judge.tokenizer(" A", add_special_tokens=False)["input_ids"] + judge.tokenizer(" B", add_special_tokens=False)["input_ids"]
-    for pair, verdict in zip(pairs, verdicts, strict=True):  # each pair alone, unpadded, in the order shown
-        ids = judge.query_ids(judge.template.render(show(pair, verdict.swapped))) + judge.tokenizer("Preferred:", add_special_tokens=False)["input_ids"]
-        with torch.no_grad():
-            logps = judge.model(input_ids=torch.tensor([ids])).logits[0, -1].float().log_softmax(-1)
-        shown_winner = "A" if logps[a_id] > logps[b_id] else "B"
+    assert judge.stats.calls == 2 * len(pairs)  # each pair read in both orders
+    for pair, verdict in zip(pairs, verdicts, strict=True):
+        a, b = choice_logprobs_alone(judge, show(pair, verdict.swapped))
+        a_mirrored, b_mirrored = choice_logprobs_alone(judge, show(pair, not verdict.swapped))
+        margin = ((a - b) + (b_mirrored - a_mirrored)) / 2  # for the response shown first
+        recorded = json.loads(verdict.raw.split(" ", 2)[2])
+        assert recorded["shown"]["A"] == pytest.approx(a, abs=1e-4) and recorded["mirrored"]["B"] == pytest.approx(b_mirrored, abs=1e-4)
+        assert recorded["margin_first"] == pytest.approx(margin, abs=1e-4)
+        shown_winner = "A" if margin > 0 else "B"
         assert verdict.shown_winner == shown_winner
         assert verdict.winner == (shown_winner if not verdict.swapped else {"A": "B", "B": "A"}[shown_winner])
-        recorded = json.loads(verdict.raw.split(" ", 2)[2])
-        assert recorded["logprob_A"] == pytest.approx(float(logps[a_id]), abs=1e-4)
+    # the order shown no longer decides anything: the same pairs shown the other way get the same winners
+    flipped = make_judge(f"hf-logprob:{tiny_model_dir}", seed=1, batch_size=3)
+    assert any(is_swapped(0, i) != is_swapped(1, i) for i in range(len(pairs)))
+    assert [v.winner for v in flipped.judge(pairs)] == [v.winner for v in verdicts]
     again = make_judge(f"hf-logprob:{tiny_model_dir}", cache_dir=tmp_path / "cache")
     assert [v.winner for v in again.judge(pairs)] == [v.winner for v in verdicts] and again.stats.calls == 0
     assert judge.identity != make_judge(f"hf:{tiny_model_dir}").identity  # hf: replies never answer from this cache

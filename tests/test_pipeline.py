@@ -65,8 +65,69 @@ def test_pipeline_runs_every_stage_then_skips_finished_ones_and_resumes_an_inter
     assert "resume:" in (out / "ppo" / "config.yaml").read_text()
 
 
+def hh_pipeline_args(tiny_model_dir, data, out):
+    common = "max_query_length: 96, report_to: ''"
+    return [
+        f"output_dir={out}", f"model={tiny_model_dir}", "task=hh", "stages=rm,dpo,ppo,eval", f"comparisons={data / 'hh.jsonl'}",
+        "eval_posts=3", f"judge=rm:{out / 'rm' / 'model'}",
+        f"rm={{preset: hh-rm, total_batch_size: 4, micro_batch_size: 2, max_steps: 2, eval_pairs: 8, max_response_length: 48, {common}}}",
+        f"dpo={{preset: hh-dpo, total_batch_size: 4, micro_batch_size: 2, max_steps: 1, eval_samples: 0, max_response_length: 48, {common}}}",
+        f"ppo={{preset: hh-ppo, validation_posts: 6, eval_samples: 2, total_batch_size: 4, micro_batch_size: 4, generation_batch_size: 4, "
+        f"forward_batch_size: 4, max_steps: 1, max_response_length: 8, {common}}}",
+    ]
+
+
+def test_hh_pipeline_starts_every_stage_from_the_base_model_and_answers_held_out_dialogues(tiny_model_dir, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    with gzip.open(data_file("hh-rlhf", "helpful-base", "test.jsonl.gz"), "rt") as f:
+        (data / "hh.jsonl").write_text("".join(line for _, line in zip(range(40), f, strict=False)))
+    out = tmp_path / "hh"
+    assert cli_main(["pipeline", *hh_pipeline_args(tiny_model_dir, data, out)]) == 0
+    for stage in ("rm", "dpo", "ppo"):  # no SFT stage: each starts from the base model, on HH data
+        config = (out / stage / "config.yaml").read_text()
+        assert f"model: {tiny_model_dir}\n" in config and ("data_format: hh" in config or "prompt_format: hh" in config), stage
+    evaluation = json.loads((out / "eval" / "eval.json").read_text())
+    assert set(evaluation["policies"]) == {"base", "dpo", "ppo"} and evaluation["prompts"] == 3
+    assert evaluation["policies"]["base"]["kl"] == pytest.approx(0.0, abs=1e-4)  # the base model is the reference
+    samples = [json.loads(line) for line in (out / "eval" / "base_samples.jsonl").read_text().splitlines()]
+    assert all(s["query"].rstrip().endswith("Assistant:") and s["reference"] for s in samples)  # the chosen reply
+    assert [s["prompt_id"] for s in samples] == [json.loads(line)["prompt_id"] for line in (out / "eval" / "ppo_samples.jsonl").read_text().splitlines()]
+
+
+def test_paper_and_seed002_pipeline_presets_wire_each_stage_to_its_table(tmp_path):
+    from rlhfkit.pipeline import eval_options, held_out_prompts, stage_config
+
+    for size in ("1b", "2.8b", "6.9b"):
+        cfg = resolve("pipeline", f"paper-pythia-{size}", None, {"output_dir": str(tmp_path / size)})
+        root = tmp_path / size
+        assert cfg.stages == ["sft", "rm", "dpo", "ppo", "eval"] and cfg.judge == "openai:gpt-3.5-turbo-0125"
+        sft, rm, dpo, ppo = (stage_config(s, cfg, root) for s in ("sft", "rm", "dpo", "ppo"))
+        assert sft.model == f"EleutherAI/pythia-{size}-deduped"
+        assert (sft.learning_rate, sft.total_batch_size, sft.lr_scheduler) == (3e-6, 128, "cosine")  # Table 3
+        assert (rm.learning_rate, rm.total_batch_size, rm.model) == (3e-6, 64, str(root / "sft" / "model"))  # Table 4
+        assert (dpo.beta, dpo.total_batch_size) == (0.05, 64)  # Table 6
+        assert (ppo.learning_rate, ppo.total_batch_size, ppo.kl_coef, ppo.temperature, ppo.lam, ppo.vf_coef, ppo.total_episodes) == (
+            3e-6, 512, 0.05, 0.7, 0.95, 0.1, 1_000_000)  # Table 7
+        assert ppo.reward_model == str(root / "rm" / "model") and rm.sft_data == ppo.data  # Details 15, 21
+        prompts = held_out_prompts(cfg, root)
+        assert (prompts["hf_split"], prompts["split"], prompts["max_new_tokens"]) == ("validation", "all", 53)  # Figure 1
+    cfg = resolve("pipeline", "seed002-gpt2-hh", None, {"output_dir": str(tmp_path / "hh")})
+    rm, ppo, grpo = (stage_config(s, cfg, tmp_path / "hh") for s in ("rm", "ppo", "grpo"))
+    assert cfg.task == "hh" and "sft" not in cfg.stages and rm.model == ppo.model == "openai-community/gpt2"
+    assert (rm.learning_rate, rm.total_batch_size, rm.num_epochs, rm.weight_decay, rm.data_format) == (2e-5, 16, 3, 0.01, "hh")
+    assert (ppo.kl_coef, ppo.entropy_coef, ppo.vf_coef, ppo.prompt_format) == (0.1, 0.01, 0.5, "hh")
+    assert (grpo.samples_per_prompt, grpo.kl_placement) == (4, "loss")
+    options = eval_options(cfg, tmp_path / "hh", samples=[])
+    assert options["template"] == "builtin:hh-helpfulness" and options["reference_model"] == "openai-community/gpt2"
+    assert options["models"][0] == "base=openai-community/gpt2" and options["reward_model"] == str(tmp_path / "hh" / "rm" / "model")
+
+
 def test_stages_must_come_after_what_they_read():
     check_order(["sft", "rm", "ppo", "dpo", "eval"])
+    check_order(["rm", "dpo", "ppo", "eval"], "hh")
+    with pytest.raises(ConfigError, match="hh task has no SFT data"):
+        check_order(["sft", "rm"], "hh")
     with pytest.raises(ConfigError, match="ppo reads the output of rm"):
         check_order(["sft", "ppo", "rm"])
     with pytest.raises(ConfigError, match="twice"):

@@ -6,7 +6,8 @@ reward model, each comparing two responses to one prompt.
     openai:<model>[@<base_url>]   chat completions of OpenAI or any compatible server (vLLM, llama.cpp)
     anthropic:<model>             the Anthropic messages API
     hf:<model>                    a local chat model (folder, hub id or embedded name), greedy decoding
-    hf-logprob:<model>            the same model made to answer: its next-token choice after `Preferred:`
+    hf-logprob:<model>            the same model made to answer: its next-token choice after `Preferred:`,
+                                  read in both orders so a preference for a position cancels
     rm:<reward model folder>      the response with the higher reward wins; equal rewards tie
 
 `Judge.judge(pairs)` returns one `Verdict` per pair: "A", "B", "tie" (equal rewards or probabilities only) or
@@ -51,6 +52,7 @@ log = logging.getLogger(__name__)
 SPEC_FORMS = "openai:<model>[@<base_url>], anthropic:<model>, hf:<model>, hf-logprob:<model>, rm:<reward model folder>"
 KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 DEFAULT_TEMPLATE = "tldr-appendix-i.txt"
+BUILTIN = "builtin:"
 PLACEHOLDERS = ("prompt", "response_a", "response_b")
 PLACEHOLDER_PATTERN = re.compile(r"\{(prompt|response_a|response_b)\}")
 # Appendix I asks for the line `Preferred: <"A" or "B">`. Only that line counts: the letter in either
@@ -233,12 +235,29 @@ class JudgeTemplate:
         return PLACEHOLDER_PATTERN.sub(lambda match: values[match.group(1)], self.text)
 
 
-def load_template(path: str | Path | None = None) -> JudgeTemplate:
-    """The template in `path`, or the paper's Appendix I prompt when None. The paper prints that prompt
-    with Python line continuations (`\\`); the file joins those lines as the string literal did."""
+def builtin_templates() -> list[str]:
+    return sorted(p.name.removesuffix(".txt") for p in (resources.files("rlhfkit.eval") / "templates").iterdir() if p.name.endswith(".txt"))
+
+
+def builtin_name(path: str | Path | None) -> str | None:
+    """The shipped template `path` names, or None for a file."""
     if path is None:
-        source = resources.files("rlhfkit.eval") / "templates" / DEFAULT_TEMPLATE
-        return JudgeTemplate(source.read_text(encoding="utf-8"), f"builtin:{DEFAULT_TEMPLATE}")
+        return DEFAULT_TEMPLATE.removesuffix(".txt")
+    text = str(path)
+    return text.removeprefix(BUILTIN) if text.startswith(BUILTIN) else None
+
+
+def load_template(path: str | Path | None = None) -> JudgeTemplate:
+    """The template in `path`, a shipped one named `builtin:<name>` (`builtin:hh-helpfulness` for
+    HH-RLHF dialogues), or the paper's Appendix I prompt when None. The paper prints that prompt with
+    Python line continuations (`\\`); the file joins those lines as the string literal did."""
+    name = builtin_name(path)
+    if name is not None:
+        if name not in builtin_templates():
+            raise ConfigError(f"judge template {BUILTIN}{name} is not shipped; choose one of "
+                              f"{', '.join(BUILTIN + t for t in builtin_templates())} or give a file")
+        source = resources.files("rlhfkit.eval") / "templates" / f"{name}.txt"
+        return JudgeTemplate(source.read_text(encoding="utf-8"), f"{BUILTIN}{name}.txt")
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"judge template {file} not found; give a text file with {{prompt}}, {{response_a}} and {{response_b}}")
@@ -683,17 +702,23 @@ class ChatModelJudge(Judge):
 
 class ChoiceProbabilityJudge(ChatModelJudge):
     """A local chat model held to the template's answer format: its reply is started for it with the
-    template's answer line (`Preferred:`), and the verdict is whichever of " A" and " B" it finds more
-    likely as the next token. One forward pass per pair and never unparseable, at the price of the
+    template's answer line (`Preferred:`), and its preference is how much likelier it finds " A" than
+    " B" as the next token. One forward pass per order and never unparseable, at the price of the
     one-sentence comparison that Appendix I asks for first. Small models rarely write the format
     unprompted (SmolLM2-135M-Instruct: no parseable reply in 24 under `hf:`), so this is how such a
-    model can judge at all; `rlhfkit judge-eval` says how far its verdicts can be trusted."""
+    model can judge at all.
+
+    Small models also answer by position: SmolLM2-135M-Instruct said "A" for all 400 verdicts of a
+    TL;DR judge-eval. So each pair is read in both orders and the verdict is the sign of the mean
+    margin for the same response, (margin shown + margin mirrored) / 2, which cancels any preference
+    for a position; `rlhfkit judge-eval` says how far the rest can be trusted."""
 
     KIND = "hf-logprob"
     ANSWER_PREFIX = "Preferred:"
 
     def __init__(self, target: str, template: JudgeTemplate, cache_dir: str | Path | None, seed: int, batch_size: int):
         super().__init__(target, template, cache_dir, seed, max_new_tokens=0, batch_size=batch_size)
+        self.settings["orders"] = 2
         self.prefix_ids = self.tokenizer(self.ANSWER_PREFIX, add_special_tokens=False)["input_ids"]
         self.choice_ids = [self.single_token_id(" " + letter) for letter in "AB"]
 
@@ -703,21 +728,31 @@ class ChoiceProbabilityJudge(ChatModelJudge):
             raise ConfigError(f"judge {self.spec}: {text!r} is {len(ids)} tokens for this tokenizer, not one; use hf: instead")
         return ids[0]
 
-    def answer(self, items: list[tuple[int, Shown]], deliver: Deliver) -> None:
+    def choice_logprobs(self, items: list[tuple[int, Shown]]) -> list[tuple[list[float], int]]:
+        """(logprobs of " A" and " B" after the answer prefix, prompt tokens) for each pair as shown."""
         import torch
 
         from ..ops import position_ids_from_mask
 
-        for chunk, queries, ids, mask in self.batches(items, self.prefix_ids):
+        results = []
+        for _, queries, ids, mask in self.batches(items, self.prefix_ids):
             with torch.inference_mode():
                 logits = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
                                     logits_to_keep=1).logits[:, -1]
-            choices = logits.float().log_softmax(-1)[:, self.choice_ids].tolist()
-            for (index, _), query, (a, b) in zip(chunk, queries, choices, strict=True):
-                self.stats.add(calls=1, input_tokens=len(query))
-                winner = "A" if a > b else "B" if b > a else "tie"
-                reply = f"{self.ANSWER_PREFIX} {winner} " + json.dumps({"logprob_A": a, "logprob_B": b})
-                deliver(index, Reply(reply, winner, len(query), 0))
+            results += zip(logits.float().log_softmax(-1)[:, self.choice_ids].tolist(), map(len, queries), strict=True)
+        return results
+
+    def answer(self, items: list[tuple[int, Shown]], deliver: Deliver) -> None:
+        for start in range(0, len(items), self.batch_size):
+            chunk = items[start : start + self.batch_size]
+            mirrored = [(index, Shown(s.prompt, s.second, s.first, not s.swapped)) for index, s in chunk]
+            shown, swapped = self.choice_logprobs(chunk), self.choice_logprobs(mirrored)
+            for (index, _), ((a, b), tokens), ((a_mirrored, b_mirrored), tokens_mirrored) in zip(chunk, shown, swapped, strict=True):
+                self.stats.add(calls=2, input_tokens=tokens + tokens_mirrored)
+                margin = ((a - b) + (b_mirrored - a_mirrored)) / 2  # for the response shown first
+                winner = "A" if margin > 0 else "B" if margin < 0 else "tie"
+                logprobs = {"shown": {"A": a, "B": b}, "mirrored": {"A": a_mirrored, "B": b_mirrored}, "margin_first": margin}
+                deliver(index, Reply(f"{self.ANSWER_PREFIX} {winner} " + json.dumps(logprobs), winner, tokens + tokens_mirrored, 0))
 
 
 class RewardModelJudge(Judge):

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..config import ConfigError, OnPolicyConfig, PPOConfig
-from ..data import SFTRecord, SkipLog, load_pairs, load_sft
+from ..data import SFTRecord, load_prompts
 from ..data.examples import SFTExample, tokenize_sft
 from ..data.split import split_by_prompt
 from ..errors import ModelError
@@ -102,17 +102,9 @@ def load_models(cfg: PPOConfig, checkpoint: Path | None, needs_value: bool) -> O
     return OnPolicyModels(policy.to(device), reference.to(frozen), reward.to(frozen), value, tokenizer)
 
 
-def hh_prompts(paths: list[str], hf_split: str) -> tuple[list[SFTRecord], SkipLog]:
-    """HH-RLHF dialogues as prompts, one per distinct dialogue; the chosen response stands in for
-    the reference summary that the evaluation compares with."""
-    comparisons, log = load_pairs("hh", paths, hf_split)
-    unique = {c.prompt_id: SFTRecord(c.prompt_id, c.fields, c.chosen, c.where, c.task) for c in comparisons}
-    return list(unique.values()), log
-
-
 def split_posts(cfg: OnPolicyConfig, tokenizer) -> tuple[list[SFTExample], list[SFTExample], list[str]]:
     """(prompts to train on, held-out prompts to evaluate on, notes): the post split of `rlhfkit sft`."""
-    records, log = hh_prompts(cfg.data, cfg.hf_split) if cfg.prompt_format == "hh" else load_sft(cfg.data, cfg.hf_split)
+    records, log = load_prompts(cfg.prompt_format, cfg.data, cfg.hf_split)
     train_records, val_records = split_by_prompt(records, lambda r: r.prompt_id, validation_size=cfg.validation_posts, seed=cfg.seed)
     train, train_log = tokenize_sft(train_records, tokenizer, cfg.max_query_length, 10**9)
     held_out, _ = tokenize_sft(val_records, tokenizer, cfg.max_query_length, 10**9)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..config import ConfigError, GenerateConfig, SFTConfig
-from ..data import load_sft
+from ..data import load_prompts, load_sft
 from ..data.collate import IGNORE_INDEX, right_pad_query_response
 from ..data.examples import SFTExample, tokenize_sft
 from ..data.split import split_by_prompt
@@ -157,8 +157,8 @@ def run_generate(cfg: GenerateConfig, _parsed: Any = None) -> int:
     if cfg.prompt_suite:
         return answer_prompt_suite(cfg)
     if not cfg.data:
-        raise ConfigError("generate needs data=... (TL;DR SFT hub id or files) or prompt_suite=...")
-    records, log = load_sft(cfg.data, cfg.hf_split)
+        raise ConfigError("generate needs data=... (TL;DR SFT or HH-RLHF hub id or files) or prompt_suite=...")
+    records, log = load_prompts(cfg.prompt_format, cfg.data, cfg.hf_split)
     if cfg.split != "all":
         train_records, val_records = split_by_prompt(records, lambda r: r.prompt_id, validation_size=cfg.validation_posts, seed=cfg.seed)
         records = val_records if cfg.split == "validation" else train_records
