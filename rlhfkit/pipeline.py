@@ -18,6 +18,7 @@ from typing import Any
 
 from .checkpoint import find_checkpoint
 from .config import ConfigError, PipelineConfig, resolve
+from .eval.report import format_cell, image_html, table_html, write_report
 from .tracking import read_metrics
 
 RUNNERS = {"sft": "rlhfkit.trainers.sft:run", "rm": "rlhfkit.trainers.reward:run", "dpo": "rlhfkit.trainers.dpo:run",
@@ -142,6 +143,29 @@ def headline_numbers(stage: str, stage_dir: Path) -> dict[str, Any]:
     return {}
 
 
+def scalar_items(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """(path, number) for every number in nested headline dictionaries, e.g. ("policies/ppo/kl", 4.2)."""
+    if isinstance(value, dict):
+        return [item for key, inner in value.items() for item in scalar_items(inner, f"{prefix}{key}/")]
+    return [(prefix.rstrip("/"), value)] if isinstance(value, int | float) and not isinstance(value, bool) else []
+
+
+def write_pipeline_report(root: Path, summary: dict[str, Any]) -> Path:
+    """`<output_dir>/report.html`: each stage's wall time, headline numbers and link to its own report,
+    then every plot the stages drew (training curves, RM evaluation, the eval stage's figures)."""
+    rows = [{"stage": stage, "seconds": info.get("seconds"),
+             "headline": "\n".join(f"{k}: {format_cell(v)}" for k, v in scalar_items(info["headline"].get("policies", info["headline"])))}
+            for stage, info in summary.items()]
+    links = "".join(f'<li><a href="{stage}/report.html">{stage}/report.html</a></li>' for stage in summary
+                    if (root / stage / "report.html").is_file())
+    sections = [("Stages", table_html(rows, ["stage", "seconds", "headline"])), ("Each stage's own report", f"<ul>{links}</ul>")]
+    for stage in summary:
+        plots = sorted((root / stage).glob("plots/*.png")) + sorted((root / stage).glob("rm_eval/*.png")) + sorted((root / stage).glob("*.png"))
+        if plots:
+            sections.append((f"{stage}: plots", "".join(image_html(p) for p in plots)))
+    return write_report(root, "Pipeline", sections)
+
+
 def run(cfg: PipelineConfig, _parsed: Any = None) -> int:
     check_order(list(cfg.stages), cfg.task)
     root = Path(cfg.output_dir)
@@ -162,5 +186,6 @@ def run(cfg: PipelineConfig, _parsed: Any = None) -> int:
             (stage_dir / DONE).write_text(json.dumps({"seconds": round(time.time() - began, 1)}))
         summary[stage] = json.loads((stage_dir / DONE).read_text()) | {"headline": headline_numbers(stage, stage_dir)}
     (root / "pipeline.json").write_text(json.dumps(summary, indent=2, default=str))
-    print(f"pipeline: every stage finished; summary in {root / 'pipeline.json'}")
+    report = write_pipeline_report(root, summary)
+    print(f"pipeline: every stage finished; summary in {root / 'pipeline.json'}, report in {report}")
     return 0

@@ -530,6 +530,11 @@ def test_choice_probability_judge_votes_by_the_letter_margin_averaged_over_both_
     flipped = make_judge(f"hf-logprob:{tiny_model_dir}", seed=1, batch_size=3)
     assert any(is_swapped(0, i) != is_swapped(1, i) for i in range(len(pairs)))
     assert [v.winner for v in flipped.judge(pairs)] == [v.winner for v in verdicts]
+    # and the cache already holds the other order: judging the pairs swapped asks for nothing
+    swapped_pairs = [Pair(p.prompt, p.response_b, p.response_a) for p in pairs]
+    mirrored = make_judge(f"hf-logprob:{tiny_model_dir}", cache_dir=tmp_path / "cache")
+    assert [v.winner for v in mirrored.judge(swapped_pairs)] == [{"A": "B", "B": "A"}[v.winner] for v in verdicts]
+    assert mirrored.stats.calls == 0
     again = make_judge(f"hf-logprob:{tiny_model_dir}", cache_dir=tmp_path / "cache")
     assert [v.winner for v in again.judge(pairs)] == [v.winner for v in verdicts] and again.stats.calls == 0
     assert judge.identity != make_judge(f"hf:{tiny_model_dir}").identity  # hf: replies never answer from this cache

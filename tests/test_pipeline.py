@@ -53,6 +53,10 @@ def test_pipeline_runs_every_stage_then_skips_finished_ones_and_resumes_an_inter
     assert (out / "eval" / "reward_vs_kl.png").is_file() and "Token shift" in (out / "eval" / "report.html").read_text()
     summary = json.loads((out / "pipeline.json").read_text())
     assert list(summary) == ["sft", "rm", "ppo", "eval"] and "validation_accuracy" in summary["rm"]["headline"]
+    report = (out / "report.html").read_text()  # one page: every stage's numbers, link and plots
+    assert all(f'href="{stage}/report.html"' in report for stage in summary) and "ppo/kl: " in report
+    pngs = [p for stage in summary for p in (out / stage).glob("**/*.png") if p.parent.name in ("plots", "rm_eval", stage)]
+    assert len(pngs) >= 5 and report.count("<img") == len(pngs)
     capsys.readouterr()
     assert cli_main(["pipeline", "--preset", "quickstart", *args]) == 0
     assert capsys.readouterr().out.count("already finished") == 4

@@ -747,12 +747,20 @@ class ChoiceProbabilityJudge(ChatModelJudge):
             chunk = items[start : start + self.batch_size]
             mirrored = [(index, Shown(s.prompt, s.second, s.first, not s.swapped)) for index, s in chunk]
             shown, swapped = self.choice_logprobs(chunk), self.choice_logprobs(mirrored)
-            for (index, _), ((a, b), tokens), ((a_mirrored, b_mirrored), tokens_mirrored) in zip(chunk, shown, swapped, strict=True):
+            for (index, _), (_, mirror), ((a, b), tokens), ((a_mirrored, b_mirrored), tokens_mirrored) in zip(
+                    chunk, mirrored, shown, swapped, strict=True):
                 self.stats.add(calls=2, input_tokens=tokens + tokens_mirrored)
                 margin = ((a - b) + (b_mirrored - a_mirrored)) / 2  # for the response shown first
-                winner = "A" if margin > 0 else "B" if margin < 0 else "tie"
-                logprobs = {"shown": {"A": a, "B": b}, "mirrored": {"A": a_mirrored, "B": b_mirrored}, "margin_first": margin}
-                deliver(index, Reply(f"{self.ANSWER_PREFIX} {winner} " + json.dumps(logprobs), winner, tokens + tokens_mirrored, 0))
+                readings = {"A": a, "B": b}, {"A": a_mirrored, "B": b_mirrored}
+                deliver(index, self.reply(margin, *readings, tokens + tokens_mirrored))
+                if self.cache is not None:  # the mirrored order is the same two readings: never pay for it again
+                    mirrored_reply = self.reply(-margin, *reversed(readings), tokens + tokens_mirrored)
+                    self.cache.put(cache_key(mirror, self.identity, self.template_sha256), self.record_of(mirrored_reply))
+
+    def reply(self, margin_first: float, shown: dict[str, float], mirrored: dict[str, float], input_tokens: int) -> Reply:
+        winner = "A" if margin_first > 0 else "B" if margin_first < 0 else "tie"
+        logprobs = {"shown": shown, "mirrored": mirrored, "margin_first": margin_first}
+        return Reply(f"{self.ANSWER_PREFIX} {winner} " + json.dumps(logprobs), winner, input_tokens, 0)
 
 
 class RewardModelJudge(Judge):
