@@ -6,6 +6,7 @@ import json
 import pytest
 
 from rlhfkit.cli import main as cli_main
+from rlhfkit.data.tldr import Comparison
 from rlhfkit.eval import judge_eval
 from rlhfkit.eval.judges import Verdict
 
@@ -29,6 +30,19 @@ def test_position_bias_and_agreement_hand_values():
     # shown winners: A, A, (unparseable), A, A, B -> 4 of 5 votes for the first position
     assert bias["first_position_share"] == pytest.approx(4 / 5) and bias["first_position_votes"] == 5
     assert bias["consistent_share"] == 1.0 and bias["pairs_decided_in_both_orders"] == 2
+
+
+
+def test_length_preference_counts_votes_for_the_longer_response_hand_values():
+    def pair(chosen: str, rejected: str) -> Comparison:
+        return Comparison("p", "tldr", {"post": "x"}, chosen, rejected, "f:1")
+
+    comparisons = [pair("a long summary", "short"), pair("short", "a long summary"), pair("same", "same")]
+    # pair 1: chosen (longer) twice; pair 2: chosen (shorter) once, rejected (longer) once; pair 3: equal lengths, left out
+    forward = [verdict("A", False), verdict("A", False), verdict("A", False)]
+    backward = [verdict("B", False), verdict("A", False), verdict("A", False)]
+    result = judge_eval.length_preference(comparisons, judge_eval.BothOrders(forward, backward))
+    assert result == {"judge_picks_longer": pytest.approx(3 / 4), "votes": 4, "humans_pick_longer": 0.5}
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ The judge compares the two responses of labelled human comparisons (TL;DR, CNN/D
 Reported, each beside the trivial "always prefer the longer response" rule on the same pairs:
 - agreement with the human label, overall and by split, batch, confidence, policy pair and task
   (`rm_metrics.breakdown`, as for a reward model), with a bootstrap interval;
+- length bias: the share of its votes that went to the longer response, beside the humans' share;
 - position bias: every pair is judged in both orders; the share of votes for the response shown
   first (0.5 for an unbiased judge), and the share of pairs whose two verdicts pick the same response;
 - unparseable replies, ties, calls, cache hits, tokens and cost.
@@ -83,6 +84,20 @@ def longer_baseline(comparisons: list[Comparison]) -> dict[str, Any]:
     return {"agreement": float(picks.mean()), "pairs": len(comparisons), "chosen_longer_share": float((chosen > rejected).mean())}
 
 
+def length_preference(comparisons: list[Comparison], orders: BothOrders) -> dict[str, Any]:
+    """Share of the judge's votes that went to the longer response (by characters; pairs of equal
+    length left out): 0.5 for a judge blind to length, beside the humans' share on the same pairs."""
+    chosen, rejected = rm_metrics.char_lengths(comparisons)
+    forward, backward = orders.picks_chosen()
+    votes = np.concatenate([forward, backward])
+    chosen_longer = np.concatenate([chosen > rejected] * 2)
+    usable = ~np.isnan(votes) & (votes != 0.5) & np.concatenate([chosen != rejected] * 2)
+    picks_longer = np.where(chosen_longer, votes, 1 - votes)[usable]
+    humans = (chosen > rejected)[chosen != rejected]
+    return {"judge_picks_longer": float(picks_longer.mean()) if picks_longer.size else None, "votes": int(picks_longer.size),
+            "humans_pick_longer": float(humans.mean()) if humans.size else None}
+
+
 def summarise(comparisons: list[Comparison], orders: BothOrders, seed: int) -> dict[str, Any]:
     forward, backward = orders.picks_chosen()
     both = np.concatenate([forward, backward])
@@ -97,6 +112,7 @@ def summarise(comparisons: list[Comparison], orders: BothOrders, seed: int) -> d
         "agreement_first_order_only": agreement_summary(forward, seed),
         "breakdown": rm_metrics.breakdown([c for c, k in zip(comparisons, kept, strict=True) if k], per_pair[kept]) if kept.any() else {},
         "longer_baseline": longer_baseline(comparisons),
+        "length_preference": length_preference(comparisons, orders),
         "position_bias": position_bias(orders),
         "unparseable": outcomes.count("unparseable"),
         "ties": outcomes.count("tie"),
@@ -121,6 +137,9 @@ def headline(summary: dict[str, Any], judge: str) -> str:
     else:
         lines.append(f"  agreement with humans {agreement['agreement']:.3f} [{agreement['low']:.3f}, {agreement['high']:.3f}] "
                      f"over {agreement['votes']} votes; always-prefer-longer {baseline['agreement']:.3f}")
+    if summary["length_preference"]["judge_picks_longer"] is not None:
+        lines.append(f"  votes for the longer response {summary['length_preference']['judge_picks_longer']:.3f} "
+                     f"(humans on the same pairs: {summary['length_preference']['humans_pick_longer']:.3f})")
     if bias["first_position_share"] is not None:
         lines.append(f"  votes for the response shown first {bias['first_position_share']:.3f} (unbiased: 0.5)")
     if bias["consistent_share"] is not None:
