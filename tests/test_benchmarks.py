@@ -17,7 +17,7 @@ def run_benchmark(script: str, *args: str) -> list[dict]:
 
 def test_generation_benchmark_compares_with_transformers_generate_and_checks_greedy_outputs():
     rows = run_benchmark("generation.py", "--model", "tiny", "--batches", "1,3", "--repeats", "1", "--new-tokens", "6",
-                         "--query-length", "64")
+                         "--query-length", "160")
     assert [r["batch"] for r in rows] == [1, 3]
     for row in rows:
         assert row["identical"] is True  # greedy decoding: token for token the same as generate's
