@@ -33,16 +33,22 @@ def starting_policy(cfg: PipelineConfig, root: Path) -> str:
     return str(root / "sft" / "model") if "sft" in cfg.stages else cfg.model
 
 
+def prompt_source(cfg: PipelineConfig) -> dict[str, Any]:
+    """Where prompts come from, as stage options: the TL;DR SFT posts (Detail 21), or for HH-RLHF,
+    which has no SFT data, the comparisons' dialogues."""
+    return {"data": cfg.comparisons, "prompt_format": "hh"} if cfg.task == "hh" else {"data": cfg.sft_data}
+
+
 def wiring(stage: str, cfg: PipelineConfig, root: Path) -> dict[str, Any]:
     """Which models and data a stage reads: the previous stages' outputs. TL;DR prompts come from the
     SFT data (Detail 21) and its reference summaries set the reward bias (Detail 15); HH-RLHF has no
     SFT data, so its prompts are the comparisons' dialogues."""
     policy, rm_model = starting_policy(cfg, root), str(root / "rm" / "model")
     if cfg.task == "hh":
-        pairs, prompts, reward_bias = {"data": cfg.comparisons, "data_format": "hh"}, {"data": cfg.comparisons, "prompt_format": "hh"}, {}
+        pairs, reward_bias = {"data": cfg.comparisons, "data_format": "hh"}, {}
     else:
-        pairs, prompts, reward_bias = {"data": cfg.comparisons}, {"data": cfg.sft_data}, {"sft_data": cfg.sft_data}
-    on_policy = {"model": policy, "reward_model": rm_model} | prompts
+        pairs, reward_bias = {"data": cfg.comparisons}, {"sft_data": cfg.sft_data}
+    on_policy = {"model": policy, "reward_model": rm_model} | prompt_source(cfg)
     return {
         "sft": {"model": cfg.model, "data": cfg.sft_data},
         "rm": {"model": policy} | pairs | reward_bias,
@@ -93,7 +99,7 @@ def held_out_prompts(cfg: PipelineConfig, root: Path) -> dict[str, Any]:
     """`rlhfkit generate` options that select the prompts the policy stages held out (the split, query
     budget and response length of the first stage that splits prompts, SFT or on-policy), or a hub
     split of their own (`eval_hf_split`)."""
-    data = {"data": cfg.comparisons, "prompt_format": "hh"} if cfg.task == "hh" else {"data": cfg.sft_data}
+    data = prompt_source(cfg)
     if cfg.eval_hf_split:
         data |= {"hf_split": cfg.eval_hf_split, "split": "all"}
     splitting = [s for s in cfg.stages if s in ("sft", "ppo", "grpo", "rloo")]
