@@ -57,15 +57,6 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
     return logits
 
 
-def token_cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
-    """Sum of next-token cross-entropy over labelled positions (labels are aligned with inputs)."""
-    shifted_logits = logits[:, :-1].float()
-    shifted_labels = labels[:, 1:]
-    return F.cross_entropy(
-        shifted_logits.reshape(-1, shifted_logits.size(-1)), shifted_labels.reshape(-1), ignore_index=ignore_index, reduction="sum"
-    )
-
-
 # ---------------------------------------------------------------------------------------------
 # RL maths shared by the on-policy trainers. Shapes: B rows (episodes), T response positions.
 # `mask` (B, T) marks each row's valid response prefix: every token up to and including EOS.

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import torch
 from tqdm import tqdm
-from transformers import PreTrainedTokenizerBase
+from transformers import DynamicCache, PreTrainedTokenizerBase, StaticCache
+from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
 from .data.collate import left_pad_queries
 from .ops import (
@@ -57,6 +58,21 @@ def pick_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Gen
     return torch.multinomial(filtered.softmax(-1), 1, generator=generator).squeeze(-1)
 
 
+def static_decode_cache(model: torch.nn.Module, prefill: Cache, repeats: int, max_length: int) -> Cache | None:
+    """The prompt's KV cache copied (each row `repeats` times) into a cache allocated once for the whole
+    generation, or None when the model's cache is not the plain per-layer kind this copy understands
+    (sliding-window, hybrid or quantised caches keep the growing cache). A growing cache concatenates
+    every layer's keys and values at every decoded token, which was two thirds of a decode step on CPU."""
+    if not isinstance(prefill, DynamicCache) or any(type(layer) is not DynamicLayer for layer in prefill.layers):
+        return None
+    static = StaticCache(config=model.config, max_cache_len=max_length)
+    if len(static.layers) != len(prefill.layers) or any(type(layer) is not StaticLayer for layer in static.layers):
+        return None
+    for source, target in zip(prefill.layers, static.layers, strict=True):
+        target.update(source.keys.repeat_interleave(repeats, dim=0), source.values.repeat_interleave(repeats, dim=0))
+    return static
+
+
 @torch.no_grad()
 def generate(
     model: torch.nn.Module,
@@ -72,31 +88,38 @@ def generate(
 
     With `samples_per_prompt` G > 1 each query is encoded once and its KV cache repeated G times, so
     a group of G samples (GRPO, RLOO) costs one prefill; the rows come out as G consecutive samples
-    of query 0, then of query 1, and so on."""
+    of query 0, then of query 1, and so on. Decoding writes into a KV cache laid out once for the
+    whole batch (`static_decode_cache`) where the model allows it."""
     device = query_ids.device
     if generator is None:
         generator = torch.Generator(device=device).manual_seed(params.seed)
-    mask = query_mask.clone()
     # logits_to_keep=1: only the last position's logits are needed, not (B, Q, vocab)
-    out = model(input_ids=query_ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=True, logits_to_keep=1)
-    cache, logits = out.past_key_values, out.logits[:, -1]
-    if samples_per_prompt > 1:
-        cache.batch_repeat_interleave(samples_per_prompt)
-        query_ids, mask, logits = (t.repeat_interleave(samples_per_prompt, dim=0) for t in (query_ids, mask, logits))
+    out = model(input_ids=query_ids, attention_mask=query_mask, position_ids=position_ids_from_mask(query_mask),
+                use_cache=True, logits_to_keep=1)
+    logits, width = out.logits[:, -1], query_ids.size(1)
+    cache = static_decode_cache(model, out.past_key_values, samples_per_prompt, width + params.max_new_tokens)
+    if cache is None:
+        cache = out.past_key_values
+        if samples_per_prompt > 1:
+            cache.batch_repeat_interleave(samples_per_prompt)
+    query_ids, query_mask, logits = (t.repeat_interleave(samples_per_prompt, dim=0) for t in (query_ids, query_mask, logits))
     batch = query_ids.size(0)
+    # the mask of every position the cache will hold, set to 1 as each token is decoded
+    mask = torch.cat([query_mask, query_mask.new_zeros(batch, params.max_new_tokens)], dim=1)
+    position = query_mask.sum(-1, keepdim=True)
     tokens, logps = [], []
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
-    for _ in range(params.max_new_tokens):
+    for step in range(params.max_new_tokens):
         nxt = pick_next(logits, params, generator, pad_id)
         tokens.append(nxt)
         logps.append(logprobs_from_logits(logits, nxt, params.temperature))
         finished |= nxt == eos_id
         if bool(finished.all()) or len(tokens) == params.max_new_tokens:
             break
-        mask = torch.cat([mask, torch.ones(batch, 1, dtype=mask.dtype, device=device)], dim=1)
-        position = (mask.sum(-1, keepdim=True) - 1).clamp(min=0)
-        out = model(input_ids=nxt.unsqueeze(1), attention_mask=mask, position_ids=position, past_key_values=cache, use_cache=True)
-        cache, logits = out.past_key_values, out.logits[:, -1]
+        mask[:, width + step] = 1
+        visible = mask if isinstance(cache, StaticCache) else mask[:, : width + step + 1]
+        out = model(input_ids=nxt.unsqueeze(1), attention_mask=visible, position_ids=position + step, past_key_values=cache, use_cache=True)
+        logits = out.logits[:, -1]
     raw = torch.stack(tokens, dim=1)
     responses = truncate_after_eos(raw, eos_id, pad_id)
     eos_at = first_true_indices(raw == eos_id)
@@ -160,13 +183,14 @@ def response_logprobs(
     return chunked_logprobs_entropy(hidden[:, context_length - 1 : -1], responses, head.weight, head.bias, temperature, chunk_rows)
 
 
-def sequence_logprobs(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor, chunk_rows: int = 256
-) -> torch.Tensor:
-    """(B,) summed log-probabilities (temperature 1) of the tokens where `response_mask` is set, each
-    predicted from the position before it: log pi(y|x) of DPO (equation 4) and of its implicit reward
-    (equation 5). Any padding side; logits are formed only at those positions, a chunk at a time."""
-    targets = response_mask[:, 1:].bool()
+def target_logprobs(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, targets: torch.Tensor, chunk_rows: int = 256
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probabilities (temperature 1) of the tokens `input_ids[:, 1:][targets]`, each predicted from
+    the position before it, as a flat (N,) tensor with the row of each. Any padding side; logits are
+    formed only at those positions, a chunk at a time: the SFT loss and DPO read a few response
+    tokens of each row, and a (B, L, vocab) tensor would be the largest of the step."""
+    targets = targets.bool()
     positions = position_ids_from_mask(attention_mask)
     head = plain_lm_head(model)
     if head is None:
@@ -177,6 +201,15 @@ def sequence_logprobs(
         features, weight, bias = hidden.last_hidden_state[:, :-1][targets], head.weight, head.bias
     logprobs = chunked_logprobs_entropy(features, input_ids[:, 1:][targets], weight, bias, 1.0, chunk_rows)[0]
     rows = torch.arange(input_ids.size(0), device=input_ids.device).unsqueeze(1).expand_as(targets)[targets]
+    return logprobs, rows
+
+
+def sequence_logprobs(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor, chunk_rows: int = 256
+) -> torch.Tensor:
+    """(B,) summed log-probabilities (temperature 1) of the tokens where `response_mask` is set: log
+    pi(y|x) of DPO (equation 4) and of its implicit reward (equation 5)."""
+    logprobs, rows = target_logprobs(model, input_ids, attention_mask, response_mask[:, 1:], chunk_rows)
     return torch.zeros(input_ids.size(0), dtype=logprobs.dtype, device=logprobs.device).index_add(0, rows, logprobs)
 
 

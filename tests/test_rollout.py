@@ -68,3 +68,49 @@ def test_sampling_is_deterministic_for_a_seed(tiny_model):
     c = generate_texts(model, tok, queries, SamplingParams(max_new_tokens=8, temperature=0.7, seed=4), batch_size=2)
     assert a == b
     assert a != c
+
+
+def greedy_without_cache(model, ids, mask, steps):
+    """Reference decoding: the whole left-padded sequence through the model at every step, no KV cache."""
+    from rlhfkit.ops import position_ids_from_mask
+
+    tokens, logps = [], []
+    for _ in range(steps):
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits[:, -1]
+        nxt = logits.argmax(-1)
+        tokens.append(nxt)
+        logps.append(logits.log_softmax(-1).gather(-1, nxt[:, None]).squeeze(-1))
+        ids, mask = torch.cat([ids, nxt[:, None]], 1), torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+    return torch.stack(tokens, 1), torch.stack(logps, 1)
+
+
+def test_decoding_into_the_preallocated_cache_matches_full_forwards_without_cache(tiny_model):
+    model, tok = tiny_model
+    model.eval()
+    queries = [encode(tok, "SUBREDDIT: r/test\n\nPOST: a much longer post than the other one\n\nTL;DR:"), encode(tok, "short")]
+    batch = left_pad_queries(queries, tok.pad_token_id)
+    # a huge EOS id: no row stops, so every one of the 10 positions is compared
+    out = generate(model, batch["input_ids"], batch["attention_mask"], SamplingParams(max_new_tokens=10, temperature=0), 10**9, -1)
+    with torch.no_grad():
+        tokens, logps = greedy_without_cache(model, batch["input_ids"], batch["attention_mask"], 10)
+    assert out.responses.tolist() == tokens.tolist()
+    torch.testing.assert_close(out.logprobs, logps, atol=1e-5, rtol=1e-4)
+
+
+def test_prompt_cache_is_laid_out_once_with_each_row_repeated_for_its_group(tiny_model):
+    from transformers import DynamicCache, StaticCache
+
+    from rlhfkit.rollout import static_decode_cache
+
+    model, tok = tiny_model
+    ids = torch.tensor([encode(tok, "one two three"), encode(tok, "four five six")])
+    with torch.no_grad():
+        prefill = model(input_ids=ids, use_cache=True).past_key_values
+    static = static_decode_cache(model, prefill, repeats=2, max_length=ids.size(1) + 5)
+    assert isinstance(static, StaticCache) and int(static.get_seq_length()) == ids.size(1)
+    for source, target in zip(prefill.layers, static.layers, strict=True):
+        assert target.keys.shape[0] == 4 and target.keys.shape[2] == ids.size(1) + 5
+        torch.testing.assert_close(target.keys[:, :, : ids.size(1)], source.keys.repeat_interleave(2, dim=0))
+        torch.testing.assert_close(target.values[2:, :, : ids.size(1)], source.values[[1, 1]])
+    sliding = DynamicCache(config=type(model.config)(**(model.config.to_dict() | {"sliding_window": 4, "layer_types": ["sliding_attention"] * model.config.num_hidden_layers})))
+    assert static_decode_cache(model, sliding, repeats=1, max_length=8) is None  # other layouts keep the growing cache

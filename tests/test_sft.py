@@ -55,6 +55,21 @@ def test_collate_counts_response_tokens_including_eos(tokenizer, sft_posts):
         assert labelled == e.response and labelled[-1] == tokenizer.eos_token_id
 
 
+@pytest.mark.parametrize("loss_on_query", [False, True])
+def test_loss_from_labelled_positions_only_equals_cross_entropy_over_full_logits(tiny_model, sft_posts, loss_on_query):
+    model, tok = tiny_model
+    records, _ = load_sft([str(sft_posts)])
+    examples, _ = tokenize_sft(records[:3], tok, 128, 53)
+    batch = sft.collate_sft(examples, tok.pad_token_id, loss_on_query=loss_on_query)
+    loss, _ = sft.sft_loss(model, batch)
+    (grad,) = torch.autograd.grad(loss, model.model.layers[0].mlp.up_proj.weight)
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+    expected = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), batch["labels"][:, 1:].reshape(-1), reduction="sum")
+    (expected_grad,) = torch.autograd.grad(expected, model.model.layers[0].mlp.up_proj.weight)
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-4, atol=1e-6)
+
+
 def test_sft_lowers_the_loss_on_a_fixed_batch(tiny_model, sft_posts):
     model, tok = tiny_model
     records, _ = load_sft([str(sft_posts)])

@@ -23,8 +23,7 @@ from ..eval.plots import plot_curves
 from ..eval.report import image_html, table_html, write_report
 from ..eval.rouge import mean, rouge_l
 from ..models import load_policy
-from ..ops import token_cross_entropy_sum
-from ..rollout import SamplingParams, generate_texts
+from ..rollout import SamplingParams, generate_texts, target_logprobs
 from ..tracking import read_jsonl, read_metrics, write_jsonl
 from .engine import Stage, is_main_process, save_final_model, start_run, train
 
@@ -37,8 +36,9 @@ def collate_sft(examples: list[SFTExample], pad_id: int, loss_on_query: bool) ->
 
 
 def sft_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    return token_cross_entropy_sum(logits, batch["labels"]), {}
+    """Summed next-token cross-entropy over the labelled tokens, with logits formed only where a label is."""
+    logprobs, _ = target_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["labels"][:, 1:] != IGNORE_INDEX)
+    return -logprobs.sum(), {}
 
 
 @torch.no_grad()
