@@ -9,7 +9,8 @@ log-probabilities given (the trainer caches them before training), so a step is 
 
 Runs the stage's real loss function and an AdamW step on random token rows of the given shape
 (rows are right-padded to `--seq`, as Detail 5 batches are), discards `--warmup` steps, times
-`--steps`. On CUDA the peak is `max_memory_allocated`; on CPU it is the process's peak RSS.
+`--steps`. MFU is the model FLOPs per second (benchmark_common.training_flops_per_token) over
+the matmul peak measured in the same process for the precision it ran in (matmul_peak.py). On CUDA the peak is `max_memory_allocated`; on CPU it is the process's peak RSS.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import sys
 import time
 
 import torch
-from benchmark_common import best_device, machine_fields
+from benchmark_common import best_device, machine_fields, matmul_peak_gflops, mfu, training_flops_per_token
 
 
 def build(stage: str, model_name: str):
@@ -62,7 +63,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=562, help="tokens per row (562 SFT, 638 RM in the paper)")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--bf16", action="store_true", help="bf16 autocast (CUDA)")
+    parser.add_argument("--bf16", action="store_true", help="bf16 autocast (CUDA, or a CPU with AVX-512 BF16 or AMX)")
     args = parser.parse_args()
 
     device = best_device()
@@ -88,6 +89,8 @@ def main() -> None:
             times.append(time.perf_counter() - began)
     tokens = int(batch["attention_mask"].sum())
     median = sorted(times)[len(times) // 2]
+    peak = matmul_peak_gflops(torch.bfloat16 if args.bf16 else torch.float32, device)
+    flops_per_token = training_flops_per_token(model.config, args.seq)
     print(json.dumps({
         "benchmark": f"{args.stage}_train_step",
         "model": args.model,
@@ -97,6 +100,9 @@ def main() -> None:
         "step_s_median": round(median, 4),
         "tokens_per_s": round(tokens / median, 1),
         "bf16": args.bf16,
+        "model_gflops_per_s": round(tokens / median * flops_per_token / 1e9, 1),
+        "matmul_peak_gflops": peak,
+        "mfu": mfu(tokens / median, flops_per_token, peak),
     } | machine_fields(device)))
     sys.stdout.flush()
 

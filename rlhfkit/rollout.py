@@ -58,6 +58,17 @@ def pick_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Gen
     return torch.multinomial(filtered.softmax(-1), 1, generator=generator).squeeze(-1)
 
 
+class OneDtypeStaticLayer(StaticLayer):
+    """A preallocated layer that stores keys and values in one dtype. Under autocast the keys come
+    out of the rotary embedding in fp32 while the values stay bf16, and a preallocated buffer, unlike
+    a growing one, must take both in its own dtype."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.is_initialized:
+            key_states, value_states = key_states.to(self.keys.dtype), value_states.to(self.values.dtype)
+        return super().update(key_states, value_states, *args, **kwargs)
+
+
 def static_decode_cache(model: torch.nn.Module, prefill: Cache, repeats: int, max_length: int) -> Cache | None:
     """The prompt's KV cache copied (each row `repeats` times) into a cache allocated once for the whole
     generation, or None when the model's cache is not the plain per-layer kind this copy understands
@@ -65,11 +76,13 @@ def static_decode_cache(model: torch.nn.Module, prefill: Cache, repeats: int, ma
     every layer's keys and values at every decoded token, which was two thirds of a decode step on CPU."""
     if not isinstance(prefill, DynamicCache) or any(type(layer) is not DynamicLayer for layer in prefill.layers):
         return None
-    static = StaticCache(config=model.config, max_cache_len=max_length)
-    if len(static.layers) != len(prefill.layers) or any(type(layer) is not StaticLayer for layer in static.layers):
+    planned = StaticCache(config=model.config, max_cache_len=max_length)  # allocates nothing: only its layer kinds are read
+    if len(planned.layers) != len(prefill.layers) or any(type(layer) is not StaticLayer for layer in planned.layers):
         return None
+    static = Cache(layers=[OneDtypeStaticLayer(max_cache_len=max_length) for _ in prefill.layers])
     for source, target in zip(prefill.layers, static.layers, strict=True):
-        target.update(source.keys.repeat_interleave(repeats, dim=0), source.values.repeat_interleave(repeats, dim=0))
+        dtype = torch.promote_types(source.keys.dtype, source.values.dtype)
+        target.update(source.keys.to(dtype).repeat_interleave(repeats, dim=0), source.values.to(dtype).repeat_interleave(repeats, dim=0))
     return static
 
 
@@ -98,7 +111,8 @@ def generate(
                 use_cache=True, logits_to_keep=1)
     logits, width = out.logits[:, -1], query_ids.size(1)
     cache = static_decode_cache(model, out.past_key_values, samples_per_prompt, width + params.max_new_tokens)
-    if cache is None:
+    preallocated = cache is not None
+    if not preallocated:
         cache = out.past_key_values
         if samples_per_prompt > 1:
             cache.batch_repeat_interleave(samples_per_prompt)
@@ -117,7 +131,7 @@ def generate(
         if bool(finished.all()) or len(tokens) == params.max_new_tokens:
             break
         mask[:, width + step] = 1
-        visible = mask if isinstance(cache, StaticCache) else mask[:, : width + step + 1]
+        visible = mask if preallocated else mask[:, : width + step + 1]
         out = model(input_ids=nxt.unsqueeze(1), attention_mask=visible, position_ids=position + step, past_key_values=cache, use_cache=True)
         logits = out.logits[:, -1]
     raw = torch.stack(tokens, dim=1)

@@ -23,3 +23,28 @@ def test_generation_benchmark_compares_with_transformers_generate_and_checks_gre
         assert row["identical"] is True  # greedy decoding: token for token the same as generate's
         assert row["ours_tokens_per_s"] > 0 and row["transformers_tokens_per_s"] > 0 and row["speedup"] > 0
         assert row["ours_decoded_positions"] <= 6 and row["peak_memory_bytes"] > 0
+
+
+def test_matmul_peak_probe_reports_fp32_and_bf16():
+    rows = run_benchmark("matmul_peak.py", "--sizes", "128,256", "--seconds", "0.05")
+    assert [r["precision"] for r in rows] == ["fp32", "bf16"]
+    for row in rows:
+        assert set(row["gflops_by_size"]) == {"128", "256"} and row["peak_gflops"] == max(row["gflops_by_size"].values()) > 0
+
+
+def test_training_benchmark_reports_mfu_against_the_measured_peak():
+    (row,) = run_benchmark("train_throughput.py", "--stage", "sft", "--model", "tiny", "--batch", "2", "--seq", "64", "--steps", "1", "--warmup", "1")
+    assert row["tokens_per_s"] > 0 and row["matmul_peak_gflops"] > 0
+    # both fields are rounded: the MFU to 3 decimals, the achieved GFLOP/s to 1
+    assert abs(row["mfu"] - row["model_gflops_per_s"] / row["matmul_peak_gflops"]) <= 5e-4 + 0.05 / row["matmul_peak_gflops"]
+
+
+def test_training_flops_count_matches_a_hand_count_for_smollm2_shapes():
+    sys.path.insert(0, str(BENCHMARKS))
+    from benchmark_common import training_flops_per_token
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536)
+    # per layer: q, o 576x576 each; k, v 576x192 each; MLP 3 x 576x1536 -> 3,538,944 weights; x6 x30 layers
+    # plus attention 12 x 30 x 576 x 512
+    assert training_flops_per_token(config, 512) == 6 * 30 * 3_538_944 + 12 * 30 * 576 * 512

@@ -71,6 +71,22 @@ def test_data_order_is_a_function_of_seed_and_step_and_reshuffles_each_epoch():
     assert sorted(sum(ranks, [])) == sorted(sum(batch_indices(schedule, 1, 0, 0), []))
 
 
+def test_length_bucketed_micro_batches_hold_the_same_examples_with_less_padding():
+    cfg = resolve("sft", None, None, {"total_batch_size": 8, "micro_batch_size": 2})
+    schedule = plan_schedule(cfg, examples=32, processes=1)
+    lengths = [(i * 37) % 500 + 20 for i in range(32)]
+    for step in range(4):
+        plain, bucketed = batch_indices(schedule, 1, step, 0), batch_indices(schedule, 1, step, 0, lengths)
+        assert sorted(sum(plain, [])) == sorted(sum(bucketed, []))  # the optimizer step sees the same examples
+        flat = sum(bucketed, [])
+        assert [lengths[i] for i in flat] == sorted(lengths[i] for i in flat)
+
+        def padded(micro_batches):
+            return sum(len(m) * max(lengths[i] for i in m) for m in micro_batches)
+
+        assert padded(bucketed) <= padded(plain)
+
+
 def test_schedule_rejects_a_batch_that_does_not_divide():
     from rlhfkit.config import ConfigError
 

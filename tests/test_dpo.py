@@ -65,7 +65,8 @@ def test_sequence_logprobs_do_not_depend_on_padding_side_or_batch_company(tiny_m
 
 
 def test_a_dpo_step_with_the_policy_equal_to_the_reference_gives_log2_and_zero_rewards(tiny_model_dir, comparisons, tmp_path):
-    cfg = resolve("dpo", "tldr-dpo", None, dpo_args(tiny_model_dir, comparisons, tmp_path))
+    # exact in fp32; the loss below runs outside autocast, so the cached reference must too
+    cfg = resolve("dpo", "tldr-dpo", None, dpo_args(tiny_model_dir, comparisons, tmp_path, mixed_precision="no"))
     policy, tok = load_policy(str(tiny_model_dir))
     train_pairs, _ = pairs_for(cfg, tok)
     examples = dpo.reference_logprobs(policy, str(tiny_model_dir), train_pairs[:6], tok.pad_token_id, cfg, tmp_path / "ref.pt")
@@ -191,7 +192,8 @@ def test_two_processes_train_like_one(tiny_model_dir, comparisons, tmp_path):
     runs = {}
     for processes, micro in ((1, 4), (2, 2)):
         out = tmp_path / f"p{processes}"
-        args = dpo_args(tiny_model_dir, comparisons, out, max_steps=2, micro_batch_size=micro, eval_samples=0, eval_pairs=4)
+        args = dpo_args(tiny_model_dir, comparisons, out, max_steps=2, micro_batch_size=micro, eval_samples=0, eval_pairs=4,
+                        mixed_precision="no")  # exact in fp32; bf16 rounds differently for other batch shapes
         command = [sys.executable, "-m", "rlhfkit", "dpo", "--preset", "tldr-dpo", *[f"{k}={v}" for k, v in args.items()]]
         proc = subprocess.run([*command, "--num-processes", str(processes)], env=env, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr[-3000:]

@@ -98,19 +98,38 @@ def test_decoding_into_the_preallocated_cache_matches_full_forwards_without_cach
 
 
 def test_prompt_cache_is_laid_out_once_with_each_row_repeated_for_its_group(tiny_model):
-    from transformers import DynamicCache, StaticCache
+    from transformers import DynamicCache
 
-    from rlhfkit.rollout import static_decode_cache
+    from rlhfkit.rollout import OneDtypeStaticLayer, static_decode_cache
 
     model, tok = tiny_model
     ids = torch.tensor([encode(tok, "one two three"), encode(tok, "four five six")])
     with torch.no_grad():
         prefill = model(input_ids=ids, use_cache=True).past_key_values
     static = static_decode_cache(model, prefill, repeats=2, max_length=ids.size(1) + 5)
-    assert isinstance(static, StaticCache) and int(static.get_seq_length()) == ids.size(1)
+    assert all(isinstance(layer, OneDtypeStaticLayer) for layer in static.layers)
+    assert int(static.get_seq_length()) == ids.size(1)
     for source, target in zip(prefill.layers, static.layers, strict=True):
         assert target.keys.shape[0] == 4 and target.keys.shape[2] == ids.size(1) + 5
         torch.testing.assert_close(target.keys[:, :, : ids.size(1)], source.keys.repeat_interleave(2, dim=0))
         torch.testing.assert_close(target.values[2:, :, : ids.size(1)], source.values[[1, 1]])
     sliding = DynamicCache(config=type(model.config)(**(model.config.to_dict() | {"sliding_window": 4, "layer_types": ["sliding_attention"] * model.config.num_hidden_layers})))
     assert static_decode_cache(model, sliding, repeats=1, max_length=8) is None  # other layouts keep the growing cache
+
+
+def test_decoding_under_bf16_autocast_stores_fp32_keys_and_bf16_values_in_one_buffer(tiny_model, monkeypatch):
+    """Autocast hands the cache fp32 keys (after RoPE) and bf16 values; greedy tokens match the growing cache's."""
+    import rlhfkit.rollout as rollout
+
+    model, tok = tiny_model
+    model.eval()
+    batch = left_pad_queries([encode(tok, "one two three four"), encode(tok, "five")], tok.pad_token_id)
+    params = SamplingParams(max_new_tokens=8, temperature=0)
+    runs = []
+    for preallocate in (True, False):
+        if not preallocate:
+            monkeypatch.setattr(rollout, "static_decode_cache", lambda *args: None)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            runs.append(generate(model, batch["input_ids"], batch["attention_mask"], params, 10**9, -1))
+    assert runs[0].responses.tolist() == runs[1].responses.tolist()
+    torch.testing.assert_close(runs[0].logprobs, runs[1].logprobs, atol=2e-2, rtol=2e-2)

@@ -17,6 +17,10 @@ class SFTExample:
     query: QueryTokens
     response: list[int]  # leading space + summary + EOS
 
+    def width(self) -> int:
+        """Tokens in the row the collator pads."""
+        return len(self.query.ids) + len(self.response)
+
 
 @dataclass
 class PairExample:
@@ -24,6 +28,10 @@ class PairExample:
     query: QueryTokens
     chosen: list[int]
     rejected: list[int]
+
+    def width(self) -> int:
+        """Tokens in the longer of the pair's two rows, which sets its padded width."""
+        return len(self.query.ids) + max(len(self.chosen), len(self.rejected))
 
 
 def tokenize_sft(

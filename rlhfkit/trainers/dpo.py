@@ -59,6 +59,9 @@ class DPOExample:
     ref_chosen: float  # log pi_ref(chosen | query), summed over the response tokens
     ref_rejected: float
 
+    def width(self) -> int:
+        return self.pair.width()
+
 
 def collate_dpo(examples: list[DPOExample], pad_id: int) -> dict[str, torch.Tensor]:
     """The reward model's pair batch (chosen rows, then rejected rows) plus the cached reference log-probabilities."""
@@ -205,7 +208,8 @@ def run(cfg: DPOConfig, _parsed: Any = None) -> int:
         chosen, rejected = implicit_rewards(current, eval_examples, pad_id, cfg)
         return validation_metrics(chosen, rejected, chosen / cfg.beta)
 
-    stage = Stage("dpo", policy.to(device), tokenizer, train_examples, lambda b: collate_dpo(b, pad_id), make_dpo_loss(cfg.beta), evaluate)
+    stage = Stage("dpo", policy.to(device), tokenizer, train_examples, lambda b: collate_dpo(b, pad_id), make_dpo_loss(cfg.beta), evaluate,
+                  length=lambda example: example.width())
     result = train(cfg, stage, run_dir, checkpoint)
     if not is_main_process():
         return 0

@@ -14,7 +14,7 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -67,16 +67,21 @@ def plan_schedule(cfg: TrainConfig, examples: int, processes: int) -> Schedule:
     return Schedule(examples, cfg.total_batch_size, cfg.micro_batch_size, processes, steps_per_epoch, total)
 
 
-def batch_indices(schedule: Schedule, seed: int, step: int, rank: int) -> list[list[int]]:
+def batch_indices(schedule: Schedule, seed: int, step: int, rank: int, lengths: Sequence[int] | None = None) -> list[list[int]]:
     """Micro-batches of example indices for optimizer step `step` on process `rank`.
 
-    Each epoch is a fresh permutation drawn from (seed, epoch), sampled without replacement.
+    Each epoch is a fresh permutation drawn from (seed, epoch), sampled without replacement. Given
+    the examples' `lengths`, a step's examples are cut into micro-batches in order of length: the step
+    sees the same examples (its loss is normalised over all of them), but each micro-batch pads only
+    to rows of similar length instead of to the longest row drawn with it.
     """
     epoch, offset = divmod(step, schedule.steps_per_epoch)
     order = np.random.default_rng([seed, epoch]).permutation(schedule.examples)
     start = offset * schedule.total_batch_size
     per_rank = schedule.micro_batch_size * schedule.accumulation
     mine = order[start + rank * per_rank : start + (rank + 1) * per_rank].tolist()
+    if lengths is not None:
+        mine.sort(key=lambda i: lengths[i])
     return [mine[i : i + schedule.micro_batch_size] for i in range(0, per_rank, schedule.micro_batch_size)]
 
 
@@ -126,10 +131,20 @@ def resume_checkpoint(cfg: RunConfig) -> Path | None:
     return ckpt
 
 
+def native_bf16() -> bool:
+    """Whether the device the run trains on computes bf16 natively: a CUDA GPU that supports it, or a
+    CPU with AVX-512 BF16 or AMX, where oneDNN's bf16 matmuls run about twice as fast as fp32 ones.
+    Other CPUs would emulate bf16, slower than fp32."""
+    if not processes_need_cpu():
+        return torch.cuda.is_bf16_supported()
+    cpu = torch.cpu
+    return any(getattr(cpu, probe, lambda: False)() for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+
+
 def autocast_precision(cfg: RunConfig) -> str:
-    """bf16 autocast where the hardware supports it (Detail 8), fp32 otherwise."""
+    """bf16 autocast where the hardware computes bf16 natively (Detail 8), fp32 otherwise."""
     if cfg.mixed_precision == "auto":
-        return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+        return "bf16" if native_bf16() else "no"
     return cfg.mixed_precision
 
 
@@ -158,17 +173,27 @@ class Stage:
     collate: Callable[[list[Any]], dict[str, torch.Tensor]]
     loss_fn: LossFn
     evaluate: Callable[[torch.nn.Module, int], dict[str, float]] | None = None
+    length: Callable[[Any], int] | None = None  # padded width of an example, for length-bucketed micro-batches
 
 
 def count_tokens(batch: dict[str, torch.Tensor]) -> int:
     return int(batch["attention_mask"].sum())
 
 
+def accelerator_for(cfg: RunConfig):
+    """An Accelerator with this run's precision. accelerate keeps the first precision of a process for
+    good and refuses another, but one process may run stages that differ in it (the pipeline, a
+    notebook, the tests), so the precision part of its state is reset; the process group stays."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state()
+    return Accelerator(cpu=processes_need_cpu(), mixed_precision=autocast_precision(cfg))
+
+
 def train(cfg: TrainConfig, stage: Stage, run_dir: Path, checkpoint: Path | None = None) -> dict[str, Any]:
     """Run the optimizer steps of `stage`, resuming from `checkpoint` when given."""
-    from accelerate import Accelerator
-
-    accelerator = Accelerator(cpu=processes_need_cpu(), mixed_precision=autocast_precision(cfg))
+    accelerator = accelerator_for(cfg)
     seed_everything(cfg.seed)
     schedule = plan_schedule(cfg, len(stage.examples), accelerator.num_processes)
     model = stage.model
@@ -181,11 +206,12 @@ def train(cfg: TrainConfig, stage: Stage, run_dir: Path, checkpoint: Path | None
     tracker = Tracker(run_dir, cfg.report_to, dataclasses.asdict(cfg), resume_step=start) if accelerator.is_main_process else None
     bar = tqdm(total=schedule.total_steps, initial=start, desc=stage.name, unit="step", disable=not accelerator.is_main_process)
     last: dict[str, float] = {}
+    lengths = [stage.length(e) for e in stage.examples] if stage.length else None
     if stage.evaluate is not None and cfg.eval_every and start == 0 and tracker is not None:
-        tracker.log(0, stage.evaluate(unwrap(accelerator, model), 0))  # where the curves start
+        tracker.log(0, stage.evaluate(in_training(accelerator, model), 0))  # where the curves start
     for step in range(start, schedule.total_steps):
         began = time.perf_counter()
-        metrics, tokens = run_step(accelerator, model, stage, schedule, cfg, step)
+        metrics, tokens = run_step(accelerator, model, stage, schedule, cfg, step, lengths)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
@@ -194,7 +220,7 @@ def train(cfg: TrainConfig, stage: Stage, run_dir: Path, checkpoint: Path | None
         metrics |= {"train/lr": scheduler.get_last_lr()[0], "perf/tokens_per_s": tokens / elapsed, "perf/step_s": elapsed}
         evaluated = stage.evaluate is not None and cfg.eval_every and done % cfg.eval_every == 0 and done < schedule.total_steps
         if evaluated:
-            metrics |= stage.evaluate(unwrap(accelerator, model), done)
+            metrics |= stage.evaluate(in_training(accelerator, model), done)
         if tracker is not None and (evaluated or done % cfg.log_every == 0 or done == schedule.total_steps):
             tracker.log(done, metrics)
         last = metrics
@@ -215,9 +241,11 @@ def train(cfg: TrainConfig, stage: Stage, run_dir: Path, checkpoint: Path | None
     return {"model": final_model, "steps": schedule.total_steps, "schedule": dataclasses.asdict(schedule), "last_metrics": last}
 
 
-def run_step(accelerator, model, stage: Stage, schedule: Schedule, cfg: TrainConfig, step: int) -> tuple[dict[str, float], int]:
+def run_step(accelerator, model, stage: Stage, schedule: Schedule, cfg: TrainConfig, step: int,
+             lengths: Sequence[int] | None) -> tuple[dict[str, float], int]:
     """Forward and backward over this process's micro-batches; return averaged metrics and tokens seen."""
-    micro = [stage.collate([stage.examples[i] for i in idx]) for idx in batch_indices(schedule, cfg.seed, step, accelerator.process_index)]
+    indices = batch_indices(schedule, cfg.seed, step, accelerator.process_index, lengths)
+    micro = [stage.collate([stage.examples[i] for i in idx]) for idx in indices]
     micro = [{k: v.to(accelerator.device) for k, v in b.items()} for b in micro]
     # Normalise by the units (tokens or pairs) of the whole effective batch, over all processes:
     # gradient accumulation then equals one large batch. DDP averages over processes, hence x processes.
@@ -253,13 +281,21 @@ def save_final_model(model, tokenizer, run_dir: Path, folder: str = "model") -> 
 
 def unwrap(accelerator, model):
     """The bare model, without DDP or the autocast wrapper: evaluation after training runs in fp32,
-    exactly as a later `from_pretrained` load would."""
+    exactly as a later `from_pretrained` load would. Removing the wrapper is permanent, so this is
+    only for the model training has finished with."""
     return accelerator.unwrap_model(model, keep_fp32_wrapper=False)
+
+
+def in_training(accelerator, model):
+    """The model without DDP but with its autocast wrapper, for checkpoints and evaluations between
+    steps: removing the wrapper there would train every later step in fp32, and a resumed run (which
+    wraps afresh) would then differ from an uninterrupted one."""
+    return accelerator.unwrap_model(model, keep_fp32_wrapper=True)
 
 
 def save(accelerator, run_dir: Path, step: int, model, tokenizer, optimizer, scheduler, schedule: Schedule, keep: int) -> None:
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         state = {"examples_seen": step * schedule.total_batch_size, "epoch": step / schedule.steps_per_epoch}
-        save_checkpoint(run_dir, step, unwrap(accelerator, model), tokenizer, optimizer, scheduler, state, keep)
+        save_checkpoint(run_dir, step, in_training(accelerator, model), tokenizer, optimizer, scheduler, state, keep)
     accelerator.wait_for_everyone()

@@ -219,7 +219,8 @@ def run(cfg: RMConfig, _parsed: Any = None) -> int:
         c, r = score_pairs(current, tokenizer.pad_token_id, eval_examples, cfg.micro_batch_size * 2, "validating")
         return {"val/accuracy": rm_metrics.pairwise_accuracy(c, r), "val/loss": rm_metrics.pairwise_loss(c, r), "val/margin": float((c - r).mean())}
 
-    stage = Stage("rm", model, tokenizer, train_examples, lambda b: collate_pairs(b, tokenizer.pad_token_id), pairwise_loss_fn, evaluate)
+    stage = Stage("rm", model, tokenizer, train_examples, lambda b: collate_pairs(b, tokenizer.pad_token_id), pairwise_loss_fn, evaluate,
+                  length=lambda example: example.width())
     result = train(cfg, stage, run_dir, checkpoint)
     if not is_main_process():
         return 0

@@ -131,6 +131,7 @@ def run(cfg: SFTConfig, _parsed: Any = None) -> int:
         lambda batch: collate_sft(batch, tokenizer.pad_token_id, cfg.loss_on_query),
         sft_loss,
         evaluate,
+        length=lambda example: example.width(),
     )
     result = train(cfg, stage, run_dir, checkpoint)
     if not is_main_process():

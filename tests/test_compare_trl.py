@@ -1,0 +1,45 @@
+"""Smoke test of benchmarks/compare_trl.py: every trainer on the tiny model, one warm-up and one timed step,
+one run per side, all in a single invocation (each run is a child process). Not timed: the numbers are
+only checked for shape."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("trl")
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "compare_trl.py"
+TRAINERS = ["sft", "rm", "dpo", "grpo", "rloo", "ppo"]
+TINY = {"model": "tiny", "steps": 1, "warmup": 1, "repeats": 1, "threads": 1, "sft-rows": 2, "sft-length": 40,
+        "pairs": 1, "pair-length": 40, "response-length": 8, "episodes": 4, "group": 2, "micro-batch": 2,
+        "query-length": 24, "update-epochs": 2}
+PER_SIDE = ["s_per_step", "tokens_per_step", "tokens_per_s", "peak_rss_bytes"]
+RATIOS = ["tokens_per_s_ratio", "s_per_step_ratio", "peak_rss_ratio"]
+PHASES = ["generation_s", "scoring_s", "update_s", "generated_tokens_per_s"]
+
+
+def test_every_trainer_prints_one_comparison_line_with_both_sides_and_their_ratios():
+    options = [f"--{key}={value}" for key, value in TINY.items()]
+    done = subprocess.run([sys.executable, str(SCRIPT), f"--trainers={','.join(TRAINERS)}", *options],
+                          capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {row["trainer"]: row for row in map(json.loads, done.stdout.splitlines())}
+    assert list(rows) == TRAINERS
+    for trainer, row in rows.items():
+        sides = ["ours"] if trainer == "ppo" else ["ours", "trl"]
+        for side in sides:
+            assert all(row[f"{side}_{key}"] > 0 for key in PER_SIDE), (trainer, side)
+            assert [len(times) for times in row[f"{side}_step_s_runs"]] == [1], trainer  # warm-up dropped
+        assert (row["model"], row["steps"], row["threads"], row["precision"]) == ("tiny", 1, 1, "fp32")
+        assert row["peak_memory_kind"] == "process_rss" and row["peak_memory_bytes"] > 0
+        if trainer != "ppo":
+            assert all(row[key] > 0 for key in RATIOS) and row["trl_version"], trainer
+            assert row["ours_tokens_per_step"] == row["trl_tokens_per_step"], trainer
+    for trainer in ("grpo", "rloo"):  # full-length responses on both sides: 2 prompts x 2 samples x (24 + 8)
+        assert rows[trainer]["trl_tokens_per_step"] == 4 * (24 + 8)
+    assert rows["sft"]["trl_settings"]["loss_type"] == "chunked_nll"
+    assert "trl_s_per_step" not in rows["ppo"] and "no PPO trainer" in rows["ppo"]["trl"]
+    assert all(rows["ppo"][f"ours_{phase}"] > 0 for phase in PHASES)
