@@ -46,7 +46,7 @@ K = 4 (TRL `num_iterations`), G = 4 (TRL `num_generations`).
 
 Differences that remain (each side runs as its users would run it)
     - SFT: TRL runs at its default `loss_type="chunked_nll"` (its real speed path since 1.x: the LM
-      head runs only on labelled tokens, in chunks); ours forms the logits of every position.
+      head runs only on labelled tokens, in chunks), as ours does.
     - DPO: both sides compute the reference log-probabilities once before training (ours always; TRL
       `precompute_ref_log_probs=True`, not its default), so a step is one policy pass on each side.
       Our run keeps the frozen reference in memory, as `rlhfkit dpo` does for its evaluation; TRL
@@ -77,7 +77,9 @@ Output, one JSON line per trainer: the shapes (`batch`, `row_length` or `query_l
 `response_length_mean` (on-policy) and our phase times (`ours_generation_s`, `ours_scoring_s`,
 `ours_update_s`, `ours_generated_tokens_per_s`); the ratios ours/TRL `tokens_per_s_ratio`,
 `s_per_step_ratio`, `peak_rss_ratio`; TRL's version and settings; and `machine_fields` as the children
-saw the machine, with `peak_memory_bytes` the largest peak RSS of any run.
+saw the machine, with `peak_memory_bytes` the largest peak RSS of any run. SFT, RM and DPO lines add
+each side's `mfu` against `matmul_peak_gflops`, the peak of the runs' precision measured once by the
+`prepare` child (benchmarks/flops.py counts the model FLOPs).
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ ON_POLICY = ("grpo", "rloo", "ppo")
 SUPERVISED_PRESETS = {"sft": "tldr-sft", "rm": "tldr-rm", "dpo": "tldr-dpo"}
 GRAD_CLIP = 1.0
 STEP_UNITS = {False: "optimizer step", True: "update (generation, scoring, K optimizer steps)"}
+PEAK_FILE = "matmul_peak.json"
 
 
 # ---------------------------------------------------------------- parent: alternate the runs, aggregate
@@ -236,6 +239,16 @@ def side_summary(runs: list[dict], warmup: int, side: str) -> dict:
     return out
 
 
+def utilisation(row: dict, sides: tuple[str, ...], model_dir: Path, length: int) -> dict:
+    """Each side's model FLOPs utilisation against the matmul peak measured when the weights were saved."""
+    from flops import mfu, training_flops_per_token
+
+    config = argparse.Namespace(**json.loads((model_dir / "config.json").read_text()))
+    peak = json.loads((model_dir / PEAK_FILE).read_text())["matmul_peak_gflops"]
+    per_token = training_flops_per_token(config, length)
+    return {"matmul_peak_gflops": peak} | {f"{side}_mfu": mfu(row[f"{side}_tokens_per_s"], per_token, peak) for side in sides}
+
+
 def ratios(row: dict) -> dict:
     """ours / TRL: above 1 is better for ours in tokens/s, worse in seconds and memory."""
     return {
@@ -298,6 +311,8 @@ def compare(args: argparse.Namespace, trainer: str, model_dir: Path, scratch: Pa
     }
     for side in sides:
         row |= side_summary(runs[side], args.warmup, side)
+    if trainer not in ON_POLICY:
+        row |= utilisation(row, sides, model_dir, row["row_length"])
     if "trl" in runs:
         row |= ratios(row) | {
             "trl_version": runs["trl"][0]["trl_version"],
@@ -333,6 +348,16 @@ def prepare_model(args: argparse.Namespace) -> None:
     model, tokenizer = tiny_policy() if args.model == "tiny" else load_policy(args.model)
     model.save_pretrained(args.model_dir)
     tokenizer.save_pretrained(args.model_dir)
+    measure_peak(args)
+
+
+def measure_peak(args: argparse.Namespace) -> None:
+    """The matmul peak of the runs' precision on this machine, beside the weights (for the MFU)."""
+    import torch
+    from benchmark_common import matmul_peak_gflops
+
+    peak = matmul_peak_gflops(torch.bfloat16 if args.bf16 else torch.float32, torch.device("cpu"))
+    (Path(args.model_dir) / PEAK_FILE).write_text(json.dumps({"matmul_peak_gflops": peak}))
 
 
 def word_rows(tokenizer, rows: int, length: int, seed: int) -> list[list[int]]:

@@ -98,7 +98,7 @@ def compare(model, tokenizer, queries: list[list[int]], args, device) -> dict:
     for name in sides:
         median = statistics.median(seconds[name])
         positions = outputs[name].size(1)
-        row |= {f"{name}_s": round(median, 4), f"{name}_decoded_positions": positions,
+        row |= {f"{name}_s": round(median, 4), f"{name}_s_runs": [round(t, 3) for t in seconds[name]], f"{name}_decoded_positions": positions,
                 f"{name}_tokens_per_s": round(len(queries) * positions / median, 1), f"{name}_peak_memory_bytes": peaks[name]}
     row["speedup"] = round(row["ours_tokens_per_s"] / row["transformers_tokens_per_s"], 3)
     if args.temperature <= 0:

@@ -21,7 +21,8 @@ import sys
 import time
 
 import torch
-from benchmark_common import best_device, machine_fields, matmul_peak_gflops, mfu, training_flops_per_token
+from benchmark_common import best_device, machine_fields, matmul_peak_gflops
+from flops import mfu, training_flops_per_token
 
 
 def build(stage: str, model_name: str):

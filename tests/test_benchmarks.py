@@ -41,10 +41,16 @@ def test_training_benchmark_reports_mfu_against_the_measured_peak():
 
 def test_training_flops_count_matches_a_hand_count_for_smollm2_shapes():
     sys.path.insert(0, str(BENCHMARKS))
-    from benchmark_common import training_flops_per_token
+    from flops import training_flops_per_token
     from transformers import LlamaConfig
 
     config = LlamaConfig(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536)
     # per layer: q, o 576x576 each; k, v 576x192 each; MLP 3 x 576x1536 -> 3,538,944 weights; x6 x30 layers
     # plus attention 12 x 30 x 576 x 512
     assert training_flops_per_token(config, 512) == 6 * 30 * 3_538_944 + 12 * 30 * 576 * 512
+
+
+def test_padding_benchmark_counts_less_padding_with_length_buckets():
+    (row,) = run_benchmark("padding.py", "--stages", "sft", "--limit", "48", "--total-batch", "16", "--micro-batch", "4")
+    assert row["steps"] == 3 and row["real_tokens"] <= row["computed_tokens_bucketed"] <= row["computed_tokens_plain"]
+    assert row["bucketed_over_plain"] == round(row["computed_tokens_bucketed"] / row["computed_tokens_plain"], 4)

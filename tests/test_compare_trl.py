@@ -38,6 +38,8 @@ def test_every_trainer_prints_one_comparison_line_with_both_sides_and_their_rati
         if trainer != "ppo":
             assert all(row[key] > 0 for key in RATIOS) and row["trl_version"], trainer
             assert row["ours_tokens_per_step"] == row["trl_tokens_per_step"], trainer
+        if trainer in ("sft", "rm", "dpo"):
+            assert row["matmul_peak_gflops"] > 0 and row["ours_mfu"] > 0 and row["trl_mfu"] > 0, trainer
     for trainer in ("grpo", "rloo"):  # full-length responses on both sides: 2 prompts x 2 samples x (24 + 8)
         assert rows[trainer]["trl_tokens_per_step"] == 4 * (24 + 8)
     assert rows["sft"]["trl_settings"]["loss_type"] == "chunked_nll"
