@@ -54,3 +54,11 @@ def test_padding_benchmark_counts_less_padding_with_length_buckets():
     (row,) = run_benchmark("padding.py", "--stages", "sft", "--limit", "48", "--total-batch", "16", "--micro-batch", "4")
     assert row["steps"] == 3 and row["real_tokens"] <= row["computed_tokens_bucketed"] <= row["computed_tokens_plain"]
     assert row["bucketed_over_plain"] == round(row["computed_tokens_bucketed"] / row["computed_tokens_plain"], 4)
+
+
+def test_onpolicy_benchmark_splits_an_update_into_phases():
+    (row,) = run_benchmark("onpolicy_throughput.py", "--algorithm", "grpo", "--model", "tiny", "--batch", "4", "--micro-batch", "2",
+                           "--query-length", "16", "--response-length", "4", "--update-epochs", "1", "--updates", "1", "--warmup", "0")
+    assert row["samples_per_prompt"] == 4 and row["batch"] == 4
+    assert row["generation_s"] > 0 and row["scoring_s"] > 0 and row["update_s"] > 0
+    assert row["update_total_s"] >= row["generation_s"] + row["scoring_s"] + row["update_s"] - 1e-3
