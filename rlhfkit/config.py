@@ -120,6 +120,8 @@ class PairConfig(TrainConfig):
     max_article_query_length: int = article_length_opt()
     validation_fraction: float = opt(0.1, "fraction of prompts (posts, dialogues) held out by prompt identity for validation")
     splits: list[str] = opt([], "keep only comparisons from these splits (e.g. train, valid1; empty: all)", "Detail 16")
+    validation_splits: list[str] = opt([], "split-disjoint protocol: validate on these upstream splits (TL;DR valid1), train on `splits` "
+                                       "(empty: the others); replaces validation_fraction; prompts also trained on are dropped", "Detail 6")
     batches: list[str] = opt([], "keep only comparisons from these annotation batches (empty: all)", "Detail 16")
     max_pairs: int = opt(0, "train on at most this many training pairs, in data order (0: all)")
     eval_pairs: int = opt(256, "validation pairs scored at each evaluation (0: all)")
@@ -131,6 +133,14 @@ class RMConfig(PairConfig):
     head: Literal["eos-linear", "mean-mlp"] = opt("eos-linear", "reward head: EOS-token linear or mean-pooled MLP", "Details 11-12")
     sft_data: list[str] = opt([], "SFT data whose reference summaries set the reward bias (empty: skip)", "Detail 15")
     normalization_samples: int = opt(1024, "reference summaries used for the bias", "Detail 15")
+    length_head: bool = opt(False, "ODIN (Chen et al. 2024): a second linear head trained to carry response length, decorrelated "
+                            "from the reward head, which alone is saved as the reward")
+    length_head_weight: float = opt(1.0, "ODIN: weight of |corr(reward, length)| - corr(length head, length)", minimum=0.0)
+    orthogonality_weight: float = opt(1.0, "ODIN: weight of |W_reward . W_length|", minimum=0.0)
+    length_balance: bool = opt(False, "train on equal numbers of pairs whose chosen response is longer and shorter (majority subsampled)")
+    trainable_layers: int = opt(-1, "train only the top N transformer blocks and the heads (-1: everything; 0: heads only, on backbone "
+                                "features computed once and cached)", minimum=-1)
+    feature_cache: str = opt("", "trainable_layers=0: file of cached backbone features, shared between runs (empty: <run>/features.pt)")
 
 
 @dataclass
@@ -179,6 +189,8 @@ class OnPolicyConfig(RunConfig):
     temperature: float = opt(0.7, "sampling temperature, also applied in every forward pass that computes logprobs", "Table 7")
     missing_eos_score: float = opt(-1.0, "score of a response without EOS (the EOS trick)", "Detail 23", minimum=-math.inf)
     eos_trick: bool = opt(True, "replace the score of responses without EOS by missing_eos_score", "Detail 23")
+    reward_length_penalty: float = opt(0.0, "subtract this x response tokens from each reward-model score (a length-penalised reward)",
+                                       minimum=0.0)
     kl_coef: float = opt(0.05, "KL penalty coefficient beta of equation 3", "Table 7")
     kl_estimator: Literal["k1", "k2", "k3"] = opt("k1", "per-token KL estimator in the penalty (k1: log ratio, the paper's)", "Equation 3")
     adaptive_kl: bool = opt(False, "adapt kl_coef toward kl_target (Ziegler et al. 2019)")
@@ -268,6 +280,8 @@ class RMEvalConfig:
     errors: int = opt(20, "most confidently wrong pairs written to confident_errors.jsonl")
     calibration_bins: int = opt(10, "reward-margin bins of the calibration plot", "Detail 18", minimum=1)
     dump_logits: int = opt(1, "pairs whose per-token reward logits are dumped", "Detail 13")
+    length_penalty: float = opt(0.0, "score each response as reward - length_penalty x response tokens (what PPO sees with "
+                                "reward_length_penalty)", minimum=0.0)
     trust_remote_code: bool = remote_code_opt()
     out: str = opt("", "output folder (empty: runs/rm-eval-<timestamp>)")
 

@@ -326,3 +326,22 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
     "grpo": AdvantageEstimator(grpo_estimator, False, True, "GRPO: sequence reward minus its group's mean, over the group's std"),
     "rloo": AdvantageEstimator(rloo_estimator, False, True, "RLOO: sequence reward minus the mean of the other samples of its prompt"),
 }
+
+
+def length_penalised_scores(scores: torch.Tensor, lengths: torch.Tensor, alpha: float) -> torch.Tensor:
+    """score - alpha * length (response tokens): a reward that stops paying for length alone, usable at
+    scoring time by the on-policy trainers and by `rlhfkit rm-eval` (Detail 24's length discussion)."""
+    return scores - alpha * lengths.to(scores.dtype)
+
+
+def disentangled_length_loss(quality: torch.Tensor, length_scores: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """ODIN (Chen et al. 2024): |corr(quality head, length)| - corr(length head, length) over the
+    responses of a batch. Minimising it pushes everything that tracks length into the length head,
+    so the quality head, the reward RL optimises, carries what length cannot explain."""
+    lengths = lengths.to(quality.dtype)
+    return pearson(quality, lengths).abs() - pearson(length_scores, lengths)
+
+
+def head_orthogonality_loss(quality_weight: torch.Tensor, length_weight: torch.Tensor) -> torch.Tensor:
+    """ODIN's |W_Q^T W_L|: the two linear heads read different directions of the hidden state."""
+    return (quality_weight.flatten() * length_weight.flatten()).sum().abs()

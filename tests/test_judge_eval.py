@@ -45,6 +45,16 @@ def test_length_preference_counts_votes_for_the_longer_response_hand_values():
     assert result == {"judge_picks_longer": pytest.approx(3 / 4), "votes": 4, "humans_pick_longer": 0.5}
 
 
+def test_longer_baseline_counts_equal_lengths_half_hand_values():
+    def pair(chosen: str, rejected: str) -> Comparison:
+        return Comparison("p", "tldr", {"post": "x"}, chosen, rejected, "f:1")
+
+    comparisons = [pair("a long summary", "short"), pair("short", "a long summary"), pair("same", "same")]
+    result = judge_eval.longer_baseline(comparisons)
+    assert result["agreement"] == pytest.approx(1.5 / 3)  # equal lengths count half
+    assert result["pairs"] == 3 and result["chosen_longer_share"] == pytest.approx(1 / 3)
+
+
 @pytest.fixture(scope="module")
 def comparisons(tmp_path_factory):
     path = tmp_path_factory.mktemp("judge-eval") / "pairs.jsonl"

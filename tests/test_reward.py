@@ -64,18 +64,17 @@ def test_detail14_left_and_right_padding_give_the_same_rewards(reward_model):
 
 
 class FixedRewards(torch.nn.Module):
-    def __init__(self, values):
+    def __init__(self, chosen, rejected):
         super().__init__()
-        self.values = torch.tensor(values)
+        self.scores = {"chosen": torch.tensor(chosen), "rejected": torch.tensor(rejected)}
 
-    def forward(self, input_ids, attention_mask, response_mask=None):
-        return self.values
+    def forward(self, **_):
+        return self.scores
 
 
 def test_pairwise_loss_and_accuracy_against_hand_values():
-    # chosen rows first: chosen = [2, -1, 0.5], rejected = [0, 1, 0.5]
-    model = FixedRewards([2.0, -1.0, 0.5, 0.0, 1.0, 0.5])
-    batch = {"input_ids": torch.zeros(6, 1), "attention_mask": torch.ones(6, 1)}
+    model = FixedRewards([2.0, -1.0, 0.5], [0.0, 1.0, 0.5])
+    batch = {"input_ids": torch.zeros(3, 1), "attention_mask": torch.ones(3, 1)}
     loss, extras = reward.pairwise_loss_fn(model, batch)
     expected = sum(math.log(1 + math.exp(-m)) for m in (2.0, -2.0, 0.0))
     assert loss.item() == pytest.approx(expected, rel=1e-6)
@@ -168,7 +167,7 @@ def test_mean_mlp_head_pools_exactly_the_response_and_ignores_query_padding(tiny
     model = ScalarModel.from_policy(policy, head="mean-mlp").eval()
     pairs = pairs_of(tok)
     right = reward.collate_scored([q for q, _ in pairs], [r for _, r in pairs], tok.pad_token_id)
-    rewards = reward.score(model, right)
+    rewards = model(right["input_ids"], right["attention_mask"], right["response_mask"])
     hidden = model.hidden_states(right["input_ids"], right["attention_mask"])
     for row, (q, r) in enumerate(pairs):
         expected = model.head(hidden[row, len(q) : len(q) + len(r)].mean(0))

@@ -97,6 +97,103 @@ def test_breakdown_by_every_attribute():
     assert {k: v["count"] for k, v in result["task"].items()} == {"cnndm": 1, "tldr": 3}
 
 
+# --- accuracy beside the always-longer rule, with bootstrap intervals ---------------------------
+
+
+def five_pairs():
+    """Token lengths that disagree with the characters ("a good summary" is always the longer text), so
+    a result that used characters would show a length rule of 1.0."""
+    comparisons = [pair(split="valid1")] * 3 + [pair(split="valid2")] * 2
+    # chosen longer, shorter, equal, shorter, longer; the RM right, right, tied (wrong), wrong, wrong
+    chosen_len, rejected_len = [10, 4, 7, 3, 8], [5, 9, 7, 6, 2]
+    chosen, rejected = [1.0, 2.0, 0.5, -1.0, 0.0], [0.0, 1.0, 0.5, 0.0, 1.0]
+    return comparisons, chosen, rejected, chosen_len, rejected_len
+
+
+def test_length_rule_and_chosen_shorter_accuracy_by_hand():
+    assert rm.length_rule_hits([10, 4, 7], [5, 9, 7]).tolist() == [1.0, 0.0, 0.5]
+    assert rm.chosen_shorter_mask([10, 4, 7], [5, 9, 7]).tolist() == [False, True, False]
+    result = rm.evaluate_rewards(*five_pairs(), resamples=200)
+    overall = result["breakdown"]["overall"]
+    assert overall["accuracy"] == pytest.approx(0.4) and overall["count"] == 5
+    assert overall["length_rule"] == pytest.approx(0.5)  # (1 + 0 + 0.5 + 0 + 1) / 5
+    assert overall["model_minus_rule"] == pytest.approx(-0.1)
+    assert overall["chosen_shorter_count"] == 2 and overall["chosen_shorter_accuracy"] == pytest.approx(0.5)
+    valid1, valid2 = result["breakdown"]["split"]["valid1"], result["breakdown"]["split"]["valid2"]
+    assert valid1["accuracy"] == pytest.approx(2 / 3) and valid1["length_rule"] == pytest.approx(0.5)
+    assert valid1["chosen_shorter_count"] == 1 and valid1["chosen_shorter_accuracy"] == 1.0
+    assert valid2["accuracy"] == 0.0 and valid2["length_rule"] == pytest.approx(0.5)
+    assert valid2["chosen_shorter_count"] == 1 and valid2["chosen_shorter_accuracy"] == 0.0
+    assert result["intervals"] == {"method": "percentile bootstrap over pairs", "confidence": 0.95,
+                                   "resamples": 200, "seed": 0}
+
+
+def test_breakdown_without_lengths_uses_characters():
+    comparisons, chosen, rejected, _, _ = five_pairs()
+    overall = rm.breakdown(comparisons, np.array(chosen) > np.array(rejected), resamples=200)["overall"]
+    assert overall["length_rule"] == 1.0 and overall["chosen_shorter_count"] == 0
+    assert overall["chosen_shorter_accuracy"] is None and overall["chosen_shorter_low"] is None
+
+
+def random_hits(n, seed):
+    rng = np.random.default_rng(seed)
+    return (rng.random(n) < 0.7).astype(float), (rng.random(n) < 0.6).astype(float), rng.random(n) < 0.4
+
+
+def test_bootstrap_interval_contains_the_accuracy_is_seeded_and_narrows_with_more_pairs():
+    small = rm.accuracy_with_baseline(*random_hits(50, 1), seed=3)
+    for name, low, high in [
+        ("accuracy", "low", "high"),
+        ("length_rule", "length_rule_low", "length_rule_high"),
+        ("model_minus_rule", "model_minus_rule_low", "model_minus_rule_high"),
+        ("chosen_shorter_accuracy", "chosen_shorter_low", "chosen_shorter_high"),
+    ]:
+        assert small[low] <= small[name] <= small[high] and small[low] < small[high], name
+    assert rm.accuracy_with_baseline(*random_hits(50, 1), seed=3) == small
+    assert rm.accuracy_with_baseline(*random_hits(50, 1), seed=4)["low"] != small["low"]
+    large = rm.accuracy_with_baseline(*random_hits(2000, 1), seed=3)
+    assert large["high"] - large["low"] < (small["high"] - small["low"]) / 3  # width ~ 1/sqrt(n)
+    assert large["model_minus_rule_high"] - large["model_minus_rule_low"] < (
+        small["model_minus_rule_high"] - small["model_minus_rule_low"]
+    ) / 3
+
+
+@pytest.mark.parametrize("value", [0.0, 1.0])
+def test_bootstrap_interval_of_constant_hits_is_a_point(value):
+    hits = np.full(20, value)
+    stats = rm.accuracy_with_baseline(hits, np.full(20, 0.5), np.arange(20) < 5)
+    assert (stats["low"], stats["accuracy"], stats["high"]) == (value, value, value)
+    assert (stats["chosen_shorter_low"], stats["chosen_shorter_high"]) == (value, value)
+
+
+def test_a_model_that_is_the_length_rule_differs_from_it_by_exactly_zero():
+    chosen_len, rejected_len = np.arange(1, 41), np.arange(40, 0, -1)  # no tie: the rule scores 1 or 0
+    rule = rm.length_rule_hits(chosen_len, rejected_len)
+    stats = rm.accuracy_with_baseline(rule, rule, rm.chosen_shorter_mask(chosen_len, rejected_len))
+    assert stats["accuracy"] == stats["length_rule"] == 0.5 and stats["low"] < stats["high"]
+    difference = stats["model_minus_rule"], stats["model_minus_rule_low"], stats["model_minus_rule_high"]
+    assert difference == (0, 0, 0)
+    assert stats["chosen_shorter_count"] == 20 and stats["chosen_shorter_accuracy"] == 0.0
+
+
+def test_headline_and_report_show_the_length_rule_and_the_intervals(tmp_path):
+    from rlhfkit.trainers.reward import write_rm_report
+
+    result = rm.evaluate_rewards(*five_pairs(), resamples=200)
+    overall = result["breakdown"]["overall"]
+    text = headline(result)
+    assert f"accuracy 0.400 [{overall['low']:.3f}, {overall['high']:.3f}]" in text
+    assert "| always-longer 0.500 |" in text
+    low, high = overall["model_minus_rule_low"], overall["model_minus_rule_high"]
+    assert f"model - longer -0.100 [{low:+.3f}, {high:+.3f}]" in text
+    assert f"chosen-shorter pairs (2): 0.500 [{overall['chosen_shorter_low']:.3f}," in text
+    assert "not distinguishable from always-longer" in text and "lengths in tokens" in text
+    (tmp_path / "config.yaml").write_text("seed: 0\n")
+    page = write_rm_report(tmp_path, ["five pairs"], result, tmp_path / "rm_eval").read_text()
+    assert "always-longer" in page and "chosen-shorter accuracy" in page and "model - longer" in page
+    assert f"0.667 [{result['breakdown']['split']['valid1']['low']:.3f}, 1.000]" in page
+
+
 # --- calibration (Detail 18) ------------------------------------------------------------------
 
 

@@ -33,6 +33,10 @@ class PairExample:
         """Tokens in the longer of the pair's two rows, which sets its padded width."""
         return len(self.query.ids) + max(len(self.chosen), len(self.rejected))
 
+    def packed_width(self) -> int:
+        """Tokens in the pair's one packed row, query + chosen + rejected (`collate.pack_pairs`)."""
+        return len(self.query.ids) + len(self.chosen) + len(self.rejected)
+
 
 def tokenize_sft(
     records: list[SFTRecord], tokenizer: PreTrainedTokenizerBase, max_query_length: int, max_response_length: int
@@ -67,3 +71,20 @@ def tokenize_pairs(
         out.append(PairExample(r, encode_query(tokenizer, r.task, r.fields, limits[r.task]), chosen, rejected))
     log.kept = len(out)
     return out, log
+
+
+def balance_by_length(examples: list[PairExample], seed: int) -> tuple[list[PairExample], str]:
+    """Equal numbers of pairs whose chosen response is the longer and the shorter one (in tokens): the
+    majority side is subsampled (seeded), pairs of equal length are all kept, data order is kept. A
+    reward model trained on these cannot lower its loss by preferring length alone."""
+    import numpy as np
+
+    longer = [i for i, e in enumerate(examples) if len(e.chosen) > len(e.rejected)]
+    shorter = [i for i, e in enumerate(examples) if len(e.chosen) < len(e.rejected)]
+    equal = [i for i, e in enumerate(examples) if len(e.chosen) == len(e.rejected)]
+    n = min(len(longer), len(shorter))
+    rng = np.random.default_rng(seed)
+    kept = set(rng.choice(longer, n, replace=False).tolist()) | set(rng.choice(shorter, n, replace=False).tolist()) | set(equal)
+    note = (f"length_balance: {n} chosen-longer + {n} chosen-shorter + {len(equal)} equal-length pairs kept "
+            f"(of {len(longer)} / {len(shorter)} / {len(equal)}; {len(examples) - len(kept)} dropped)")
+    return [e for i, e in enumerate(examples) if i in kept], note

@@ -80,7 +80,7 @@ def position_bias(orders: BothOrders) -> dict[str, Any]:
 def longer_baseline(comparisons: list[Comparison]) -> dict[str, Any]:
     """"Always prefer the longer response" (by characters) on the same pairs; equal length counts half."""
     chosen, rejected = rm_metrics.char_lengths(comparisons)
-    picks = (chosen > rejected) + 0.5 * (chosen == rejected)
+    picks = rm_metrics.length_rule_hits(chosen, rejected)
     return {"agreement": float(picks.mean()), "pairs": len(comparisons), "chosen_longer_share": float((chosen > rejected).mean())}
 
 
@@ -106,11 +106,12 @@ def summarise(comparisons: list[Comparison], orders: BothOrders, seed: int) -> d
     kept = counted > 0  # pairs with at least one parseable verdict: the mean of their votes
     per_pair = np.where(kept, np.nan_to_num(stacked).sum(0) / np.maximum(counted, 1), np.nan)
     outcomes = [v.winner for v in orders.forward + orders.backward]
+    judged = [c for c, k in zip(comparisons, kept, strict=True) if k]
     return {
         "pairs": len(comparisons),
         "agreement": agreement_summary(both, seed),
         "agreement_first_order_only": agreement_summary(forward, seed),
-        "breakdown": rm_metrics.breakdown([c for c, k in zip(comparisons, kept, strict=True) if k], per_pair[kept]) if kept.any() else {},
+        "breakdown": rm_metrics.breakdown(judged, per_pair[kept], seed=seed) if kept.any() else {},
         "longer_baseline": longer_baseline(comparisons),
         "length_preference": length_preference(comparisons, orders),
         "position_bias": position_bias(orders),

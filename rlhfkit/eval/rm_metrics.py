@@ -4,7 +4,8 @@ Everything here takes the scalar reward of each chosen and each rejected respons
 `Comparison` records they came from) and turns them into the numbers of Section 6 of Huang et al. 2024:
 
 - pairwise accuracy and loss (Equation 2),
-- accuracy by split, batch, confidence, policy pair and task (Detail 16, Table 5),
+- accuracy by split, batch, confidence, policy pair and task (Detail 16, Table 5), each with a bootstrap
+  interval and beside the "always prefer the longer response" rule on the same pairs,
 - calibration of the reward margin against accuracy (Detail 18, Figure 5 right; Bai et al. 2022),
 - length bias: does reward follow response length rather than quality (seed 002's error analysis),
 - the most confident errors, to read by hand,
@@ -25,10 +26,13 @@ import numpy as np
 
 from ..data.formats import QUERY_FORMATS, format_query
 from ..data.tldr import Comparison
+from .winrate import bootstrap_interval
 
 UNKNOWN = "unknown"  # group label for a missing split/batch/confidence, so JSON keys stay readable
 BREAKDOWN_ATTRIBUTES = ("split", "batch", "confidence", "policy_pair", "task")
 LENGTH_RELATIONS = ("chosen longer", "chosen shorter", "equal length")
+CONFIDENCE = 0.95  # of every bootstrap interval
+RESAMPLES = 2000
 
 
 # ---------------------------------------------------------------------------------------------
@@ -68,6 +72,22 @@ def char_lengths(comparisons: Sequence[Comparison]) -> tuple[np.ndarray, np.ndar
     return np.array([len(c.chosen.strip()) for c in comparisons]), np.array(
         [len(c.rejected.strip()) for c in comparisons]
     )
+
+
+def response_lengths(
+    comparisons: Sequence[Comparison], chosen_lengths: Any, rejected_lengths: Any, unit: str = "tokens"
+) -> tuple[np.ndarray, np.ndarray, str]:
+    """(chosen lengths, rejected lengths, unit): the given lengths, or characters when either is missing."""
+    if chosen_lengths is None or rejected_lengths is None:
+        return (*char_lengths(comparisons), "characters")
+    chosen = np.asarray(chosen_lengths, dtype=np.float64)
+    rejected = np.asarray(rejected_lengths, dtype=np.float64)
+    if chosen.shape != (len(comparisons),) or rejected.shape != (len(comparisons),):
+        raise ValueError(
+            f"need one length per response: {len(comparisons)} pairs, "
+            f"{chosen.size} chosen and {rejected.size} rejected lengths"
+        )
+    return chosen, rejected, unit
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,15 +145,20 @@ def accuracy_stats(hits: np.ndarray) -> dict[str, float]:
     return {"accuracy": accuracy, "count": n, "stderr": math.sqrt(accuracy * (1 - accuracy) / n)}
 
 
+def group_members(groups: Sequence[str | int | None]) -> dict[Any, np.ndarray]:
+    """The indices of each distinct group value, in natural order."""
+    members: dict[Any, list[int]] = {}
+    for index, group in enumerate(groups):
+        members.setdefault(group, []).append(index)
+    return {group: np.array(members[group]) for group in sorted(members, key=natural_key)}
+
+
 def accuracy_by(groups: Sequence[str | int | None], correct: Any) -> dict[Any, dict[str, float]]:
     """Accuracy, count and stderr per distinct group value, in natural order; `correct` is per pair."""
     hits = np.asarray(correct, dtype=np.float64)
     if len(groups) != hits.size:
         raise ValueError(f"{len(groups)} group labels but {hits.size} correctness values")
-    members: dict[Any, list[int]] = {}
-    for index, group in enumerate(groups):
-        members.setdefault(group, []).append(index)
-    return {group: accuracy_stats(hits[members[group]]) for group in sorted(members, key=natural_key)}
+    return {group: accuracy_stats(hits[index]) for group, index in group_members(groups).items()}
 
 
 def group_value(comparison: Comparison, attribute: str) -> str | int:
@@ -141,8 +166,16 @@ def group_value(comparison: Comparison, attribute: str) -> str | int:
     return UNKNOWN if value in (None, "", "? vs ?") else value
 
 
-def breakdown(comparisons: Sequence[Comparison], correct: Any) -> dict[str, Any]:
-    """Overall accuracy and accuracy by split, batch, confidence, policy pair and task.
+def breakdown(
+    comparisons: Sequence[Comparison],
+    correct: Any,
+    chosen_lengths: Any = None,
+    rejected_lengths: Any = None,
+    seed: int = 0,
+    resamples: int = RESAMPLES,
+) -> dict[str, Any]:
+    """Overall accuracy and accuracy by split, batch, confidence, policy pair and task, each row as
+    `accuracy_with_baseline` gives it; lengths default to characters.
 
     Detail 16: annotation batches differ widely in how hard they are (0.51 to 0.77 for one RM), so a
     single number on a random subset of the validation set is not comparable across papers.
@@ -150,10 +183,76 @@ def breakdown(comparisons: Sequence[Comparison], correct: Any) -> dict[str, Any]
     hits = np.asarray(correct, dtype=np.float64)
     if len(comparisons) != hits.size:
         raise ValueError(f"{len(comparisons)} comparisons but {hits.size} correctness values")
-    result: dict[str, Any] = {"overall": accuracy_stats(hits)}
+    chosen_len, rejected_len, _ = response_lengths(comparisons, chosen_lengths, rejected_lengths)
+    rule, shorter = length_rule_hits(chosen_len, rejected_len), chosen_shorter_mask(chosen_len, rejected_len)
+
+    def row(index: Any) -> dict[str, Any]:
+        return accuracy_with_baseline(hits[index], rule[index], shorter[index], seed, resamples)
+
+    result: dict[str, Any] = {"overall": row(slice(None))}
     for attribute in BREAKDOWN_ATTRIBUTES:
-        result[attribute] = accuracy_by([group_value(c, attribute) for c in comparisons], hits)
+        members = group_members([group_value(c, attribute) for c in comparisons])
+        result[attribute] = {group: row(index) for group, index in members.items()}
     return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Accuracy beside the "always prefer the longer response" rule
+
+
+def length_rule_hits(chosen_lengths: Any, rejected_lengths: Any) -> np.ndarray:
+    """Per pair, how often "always prefer the longer response" agrees with the human: 1 where the chosen
+    response is longer, 0 where it is shorter, 0.5 at equal length (the rule has no pick, a coin flip)."""
+    chosen, rejected = np.asarray(chosen_lengths), np.asarray(rejected_lengths)
+    return (chosen > rejected) + 0.5 * (chosen == rejected)
+
+
+def chosen_shorter_mask(chosen_lengths: Any, rejected_lengths: Any) -> np.ndarray:
+    """The pairs the length rule gets wrong: accuracy here is what an RM knows beyond length."""
+    return np.asarray(chosen_lengths) < np.asarray(rejected_lengths)
+
+
+def mean_interval(values: np.ndarray, seed: int, resamples: int) -> tuple[float | None, ...]:
+    """(mean, low, high) with a percentile bootstrap interval over pairs; Nones without a pair."""
+    if values.size == 0:
+        return None, None, None
+    return (float(values.mean()), *bootstrap_interval(values, np.mean, resamples, CONFIDENCE, seed))
+
+
+def accuracy_with_baseline(
+    hits: Any, rule_hits: Any, shorter_mask: Any, seed: int = 0, resamples: int = RESAMPLES
+) -> dict[str, Any]:
+    """`accuracy_stats` of the model beside the length rule on the same pairs, every mean with a bootstrap
+    interval: `low`/`high` (the model), `length_rule`, `model_minus_rule`, `chosen_shorter_accuracy`
+    (with `chosen_shorter_count`), each with `_low`/`_high`.
+
+    `model_minus_rule` resamples pairs once for both sides (a paired bootstrap of the per-pair
+    difference), so pairs both get right or both get wrong add no width: an interval above 0 says the
+    model beats the length rule by more than the noise of this sample of pairs.
+    """
+    hits = np.asarray(hits, dtype=np.float64)
+    rule = np.asarray(rule_hits, dtype=np.float64)
+    shorter = np.asarray(shorter_mask, dtype=bool)
+    if rule.shape != hits.shape or shorter.shape != hits.shape:
+        raise ValueError(f"{hits.size} hits but {rule.size} length-rule hits and {shorter.size} mask values")
+    _, low, high = mean_interval(hits, seed, resamples)
+    rule_mean, rule_low, rule_high = mean_interval(rule, seed, resamples)
+    difference, difference_low, difference_high = mean_interval(hits - rule, seed, resamples)
+    shorter_accuracy, shorter_low, shorter_high = mean_interval(hits[shorter], seed, resamples)
+    return accuracy_stats(hits) | {
+        "low": low,
+        "high": high,
+        "length_rule": rule_mean,
+        "length_rule_low": rule_low,
+        "length_rule_high": rule_high,
+        "model_minus_rule": difference,
+        "model_minus_rule_low": difference_low,
+        "model_minus_rule_high": difference_high,
+        "chosen_shorter_accuracy": shorter_accuracy,
+        "chosen_shorter_count": int(shorter.sum()),
+        "chosen_shorter_low": shorter_low,
+        "chosen_shorter_high": shorter_high,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -377,12 +476,15 @@ def evaluate_rewards(
     length_unit: str = "tokens",
     n_bins: int = 10,
     k_errors: int = 20,
+    seed: int = 0,
+    resamples: int = RESAMPLES,
 ) -> dict[str, Any]:
     """All metrics of this module for one set of rewards; lengths default to characters."""
     chosen, rejected = reward_pair(chosen_rewards, rejected_rewards)
     check_aligned(comparisons, chosen)
-    if chosen_lengths is None or rejected_lengths is None:
-        (chosen_lengths, rejected_lengths), length_unit = char_lengths(comparisons), "characters"
+    chosen_lengths, rejected_lengths, length_unit = response_lengths(
+        comparisons, chosen_lengths, rejected_lengths, length_unit
+    )
     correct = chosen > rejected
     return {
         "pairs": int(chosen.size),
@@ -394,7 +496,9 @@ def evaluate_rewards(
             "rejected": reward_stats(rejected),
             "margin": reward_stats(chosen - rejected),
         },
-        "breakdown": breakdown(comparisons, correct),
+        "breakdown": breakdown(comparisons, correct, chosen_lengths, rejected_lengths, seed, resamples),
+        "intervals": {"method": "percentile bootstrap over pairs", "confidence": CONFIDENCE,
+                      "resamples": resamples, "seed": seed},
         "calibration": calibration(chosen, rejected, n_bins),
         "length_bias": length_bias(chosen, rejected, chosen_lengths, rejected_lengths, length_unit),
         "confident_errors": most_confident_errors(comparisons, chosen, rejected, k_errors),

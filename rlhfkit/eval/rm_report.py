@@ -93,13 +93,59 @@ def write_rm_eval(
     return summary["files"]
 
 
+def with_interval(value: float | None, low: float | None, high: float | None, sign: str = "") -> str:
+    """"0.612 [0.560, 0.664]"; `sign="+"` marks differences; "n/a" for a mean over no pairs."""
+    if value is None:
+        return "n/a"
+    return f"{value:{sign}.3f} [{low:{sign}.3f}, {high:{sign}.3f}]"
+
+
+def accuracy_cells(stats: dict[str, Any]) -> dict[str, Any]:
+    """A `breakdown` row as table cells: every accuracy with its interval, beside the length rule."""
+    return {
+        "accuracy": with_interval(stats["accuracy"], stats["low"], stats["high"]),
+        "always-longer": with_interval(
+            stats["length_rule"], stats["length_rule_low"], stats["length_rule_high"]
+        ),
+        "model - longer": with_interval(
+            stats["model_minus_rule"], stats["model_minus_rule_low"], stats["model_minus_rule_high"], "+"
+        ),
+        "chosen-shorter accuracy": with_interval(
+            stats["chosen_shorter_accuracy"], stats["chosen_shorter_low"], stats["chosen_shorter_high"]
+        ),
+        "chosen-shorter pairs": stats["chosen_shorter_count"],
+        "pairs": stats["count"],
+        "stderr": stats["stderr"],
+    }
+
+
+def versus_length_rule(stats: dict[str, Any]) -> str:
+    """Read off the paired interval: only one that excludes 0 separates the model from the length rule."""
+    if stats["model_minus_rule_low"] > 0:
+        return "beats always-longer by more than noise"
+    if stats["model_minus_rule_high"] < 0:
+        return "worse than always-longer by more than noise"
+    return "not distinguishable from always-longer"
+
+
+def protocol_note(result: dict[str, Any]) -> str:
+    intervals = result["intervals"]
+    return (
+        f"{intervals['confidence']:.0%} {intervals['method']} ({intervals['resamples']} resamples, "
+        f"seed {intervals['seed']}); lengths in {result['length_bias']['unit']}"
+    )
+
+
 def headline(result: dict[str, Any]) -> str:
-    """A few lines for the terminal: accuracy, loss, calibration and length bias."""
-    calib, bias = result["calibration"], result["length_bias"]
-    rho = bias["spearman"]
+    """A few lines for the terminal: accuracy beside the length rule, loss, calibration and length bias."""
+    overall, calib, bias = result["breakdown"]["overall"], result["calibration"], result["length_bias"]
+    rho, cells = bias["spearman"], accuracy_cells(overall)
     lines = [
-        f"pairs {result['pairs']}: accuracy {result['accuracy']:.4f}, loss {result['loss']:.4f}",
-        f"calibration ECE {calib['ece']:.4f} over {len(calib['bins'])} bins",
+        f"pairs {result['pairs']}: accuracy {cells['accuracy']} | always-longer {overall['length_rule']:.3f}"
+        f" | model - longer {cells['model - longer']}"
+        f" | chosen-shorter pairs ({overall['chosen_shorter_count']}): {cells['chosen-shorter accuracy']}",
+        f"  {versus_length_rule(overall)}; {protocol_note(result)}",
+        f"loss {result['loss']:.4f}, calibration ECE {calib['ece']:.4f} over {len(calib['bins'])} bins",
         f"reward vs length ({bias['unit']}) Spearman {rho:.3f}"
         if rho is not None
         else "reward vs length: undefined (constant)",

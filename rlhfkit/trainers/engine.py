@@ -177,7 +177,8 @@ class Stage:
 
 
 def count_tokens(batch: dict[str, torch.Tensor]) -> int:
-    return int(batch["attention_mask"].sum())
+    """Tokens a batch runs through the model (none for a batch of cached features)."""
+    return int(batch["attention_mask"].sum()) if "attention_mask" in batch else 0
 
 
 def accelerator_for(cfg: RunConfig):

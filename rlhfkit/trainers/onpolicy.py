@@ -221,7 +221,8 @@ def compute_advantages(batch: RolloutBatch, cfg: OnPolicyConfig, kl_coef: float)
     """Scores -> per-token rewards (equation 3) -> advantages and returns by the configured estimator.
     With kl_placement=loss the rewards carry the score alone and the KL enters the update's loss."""
     mask = batch.mask
-    scores = ops.eos_trick(batch.raw_scores, batch.has_eos, cfg.missing_eos_score) if cfg.eos_trick else batch.raw_scores
+    raw = ops.length_penalised_scores(batch.raw_scores, batch.lengths, cfg.reward_length_penalty)
+    scores = ops.eos_trick(raw, batch.has_eos, cfg.missing_eos_score) if cfg.eos_trick else raw
     kl = ops.kl_penalty(batch.logprobs, batch.ref_logprobs, cfg.kl_estimator) * mask
     rewards, _ = ops.rlhf_rewards(scores, kl, mask, kl_coef if cfg.kl_placement == "reward" else 0.0)
     if cfg.whiten_rewards:  # Detail 24

@@ -17,10 +17,11 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from .. import ops
 from ..config import ConfigError, PairConfig, RMConfig, RMEvalConfig
 from ..data import load_pairs, load_sft
-from ..data.collate import right_pad_query_response
-from ..data.examples import PairExample, query_limits, tokenize_pairs, tokenize_sft
+from ..data.collate import pack_pairs, right_pad_query_response
+from ..data.examples import PairExample, balance_by_length, query_limits, tokenize_pairs, tokenize_sft
 from ..data.split import split_by_prompt
 from ..data.tldr import Comparison
 from ..eval import plots, rm_metrics, rm_report
@@ -30,12 +31,15 @@ from ..models import (
     DPO_RECORD,
     SCALAR_CONFIG,
     ScalarModel,
+    freeze_below_top_layers,
     load_implicit_reward_model,
     load_policy,
     load_reward_model,
 )
 from ..tracking import read_metrics
-from .engine import Stage, is_main_process, save_final_model, start_run, train
+from .engine import Stage, autocast_precision, is_main_process, save_final_model, start_run, train
+from .onpolicy import evaluation_mode
+from .reward_features import FeatureCache, collate_features
 
 
 def filter_comparisons(records: list[Comparison], splits: list[str], batches: list[str]) -> list[Comparison]:
@@ -50,7 +54,7 @@ def collate_scored(queries: list[list[int]], responses: list[list[int]], pad_id:
 
 
 def collate_pairs(examples: list[PairExample], pad_id: int) -> dict[str, torch.Tensor]:
-    """Chosen rows first, then rejected rows, in one right-padded batch of 2B rows."""
+    """Chosen rows first, then rejected rows, in one right-padded batch of 2B rows (DPO's layout)."""
     queries = [e.query.ids for e in examples] * 2
     responses = [e.chosen for e in examples] + [e.rejected for e in examples]
     batch = collate_scored(queries, responses, pad_id)
@@ -58,22 +62,68 @@ def collate_pairs(examples: list[PairExample], pad_id: int) -> dict[str, torch.T
     return batch
 
 
-def score(model: ScalarModel, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    return model(batch["input_ids"], batch["attention_mask"], batch.get("response_mask"))
+def response_lengths(examples: list[PairExample]) -> dict[str, torch.Tensor]:
+    """Response tokens before EOS, the length unit of ODIN's correlations and of the length baseline."""
+    return {"chosen_lengths": torch.tensor([len(e.chosen) - 1 for e in examples]),
+            "rejected_lengths": torch.tensor([len(e.rejected) - 1 for e in examples])}
 
 
-def pairwise_loss_fn(model: ScalarModel, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Sum over pairs of -log sigmoid(r_chosen - r_rejected), with accuracy and reward sums alongside."""
-    rewards = score(model, batch)
-    chosen, rejected = rewards.chunk(2)
-    margin = chosen - rejected
-    extras = {
+def collate_packed_pairs(examples: list[PairExample], pad_id: int) -> dict[str, torch.Tensor]:
+    """One packed row per pair (`collate.pack_pairs`): the query is read once for both responses."""
+    batch = pack_pairs([e.query.ids for e in examples], [e.chosen for e in examples], [e.rejected for e in examples], pad_id)
+    return batch | response_lengths(examples) | {"loss_units": torch.ones(len(examples), dtype=torch.long)}
+
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "pair_mask", "position_ids", "chosen_mask", "rejected_mask",
+                "chosen_features", "rejected_features")
+
+
+def pair_scores(model: ScalarModel, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return model(**{k: v for k, v in batch.items() if k in MODEL_INPUTS})
+
+
+def pair_metrics(margin: torch.Tensor, chosen: torch.Tensor, rejected: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {
         "train/accuracy": (margin > 0).float().sum(),
         "train/chosen_reward": chosen.detach().sum(),
         "train/rejected_reward": rejected.detach().sum(),
         "train/margin": margin.detach().sum(),
     }
-    return -F.logsigmoid(margin).sum(), extras
+
+
+def make_pair_loss(length_weight: float = 1.0, orthogonality_weight: float = 1.0):
+    """Sum over pairs of -log sigmoid(r_chosen - r_rejected), with accuracy and reward sums alongside.
+
+    With an ODIN length head the pair loss reads quality + length, plus, per pair, length_weight x
+    (|corr(quality, length)| - corr(length head, length)) and orthogonality_weight x |W_Q . W_L|; the
+    accuracy and rewards logged are the quality head's, the reward RL uses."""
+
+    def pair_loss_fn(model: ScalarModel, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        scores = pair_scores(model, batch)
+        chosen, rejected = scores["chosen"], scores["rejected"]
+        margin = chosen - rejected
+        extras = pair_metrics(margin, chosen, rejected)
+        if "chosen_length" not in scores:
+            return -F.logsigmoid(margin).sum(), extras
+        total_margin = margin + scores["chosen_length"] - scores["rejected_length"]
+        quality = torch.cat([chosen, rejected])
+        length_scores = torch.cat([scores["chosen_length"], scores["rejected_length"]])
+        lengths = torch.cat([batch["chosen_lengths"], batch["rejected_lengths"]]).float()
+        decorrelation = ops.disentangled_length_loss(quality, length_scores, lengths).float()
+        pairs = margin.numel()
+        extras |= {
+            "train/odin_accuracy": (total_margin > 0).float().sum(),
+            "train/quality_length_corr": pairs * ops.pearson(quality.detach(), lengths).float(),
+            "train/length_head_corr": pairs * ops.pearson(length_scores.detach(), lengths).float(),
+            "train/head_overlap": pairs * scores["orthogonality"].detach(),
+        }
+        regulariser = length_weight * decorrelation + orthogonality_weight * scores["orthogonality"]
+        return -F.logsigmoid(total_margin).sum() + pairs * regulariser, extras
+
+    return pair_loss_fn
+
+
+pairwise_loss_fn = make_pair_loss()
 
 
 @torch.no_grad()
@@ -87,15 +137,40 @@ def score_texts(model: ScalarModel, pad_id: int, queries: list[list[int]], respo
     for start in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch", disable=len(order) <= batch_size):
         idx = order[start : start + batch_size]
         batch = collate_scored([queries[i] for i in idx], [responses[i] for i in idx], pad_id)
-        out[idx] = score(model, {k: v.to(device) for k, v in batch.items()}).cpu().numpy()
+        batch = {k: v.to(device) for k, v in batch.items()}
+        out[idx] = model(batch["input_ids"], batch["attention_mask"], batch["response_mask"]).cpu().numpy()
     model.train(was_training)
     return out
 
 
-def score_pairs(model: ScalarModel, pad_id: int, examples: list[PairExample], batch_size: int, desc: str = "scoring") -> tuple[np.ndarray, np.ndarray]:
-    queries = [e.query.ids for e in examples]
-    both = score_texts(model, pad_id, queries * 2, [e.chosen for e in examples] + [e.rejected for e in examples], batch_size, desc)
-    return both[: len(examples)], both[len(examples) :]
+@torch.no_grad()
+def score_pairs(model: ScalarModel, pad_id: int, examples: list[PairExample], batch_size: int, desc: str = "scoring",
+                features: FeatureCache | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(chosen, rejected) rewards in input order, a packed row per pair (batched longest first); with
+    a feature cache of the model's frozen backbone, the heads read the cached features instead."""
+    items = features.features(model, pad_id, examples, batch_size) if features is not None else examples
+    if features is not None:
+        collate, width = collate_features, (lambda item: item.width())
+    elif isinstance(model, ScalarModel):
+        collate, width = (lambda b: collate_packed_pairs(b, pad_id)), (lambda item: item.packed_width())
+    else:  # DPO's implicit reward (Detail 19) reads next-token predictions, which a packed row would shift: a row per response
+        collate, width = (lambda b: collate_pairs(b, pad_id)), (lambda item: item.width())
+    order = sorted(range(len(items)), key=lambda i: -width(items[i]))
+    device = next(model.parameters()).device
+    chosen, rejected = np.zeros(len(items)), np.zeros(len(items))
+    with evaluation_mode(model):
+        for start in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch", disable=len(order) <= batch_size):
+            rows = order[start : start + batch_size]
+            c, r = chosen_and_rejected(model, {k: v.to(device) for k, v in collate([items[i] for i in rows]).items()})
+            chosen[rows], rejected[rows] = c.float().cpu().numpy(), r.float().cpu().numpy()
+    return chosen, rejected
+
+
+def chosen_and_rejected(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    if "pair_mask" in batch or "chosen_features" in batch:
+        scores = pair_scores(model, batch)
+        return scores["chosen"], scores["rejected"]
+    return model(batch["input_ids"], batch["attention_mask"], batch["response_mask"]).chunk(2)
 
 
 @torch.no_grad()
@@ -156,15 +231,21 @@ def builtin_probes_for(data_format: str, probes: str) -> str:
 
 def evaluate_reward_model(
     model: ScalarModel, tokenizer, examples: list[PairExample], out: Path, *, batch_size: int, probes: str,
-    limits: dict[str, int], errors: int = 20, bins: int = 10, dump: int = 1,
+    limits: dict[str, int], errors: int = 20, bins: int = 10, dump: int = 1, length_penalty: float = 0.0, seed: int = 0,
+    features: FeatureCache | None = None,
 ) -> dict[str, Any]:
-    """Everything `rm_eval.json` holds, plus plots, confident errors, probes and Detail 13 dumps."""
+    """Everything `rm_eval.json` holds, plus plots, confident errors, probes and Detail 13 dumps. With
+    `length_penalty` alpha every reward is score - alpha x response tokens, as PPO would see it."""
     out.mkdir(parents=True, exist_ok=True)
-    chosen, rejected = score_pairs(model, tokenizer.pad_token_id, examples, batch_size)
-    lengths_c = np.array([len(e.chosen) - 1 for e in examples])
-    lengths_r = np.array([len(e.rejected) - 1 for e in examples])
+    chosen, rejected = score_pairs(model, tokenizer.pad_token_id, examples, batch_size, features=features)
+    lengths = response_lengths(examples)
+    lengths_c, lengths_r = lengths["chosen_lengths"].numpy(), lengths["rejected_lengths"].numpy()
+    if length_penalty:
+        chosen = ops.length_penalised_scores(torch.from_numpy(chosen), lengths["chosen_lengths"], length_penalty).numpy()
+        rejected = ops.length_penalised_scores(torch.from_numpy(rejected), lengths["rejected_lengths"], length_penalty).numpy()
     comparisons = [e.record for e in examples]
-    result = rm_metrics.evaluate_rewards(comparisons, chosen, rejected, lengths_c, lengths_r, "tokens", bins, errors)
+    result = rm_metrics.evaluate_rewards(comparisons, chosen, rejected, lengths_c, lengths_r, "tokens", bins, errors, seed=seed)
+    result["length_penalty"] = length_penalty
     probe_rows = score_probes(model, tokenizer, probes, limits)
     rm_report.write_rm_eval(out, result, chosen, rejected, lengths_c, lengths_r, probe_rows=probe_rows or None)
     if dump and model.head_type == "eos-linear":
@@ -182,20 +263,59 @@ def split_comparisons(cfg: PairConfig) -> tuple[list[Comparison], list[Compariso
     """(training comparisons, validation comparisons, notes): filters, then the split by prompt that
     `rlhfkit rm-eval side=validation` repeats, then at most max_pairs training pairs."""
     records, load_log = load_pairs(cfg.data_format, cfg.data, cfg.hf_split)
-    records = filter_comparisons(records, cfg.splits, cfg.batches)
-    if not records:
-        raise ConfigError(f"no comparisons left after splits={cfg.splits} batches={cfg.batches}")
-    train_records, val_records = split_by_prompt(records, lambda r: r.prompt_id, validation_fraction=cfg.validation_fraction, seed=cfg.seed)
-    notes = [
-        f"loaded: {load_log.summary('pairs')}",
-        f"after split/batch filters: {len(records)} pairs",
-        f"split by prompt: {len(train_records)} train pairs ({len({r.prompt_id for r in train_records})} prompts), "
-        f"{len(val_records)} validation pairs ({len({r.prompt_id for r in val_records})} prompts), no prompt on both sides",
-    ]
+    notes = [f"loaded: {load_log.summary('pairs')}"]
+    if cfg.validation_splits:
+        train_records, val_records, split_notes = split_by_upstream_split(cfg, filter_comparisons(records, [], cfg.batches))
+        notes += split_notes
+    else:
+        records = filter_comparisons(records, cfg.splits, cfg.batches)
+        if not records:
+            raise ConfigError(f"no comparisons left after splits={cfg.splits} batches={cfg.batches}")
+        train_records, val_records = split_by_prompt(records, lambda r: r.prompt_id, validation_fraction=cfg.validation_fraction, seed=cfg.seed)
+        notes += [
+            f"after split/batch filters: {len(records)} pairs",
+            f"split by prompt: {len(train_records)} train pairs ({len({r.prompt_id for r in train_records})} prompts), "
+            f"{len(val_records)} validation pairs ({len({r.prompt_id for r in val_records})} prompts), no prompt on both sides",
+        ]
     if cfg.max_pairs and len(train_records) > cfg.max_pairs:
         train_records = train_records[: cfg.max_pairs]
         notes.append(f"training on the first {cfg.max_pairs} training pairs (max_pairs)")
     return train_records, val_records, notes
+
+
+def split_by_upstream_split(cfg: PairConfig, records: list[Comparison]) -> tuple[list[Comparison], list[Comparison], list[str]]:
+    """Split-disjoint protocol: validate on the upstream `validation_splits` (TL;DR valid1, whose
+    summaries come from other policies than valid2's, Detail 6), train on `splits` (empty: every other
+    split). Validation pairs whose prompt is also trained on are dropped and counted, so validation is
+    prompt-disjoint as well."""
+    validation = [r for r in records if r.split in cfg.validation_splits]
+    train = [r for r in records if r.split not in cfg.validation_splits and (not cfg.splits or r.split in cfg.splits)]
+    if not validation or not train:
+        found = sorted({r.split or "(none)" for r in records})
+        raise ConfigError(f"validation_splits={cfg.validation_splits} splits={cfg.splits} leave {len(train)} training and "
+                          f"{len(validation)} validation pairs; the data has splits {found}")
+    trained = {r.prompt_id for r in train}
+    disjoint = [r for r in validation if r.prompt_id not in trained]
+    notes = [f"split-disjoint: {len(train)} training pairs from splits {cfg.splits or 'other than ' + str(cfg.validation_splits)}, "
+             f"{len(disjoint)} validation pairs from {cfg.validation_splits}; {len(validation) - len(disjoint)} validation pairs "
+             "dropped because their prompt is also in training"]
+    return train, disjoint, notes
+
+
+def configure_model(model: ScalarModel, cfg: RMConfig) -> str:
+    """Freeze the backbone below the top `trainable_layers` blocks; a note for the run log."""
+    if cfg.trainable_layers < 0:
+        return f"training every parameter ({sum(p.numel() for p in model.parameters()):,})"
+    trainable = freeze_below_top_layers(model, cfg.trainable_layers)
+    return f"training the top {cfg.trainable_layers} blocks and the heads: {trainable:,} parameters"
+
+
+def frozen_features(cfg: RMConfig, model: ScalarModel, run_dir: Path) -> FeatureCache | None:
+    """With the whole backbone frozen (trainable_layers=0), its features of every pair, read once."""
+    if cfg.trainable_layers != 0:
+        return None
+    path = Path(cfg.feature_cache) if cfg.feature_cache else run_dir / "features.pt"
+    return FeatureCache(model, autocast_precision(cfg), path)
 
 
 def run(cfg: RMConfig, _parsed: Any = None) -> int:
@@ -206,21 +326,31 @@ def run(cfg: RMConfig, _parsed: Any = None) -> int:
         model.train()
     else:
         policy, tokenizer = load_policy(cfg.model, cfg.trust_remote_code)
-        model = ScalarModel.from_policy(policy, cfg.head)
+        model = ScalarModel.from_policy(policy, cfg.head, cfg.length_head)
+    notes.append(configure_model(model, cfg))
     train_examples, train_note = prepare_pairs(cfg, tokenizer, train_records)
     val_examples, val_note = prepare_pairs(cfg, tokenizer, val_records)
     notes += [f"train tokenization: {train_note}", f"validation tokenization: {val_note}"]
+    if cfg.length_balance:
+        train_examples, balance_note = balance_by_length(train_examples, cfg.seed)
+        notes.append(balance_note)
     print("\n".join(notes))
     eval_examples = val_examples[: cfg.eval_pairs] if cfg.eval_pairs else val_examples
+    features = frozen_features(cfg, model, run_dir)
+    pad_id = tokenizer.pad_token_id
 
     def evaluate(current: ScalarModel, step: int) -> dict[str, float]:
         if not eval_examples:
             return {}
-        c, r = score_pairs(current, tokenizer.pad_token_id, eval_examples, cfg.micro_batch_size * 2, "validating")
+        c, r = score_pairs(current, pad_id, eval_examples, cfg.micro_batch_size, "validating", features)
         return {"val/accuracy": rm_metrics.pairwise_accuracy(c, r), "val/loss": rm_metrics.pairwise_loss(c, r), "val/margin": float((c - r).mean())}
 
-    stage = Stage("rm", model, tokenizer, train_examples, lambda b: collate_pairs(b, tokenizer.pad_token_id), pairwise_loss_fn, evaluate,
-                  length=lambda example: example.width())
+    if features is not None:
+        stage = Stage("rm", model, tokenizer, features.features(model, pad_id, train_examples, cfg.micro_batch_size), collate_features,
+                      make_pair_loss(cfg.length_head_weight, cfg.orthogonality_weight), evaluate)
+    else:
+        stage = Stage("rm", model, tokenizer, train_examples, lambda b: collate_packed_pairs(b, pad_id),
+                      make_pair_loss(cfg.length_head_weight, cfg.orthogonality_weight), evaluate, length=lambda e: e.packed_width())
     result = train(cfg, stage, run_dir, checkpoint)
     if not is_main_process():
         return 0
@@ -232,8 +362,9 @@ def run(cfg: RMConfig, _parsed: Any = None) -> int:
     limits = query_limits(cfg.max_query_length, cfg.max_article_query_length)
     evaluation: dict[str, Any] = {}
     if val_examples:
-        evaluation = evaluate_reward_model(final, tokenizer, val_examples, run_dir / "rm_eval", batch_size=cfg.micro_batch_size * 2,
-                                           probes=builtin_probes_for(cfg.data_format, "builtin"), limits=limits)
+        evaluation = evaluate_reward_model(final, tokenizer, val_examples, run_dir / "rm_eval", batch_size=cfg.micro_batch_size,
+                                           probes=builtin_probes_for(cfg.data_format, "builtin"), limits=limits, seed=cfg.seed,
+                                           features=features)
         print(rm_report.headline(evaluation))
     else:
         notes.append("no validation pairs (validation_fraction=0): evaluate with `rlhfkit rm-eval`")
@@ -245,13 +376,17 @@ def run(cfg: RMConfig, _parsed: Any = None) -> int:
 
 def write_rm_report(run_dir: Path, notes: list[str], evaluation: dict[str, Any], eval_dir: Path, title: str = "Reward model",
                     extra_sections: list[tuple[str, str]] = ()) -> Path:
-    overall = evaluation["breakdown"]["overall"] if "breakdown" in evaluation else {}
-    sections = [("Data", "<br>".join(notes)), ("Validation accuracy", table_html([{"metric": k, "value": v} for k, v in overall.items()], ["metric", "value"]))]
+    cells: dict[str, Any] = {}
+    if "breakdown" in evaluation:
+        cells = rm_report.accuracy_cells(evaluation["breakdown"]["overall"])
+        cells["intervals"] = rm_report.protocol_note(evaluation)
+    overview = table_html([{"metric": k, "value": v} for k, v in cells.items()], ["metric", "value"])
+    sections = [("Data", "<br>".join(notes)), ("Validation accuracy", overview)]
     for name in ("confidence", "batch", "split", "task"):
         groups = evaluation.get("breakdown", {}).get(name, {})
         if groups:
-            rows = [{name: g, **stats} for g, stats in groups.items()]
-            sections.append((f"Accuracy by {name} (Detail 16)", table_html(rows, [name, "accuracy", "count", "stderr"])))
+            rows = [{name: g, **rm_report.accuracy_cells(stats)} for g, stats in groups.items()]
+            sections.append((f"Accuracy by {name} (Detail 16)", table_html(rows, list(rows[0]))))
     for png in sorted([*(run_dir / "plots").glob("*.png"), *eval_dir.glob("*.png")]):
         sections.append((png.stem.replace("_", " "), image_html(png)))
     if (eval_dir / "probes.md").exists():
@@ -289,7 +424,8 @@ def run_eval(cfg: RMEvalConfig, _parsed: Any = None) -> int:
     limits = query_limits(cfg.max_query_length, cfg.max_article_query_length)
     probes = builtin_probes_for(cfg.data_format, cfg.probes)
     result = evaluate_reward_model(model, tokenizer, examples, out, batch_size=cfg.batch_size, probes=probes, limits=limits,
-                                   errors=cfg.errors, bins=cfg.calibration_bins, dump=cfg.dump_logits)
+                                   errors=cfg.errors, bins=cfg.calibration_bins, dump=cfg.dump_logits,
+                                   length_penalty=cfg.length_penalty, seed=cfg.seed)
     print(rm_report.headline(result))
     print(f"wrote {out / 'rm_eval.json'}")
     return 0
