@@ -464,10 +464,10 @@ def our_stage(args: argparse.Namespace, trainer: str, cfg, run_dir: Path):
         ), []
     pairs = [PairExample(None, q, c, r) for q, c, r in zip(encoded, chosen, rejected, strict=True)]
     if trainer == "rm":
-        from rlhfkit.trainers.reward import collate_pairs, pairwise_loss_fn
+        from rlhfkit.trainers.reward import collate_packed_pairs, pairwise_loss_fn
 
         model = ScalarModel.from_policy(policy)
-        return Stage("rm", model, tokenizer, pairs, lambda b: collate_pairs(b, pad), pairwise_loss_fn), []
+        return Stage("rm", model, tokenizer, pairs, lambda b: collate_packed_pairs(b, pad), pairwise_loss_fn), []
     from rlhfkit.trainers.dpo import REFERENCE_CACHE, collate_dpo, make_dpo_loss, visited_with_reference
 
     reference = load_policy(cfg.model)[0].eval().requires_grad_(False)

@@ -24,6 +24,9 @@ import torch
 from benchmark_common import best_device, machine_fields, matmul_peak_gflops
 from flops import mfu, training_flops_per_token
 
+from rlhfkit.data.examples import PairExample
+from rlhfkit.data.formats import QueryTokens
+
 
 def build(stage: str, model_name: str):
     from rlhfkit.models import load_policy, tiny_policy
@@ -44,7 +47,9 @@ def build(stage: str, model_name: str):
 
 
 def random_batch(stage: str, tokenizer, batch: int, seq: int, device) -> dict[str, torch.Tensor]:
-    rows = 2 * batch if stage in ("rm", "dpo") else batch
+    if stage == "rm":
+        return {k: v.to(device) for k, v in random_packed_pairs(tokenizer, batch, seq).items()}
+    rows = 2 * batch if stage == "dpo" else batch
     ids = torch.randint(100, len(tokenizer) - 1, (rows, seq))
     ids[:, -1] = tokenizer.eos_token_id
     mask = torch.ones_like(ids)
@@ -54,6 +59,20 @@ def random_batch(stage: str, tokenizer, batch: int, seq: int, device) -> dict[st
         response[:, -53:] = True
         out |= {"response_mask": response, "ref_chosen": torch.full((batch,), -60.0), "ref_rejected": torch.full((batch,), -60.0)}
     return {k: v.to(device) for k, v in out.items()}
+
+
+def random_packed_pairs(tokenizer, batch: int, seq: int, response: int = 53) -> dict[str, torch.Tensor]:
+    """Pairs as `rlhfkit rm` trains on them: one row of query + chosen + rejected, each response
+    `response` tokens ending in EOS, so a row is seq + response tokens where two unpacked rows were 2 x seq."""
+    from rlhfkit.trainers.reward import collate_packed_pairs
+
+    def tokens(n: int) -> list[int]:
+        return torch.randint(100, len(tokenizer) - 1, (n,)).tolist()
+
+    pairs = [PairExample(None, QueryTokens(tokens(seq - response), "", seq - response, 0, False),
+                         [*tokens(response - 1), tokenizer.eos_token_id], [*tokens(response - 1), tokenizer.eos_token_id])
+             for _ in range(batch)]
+    return collate_packed_pairs(pairs, tokenizer.pad_token_id)
 
 
 def main() -> None:

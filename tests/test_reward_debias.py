@@ -230,6 +230,7 @@ def test_rm_cli_with_odin_balance_split_disjoint_and_frozen_backbone(tiny_model_
     assert set(evaluation["breakdown"]["split"]) == {"valid1"}
     overall = evaluation["breakdown"]["overall"]
     assert {"length_rule", "low", "high", "chosen_shorter_accuracy"} <= set(overall)
+    assert 0 <= evaluation["odin_reward_plus_length_head"]["accuracy"] <= 1
     assert (out / "features.pt").is_file() and (out / "model" / "length_head.safetensors").is_file()
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert any("train/quality_length_corr" in m for m in metrics)

@@ -155,4 +155,8 @@ def headline(result: dict[str, Any]) -> str:
             f"longer response preferred by humans {bias['humans_prefer_longer']:.1%}, "
             f"by the RM {bias['model_prefers_longer']:.1%}"
         )
+    if "odin_reward_plus_length_head" in result:
+        both = accuracy_cells(result["odin_reward_plus_length_head"])
+        lines.append(f"ODIN reward + length head (not the reward RL uses): accuracy {both['accuracy']}"
+                     f" | model - longer {both['model - longer']}")
     return "\n".join(lines)

@@ -146,8 +146,17 @@ def score_texts(model: ScalarModel, pad_id: int, queries: list[list[int]], respo
 @torch.no_grad()
 def score_pairs(model: ScalarModel, pad_id: int, examples: list[PairExample], batch_size: int, desc: str = "scoring",
                 features: FeatureCache | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(chosen, rejected) rewards in input order, a packed row per pair (batched longest first); with
-    a feature cache of the model's frozen backbone, the heads read the cached features instead."""
+    """(chosen, rejected) rewards in input order."""
+    scores = score_pair_heads(model, pad_id, examples, batch_size, desc, features)
+    return scores["chosen"], scores["rejected"]
+
+
+@torch.no_grad()
+def score_pair_heads(model: ScalarModel, pad_id: int, examples: list[PairExample], batch_size: int, desc: str = "scoring",
+                     features: FeatureCache | None = None) -> dict[str, np.ndarray]:
+    """Every head's scores of the chosen and rejected responses, in input order: `chosen`, `rejected`
+    and, for an ODIN model, `chosen_length`, `rejected_length`. A packed row per pair, batched longest
+    first; with a feature cache of the model's frozen backbone the heads read the cached features."""
     items = features.features(model, pad_id, examples, batch_size) if features is not None else examples
     if features is not None:
         collate, width = collate_features, (lambda item: item.width())
@@ -157,20 +166,21 @@ def score_pairs(model: ScalarModel, pad_id: int, examples: list[PairExample], ba
         collate, width = (lambda b: collate_pairs(b, pad_id)), (lambda item: item.width())
     order = sorted(range(len(items)), key=lambda i: -width(items[i]))
     device = next(model.parameters()).device
-    chosen, rejected = np.zeros(len(items)), np.zeros(len(items))
+    out: dict[str, np.ndarray] = {}
     with evaluation_mode(model):
         for start in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch", disable=len(order) <= batch_size):
             rows = order[start : start + batch_size]
-            c, r = chosen_and_rejected(model, {k: v.to(device) for k, v in collate([items[i] for i in rows]).items()})
-            chosen[rows], rejected[rows] = c.float().cpu().numpy(), r.float().cpu().numpy()
-    return chosen, rejected
+            scores = head_scores(model, {k: v.to(device) for k, v in collate([items[i] for i in rows]).items()})
+            for name, values in scores.items():
+                out.setdefault(name, np.zeros(len(items)))[rows] = values.float().cpu().numpy()
+    return out
 
 
-def chosen_and_rejected(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def head_scores(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     if "pair_mask" in batch or "chosen_features" in batch:
-        scores = pair_scores(model, batch)
-        return scores["chosen"], scores["rejected"]
-    return model(batch["input_ids"], batch["attention_mask"], batch["response_mask"]).chunk(2)
+        return {k: v for k, v in pair_scores(model, batch).items() if v.dim() == 1}
+    chosen, rejected = model(batch["input_ids"], batch["attention_mask"], batch["response_mask"]).chunk(2)
+    return {"chosen": chosen, "rejected": rejected}
 
 
 @torch.no_grad()
@@ -237,7 +247,8 @@ def evaluate_reward_model(
     """Everything `rm_eval.json` holds, plus plots, confident errors, probes and Detail 13 dumps. With
     `length_penalty` alpha every reward is score - alpha x response tokens, as PPO would see it."""
     out.mkdir(parents=True, exist_ok=True)
-    chosen, rejected = score_pairs(model, tokenizer.pad_token_id, examples, batch_size, features=features)
+    heads = score_pair_heads(model, tokenizer.pad_token_id, examples, batch_size, features=features)
+    chosen, rejected = heads["chosen"], heads["rejected"]
     lengths = response_lengths(examples)
     lengths_c, lengths_r = lengths["chosen_lengths"].numpy(), lengths["rejected_lengths"].numpy()
     if length_penalty:
@@ -246,6 +257,10 @@ def evaluate_reward_model(
     comparisons = [e.record for e in examples]
     result = rm_metrics.evaluate_rewards(comparisons, chosen, rejected, lengths_c, lengths_r, "tokens", bins, errors, seed=seed)
     result["length_penalty"] = length_penalty
+    if "chosen_length" in heads:  # ODIN: is the pair still modelled once both heads are summed?
+        both = heads["chosen"] + heads["chosen_length"] > heads["rejected"] + heads["rejected_length"]
+        result["odin_reward_plus_length_head"] = rm_metrics.accuracy_with_baseline(
+            both.astype(float), rm_metrics.length_rule_hits(lengths_c, lengths_r), rm_metrics.chosen_shorter_mask(lengths_c, lengths_r), seed)
     probe_rows = score_probes(model, tokenizer, probes, limits)
     rm_report.write_rm_eval(out, result, chosen, rejected, lengths_c, lengths_r, probe_rows=probe_rows or None)
     if dump and model.head_type == "eos-linear":
