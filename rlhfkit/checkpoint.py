@@ -4,16 +4,21 @@ A checkpoint is a folder `checkpoints/step-NNNNNN/` holding the model and tokeni
 `save_pretrained` folders (safetensors; PPO adds its value model as `value/`), `state.pt` (optimizer
 and scheduler, plus any further ones such as PPO's value optimizer, read back with
 `weights_only=True`), `rng.json` (python, numpy and torch RNG states) and `trainer.json` (step and
-data position). It is written under a temporary name and renamed into place, so a crash mid-save
-never leaves a broken latest checkpoint; `latest` names the newest complete one.
+data position), and last `manifest.json` (every other file's size and sha256). It is written under a
+temporary name and renamed into place, so a crash mid-save never leaves a broken latest checkpoint;
+`latest` names the newest complete one. Resume checks the manifest, so a checkpoint damaged later
+(a truncated copy, a bad disk) is caught and an older intact one is used.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import random
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -21,7 +26,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from .errors import CheckpointError
+
 LATEST = "latest"
+MANIFEST = "manifest.json"
+# What resume reads from a checkpoint saved before manifests (besides the model's safetensors)
+LEGACY_NEEDS = ("trainer.json", "state.pt", "rng.json", "model/config.json")
 
 
 def rng_state() -> dict[str, Any]:
@@ -88,6 +98,7 @@ def save_checkpoint(
     torch.save(states, tmp / "state.pt")
     (tmp / "rng.json").write_text(json.dumps(rng_state()))
     (tmp / "trainer.json").write_text(json.dumps({"step": step, **trainer_state}, indent=2))
+    write_manifest(tmp)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -105,18 +116,122 @@ def prune(folder: Path, keep: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def write_manifest(folder: Path) -> None:
+    """List every file of `folder` with its size and sha256; written after all of them, so it covers
+    the whole checkpoint."""
+    files = {
+        path.relative_to(folder).as_posix(): {"size": path.stat().st_size, "sha256": file_sha256(path)}
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
+    (folder / MANIFEST).write_text(json.dumps({"files": files}, indent=1))
+
+
+def file_sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def find_checkpoint(path: str | Path) -> Path | None:
-    """The checkpoint folder for a run directory, a checkpoints folder or a checkpoint itself."""
+    """The newest intact checkpoint of a run directory or a checkpoints folder, or the checkpoint
+    named itself; None where nothing was ever checkpointed.
+
+    Intact: every file its manifest lists is there with the listed size and sha256. The candidates
+    are the checkpoint `latest` names and the older ones, newest first (step folders newer than the
+    one it names are leftovers of a run resumed from an older checkpoint); a damaged candidate, or a
+    `latest` that is missing, unreadable or names a missing folder, is reported on stderr in one line
+    naming the file, and the next older one is tried. With none intact this raises CheckpointError
+    rather than return None, which would let a pipeline stage start over beside checkpoints that
+    need a decision. A checkpoint named itself is never swapped for another: a damaged one raises.
+
+    A checkpoint saved before manifests cannot be verified: it is accepted, with a warning, when it
+    holds every file resume reads (trainer.json, state.pt, rng.json, the model's config and
+    safetensors; PPO's value/ folder is not checked), and skipped as damaged otherwise.
+    """
     path = Path(path)
-    if (path / "trainer.json").is_file():
+    if (path / MANIFEST).is_file() or (path / "trainer.json").is_file():
+        if problem := checkpoint_problem(path):
+            raise CheckpointError(f"checkpoint {path} is damaged: {problem}")
         return path
-    for folder in (path / "checkpoints", path):
-        pointer = folder / LATEST
-        if pointer.is_file():
-            candidate = folder / json.loads(pointer.read_text())["checkpoint"]
-            if (candidate / "trainer.json").is_file():
-                return candidate
+    folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    if not (folder / LATEST).exists() and not any(folder.glob("step-*")):
+        return None
+    problems = []
+    for candidate in newest_first(folder):
+        problem = checkpoint_problem(candidate)
+        if problem is None:
+            return candidate
+        warn(f"skipping checkpoint {candidate.name}: {problem}")
+        problems.append(problem)
+    reasons = "; ".join(problems) or f"{folder / LATEST} is unreadable and there are no step folders"
+    advice = f"resume another run, or move {folder} away to start afresh"
+    raise CheckpointError(f"no intact checkpoint in {folder} ({reasons}); {advice}")
+
+
+def newest_first(folder: Path) -> list[Path]:
+    """The checkpoint `latest` names (even if missing, so that it is reported) and the older ones,
+    newest first; every step folder when the pointer cannot be read."""
+    steps = sorted(folder.glob("step-*"), reverse=True)
+    pointer = folder / LATEST
+    if not pointer.exists():
+        warn(f"{pointer} is missing; trying every step folder, newest first")
+        return steps
+    try:
+        named = json.loads(pointer.read_text())["checkpoint"]
+    except (ValueError, KeyError, TypeError) as e:
+        warn(f"{pointer} is unreadable ({e!r}); trying every step folder, newest first")
+        return steps
+    return [folder / named] + [step for step in steps if step.name < named]
+
+
+def checkpoint_problem(checkpoint: Path) -> str | None:
+    """What makes `checkpoint` unusable, naming the file, or None when it is intact."""
+    if not checkpoint.is_dir():
+        return f"{checkpoint} does not exist"
+    return cached_problem(checkpoint.resolve(), fingerprint(checkpoint))
+
+
+def fingerprint(folder: Path) -> tuple[tuple[str, int, int], ...]:
+    """Every file's name, size and modification time: what changing any file alters."""
+    files = [path for path in sorted(folder.rglob("*")) if path.is_file()]
+    stats = [(path.relative_to(folder).as_posix(), path.stat()) for path in files]
+    return tuple((name, stat.st_size, stat.st_mtime_ns) for name, stat in stats)
+
+
+@functools.cache
+def cached_problem(checkpoint: Path, _fingerprint: tuple) -> str | None:
+    """Resume looks its checkpoint up several times (CLI, run folder, trainer) and hashing gigabytes
+    each time would take minutes, so a verdict holds while the folder's fingerprint is unchanged."""
+    if (checkpoint / MANIFEST).is_file():
+        return manifest_problem(checkpoint)
+    missing = [name for name in LEGACY_NEEDS if not (checkpoint / name).is_file()]
+    missing += [] if any((checkpoint / "model").glob("*.safetensors")) else ["model/*.safetensors"]
+    if missing:
+        return f"{checkpoint / missing[0]} is missing and there is no {MANIFEST} (saved before checksums)"
+    warn(f"{checkpoint} has no {MANIFEST} (saved before checksums): resuming from it unverified")
     return None
+
+
+def manifest_problem(checkpoint: Path) -> str | None:
+    try:
+        files = json.loads((checkpoint / MANIFEST).read_text())["files"]
+    except (ValueError, KeyError, TypeError) as e:
+        return f"{checkpoint / MANIFEST} is unreadable ({e!r})"
+    for name, entry in files.items():  # sizes first: a truncated file is found without hashing the rest
+        path = checkpoint / name
+        if not path.is_file():
+            return f"{path} is missing"
+        if path.stat().st_size != entry["size"]:
+            return f"{path} has {path.stat().st_size} bytes, {MANIFEST} says {entry['size']}"
+    for name, entry in files.items():
+        if file_sha256(checkpoint / name) != entry["sha256"]:
+            return f"{checkpoint / name} does not match its sha256 in {MANIFEST} (changed after saving)"
+    return None
+
+
+@functools.cache  # once per message: resume looks its checkpoint up several times
+def warn(message: str) -> None:
+    print(f"rlhfkit: warning: {message}", file=sys.stderr)
 
 
 def load_training_state(

@@ -19,3 +19,7 @@ class ModelError(UserError, RuntimeError):
 
 class NonFiniteError(UserError, RuntimeError):
     """A loss or gradient became NaN/inf; the run stops and the last good checkpoint is kept."""
+
+
+class CheckpointError(UserError, RuntimeError):
+    """A checkpoint to resume from that is missing files or whose files changed after saving."""
