@@ -42,6 +42,10 @@ def remote_code_opt() -> Any:
     return opt(False, "allow model code from the hub (off: safer)")
 
 
+def pickle_opt() -> Any:
+    return opt(False, "load pickle weights (pytorch_model.bin, *.pt) from a folder without safetensors (off: unpickling can run code)")
+
+
 @dataclass
 class AnalyzeConfig:
     dataset: Literal["tldr-sft", "tldr-comparisons", "hh"] = opt("tldr-sft", "which upstream format to read")
@@ -71,6 +75,7 @@ class RunConfig:
     max_query_length: int = query_length_opt()
     max_response_length: int = opt(53, "response tokens including EOS; longer ones are skipped and counted", "Detail 4", minimum=1)
     trust_remote_code: bool = remote_code_opt()
+    allow_pickle: bool = pickle_opt()
     mixed_precision: Literal["auto", "no", "bf16"] = opt("auto", "bf16 autocast where supported, else fp32", "Detail 8")
     gradient_checkpointing: bool = opt(False, "recompute activations to save memory")
     max_grad_norm: float = opt(0.0, "clip the gradient norm to this (0: no clipping; the norm is still logged)")

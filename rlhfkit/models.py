@@ -173,21 +173,29 @@ def match_vocab(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> N
 
 
 def load_policy(
-    name_or_path: str, trust_remote_code: bool = False, dtype: torch.dtype = torch.float32
+    name_or_path: str, trust_remote_code: bool = False, dtype: torch.dtype = torch.float32, allow_pickle: bool = False
 ) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
-    """A causal LM and its tokenizer, with [PAD] added and dropout disabled."""
+    """A causal LM and its tokenizer, with [PAD] added and dropout disabled. A folder holding only
+    pickle weights is refused unless `allow_pickle`, since unpickling can run arbitrary code."""
     path = resolve_model_path(name_or_path)
     folder = Path(path)
+    pickled = []
     if folder.is_dir() and not any(folder.glob("*.safetensors")):
         pickled = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
-        if pickled:
-            raise ModelError(
-                f"{path} holds only pickle weights ({', '.join(pickled)}); rlhfkit loads safetensors only, "
-                "since unpickling can run arbitrary code. Convert the weights to model.safetensors first."
-            )
+    if pickled and not allow_pickle:
+        raise ModelError(
+            f"{path} holds only pickle weights ({', '.join(pickled)}); rlhfkit loads safetensors only, "
+            "since unpickling can run arbitrary code. Convert the weights to model.safetensors, or set "
+            "allow_pickle=true if you trust where the files came from."
+        )
+    if pickled:
+        print(f"rlhfkit: warning: allow_pickle is set: unpickling {', '.join(pickled)} from {path} can run arbitrary code",
+              file=sys.stderr)
     tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
     with model_loading(path):
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=True)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=not pickled
+        )
     match_vocab(model, tokenizer)
     return disable_dropout(model), tokenizer
 

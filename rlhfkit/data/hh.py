@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from .formats import HH_ASSISTANT
-from .records import InvalidJSON, Row, SkipLog, has_text, iter_rows, require_fields
+from .records import Row, SkipLog, Unparsable, has_text, iter_rows, require_fields, unless_lone_surrogate
 from .tldr import Comparison, non_string, text_id
 
 
@@ -26,8 +26,8 @@ def subset_of(where: str) -> str:
 
 
 def parse_hh_row(row: Row, log: SkipLog) -> Comparison | None:
-    if isinstance(row.data, InvalidJSON):
-        log.skip("invalid_json", row.where)
+    if isinstance(row.data, Unparsable):
+        log.skip(row.data.reason, row.where)
         return None
     if row.first_in_source:
         require_fields(row, ["chosen", "rejected"], "HH-RLHF (chosen, rejected dialogues)")
@@ -56,7 +56,7 @@ def parse_hh_row(row: Row, log: SkipLog) -> Comparison | None:
     if chosen[1].strip() == rejected[1].strip():
         log.skip("tie", row.where)
         return None
-    return Comparison(
+    record = Comparison(
         prompt_id=text_id(chosen[0]),
         task="hh",
         fields={"dialogue": chosen[0]},
@@ -65,6 +65,7 @@ def parse_hh_row(row: Row, log: SkipLog) -> Comparison | None:
         where=row.where,
         split=str(data.get("_hub_split") or subset_of(row.where)),
     )
+    return unless_lone_surrogate(record, row.where, log)
 
 
 def load_hh(paths: list[str], hf_split: str = "") -> tuple[list[Comparison], SkipLog]:

@@ -7,17 +7,19 @@ evaluation can break results down by each.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .records import InvalidJSON, Row, SkipLog, has_text, iter_rows, require_fields
+from .records import Row, SkipLog, Unparsable, has_text, iter_rows, require_fields, unless_lone_surrogate
 
 SFT_FIELDS = ["subreddit", "title", "post", "summary"]
 COMPARISON_FIELDS = ["info", "summaries", "choice"]
 
 
 def text_id(*parts: str) -> str:
-    return hashlib.sha1("\x1f".join(parts).encode()).hexdigest()[:16]
+    # surrogatepass: a record with a lone surrogate gets an id too, and is skipped once parsed
+    return hashlib.sha1("\x1f".join(parts).encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 @dataclass
@@ -58,8 +60,8 @@ def non_string(values: dict[str, Any]) -> str | None:
 
 
 def parse_sft_row(row: Row, log: SkipLog) -> SFTRecord | None:
-    if isinstance(row.data, InvalidJSON):
-        log.skip("invalid_json", row.where)
+    if isinstance(row.data, Unparsable):
+        log.skip(row.data.reason, row.where)
         return None
     if row.first_in_source:
         require_fields(row, SFT_FIELDS, "TL;DR SFT (subreddit, title, post, summary)")
@@ -83,7 +85,8 @@ def parse_sft_row(row: Row, log: SkipLog) -> SFTRecord | None:
         log.skip("empty_summary", row.where)
         return None
     prompt_id = str(data.get("id") or text_id(values["title"], values["post"]))
-    return SFTRecord(prompt_id, {k: values[k] for k in ("subreddit", "title", "post")}, values["summary"], row.where)
+    record = SFTRecord(prompt_id, {k: values[k] for k in ("subreddit", "title", "post")}, values["summary"], row.where)
+    return unless_lone_surrogate(record, row.where, log)
 
 
 def load_sft(paths: list[str], hf_split: str = "") -> tuple[list[SFTRecord], SkipLog]:
@@ -99,8 +102,8 @@ def comparison_task(info: dict[str, Any]) -> str:
 
 
 def parse_comparison_row(row: Row, log: SkipLog) -> Comparison | None:
-    if isinstance(row.data, InvalidJSON):
-        log.skip("invalid_json", row.where)
+    if isinstance(row.data, Unparsable):
+        log.skip(row.data.reason, row.where)
         return None
     if row.first_in_source:
         require_fields(row, COMPARISON_FIELDS, "OpenAI comparison (info, summaries[text, policy], choice, ...)")
@@ -145,7 +148,7 @@ def parse_comparison_row(row: Row, log: SkipLog) -> Comparison | None:
         return None
     extra = data.get("extra") or {}
     confidence = extra.get("confidence") if isinstance(extra, dict) else None
-    return Comparison(
+    record = Comparison(
         prompt_id=str(info.get("id") or text_id(*(fields[k] for k in sorted(fields)))),
         task=task,
         fields=fields,
@@ -157,8 +160,14 @@ def parse_comparison_row(row: Row, log: SkipLog) -> Comparison | None:
         split=str(data.get("split") or data.get("_hub_split") or ""),
         batch=str(data.get("batch") or ""),
         worker=str(data.get("worker") or ""),
-        confidence=int(confidence) if isinstance(confidence, int | float) and not isinstance(confidence, bool) else None,
+        confidence=int(confidence) if is_finite_number(confidence) else None,
     )
+    return unless_lone_surrogate(record, row.where, log)
+
+
+def is_finite_number(value: Any) -> bool:
+    """A JSON number that converts to int: not a bool, not NaN or Infinity (which json.loads accepts)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def load_comparisons(paths: list[str], hf_split: str = "") -> tuple[list[Comparison], SkipLog]:
