@@ -62,3 +62,36 @@ def test_allow_pickle_is_off_unless_set():
     assert cfgmod.RunConfig().allow_pickle is False and cfgmod.RunConfig().trust_remote_code is False
     assert cfgmod.resolve("sft", None, None, {"allow_pickle": "true"}).allow_pickle is True
     assert cfgmod.resolve("rm", None, None, {}).allow_pickle is False
+
+
+class Loaded(Exception):
+    """Raised by the stand-in loader once it has seen the stage's arguments."""
+
+
+@pytest.mark.parametrize("stage, module", [("sft", "sft"), ("rm", "reward"), ("dpo", "dpo"), ("ppo", "ppo")])
+def test_every_training_stage_passes_allow_pickle_to_the_loader(stage, module, monkeypatch, tmp_path, tiny_model):
+    import importlib
+
+    from rlhfkit.cli import main
+    from rlhfkit.models import ScalarModel
+
+    seen = {}
+
+    def loader(*args, **kwargs):
+        seen.update(kwargs)
+        raise Loaded
+
+    monkeypatch.setattr(importlib.import_module(f"rlhfkit.trainers.{module}"), "load_policy", loader)
+    from .conftest import data_file
+
+    data = data_file("tldr-sft-sample", "tldr_sft_sample.jsonl.gz") if stage in ("sft", "ppo") else data_file(
+        "summarize-from-feedback-comparisons", "batch18.jsonl.gz")
+    args = [stage, "allow_pickle=true", f"data={data}", f"output_dir={tmp_path / stage}", "report_to="]
+    if stage == "ppo":
+        policy, tokenizer = tiny_model
+        ScalarModel.from_policy(policy).save_pretrained(tmp_path / "rm")
+        tokenizer.save_pretrained(tmp_path / "rm")
+        args.append(f"reward_model={tmp_path / 'rm'}")
+    with pytest.raises(Loaded):
+        main(args)
+    assert seen["allow_pickle"] is True

@@ -190,8 +190,8 @@ def run(cfg: DPOConfig, _parsed: Any = None) -> int:
     train_records, val_records, notes = split_comparisons(cfg)
     reference_name = cfg.reference_model or cfg.model
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    policy, tokenizer = load_policy(str(checkpoint / "model") if checkpoint else cfg.model, cfg.trust_remote_code)
-    reference, _ = load_policy(reference_name, cfg.trust_remote_code)
+    policy, tokenizer = load_policy(str(checkpoint / "model") if checkpoint else cfg.model, cfg.trust_remote_code, allow_pickle=cfg.allow_pickle)
+    reference, _ = load_policy(reference_name, cfg.trust_remote_code, allow_pickle=cfg.allow_pickle)
     reference = reference.to(device).eval().requires_grad_(False)
     train_pairs, train_note = prepare_pairs(cfg, tokenizer, train_records)
     val_pairs, val_note = prepare_pairs(cfg, tokenizer, val_records)

@@ -87,8 +87,8 @@ def load_models(cfg: PPOConfig, checkpoint: Path | None, needs_value: bool) -> O
         require_scalar_folder(value_source, "value_model")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     frozen = frozen_device(cfg, device)
-    policy, tokenizer = load_policy(str(checkpoint / "model") if checkpoint else cfg.model, cfg.trust_remote_code)
-    reference, _ = load_policy(cfg.model, cfg.trust_remote_code)
+    policy, tokenizer = load_policy(str(checkpoint / "model") if checkpoint else cfg.model, cfg.trust_remote_code, allow_pickle=cfg.allow_pickle)
+    reference, _ = load_policy(cfg.model, cfg.trust_remote_code, allow_pickle=cfg.allow_pickle)
     reward, reward_tok = load_reward_model(cfg.reward_model, cfg.trust_remote_code)
     check_same_tokenizer(tokenizer, reward_tok, cfg.model, f"the reward model ({cfg.reward_model})")
     value = None

@@ -340,7 +340,7 @@ def run(cfg: RMConfig, _parsed: Any = None) -> int:
         model, tokenizer = load_reward_model(checkpoint / "model", cfg.trust_remote_code)
         model.train()
     else:
-        policy, tokenizer = load_policy(cfg.model, cfg.trust_remote_code)
+        policy, tokenizer = load_policy(cfg.model, cfg.trust_remote_code, allow_pickle=cfg.allow_pickle)
         model = ScalarModel.from_policy(policy, cfg.head, cfg.length_head)
     notes.append(configure_model(model, cfg))
     train_examples, train_note = prepare_pairs(cfg, tokenizer, train_records)
