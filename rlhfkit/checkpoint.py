@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from .errors import CheckpointError
+from .faults import fault_point
 
 LATEST = "latest"
 MANIFEST = "manifest.json"
@@ -93,6 +94,7 @@ def save_checkpoint(
     for name, extra in (extra_models or {}).items():  # each a complete folder, loadable on its own
         extra.save_pretrained(tmp / name, safe_serialization=True)
         tokenizer.save_pretrained(tmp / name)
+    fault_point("save", step)
     states = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
     states |= {name: obj.state_dict() for name, obj in (extra_states or {}).items()}
     torch.save(states, tmp / "state.pt")
@@ -102,6 +104,7 @@ def save_checkpoint(
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
+    fault_point("publish", step)
     write_json_atomic(folder / LATEST, {"checkpoint": final.name, "step": step})
     prune(folder, keep)
     return final
