@@ -23,3 +23,7 @@ class NonFiniteError(UserError, RuntimeError):
 
 class CheckpointError(UserError, RuntimeError):
     """A checkpoint to resume from that is missing files or whose files changed after saving."""
+
+
+class RunLockedError(UserError, RuntimeError):
+    """Another running process writes the run directory; the message names the folder and its pid."""

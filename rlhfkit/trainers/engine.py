@@ -30,6 +30,8 @@ from ..config import ConfigError, RunConfig, TrainConfig, to_yaml
 from ..distributed import processes_need_cpu
 from ..errors import NonFiniteError
 from ..models import enable_activation_checkpointing
+from ..preemption import StopSignal, exit_after_checkpoint, resume_command
+from ..runlock import lock_run_dir
 from ..tracking import Tracker
 
 # loss_fn(model, batch) -> (loss summed over the batch's units, extra metrics summed the same way).
@@ -99,6 +101,7 @@ def make_run_dir(cfg: RunConfig, stage: str) -> Path:
         run_dir = Path("runs") / f"{stage}-{datetime.now():%Y%m%d-%H%M%S}"
     if is_main_process():
         run_dir.mkdir(parents=True, exist_ok=True)
+        lock_run_dir(run_dir)  # before config.yaml, which must stay the running run's
         (run_dir / "config.yaml").write_text(to_yaml(cfg, stage))
     return run_dir
 
@@ -210,25 +213,35 @@ def train(cfg: TrainConfig, stage: Stage, run_dir: Path, checkpoint: Path | None
     lengths = [stage.length(e) for e in stage.examples] if stage.length else None
     if stage.evaluate is not None and cfg.eval_every and start == 0 and tracker is not None:
         tracker.log(0, stage.evaluate(in_training(accelerator, model), 0))  # where the curves start
-    for step in range(start, schedule.total_steps):
-        began = time.perf_counter()
-        metrics, tokens = run_step(accelerator, model, stage, schedule, cfg, step, lengths)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        done = step + 1
-        elapsed = time.perf_counter() - began
-        metrics |= {"train/lr": scheduler.get_last_lr()[0], "perf/tokens_per_s": tokens / elapsed, "perf/step_s": elapsed}
-        evaluated = stage.evaluate is not None and cfg.eval_every and done % cfg.eval_every == 0 and done < schedule.total_steps
-        if evaluated:
-            metrics |= stage.evaluate(in_training(accelerator, model), done)
-        if tracker is not None and (evaluated or done % cfg.log_every == 0 or done == schedule.total_steps):
-            tracker.log(done, metrics)
-        last = metrics
-        bar.update(1)
-        bar.set_postfix(loss=f"{metrics['train/loss']:.4f}", lr=f"{metrics['train/lr']:.2e}", tok_s=f"{metrics['perf/tokens_per_s']:.0f}")
-        if cfg.save_every and done % cfg.save_every == 0 and done < schedule.total_steps:
-            save(accelerator, run_dir, done, model, stage.tokenizer, optimizer, scheduler, schedule, cfg.keep_checkpoints)
+    with StopSignal() as stop:
+        for step in range(start, schedule.total_steps):
+            began = time.perf_counter()
+            metrics, tokens = run_step(accelerator, model, stage, schedule, cfg, step, lengths)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            done = step + 1
+            elapsed = time.perf_counter() - began
+            metrics |= {"train/lr": scheduler.get_last_lr()[0], "perf/tokens_per_s": tokens / elapsed, "perf/step_s": elapsed}
+            evaluated = stage.evaluate is not None and cfg.eval_every and done % cfg.eval_every == 0 and done < schedule.total_steps
+            if evaluated:
+                metrics |= stage.evaluate(in_training(accelerator, model), done)
+            if tracker is not None and (evaluated or done % cfg.log_every == 0 or done == schedule.total_steps):
+                tracker.log(done, metrics)
+            last = metrics
+            bar.update(1)
+            bar.set_postfix(loss=f"{metrics['train/loss']:.4f}", lr=f"{metrics['train/lr']:.2e}", tok_s=f"{metrics['perf/tokens_per_s']:.0f}")
+            saved = bool(cfg.save_every) and done % cfg.save_every == 0 and done < schedule.total_steps
+            if saved:
+                save(accelerator, run_dir, done, model, stage.tokenizer, optimizer, scheduler, schedule, cfg.keep_checkpoints)
+            if signum := agreed_signal(accelerator, stop):
+                if not saved:
+                    save(accelerator, run_dir, done, model, stage.tokenizer, optimizer, scheduler, schedule, cfg.keep_checkpoints)
+                bar.close()
+                if tracker is not None:
+                    tracker.close()
+                exit_after_checkpoint(signum, f"step {done}", run_dir, resume_command(stage.name, run_dir, accelerator.num_processes),
+                                      announce=accelerator.is_main_process)
     bar.close()
     save(accelerator, run_dir, schedule.total_steps, model, stage.tokenizer, optimizer, scheduler, schedule, cfg.keep_checkpoints)
     final_model = unwrap(accelerator, model)
@@ -240,6 +253,12 @@ def train(cfg: TrainConfig, stage: Stage, run_dir: Path, checkpoint: Path | None
     if tracker is not None:
         tracker.close()
     return {"model": final_model, "steps": schedule.total_steps, "schedule": dataclasses.asdict(schedule), "last_metrics": last}
+
+
+def agreed_signal(accelerator, stop: StopSignal) -> int:
+    """The signal every process stops for after this step (0: none). Processes may get it a step apart,
+    and all must save the same step: the checkpoint's collective calls would wait forever otherwise."""
+    return int(accelerator.reduce(torch.tensor(stop.signum or 0, device=accelerator.device), "max").item())
 
 
 def run_step(accelerator, model, stage: Stage, schedule: Schedule, cfg: TrainConfig, step: int,

@@ -34,6 +34,7 @@ from ..checkpoint import load_training_state, save_checkpoint
 from ..config import ConfigError, OnPolicyConfig
 from ..data.collate import left_pad_queries
 from ..models import ScalarModel, enable_activation_checkpointing
+from ..preemption import StopSignal, exit_after_checkpoint, resume_command
 from ..rollout import SamplingParams, generate, response_logprobs
 from ..tracking import Tracker, append_jsonl, drop_rows_after
 from .engine import autocast_precision, build_optimizer, check_finite
@@ -483,42 +484,50 @@ def train_on_policy(
         bar.set_description_str(f"{name} [{phase}]", refresh=True)
 
     last: dict[str, float] = {}
-    for update in range(start, num_updates):
-        began = time.perf_counter()
-        timings: dict[str, float] = {}
-        batch = collect(models, prompts, cfg, update, kl_coef, precision, timings, show)
-        metrics = rollout_metrics(batch, kl_coef)
-        show("updating")
-        tick = time.perf_counter()
-        metrics |= update_on_rollout(models, optimizers, batch, cfg, update + 1, precision, kl_coef)
-        timings["update"] = time.perf_counter() - tick
-        metrics["train/lr"] = optimizers.policy_schedule.get_last_lr()[0]
-        optimizers.advance_schedules()
-        if cfg.adaptive_kl:
-            kl_coef = ops.adaptive_kl_coef(kl_coef, metrics["objective/kl"], cfg.kl_target, cfg.kl_horizon, batch.size)
-        done = update + 1
-        elapsed = time.perf_counter() - began
-        metrics |= {f"perf/{k}_s": v for k, v in timings.items()}
-        metrics |= {
-            "perf/update_total_s": elapsed,
-            "perf/generated_tokens_per_s": float(batch.lengths.sum()) / timings["generation"],
-            "perf/episodes_per_s": batch.size / elapsed,
-            "episodes": done * cfg.total_batch_size,
-        }
-        if cfg.sample_every and (done == 1 or done % cfg.sample_every == 0 or done == num_updates):
-            append_jsonl(run_dir / SAMPLES_FILE, extreme_samples(batch, models.tokenizer, done, cfg.log_samples))
-        if evaluate is not None and cfg.eval_every and done % cfg.eval_every == 0:
-            show("evaluating")
-            metrics |= evaluate(models.policy, done)
-        if done % cfg.log_every == 0 or done == num_updates:
-            tracker.log(done, metrics)
-        last = metrics
-        bar.update(1)
-        bar.set_postfix(score=f"{metrics['objective/scores']:.3f}", kl=f"{metrics['objective/kl']:.3f}",
-                        len=f"{metrics['response/length_mean']:.1f}")
-        if (cfg.save_every and done % cfg.save_every == 0) or done == num_updates:
+    with StopSignal() as stop:
+        for update in range(start, num_updates):
+            began = time.perf_counter()
+            timings: dict[str, float] = {}
+            batch = collect(models, prompts, cfg, update, kl_coef, precision, timings, show)
+            metrics = rollout_metrics(batch, kl_coef)
+            show("updating")
+            tick = time.perf_counter()
+            metrics |= update_on_rollout(models, optimizers, batch, cfg, update + 1, precision, kl_coef)
+            timings["update"] = time.perf_counter() - tick
+            metrics["train/lr"] = optimizers.policy_schedule.get_last_lr()[0]
+            optimizers.advance_schedules()
+            if cfg.adaptive_kl:
+                kl_coef = ops.adaptive_kl_coef(kl_coef, metrics["objective/kl"], cfg.kl_target, cfg.kl_horizon, batch.size)
+            done = update + 1
+            elapsed = time.perf_counter() - began
+            metrics |= {f"perf/{k}_s": v for k, v in timings.items()}
+            metrics |= {
+                "perf/update_total_s": elapsed,
+                "perf/generated_tokens_per_s": float(batch.lengths.sum()) / timings["generation"],
+                "perf/episodes_per_s": batch.size / elapsed,
+                "episodes": done * cfg.total_batch_size,
+            }
+            if cfg.sample_every and (done == 1 or done % cfg.sample_every == 0 or done == num_updates):
+                append_jsonl(run_dir / SAMPLES_FILE, extreme_samples(batch, models.tokenizer, done, cfg.log_samples))
+            if evaluate is not None and cfg.eval_every and done % cfg.eval_every == 0:
+                show("evaluating")
+                metrics |= evaluate(models.policy, done)
+            if done % cfg.log_every == 0 or done == num_updates:
+                tracker.log(done, metrics)
+            last = metrics
+            bar.update(1)
+            bar.set_postfix(score=f"{metrics['objective/scores']:.3f}", kl=f"{metrics['objective/kl']:.3f}",
+                            len=f"{metrics['response/length_mean']:.1f}")
             state = {"episodes": done * cfg.total_batch_size, "kl_coef": kl_coef}
-            save(run_dir, done, models, optimizers, state, cfg.keep_checkpoints)
+            saved = (bool(cfg.save_every) and done % cfg.save_every == 0) or done == num_updates
+            if saved:
+                save(run_dir, done, models, optimizers, state, cfg.keep_checkpoints)
+            if signum := stop.signum:  # read once: a signal after this line stops the next update
+                if not saved:
+                    save(run_dir, done, models, optimizers, state, cfg.keep_checkpoints)
+                bar.close()
+                tracker.close()
+                exit_after_checkpoint(signum, f"update {done}", run_dir, resume_command(name, run_dir))
     bar.close()
     tracker.close()
     return {"updates": num_updates, "last_metrics": last, "kl_coef": kl_coef}
