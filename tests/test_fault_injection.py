@@ -31,12 +31,13 @@ WEIGHTS = {"ppo": ["model/model.safetensors", "value/model.safetensors", "value/
 def fault_cases() -> list[tuple[str, str, int]]:
     """(trainer, fault, step): two kills at random moments after a random step, one inside a
     checkpoint write, one between a checkpoint's publication and the `latest` pointer; seeded so a
-    failure can be replayed."""
+    failure can be replayed. Steps start at 2: a run killed before its first checkpoint has nothing
+    to resume and is started again (tests/test_checkpoint_integrity.py covers that case)."""
     rng = random.Random(12)
     cases = []
     for trainer in TRAINERS:
-        cases += [(trainer, "after-step", rng.randint(1, STEPS - 1)) for _ in range(2)]
-        cases += [(trainer, "save", rng.randint(1, STEPS - 1)), (trainer, "publish", rng.randint(1, STEPS - 1))]
+        cases += [(trainer, "after-step", rng.randint(2, STEPS - 1)) for _ in range(2)]
+        cases += [(trainer, "save", rng.randint(2, STEPS - 1)), (trainer, "publish", rng.randint(2, STEPS - 1))]
     return cases
 
 
@@ -62,8 +63,8 @@ def trainer_args(trainer: str, inputs: dict, out: Path) -> dict:
         return common | {"data": inputs["posts"], "validation_posts": 8, "eval_samples": 0, "total_batch_size": 4, "micro_batch_size": 2}
     if trainer in ("rm", "dpo"):
         pairs = common | {"data": inputs["pairs"], "validation_fraction": 0.2, "total_batch_size": 8, "micro_batch_size": 4,
-                          "eval_pairs": 0, "sft_data": ""}
-        return pairs | ({"forward_batch_size": 4, "eval_samples": 0} if trainer == "dpo" else {})
+                          "eval_pairs": 0}
+        return pairs | ({"forward_batch_size": 4, "eval_samples": 0} if trainer == "dpo" else {"sft_data": ""})
     onpolicy = common | {"reward_model": inputs["rm"], "data": inputs["posts"], "validation_posts": 8, "eval_samples": 0,
                          "total_batch_size": 8, "micro_batch_size": 4, "generation_batch_size": 8, "forward_batch_size": 4,
                          "max_response_length": 10, "sample_every": 1}
