@@ -133,3 +133,14 @@ def assert_same_metrics(a: Path, b: Path, steps: int) -> list[dict]:
         drop = ("perf/",)
         assert {k: v for k, v in left.items() if not k.startswith(drop)} == {k: v for k, v in right.items() if not k.startswith(drop)}
     return rows[0]
+
+
+def write_sft_csv(path: Path, rows: list[dict]) -> Path:
+    """TL;DR SFT rows as a CSV file with the upstream columns (other keys are dropped)."""
+    import csv
+
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=["subreddit", "title", "post", "summary"], extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    return path

@@ -9,7 +9,6 @@ that every line is either kept or counted as skipped, and that nothing but a one
 from __future__ import annotations
 
 import copy
-import csv
 import gzip
 import itertools
 import json
@@ -23,7 +22,7 @@ from hypothesis import strategies as st
 from rlhfkit.data import load_comparisons, load_hh, load_pairs, load_sft
 from rlhfkit.data.records import DataFormatError
 
-from .conftest import data_file
+from .conftest import data_file, write_sft_csv
 
 SOURCES = {
     "tldr-sft": ("tldr-sft-sample", "tldr_sft_sample.jsonl.gz"),
@@ -190,11 +189,7 @@ def test_each_damaged_record_is_one_skip_and_later_lines_keep_their_numbers(tmp_
 def test_csv_field_over_the_size_limit_skips_that_row_only(tmp_path, samples):
     rows = [{k: str(v).replace("\n", " ") for k, v in row.items()} for row in samples["tldr-sft"][0][:3]]  # one line each
     rows[1]["post"] = "word " * 40_000  # csv refuses fields over 128 KiB
-    path = tmp_path / "posts.csv"
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=["subreddit", "title", "post", "summary"], extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
+    path = write_sft_csv(tmp_path / "posts.csv", rows)
     kept, log = load_sft([str(path)])
     assert dict(log.counts) == {"invalid_csv": 1} and log.examples["invalid_csv"] == [f"{path}:3"]
     assert [r.summary for r in kept] == [rows[0]["summary"], rows[2]["summary"]]

@@ -16,7 +16,7 @@ from rlhfkit.data.hh import load_hh
 from rlhfkit.data.records import DataFormatError, SkipLog, expand_paths, iter_rows
 from rlhfkit.data.tldr import load_comparisons, load_sft
 
-from .conftest import data_file
+from .conftest import data_file, write_sft_csv
 
 HH_SUBSETS = ["harmless-base", "helpful-base", "helpful-online", "helpful-rejection-sampled"]
 
@@ -378,11 +378,7 @@ def test_parquet_files(tmp_path, sft_path, batch13):
 def test_csv_file_with_multiline_posts_reports_the_starting_line(tmp_path, sft_path):
     rows = raw_records(sft_path, 8)
     assert sum("\n" in r["post"] for r in rows) >= 3
-    path = tmp_path / "sft.csv"
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=["subreddit", "title", "post", "summary"], extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
+    path = write_sft_csv(tmp_path / "sft.csv", rows)
     records, log = load_sft([str(path)])
     assert log.kept == 8
     assert [r.fields["post"] for r in records] == [r["post"] for r in rows]
