@@ -146,6 +146,9 @@ class RMConfig(PairConfig):
     trainable_layers: int = opt(-1, "train only the top N transformer blocks and the heads (-1: everything; 0: heads only, on backbone "
                                 "features computed once and cached)", minimum=-1)
     feature_cache: str = opt("", "trainable_layers=0: file of cached backbone features, shared between runs (empty: <run>/features.pt)")
+    cross_validation_folds: int = opt(0, "post-disjoint K-fold cross-validation before the final model: K models, each trained like it "
+                                      "on the training pairs of K-1 folds of prompts, score the fold they never saw, so every "
+                                      "training pair is validated once (0: off; cheap with trainable_layers=0)", minimum=0)
 
 
 @dataclass

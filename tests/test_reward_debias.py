@@ -11,7 +11,7 @@ from rlhfkit import ops
 from rlhfkit.cli import main as cli_main
 from rlhfkit.config import PPOConfig, RMConfig
 from rlhfkit.data import load_pairs
-from rlhfkit.data.examples import balance_by_length, query_limits, tokenize_pairs
+from rlhfkit.data.examples import length_balanced_indices, query_limits, tokenize_pairs
 from rlhfkit.data.tldr import Comparison
 from rlhfkit.models import ScalarModel, freeze_below_top_layers, load_reward_model, tiny_policy
 from rlhfkit.trainers import onpolicy, reward
@@ -142,7 +142,9 @@ def test_length_balance_gives_equal_shares_and_keeps_equal_length_pairs(real_pai
     from rlhfkit.models import load_tokenizer
 
     examples, _ = tokenize_pairs(records, load_tokenizer("smollm2-135m"), query_limits(128, 128), 169)
-    kept, note = balance_by_length(examples, seed=3)
+    indices, note = length_balanced_indices(examples, seed=3)
+    assert indices == sorted(set(indices))  # data order kept, no pair twice
+    kept = [examples[i] for i in indices]
     longer = sum(len(e.chosen) > len(e.rejected) for e in kept)
     shorter = sum(len(e.chosen) < len(e.rejected) for e in kept)
     equal_before = sum(len(e.chosen) == len(e.rejected) for e in examples)
@@ -150,8 +152,7 @@ def test_length_balance_gives_equal_shares_and_keeps_equal_length_pairs(real_pai
                                     sum(len(e.chosen) < len(e.rejected) for e in examples))
     assert sum(len(e.chosen) == len(e.rejected) for e in kept) == equal_before
     assert longer > 100 and f"{longer} chosen-longer + {shorter} chosen-shorter" in note
-    assert [e.record.where for e in kept] == [e.record.where for e in examples if e in kept]  # data order kept
-    assert [e.record.where for e in balance_by_length(examples, seed=3)[0]] == [e.record.where for e in kept]
+    assert length_balanced_indices(examples, seed=3)[0] == indices  # seeded
 
 
 def test_length_penalised_score_is_exact():

@@ -37,6 +37,11 @@ class PairExample:
         """Tokens in the pair's one packed row, query + chosen + rejected (`collate.pack_pairs`)."""
         return len(self.query.ids) + len(self.chosen) + len(self.rejected)
 
+    def response_lengths(self) -> tuple[int, int]:
+        """(chosen, rejected) response tokens before EOS: the length unit of ODIN's correlations and of
+        the length baseline."""
+        return len(self.chosen) - 1, len(self.rejected) - 1
+
 
 def tokenize_sft(
     records: list[SFTRecord], tokenizer: PreTrainedTokenizerBase, max_query_length: int, max_response_length: int
@@ -73,10 +78,10 @@ def tokenize_pairs(
     return out, log
 
 
-def balance_by_length(examples: list[PairExample], seed: int) -> tuple[list[PairExample], str]:
-    """Equal numbers of pairs whose chosen response is the longer and the shorter one (in tokens): the
-    majority side is subsampled (seeded), pairs of equal length are all kept, data order is kept. A
-    reward model trained on these cannot lower its loss by preferring length alone."""
+def length_balanced_indices(examples: list[PairExample], seed: int) -> tuple[list[int], str]:
+    """(indices, note): equal numbers of pairs whose chosen response is the longer and the shorter one (in
+    tokens), in data order. The majority side is subsampled (seeded) and pairs of equal length are all
+    kept. A reward model trained on these cannot lower its loss by preferring length alone."""
     import numpy as np
 
     longer = [i for i, e in enumerate(examples) if len(e.chosen) > len(e.rejected)]
@@ -87,4 +92,4 @@ def balance_by_length(examples: list[PairExample], seed: int) -> tuple[list[Pair
     kept = set(rng.choice(longer, n, replace=False).tolist()) | set(rng.choice(shorter, n, replace=False).tolist()) | set(equal)
     note = (f"length_balance: {n} chosen-longer + {n} chosen-shorter + {len(equal)} equal-length pairs kept "
             f"(of {len(longer)} / {len(shorter)} / {len(equal)}; {len(examples) - len(kept)} dropped)")
-    return [e for i, e in enumerate(examples) if i in kept], note
+    return sorted(kept), note

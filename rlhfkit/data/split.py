@@ -39,3 +39,14 @@ def split_by_prompt(
     train = [r for r in records if key(r) not in held_out]
     validation = [r for r in records if key(r) in held_out]
     return train, validation
+
+
+def prompt_folds(keys: Sequence[str], folds: int, seed: int = 0) -> list[int]:
+    """The cross-validation fold (0..folds-1) of each record, from its prompt key: every record of a
+    prompt lands in the same fold, and the distinct prompts are dealt round-robin in a seeded order
+    that, like `split_by_prompt`, depends only on the keys, so folds differ in size by one prompt."""
+    distinct = sorted(set(keys), key=lambda k: stable_rank(k, seed))
+    if not 2 <= folds <= len(distinct):
+        raise ConfigError(f"cross-validation needs 2 to {len(distinct)} folds (one per distinct prompt at most), got {folds}")
+    fold_of = {key: rank % folds for rank, key in enumerate(distinct)}
+    return [fold_of[k] for k in keys]

@@ -195,8 +195,9 @@ def accelerator_for(cfg: RunConfig):
     return Accelerator(cpu=processes_need_cpu(), mixed_precision=autocast_precision(cfg))
 
 
-def train(cfg: TrainConfig, stage: Stage, run_dir: Path, checkpoint: Path | None = None) -> dict[str, Any]:
-    """Run the optimizer steps of `stage`, resuming from `checkpoint` when given."""
+def train(cfg: TrainConfig, stage: Stage, run_dir: Path, checkpoint: Path | None = None, resume: str | None = None) -> dict[str, Any]:
+    """Run the optimizer steps of `stage`, resuming from `checkpoint` when given. `resume` is the command a
+    preempted run prints to continue (default: `rlhfkit <stage> resume=<run_dir>`)."""
     accelerator = accelerator_for(cfg)
     seed_everything(cfg.seed)
     schedule = plan_schedule(cfg, len(stage.examples), accelerator.num_processes)
@@ -240,7 +241,7 @@ def train(cfg: TrainConfig, stage: Stage, run_dir: Path, checkpoint: Path | None
                 bar.close()
                 if tracker is not None:
                     tracker.close()
-                exit_after_checkpoint(signum, f"step {done}", run_dir, resume_command(stage.name, run_dir, accelerator.num_processes),
+                exit_after_checkpoint(signum, f"step {done}", run_dir, resume or resume_command(stage.name, run_dir, accelerator.num_processes),
                                       announce=accelerator.is_main_process)
     bar.close()
     save(accelerator, run_dir, schedule.total_steps, model, stage.tokenizer, optimizer, scheduler, schedule, cfg.keep_checkpoints)

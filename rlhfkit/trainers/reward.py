@@ -21,7 +21,7 @@ from .. import ops
 from ..config import ConfigError, PairConfig, RMConfig, RMEvalConfig
 from ..data import load_pairs, load_sft
 from ..data.collate import pack_pairs, right_pad_query_response
-from ..data.examples import PairExample, balance_by_length, query_limits, tokenize_pairs, tokenize_sft
+from ..data.examples import PairExample, length_balanced_indices, query_limits, tokenize_pairs, tokenize_sft
 from ..data.split import split_by_prompt
 from ..data.tldr import Comparison
 from ..eval import plots, rm_metrics, rm_report
@@ -39,6 +39,7 @@ from ..models import (
 from ..tracking import read_metrics
 from .engine import Stage, autocast_precision, is_main_process, save_final_model, start_run, train
 from .onpolicy import evaluation_mode
+from .reward_cv import cross_validate
 from .reward_features import FeatureCache, collate_features
 
 
@@ -63,9 +64,9 @@ def collate_pairs(examples: list[PairExample], pad_id: int) -> dict[str, torch.T
 
 
 def response_lengths(examples: list[PairExample]) -> dict[str, torch.Tensor]:
-    """Response tokens before EOS, the length unit of ODIN's correlations and of the length baseline."""
-    return {"chosen_lengths": torch.tensor([len(e.chosen) - 1 for e in examples]),
-            "rejected_lengths": torch.tensor([len(e.rejected) - 1 for e in examples])}
+    """`PairExample.response_lengths` of a batch, as the `chosen_lengths` and `rejected_lengths` tensors."""
+    chosen, rejected = zip(*(e.response_lengths() for e in examples), strict=True) if examples else ((), ())
+    return {"chosen_lengths": torch.tensor(chosen, dtype=torch.long), "rejected_lengths": torch.tensor(rejected, dtype=torch.long)}
 
 
 def collate_packed_pairs(examples: list[PairExample], pad_id: int) -> dict[str, torch.Tensor]:
@@ -343,30 +344,39 @@ def run(cfg: RMConfig, _parsed: Any = None) -> int:
         policy, tokenizer = load_policy(cfg.model, cfg.trust_remote_code, allow_pickle=cfg.allow_pickle)
         model = ScalarModel.from_policy(policy, cfg.head, cfg.length_head)
     notes.append(configure_model(model, cfg))
-    train_examples, train_note = prepare_pairs(cfg, tokenizer, train_records)
+    all_train_examples, train_note = prepare_pairs(cfg, tokenizer, train_records)
     val_examples, val_note = prepare_pairs(cfg, tokenizer, val_records)
     notes += [f"train tokenization: {train_note}", f"validation tokenization: {val_note}"]
+    train_idx = list(range(len(all_train_examples)))
     if cfg.length_balance:
-        train_examples, balance_note = balance_by_length(train_examples, cfg.seed)
+        train_idx, balance_note = length_balanced_indices(all_train_examples, cfg.seed)
         notes.append(balance_note)
     print("\n".join(notes))
     eval_examples = val_examples[: cfg.eval_pairs] if cfg.eval_pairs else val_examples
     features = frozen_features(cfg, model, run_dir)
     pad_id = tokenizer.pad_token_id
+    # the items the heads train on: the pairs themselves, or their cached backbone features
+    items = features.features(model, pad_id, all_train_examples, cfg.micro_batch_size) if features is not None else all_train_examples
+
+    def score(current: ScalarModel, examples: list[PairExample], desc: str) -> tuple[np.ndarray, np.ndarray]:
+        return score_pairs(current, pad_id, examples, cfg.micro_batch_size, desc, features)
 
     def evaluate(current: ScalarModel, step: int) -> dict[str, float]:
         if not eval_examples:
             return {}
-        c, r = score_pairs(current, pad_id, eval_examples, cfg.micro_batch_size, "validating", features)
+        c, r = score(current, eval_examples, "validating")
         return {"val/accuracy": rm_metrics.pairwise_accuracy(c, r), "val/loss": rm_metrics.pairwise_loss(c, r), "val/margin": float((c - r).mean())}
 
-    if features is not None:
-        stage = Stage("rm", model, tokenizer, features.features(model, pad_id, train_examples, cfg.micro_batch_size), collate_features,
-                      make_pair_loss(cfg.length_head_weight, cfg.orthogonality_weight), evaluate)
-    else:
-        stage = Stage("rm", model, tokenizer, train_examples, lambda b: collate_packed_pairs(b, pad_id),
-                      make_pair_loss(cfg.length_head_weight, cfg.orthogonality_weight), evaluate, length=lambda e: e.packed_width())
-    result = train(cfg, stage, run_dir, checkpoint)
+    def make_stage(current: ScalarModel, indices: list[int], validate=None) -> Stage:
+        loss = make_pair_loss(cfg.length_head_weight, cfg.orthogonality_weight)
+        picked = [items[i] for i in indices]
+        if features is not None:
+            return Stage("rm", current, tokenizer, picked, collate_features, loss, validate)
+        return Stage("rm", current, tokenizer, picked, lambda b: collate_packed_pairs(b, pad_id), loss, validate, length=lambda e: e.packed_width())
+
+    if cfg.cross_validation_folds and not checkpoint:  # a checkpoint means the final model's training had begun: CV was done
+        cross_validate(cfg, model, make_stage, score, all_train_examples, run_dir)
+    result = train(cfg, make_stage(model, train_idx, evaluate), run_dir, checkpoint)
     if not is_main_process():
         return 0
     final: ScalarModel = result["model"]

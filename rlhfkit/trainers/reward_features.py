@@ -72,7 +72,7 @@ class FeatureCache:
         missing = [i for i, k in enumerate(keys) if k not in self.entries]
         if missing:
             self.compute(model, pad_id, [examples[i] for i in missing], [keys[i] for i in missing], batch_size)
-        return [FeaturePair(self.entries[k][0], self.entries[k][1], len(e.chosen) - 1, len(e.rejected) - 1)
+        return [FeaturePair(self.entries[k][0], self.entries[k][1], *e.response_lengths())
                 for k, e in zip(keys, examples, strict=True)]
 
     @torch.no_grad()
