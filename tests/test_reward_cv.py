@@ -69,6 +69,7 @@ def test_cross_validation_scores_every_pair_once_with_a_model_that_never_saw_its
     assert {"length_rule", "model_minus_rule_low", "chosen_shorter_accuracy"} <= set(evaluation["breakdown"]["overall"])
     assert not (out / "cross_validation" / "fold-0" / "checkpoints").exists()  # fold models are not kept
     assert (out / "model").is_dir() and (out / "rm_eval" / "rm_eval.json").is_file()  # then the final model, as usual
+    assert "Cross-validation" in (out / "report.html").read_text()
 
     first = json.loads((out / "cross_validation" / "fold-1.json").read_text())
     (out / "cross_validation" / "fold-1.json").unlink()

@@ -394,7 +394,7 @@ def run(cfg: RMConfig, _parsed: Any = None) -> int:
     else:
         notes.append("no validation pairs (validation_fraction=0): evaluate with `rlhfkit rm-eval`")
     plots.plot_training_curves(read_metrics(run_dir), run_dir / "plots")
-    write_rm_report(run_dir, notes, evaluation, run_dir / "rm_eval")
+    write_rm_report(run_dir, notes, evaluation, run_dir / "rm_eval", extra_sections=cross_validation_sections(run_dir))
     print(f"model: {run_dir / 'model'}\nreport: {run_dir / 'report.html'}")
     return 0
 
@@ -419,6 +419,18 @@ def write_rm_report(run_dir: Path, notes: list[str], evaluation: dict[str, Any],
     sections += list(extra_sections)
     sections.append(("Resolved config", f"<pre>{(run_dir / 'config.yaml').read_text()}</pre>"))
     return write_report(run_dir, f"{title} run {run_dir.name}", sections)
+
+
+def cross_validation_sections(run_dir: Path) -> list[tuple[str, str]]:
+    """The report's cross-validation table, when the run cross-validated (in this process or an earlier one)."""
+    path = run_dir / "cross_validation" / "rm_eval.json"
+    if not path.is_file():
+        return []
+    result = json.loads(path.read_text())
+    cells = rm_report.accuracy_cells(result["breakdown"]["overall"]) | {"protocol": result["protocol"]}
+    rows = [{"metric": k, "value": v} for k, v in cells.items()]
+    return [("Cross-validation (every training pair, scored by a fold model that never saw its prompt)",
+             table_html(rows, ["metric", "value"]) + "<br>" + "<br>".join(result["folds"]))]
 
 
 def load_pair_scorer(cfg: RMEvalConfig) -> tuple[torch.nn.Module, Any]:
