@@ -88,7 +88,10 @@ def test_cross_validation_balances_only_the_fold_training_pairs_and_refuses_a_fo
         assert len(call["trained"]) + len(call["held"]) < call["pairs"]  # the majority side was subsampled for training
     evaluation = json.loads((out / "cross_validation" / "rm_eval.json").read_text())
     assert evaluation["pairs"] == recorded[0]["pairs"]  # but every pair is scored
+    recorded.clear()
+    assert cli_main([*args, "learning_rate=5e-4"]) == 0
+    assert [c["fold"] for c in recorded] == ["fold-0", "fold-1", "fold-2"]  # other options: no fold file is reused
     fold = json.loads((out / "cross_validation" / "fold-0.json").read_text())
     fold["indices"] = fold["indices"][1:]
     (out / "cross_validation" / "fold-0.json").write_text(json.dumps(fold))
-    assert cli_main(args) == 2  # one line naming the file, no traceback
+    assert cli_main([*args, "learning_rate=5e-4"]) == 2  # one line naming the file, no traceback

@@ -42,6 +42,24 @@ def rerun_command(run_dir: Path) -> str:
     return shlex.join(["rlhfkit", *sys.argv[1:], f"output_dir={run_dir}"])
 
 
+# options that change neither a fold model nor its scores: a fold file written under other values still holds
+OUTSIDE_THE_FOLDS = {"output_dir", "resume", "report_to", "save_every", "eval_every", "eval_pairs", "keep_checkpoints", "log_every",
+                     "sft_data", "normalization_samples"}
+
+
+def fold_recipe(cfg: RMConfig) -> dict[str, Any]:
+    """The options a fold file was trained under, compared when the file is read back."""
+    return json.loads(json.dumps({k: v for k, v in dataclasses.asdict(cfg).items() if k not in OUTSIDE_THE_FOLDS}, default=str))
+
+
+def read_fold(path: Path) -> dict[str, Any] | None:
+    """A finished fold's file, or None when there is none or it cannot be read (then the fold is retrained)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def fold_training_indices(cfg: RMConfig, examples: list[PairExample], indices: list[int]) -> list[int]:
     if not cfg.length_balance:
         return indices
@@ -57,7 +75,8 @@ def train_fold(cfg: RMConfig, initial: ScalarModel, make_stage: StageFactory, sc
     result = train(fold_cfg, make_stage(copy.deepcopy(initial), train_idx), fold_dir, resume=rerun_command(fold_dir.parents[1]))
     chosen, rejected = score(result["model"], [examples[i] for i in held_idx], f"scoring {fold_dir.name}")
     shutil.rmtree(fold_dir / "checkpoints", ignore_errors=True)  # a fold model is a measurement, not a product
-    return {"indices": held_idx, "chosen": chosen.tolist(), "rejected": rejected.tolist(), "trained_pairs": len(train_idx)}
+    return {"indices": held_idx, "chosen": chosen.tolist(), "rejected": rejected.tolist(), "trained_pairs": len(train_idx),
+            "recipe": fold_recipe(cfg)}
 
 
 def out_of_fold_scores(cfg: RMConfig, initial: ScalarModel, make_stage: StageFactory, score: PairScorer, examples: list[PairExample],
@@ -69,10 +88,12 @@ def out_of_fold_scores(cfg: RMConfig, initial: ScalarModel, make_stage: StageFac
     for k in range(cfg.cross_validation_folds):
         held = [i for i, f in enumerate(folds) if f == k]
         saved = out / f"fold-{k}.json"
-        if saved.is_file():
-            fold = json.loads(saved.read_text())
+        fold = read_fold(saved)
+        if fold is not None and fold.get("recipe") == fold_recipe(cfg):
             notes.append(f"fold {k}: scores read from {saved} (finished earlier)")
         else:
+            if fold is not None:
+                notes.append(f"fold {k}: {saved} was trained with other options; retrained")
             train_idx = fold_training_indices(cfg, examples, [i for i, f in enumerate(folds) if f != k])
             fold = train_fold(cfg, initial, make_stage, score, examples, train_idx, held, out / f"fold-{k}")
             write_json_atomic(saved, fold)
