@@ -43,6 +43,12 @@ class PairExample:
         return len(self.chosen) - 1, len(self.rejected) - 1
 
 
+def response_length_columns(examples: list[PairExample]) -> tuple[list[int], list[int]]:
+    """The `PairExample.response_lengths` of many pairs as two columns: (chosen lengths, rejected lengths)."""
+    pairs = [e.response_lengths() for e in examples]
+    return [chosen for chosen, _ in pairs], [rejected for _, rejected in pairs]
+
+
 def tokenize_sft(
     records: list[SFTRecord], tokenizer: PreTrainedTokenizerBase, max_query_length: int, max_response_length: int
 ) -> tuple[list[SFTExample], SkipLog]:

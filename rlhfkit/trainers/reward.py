@@ -21,7 +21,14 @@ from .. import ops
 from ..config import ConfigError, PairConfig, RMConfig, RMEvalConfig
 from ..data import load_pairs, load_sft
 from ..data.collate import pack_pairs, right_pad_query_response
-from ..data.examples import PairExample, length_balanced_indices, query_limits, tokenize_pairs, tokenize_sft
+from ..data.examples import (
+    PairExample,
+    length_balanced_indices,
+    query_limits,
+    response_length_columns,
+    tokenize_pairs,
+    tokenize_sft,
+)
 from ..data.split import split_by_prompt
 from ..data.tldr import Comparison
 from ..eval import plots, rm_metrics, rm_report
@@ -65,7 +72,7 @@ def collate_pairs(examples: list[PairExample], pad_id: int) -> dict[str, torch.T
 
 def response_lengths(examples: list[PairExample]) -> dict[str, torch.Tensor]:
     """`PairExample.response_lengths` of a batch, as the `chosen_lengths` and `rejected_lengths` tensors."""
-    chosen, rejected = zip(*(e.response_lengths() for e in examples), strict=True) if examples else ((), ())
+    chosen, rejected = response_length_columns(examples)
     return {"chosen_lengths": torch.tensor(chosen, dtype=torch.long), "rejected_lengths": torch.tensor(rejected, dtype=torch.long)}
 
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..checkpoint import write_json_atomic
 from ..config import ConfigError, RMConfig
-from ..data.examples import PairExample, length_balanced_indices
+from ..data.examples import PairExample, length_balanced_indices, response_length_columns
 from ..data.split import prompt_folds
 from ..eval import rm_metrics, rm_report
 from ..models import ScalarModel
@@ -111,7 +111,7 @@ def cross_validate(cfg: RMConfig, initial: ScalarModel, make_stage: StageFactory
     out = run_dir / "cross_validation"
     out.mkdir(parents=True, exist_ok=True)
     chosen, rejected, notes = out_of_fold_scores(cfg, initial, make_stage, score, examples, out)
-    lengths_c, lengths_r = (np.array(side) for side in zip(*(e.response_lengths() for e in examples), strict=True))
+    lengths_c, lengths_r = (np.array(column) for column in response_length_columns(examples))
     result = rm_metrics.evaluate_rewards([e.record for e in examples], chosen, rejected, lengths_c, lengths_r, "tokens", seed=cfg.seed)
     result["protocol"] = (f"post-disjoint {cfg.cross_validation_folds}-fold cross-validation: every pair scored by a model "
                           "trained without its prompt")
