@@ -1,4 +1,4 @@
-"""Our rollout generation (`rlhfkit.rollout.generate`) against `transformers` `generate` on the same
+"""Our rollout generation (`rlhfkit.generation.generate`) against `transformers` `generate` on the same
 model, queries and sampling settings, printed as one JSON line per batch size.
 
     python benchmarks/generation.py --model smollm2-135m --batches 1,8,32
@@ -55,7 +55,7 @@ def timed(fn, device: torch.device) -> tuple[float, object]:
 
 
 def ours(model, tokenizer, batch: dict, new_tokens: int, temperature: float) -> torch.Tensor:
-    from rlhfkit.rollout import SamplingParams, generate
+    from rlhfkit.generation import SamplingParams, generate
 
     params = SamplingParams(max_new_tokens=new_tokens, temperature=temperature)
     rollout = generate(model, batch["input_ids"], batch["attention_mask"], params, tokenizer.eos_token_id, tokenizer.pad_token_id)

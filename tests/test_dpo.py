@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlhfkit import rollout
+from rlhfkit import generation as rollout
 from rlhfkit.cli import main as cli_main
 from rlhfkit.config import resolve
 from rlhfkit.data.collate import pad

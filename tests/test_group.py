@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from rlhfkit import rollout
+from rlhfkit import generation as rollout
 from rlhfkit.cli import main as cli_main
 from rlhfkit.config import ConfigError, resolve
 from rlhfkit.data.collate import left_pad_queries

@@ -688,7 +688,7 @@ class ChatModelJudge(Judge):
             yield chunk, queries, batch["input_ids"].to(device), batch["attention_mask"].to(device)
 
     def answer(self, items: list[tuple[int, Shown]], deliver: Deliver) -> None:
-        from ..rollout import SamplingParams, generate, response_texts
+        from ..generation import SamplingParams, generate, response_texts
 
         params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0)
         tokenizer = self.tokenizer

@@ -25,10 +25,11 @@ from tqdm import tqdm
 from .. import ops
 from ..config import DPOConfig
 from ..data.examples import PairExample, query_limits
+from ..devices import autocast, evaluation_mode, model_device
 from ..eval import plots, rm_metrics, rm_report
 from ..eval.report import table_html
+from ..generation import SamplingParams, generate_texts, sequence_logprobs
 from ..models import DPO_RECORD, ImplicitRewardModel, load_policy
-from ..rollout import SamplingParams, generate_texts, sequence_logprobs
 from ..tracking import read_metrics, write_jsonl
 from .engine import (
     Stage,
@@ -40,7 +41,6 @@ from .engine import (
     start_run,
     train,
 )
-from .onpolicy import autocast, evaluation_mode, model_device
 from .reward import (
     builtin_probes_for,
     collate_pairs,

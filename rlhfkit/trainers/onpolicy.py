@@ -16,7 +16,6 @@ value looked up in `ops.ADVANTAGE_ESTIMATORS`; the value model exists only when 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from collections import defaultdict
@@ -33,9 +32,10 @@ from .. import ops
 from ..checkpoint import load_training_state, save_checkpoint
 from ..config import ConfigError, OnPolicyConfig
 from ..data.collate import left_pad_queries
+from ..devices import autocast, evaluation_mode, model_device
+from ..generation import SamplingParams, generate, response_logprobs
 from ..models import ScalarModel, enable_activation_checkpointing
 from ..preemption import StopSignal, exit_after_checkpoint, resume_command
-from ..rollout import SamplingParams, generate, response_logprobs
 from ..tracking import Tracker, append_jsonl, drop_rows_after
 from .engine import autocast_precision, build_optimizer, check_finite
 
@@ -163,14 +163,6 @@ def sample_responses(
     mask = torch.arange(width, device=device).unsqueeze(0) < lengths.unsqueeze(1)
     prompts = torch.arange(len(queries), device=device).repeat_interleave(group)
     return RolloutBatch(prompts, query_ids.repeat_interleave(group, 0), query_mask.repeat_interleave(group, 0), responses, mask, has_eos)
-
-
-def autocast(device: torch.device, precision: str):
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
-
-
-def model_device(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
 
 
 def policy_logprobs(policy, batch: RolloutBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -531,13 +523,3 @@ def train_on_policy(
     bar.close()
     tracker.close()
     return {"updates": num_updates, "last_metrics": last, "kl_coef": kl_coef}
-
-
-@contextlib.contextmanager
-def evaluation_mode(model: torch.nn.Module):
-    was_training = model.training
-    model.eval()
-    try:
-        yield model
-    finally:
-        model.train(was_training)

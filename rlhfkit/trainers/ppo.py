@@ -18,21 +18,20 @@ from ..config import ConfigError, OnPolicyConfig, PPOConfig
 from ..data import SFTRecord, load_prompts
 from ..data.examples import SFTExample, tokenize_sft
 from ..data.split import split_by_prompt
+from ..devices import evaluation_mode, model_device
 from ..errors import ModelError
 from ..eval.plots import plot_curves
 from ..eval.report import image_html, table_html, write_report
 from ..eval.rouge import mean, rouge_l
+from ..generation import SamplingParams
 from ..models import EMBEDDED, SCALAR_CONFIG, ScalarModel, load_policy, load_reward_model, load_tokenizer
 from ..ops import ADVANTAGE_ESTIMATORS, eos_trick
-from ..rollout import SamplingParams
 from ..tracking import read_jsonl, read_metrics, write_jsonl
 from .engine import save_final_model, start_run
 from .onpolicy import (
     EVALUATION_STREAM,
     SAMPLES_FILE,
     OnPolicyModels,
-    evaluation_mode,
-    model_device,
     reward_scores,
     sample_responses,
     train_on_policy,

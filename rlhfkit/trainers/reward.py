@@ -31,6 +31,7 @@ from ..data.examples import (
 )
 from ..data.split import split_by_prompt
 from ..data.tldr import Comparison
+from ..devices import evaluation_mode
 from ..eval import plots, rm_metrics, rm_report
 from ..eval.probes import DEFAULT_PROBES, load_probes, probe_items, probe_table
 from ..eval.report import image_html, table_html, write_report
@@ -45,7 +46,6 @@ from ..models import (
 )
 from ..tracking import read_metrics
 from .engine import Stage, autocast_precision, is_main_process, save_final_model, start_run, train
-from .onpolicy import evaluation_mode
 from .reward_cv import cross_validate
 from .reward_features import FeatureCache, collate_features
 

@@ -20,9 +20,9 @@ from tqdm import tqdm
 
 from ..data.collate import pack_pairs
 from ..data.examples import PairExample
+from ..devices import autocast, evaluation_mode, model_device
 from ..errors import ConfigError
 from ..models import ScalarModel
-from .onpolicy import autocast, evaluation_mode, model_device
 
 
 @dataclass

@@ -1,7 +1,7 @@
 import torch
 
 from rlhfkit.data.collate import left_pad_queries
-from rlhfkit.rollout import SamplingParams, generate, generate_texts
+from rlhfkit.generation import SamplingParams, generate, generate_texts
 
 
 def encode(tokenizer, text):
@@ -100,7 +100,7 @@ def test_decoding_into_the_preallocated_cache_matches_full_forwards_without_cach
 def test_prompt_cache_is_laid_out_once_with_each_row_repeated_for_its_group(tiny_model):
     from transformers import DynamicCache
 
-    from rlhfkit.rollout import OneDtypeStaticLayer, static_decode_cache
+    from rlhfkit.generation import OneDtypeStaticLayer, static_decode_cache
 
     model, tok = tiny_model
     ids = torch.tensor([encode(tok, "one two three"), encode(tok, "four five six")])
@@ -119,7 +119,7 @@ def test_prompt_cache_is_laid_out_once_with_each_row_repeated_for_its_group(tiny
 
 def test_decoding_under_bf16_autocast_stores_fp32_keys_and_bf16_values_in_one_buffer(tiny_model, monkeypatch):
     """Autocast hands the cache fp32 keys (after RoPE) and bf16 values; greedy tokens match the growing cache's."""
-    import rlhfkit.rollout as rollout
+    import rlhfkit.generation as rollout
 
     model, tok = tiny_model
     model.eval()

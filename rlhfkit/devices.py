@@ -1,0 +1,28 @@
+"""Where a model runs and in which precision: shared by every stage, evaluation and the judges."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+
+def autocast(device: torch.device, precision: str):
+    """bf16 autocast on `device` when `precision` is "bf16" (Detail 8), a no-op otherwise."""
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+@contextlib.contextmanager
+def evaluation_mode(model: torch.nn.Module):
+    """The model in eval mode for the block (dropout off, the KV cache allowed with activation
+    checkpointing), then back in the mode it was in."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
