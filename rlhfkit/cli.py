@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 from dataclasses import dataclass
@@ -11,39 +10,11 @@ from pathlib import Path
 from . import config as cfgmod
 from .config import ConfigError
 from .errors import NonFiniteError, UserError
+from .stages import STAGES, Stage, multi_process_names
 
 
-@dataclass(frozen=True)
-class Command:
-    words: tuple[str, ...]
-    about: str
-    runner: str  # "module:function", imported only when the command runs
-    stage: str | None = None  # config dataclass in config.STAGES
-    positional: str | None = None  # name of one positional argument
-    multi_process: bool = False  # may run under --num-processes N
-
-
-COMMANDS = [
-    Command(("sft",), "supervised fine-tuning on TL;DR (Section 5, Table 3)", "rlhfkit.trainers.sft:run", "sft", multi_process=True),
-    Command(("rm",), "reward-model training on human comparisons (Section 6, Table 4)", "rlhfkit.trainers.reward:run", "rm", multi_process=True),
-    Command(("dpo",), "DPO from the SFT policy on human comparisons (Appendix A equations 4-5, Table 6)", "rlhfkit.trainers.dpo:run", "dpo", multi_process=True),
-    Command(("ppo",), "PPO from the SFT policy against the reward model (Section 7, Details 20-25, Table 7)", "rlhfkit.trainers.ppo:run", "ppo"),
-    Command(("grpo",), "GRPO: G samples per prompt, group-normalised advantages, no value model (PPO's core)", "rlhfkit.trainers.group:run_grpo", "grpo"),
-    Command(("rloo",), "RLOO: k samples per prompt, leave-one-out baseline, no value model (PPO's core)", "rlhfkit.trainers.group:run_rloo", "rloo"),
-    Command(("pipeline",), "SFT -> RM -> PPO (and DPO, GRPO, RLOO) -> eval, each stage in its own folder, finished ones skipped", "rlhfkit.pipeline:run", "pipeline"),
-    Command(("report",), "several runs in one report.html: shared metrics on shared axes, last values and evaluations side by side", "rlhfkit.eval.runs_report:run", "report"),
-    Command(("rm-eval",), "reward-model evaluation: accuracy by split/batch/confidence, calibration, length bias, probes", "rlhfkit.trainers.reward:run_eval", "rm-eval"),
-    Command(("judge-eval",), "a judge's agreement with human labels and its position bias, beside the length baseline", "rlhfkit.eval.judge_eval:run", "judge-eval"),
-    Command(("eval",), "policies compared on their samples: judge win rates with intervals and length control, head to head, ROUGE-L, alarms", "rlhfkit.eval.compare:run", "eval"),
-    Command(("generate",), "summarise TL;DR posts with a policy, with ROUGE-L against the references", "rlhfkit.trainers.sft:run_generate", "generate"),
-    Command(("data", "analyze"), "dataset analysis: counts, token lengths, truncation, length bias", "rlhfkit.cli:run_analyze", "data-analyze"),
-    Command(("models", "prepare"), "convert an embedded model (smollm2-135m) into the cache once", "rlhfkit.cli:run_prepare", positional="name"),
-    Command(("dist-check",), "check that launched processes communicate and agree (use with --num-processes)", "rlhfkit.cli:run_dist_check", multi_process=True),
-]
-
-
-def find_command(argv: list[str]) -> tuple[Command, list[str]]:
-    for cmd in sorted(COMMANDS, key=lambda c: -len(c.words)):
+def find_command(argv: list[str]) -> tuple[Stage, list[str]]:
+    for cmd in sorted(STAGES.values(), key=lambda c: -len(c.words)):
         if tuple(argv[: len(cmd.words)]) == cmd.words:
             return cmd, argv[len(cmd.words) :]
     raise ConfigError(f"unknown command {' '.join(argv[:2]) or '(none)'!r}\n\n{overview()}")
@@ -51,19 +22,21 @@ def find_command(argv: list[str]) -> tuple[Command, list[str]]:
 
 def overview() -> str:
     lines = ["usage: rlhfkit <command> [--preset NAME | --config FILE] [key=value ...] [--num-processes N]", "", "commands:"]
-    lines += [f"  {' '.join(c.words):<18} {c.about}" for c in COMMANDS]
+    lines += [f"  {' '.join(c.words):<18} {c.about}" for c in STAGES.values()]
     lines += ["", f"presets: {', '.join(cfgmod.preset_names())}", "`rlhfkit <command> --help` lists every option."]
     return "\n".join(lines)
 
 
-def command_help(cmd: Command) -> str:
+def command_help(cmd: Stage) -> str:
     usage = f"usage: rlhfkit {' '.join(cmd.words)}"
     usage += f" {cmd.positional.upper()}" if cmd.positional else ""
     launcher = " [--num-processes N]" if cmd.multi_process else ""
-    if cmd.stage is None:
+    if cmd.config is None:
         return f"{usage}{launcher}\n\n{cmd.about}"
-    lines = [f"{usage} [--preset NAME | --config FILE] [key=value | --key value ...]{launcher}", "", cmd.about, "", "options (default; source):"]
-    for name, default, help_text, source, type_text in cfgmod.field_info(cfgmod.STAGES[cmd.stage]):
+    lines = [f"{usage} [--preset NAME | --config FILE] [key=value | --key value ...]{launcher}", "", cmd.about]
+    lines += [f"presets: {', '.join(cmd.presets)}"] if cmd.presets else []
+    lines += ["", "options (default; source):"]
+    for name, default, help_text, source, type_text in cfgmod.field_info(cmd.config):
         shown = ",".join(map(str, default)) if isinstance(default, list) else default
         src = f"  [{source}]" if source else ""
         lines.append(f"  {name:<24} {help_text}{src}")
@@ -81,7 +54,7 @@ class Parsed:
     help: bool = False
 
 
-def parse_args(cmd: Command, args: list[str]) -> Parsed:
+def parse_args(cmd: Stage, args: list[str]) -> Parsed:
     """Accept `key=value`, `--key value` and `--key=value`, plus the launcher flags."""
     parsed = Parsed(overrides={})
     i = 0
@@ -119,7 +92,7 @@ def parse_args(cmd: Command, args: list[str]) -> Parsed:
         i += 1
     if parsed.preset and parsed.config_file:
         raise ConfigError("give --preset or --config, not both (a config file can start from a preset's values)")
-    if cmd.stage is None and parsed.overrides:
+    if cmd.config is None and parsed.overrides:
         raise ConfigError(f"{' '.join(cmd.words)} takes no options: got {', '.join(parsed.overrides)}")
     return parsed
 
@@ -149,7 +122,7 @@ def resumed_run_config(parsed: Parsed) -> str | None:
     return next((str(c) for c in candidates if c.is_file()), None)
 
 
-def run_analyze(cfg: cfgmod.AnalyzeConfig, _: Parsed) -> int:
+def run_analyze(cfg: cfgmod.AnalyzeConfig) -> int:
     from .data.analyze import headline, run_analysis
     from .models import load_tokenizer
 
@@ -165,16 +138,16 @@ def run_analyze(cfg: cfgmod.AnalyzeConfig, _: Parsed) -> int:
     return 0
 
 
-def run_prepare(_: None, parsed: Parsed) -> int:
+def run_prepare(name: str | None) -> int:
     from .models import EMBEDDED, prepare_embedded
 
-    if not parsed.positional:
+    if not name:
         raise ConfigError(f"models prepare needs a model name; embedded models: {', '.join(EMBEDDED)}")
-    print(prepare_embedded(parsed.positional))
+    print(prepare_embedded(name))
     return 0
 
 
-def run_dist_check(_: None, __: Parsed) -> int:
+def run_dist_check(_: None) -> int:
     from .distributed import check_agreement
 
     result = check_agreement()
@@ -198,13 +171,13 @@ def main(argv: list[str] | None = None) -> int:
         from .distributed import inside_launcher, relaunch
 
         config_file = parsed.config_file or resumed_run_config(parsed)
-        cfg = cfgmod.resolve(cmd.stage, parsed.preset, config_file, parsed.overrides) if cmd.stage else None
+        # a command without a config class is given its positional argument (None without one)
+        argument = cfgmod.resolve(cmd.name, parsed.preset, config_file, parsed.overrides) if cmd.config else parsed.positional
         if parsed.num_processes > 1 and not inside_launcher():
             if not cmd.multi_process:
-                raise ConfigError(f"{' '.join(cmd.words)} runs in one process; --num-processes is for sft, rm, dpo and dist-check")
+                raise ConfigError(f"{' '.join(cmd.words)} runs in one process; --num-processes is for {multi_process_names()}")
             return relaunch([*cmd.words, *strip_launcher_flag(rest)], parsed.num_processes)
-        module, function = cmd.runner.split(":")
-        return int(getattr(importlib.import_module(module), function)(cfg, parsed) or 0)
+        return int(cmd.runner()(argument) or 0)
     except NonFiniteError as e:
         print(f"rlhfkit: stopped: {e}", file=sys.stderr)
         return 3

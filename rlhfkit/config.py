@@ -1,4 +1,5 @@
-"""One dataclass per stage, YAML presets, and `key=value` overrides.
+"""One dataclass per stage (the registry in stages.py names each stage's), YAML presets, and
+`key=value` overrides.
 
 Resolution order: dataclass defaults < preset or `--config FILE` < command-line `key=value`.
 Every field carries its help text and, where the value comes from the paper, its source
@@ -366,9 +367,6 @@ class RunsReportConfig:
     max_plots: int = opt(40, "panels at most (headline metrics first)", minimum=1)
 
 
-STAGES: dict[str, type] = {"sft": SFTConfig, "rm": RMConfig, "dpo": DPOConfig, "ppo": PPOConfig, "grpo": GRPOConfig, "rloo": RLOOConfig, "rm-eval": RMEvalConfig, "judge-eval": JudgeEvalConfig, "eval": EvalConfig, "pipeline": PipelineConfig, "report": RunsReportConfig, "generate": GenerateConfig, "data-analyze": AnalyzeConfig}
-
-
 def field_info(cls: type) -> list[tuple[str, Any, str, str | None, str]]:
     """(name, default, help, source, type description) for every field of a config class."""
     hints = typing.get_type_hints(cls)
@@ -509,7 +507,9 @@ def read_yaml_text(text: str, where: str) -> dict[str, Any]:
 
 def resolve(stage: str, preset: str | None, config_file: str | None, overrides: dict[str, Any]) -> Any:
     """Build the config of `stage` from defaults, a preset or file, and overrides."""
-    cls = STAGES[stage]
+    from .stages import STAGES  # the registry imports this module's config classes: read it once they exist
+
+    cls = STAGES[stage].config
     cfg = cls()
     for source in (read_preset(preset) if preset else None, read_config_file(config_file) if config_file else None):
         if source is None:

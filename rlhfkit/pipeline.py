@@ -10,7 +10,6 @@ posts with the SFT policy and every trained policy (`rlhfkit generate`), then co
 
 from __future__ import annotations
 
-import importlib
 import json
 import time
 from pathlib import Path
@@ -19,11 +18,9 @@ from typing import Any
 from .checkpoint import find_checkpoint
 from .config import ConfigError, PipelineConfig, resolve
 from .eval.report import format_cell, image_html, table_html, write_report
+from .stages import STAGES
 from .tracking import read_metrics
 
-RUNNERS = {"sft": "rlhfkit.trainers.sft:run", "rm": "rlhfkit.trainers.reward:run", "dpo": "rlhfkit.trainers.dpo:run",
-           "ppo": "rlhfkit.trainers.ppo:run", "grpo": "rlhfkit.trainers.group:run_grpo", "rloo": "rlhfkit.trainers.group:run_rloo",
-           "eval": "rlhfkit.eval.compare:run"}
 POLICY_STAGES = ("sft", "dpo", "ppo", "grpo", "rloo")
 DONE = "done.json"
 
@@ -80,12 +77,11 @@ def stage_config(stage: str, cfg: PipelineConfig, root: Path) -> Any:
     return resolve(stage, preset, None, overrides)
 
 
-def call(target: str, stage_cfg: Any) -> None:
-    """Run `module:function` on a resolved config, as the command line would."""
-    module, function = target.split(":")
-    code = int(getattr(importlib.import_module(module), function)(stage_cfg) or 0)
+def call(stage: str, stage_cfg: Any) -> None:
+    """Run the registered runner of `stage` on a resolved config, as the command line would."""
+    code = int(STAGES[stage].runner()(stage_cfg) or 0)
     if code:
-        raise ConfigError(f"{target} stopped with exit code {code}")
+        raise ConfigError(f"{stage} stopped with exit code {code}")
 
 
 def eval_policies(cfg: PipelineConfig, root: Path) -> dict[str, str]:
@@ -118,7 +114,7 @@ def eval_samples(cfg: PipelineConfig, root: Path) -> list[str]:
         out = root / "eval" / f"{name}_samples.jsonl"
         if not out.is_file():
             overrides = {"split": "validation"} | prompts | {"model": model, "num_samples": cfg.eval_posts, "temperature": 0.0, "out": str(out)}
-            call("rlhfkit.trainers.sft:run_generate", resolve("generate", None, None, overrides))
+            call("generate", resolve("generate", None, None, overrides))
         specs.append(f"{name}={out}")
     return specs
 
@@ -172,7 +168,7 @@ def write_pipeline_report(root: Path, summary: dict[str, Any]) -> Path:
     return write_report(root, "Pipeline", sections)
 
 
-def run(cfg: PipelineConfig, _parsed: Any = None) -> int:
+def run(cfg: PipelineConfig) -> int:
     check_order(list(cfg.stages), cfg.task)
     root = Path(cfg.output_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -186,9 +182,9 @@ def run(cfg: PipelineConfig, _parsed: Any = None) -> int:
             print(f"pipeline: {stage} -> {stage_dir}")
             if stage == "eval":
                 stage_dir.mkdir(parents=True, exist_ok=True)
-                call(RUNNERS[stage], resolve("eval", None, None, eval_options(cfg, root, eval_samples(cfg, root))))
+                call("eval", resolve("eval", None, None, eval_options(cfg, root, eval_samples(cfg, root))))
             else:
-                call(RUNNERS[stage], stage_config(stage, cfg, root))
+                call(stage, stage_config(stage, cfg, root))
             (stage_dir / DONE).write_text(json.dumps({"seconds": round(time.time() - began, 1)}))
         summary[stage] = json.loads((stage_dir / DONE).read_text()) | {"headline": headline_numbers(stage, stage_dir)}
     (root / "pipeline.json").write_text(json.dumps(summary, indent=2, default=str))

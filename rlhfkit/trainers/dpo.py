@@ -185,7 +185,7 @@ def sample_comparison(policy, reference, tokenizer, pairs: list[PairExample], cf
             for p, b, a in zip(pairs, before, after, strict=True)]
 
 
-def run(cfg: DPOConfig, _parsed: Any = None) -> int:
+def run(cfg: DPOConfig) -> int:
     run_dir, checkpoint = start_run(cfg, "dpo")
     train_records, val_records, notes = split_comparisons(cfg)
     reference_name = cfg.reference_model or cfg.model

@@ -98,7 +98,7 @@ def write_sft_report(run_dir: Path, cfg: SFTConfig, metrics: dict[str, float], r
     return write_report(run_dir, f"SFT run {run_dir.name}", sections)
 
 
-def run(cfg: SFTConfig, _parsed: Any = None) -> int:
+def run(cfg: SFTConfig) -> int:
     run_dir, checkpoint = start_run(cfg, "sft")
     records, load_log = load_sft(cfg.data, cfg.hf_split)
     train_records, val_records = split_by_prompt(records, lambda r: r.prompt_id, validation_size=cfg.validation_posts, seed=cfg.seed)
@@ -152,7 +152,7 @@ def run(cfg: SFTConfig, _parsed: Any = None) -> int:
     return 0
 
 
-def run_generate(cfg: GenerateConfig, _parsed: Any = None) -> int:
+def run_generate(cfg: GenerateConfig) -> int:
     """`rlhfkit generate`: summaries (and ROUGE-L against the references) for one side of the post split,
     or answers to a prompt suite."""
     if cfg.prompt_suite:
