@@ -207,7 +207,6 @@ class OnPolicyConfig(RunConfig):
     kl_horizon: float = opt(10000.0, "horizon in episodes of the adaptive controller", minimum=1)
     whiten_rewards: bool = opt(False, "whiten the per-token rewards of each rollout batch, keeping their mean", "Detail 24")
     whiten_advantages: bool = opt(True, "whiten the advantages over valid tokens", "Detail 25")
-    advantage_estimator: Literal["gae", "grpo", "rloo"] = opt("gae", "advantage estimator (ops.ADVANTAGE_ESTIMATORS); gae needs the value model of `rlhfkit ppo`", "Section 7")
     gamma: float = opt(1.0, "discount factor", "Table 7")
     lam: float = opt(0.95, "GAE lambda", "Table 7")
     clip_range: float = opt(0.2, "policy ratio clipping epsilon (0: no clipping)", "Table 7")
@@ -220,6 +219,7 @@ class OnPolicyConfig(RunConfig):
 
 @dataclass
 class PPOConfig(OnPolicyConfig):
+    advantage_estimator: Literal["gae"] = opt("gae", "advantage estimator (onpolicy/algorithms.py): GAE over per-token rewards with the value model", "Section 7")
     value_model: str = opt("", "value model folder (empty: initialise it from the reward model)", "Detail 22")
     vf_coef: float = opt(0.1, "value loss coefficient c1", "Table 7")
     value_clip_range: float = opt(0.2, "value clipping epsilon (0: no value loss clipping)", "Table 7")
@@ -230,7 +230,7 @@ class GRPOConfig(OnPolicyConfig):
     """GRPO (Shao et al. 2024): G samples per prompt, group-normalised advantages, no value model."""
 
     samples_per_prompt: int = opt(4, "G: responses sampled per prompt; the prompt is encoded once per group", "seed 002", minimum=2)
-    advantage_estimator: Literal["grpo", "rloo"] = opt("grpo", "advantage estimator (ops.ADVANTAGE_ESTIMATORS)")
+    advantage_estimator: Literal["grpo"] = opt("grpo", "advantage estimator (onpolicy/algorithms.py): the group's mean as baseline")
     scale_rewards: bool = opt(True, "divide by the group's standard deviation (false: Dr. GRPO, mean-centred only)")
     kl_placement: Literal["reward", "loss"] = opt("loss", "where the KL to the reference enters: a term of the loss (GRPO) or a per-token penalty in the reward", "Equation 3")
     kl_estimator: Literal["k1", "k2", "k3"] = opt("k3", "per-token KL estimator (k3: GRPO's, never negative)")
@@ -242,7 +242,7 @@ class RLOOConfig(OnPolicyConfig):
     """RLOO (Ahmadian et al. 2024): k samples per prompt, each baselined by the mean of the others."""
 
     samples_per_prompt: int = opt(4, "k: responses sampled per prompt; the prompt is encoded once per group", minimum=2)
-    advantage_estimator: Literal["rloo", "grpo"] = opt("rloo", "advantage estimator (ops.ADVANTAGE_ESTIMATORS)")
+    advantage_estimator: Literal["rloo"] = opt("rloo", "advantage estimator (onpolicy/algorithms.py): the mean of the other samples as baseline")
     whiten_advantages: bool = opt(False, "also whiten the advantages over the whole batch", "Detail 25")
 
 

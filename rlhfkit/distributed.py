@@ -32,6 +32,25 @@ def relaunch(argv: list[str], num_processes: int) -> int:
     return subprocess.call(launch_command(argv, num_processes))
 
 
+class OneProcess:
+    """What the trainers ask of an `accelerate.Accelerator`, for code run in a single process without
+    one (tests, benchmarks, notebooks): rank 0 of 1, and nothing to reduce or gather."""
+
+    process_index, num_processes, is_main_process = 0, 1, True
+
+    def reduce(self, tensor: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
+        return tensor
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def wait_for_everyone(self) -> None:
+        pass
+
+
+ONE_PROCESS = OneProcess()
+
+
 def processes_need_cpu() -> bool:
     """True without CUDA, or with fewer GPUs than processes on this machine (each process needs its own)."""
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))

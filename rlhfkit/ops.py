@@ -294,17 +294,6 @@ def dpo_loss(
 # function and one entry here.
 
 
-class AdvantageEstimator(typing.NamedTuple):
-    fn: typing.Callable[..., tuple[torch.Tensor, torch.Tensor]]
-    needs_values: bool  # trains a value model (critic) alongside the policy
-    needs_groups: bool  # compares the samples of one prompt: samples_per_prompt >= 2
-    about: str
-
-
-def gae_estimator(rewards, mask, *, values, gamma, lam, **_):
-    return gae(rewards, values, mask, gamma, lam)
-
-
 def sequence_advantages(advantages: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One advantage per sequence (B,) given to each of its valid tokens: (advantages, returns), both
     (B, T). Without a value model there is nothing to regress, so the returns are the advantages."""
@@ -312,20 +301,9 @@ def sequence_advantages(advantages: torch.Tensor, mask: torch.Tensor) -> tuple[t
     return per_token, per_token
 
 
-def grpo_estimator(rewards, mask, *, groups, scale_by_std=True, **_):
-    return sequence_advantages(group_relative_advantages(rewards.sum(-1), groups, scale_by_std), mask)
-
-
-def rloo_estimator(rewards, mask, *, groups, **_):
-    returns = rewards.sum(-1)
-    return sequence_advantages(returns - leave_one_out_baseline(returns, groups), mask)
-
-
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
-    "gae": AdvantageEstimator(gae_estimator, True, False, "PPO: GAE over per-token rewards with a value model"),
-    "grpo": AdvantageEstimator(grpo_estimator, False, True, "GRPO: sequence reward minus its group's mean, over the group's std"),
-    "rloo": AdvantageEstimator(rloo_estimator, False, True, "RLOO: sequence reward minus the mean of the other samples of its prompt"),
-}
+def leave_one_out_advantages(scores: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """RLOO: each sequence's score minus the mean score of the other samples of its prompt."""
+    return scores - leave_one_out_baseline(scores, groups)
 
 
 def length_penalised_scores(scores: torch.Tensor, lengths: torch.Tensor, alpha: float) -> torch.Tensor:

@@ -18,16 +18,14 @@ from .config import (
     DPOConfig,
     EvalConfig,
     GenerateConfig,
-    GRPOConfig,
     JudgeEvalConfig,
     PipelineConfig,
-    PPOConfig,
-    RLOOConfig,
     RMConfig,
     RMEvalConfig,
     RunsReportConfig,
     SFTConfig,
 )
+from .onpolicy.algorithms import ALGORITHMS
 
 Runner = Callable[[Any], int | None]
 
@@ -66,22 +64,10 @@ def dpo_runner() -> Runner:
     return run
 
 
-def ppo_runner() -> Runner:
-    from .trainers.ppo import run
+def on_policy_runner() -> Runner:
+    from .onpolicy.trainer import run
 
     return run
-
-
-def grpo_runner() -> Runner:
-    from .trainers.group import run_grpo
-
-    return run_grpo
-
-
-def rloo_runner() -> Runner:
-    from .trainers.group import run_rloo
-
-    return run_rloo
 
 
 def pipeline_runner() -> Runner:
@@ -97,7 +83,7 @@ def report_runner() -> Runner:
 
 
 def rm_eval_runner() -> Runner:
-    from .trainers.reward import run_eval
+    from .eval.rm_eval import run_eval
 
     return run_eval
 
@@ -145,12 +131,7 @@ STAGES: dict[str, Stage] = {stage.name: stage for stage in (
           rm_runner, RMConfig, presets=("tldr-rm", "hh-rm"), multi_process=True),
     Stage(("dpo",), "DPO from the SFT policy on human comparisons (Appendix A equations 4-5, Table 6)",
           dpo_runner, DPOConfig, presets=("tldr-dpo", "hh-dpo"), multi_process=True),
-    Stage(("ppo",), "PPO from the SFT policy against the reward model (Section 7, Details 20-25, Table 7)",
-          ppo_runner, PPOConfig, presets=("tldr-ppo", "hh-ppo"), multi_process=False),
-    Stage(("grpo",), "GRPO: G samples per prompt, group-normalised advantages, no value model (PPO's core)",
-          grpo_runner, GRPOConfig, presets=("tldr-grpo", "hh-grpo"), multi_process=False),
-    Stage(("rloo",), "RLOO: k samples per prompt, leave-one-out baseline, no value model (PPO's core)",
-          rloo_runner, RLOOConfig, presets=("tldr-rloo",), multi_process=False),
+    *(Stage((a.name,), a.about, on_policy_runner, a.config, presets=a.presets, multi_process=True) for a in ALGORITHMS.values()),
     Stage(("pipeline",), "SFT -> RM -> PPO (and DPO, GRPO, RLOO) -> eval, each stage in its own folder, finished ones skipped",
           pipeline_runner, PipelineConfig,
           presets=("quickstart", "paper-pythia-1b", "paper-pythia-2.8b", "paper-pythia-6.9b", "seed002-gpt2-hh")),

@@ -1,8 +1,8 @@
-"""The training loop every supervised stage shares (SFT, reward model, DPO).
+"""The steps every supervised stage shares (SFT, reward model, DPO), run by the loop driver (`loop.py`).
 
 A stage gives examples, a collate function and a loss function; the engine owns the data order,
-gradient accumulation, the optimizer and schedule (Tables 3-4), non-finite checks, checkpoints
-with exact resume, tracking and the progress bar. Data order is a function of (seed, step) alone,
+gradient accumulation, the optimizer and schedule (Tables 3-4), non-finite checks and checkpoints
+with exact resume. Data order is a function of (seed, step) alone,
 so resuming at step k replays exactly the batches an uninterrupted run would see.
 """
 
@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
 from transformers import get_scheduler
 
 from ..checkpoint import find_checkpoint, load_training_state, save_checkpoint, seed_everything
@@ -30,9 +29,9 @@ from ..config import ConfigError, RunConfig, TrainConfig, to_yaml
 from ..distributed import processes_need_cpu
 from ..errors import NonFiniteError
 from ..models import enable_activation_checkpointing
-from ..preemption import StopSignal, exit_after_checkpoint, resume_command
+from ..preemption import resume_command
 from ..runlock import lock_run_dir
-from ..tracking import Tracker
+from .loop import run_loop
 
 # loss_fn(model, batch) -> (loss summed over the batch's units, extra metrics summed the same way).
 # A collated batch carries `loss_units` (per row: tokens for SFT, 1 per pair for the RM).
@@ -195,6 +194,52 @@ def accelerator_for(cfg: RunConfig):
     return Accelerator(cpu=processes_need_cpu(), mixed_precision=autocast_precision(cfg))
 
 
+@dataclass
+class SupervisedSteps:
+    """A supervised stage's optimizer steps, as the loop driver runs them."""
+
+    stage: Stage
+    cfg: TrainConfig
+    run_dir: Path
+    accelerator: Any
+    schedule: Schedule
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    lengths: Sequence[int] | None
+    unit: str = "step"
+
+    @property
+    def name(self) -> str:
+        return self.stage.name
+
+    @property
+    def total(self) -> int:
+        return self.schedule.total_steps
+
+    def step(self, index: int, _show) -> dict[str, float]:
+        began = time.perf_counter()
+        metrics, tokens = run_step(self.accelerator, self.model, self.stage, self.schedule, self.cfg, index, self.lengths)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        elapsed = time.perf_counter() - began
+        return metrics | {"train/lr": self.scheduler.get_last_lr()[0], "perf/tokens_per_s": tokens / elapsed, "perf/step_s": elapsed}
+
+    def evaluate(self, done: int) -> dict[str, float]:
+        return self.stage.evaluate(in_training(self.accelerator, self.model), done) if self.stage.evaluate else {}
+
+    def save(self, done: int) -> None:
+        save(self.accelerator, self.run_dir, done, self.model, self.stage.tokenizer, self.optimizer, self.scheduler, self.schedule,
+             self.cfg.keep_checkpoints)
+
+    def finish(self) -> dict[str, float]:
+        return self.stage.evaluate(unwrap(self.accelerator, self.model), self.total) if self.stage.evaluate else {}
+
+    def postfix(self, metrics: dict[str, float]) -> dict[str, str]:
+        return {"loss": f"{metrics['train/loss']:.4f}", "lr": f"{metrics['train/lr']:.2e}", "tok_s": f"{metrics['perf/tokens_per_s']:.0f}"}
+
+
 def train(cfg: TrainConfig, stage: Stage, run_dir: Path, checkpoint: Path | None = None, resume: str | None = None) -> dict[str, Any]:
     """Run the optimizer steps of `stage`, resuming from `checkpoint` when given. `resume` is the command a
     preempted run prints to continue (default: `rlhfkit <stage> resume=<run_dir>`)."""
@@ -208,58 +253,11 @@ def train(cfg: TrainConfig, stage: Stage, run_dir: Path, checkpoint: Path | None
     start = load_training_state(checkpoint, optimizer, scheduler)["step"] if checkpoint else 0
     model, optimizer = accelerator.prepare(model, optimizer)
     model.train()
-    tracker = Tracker(run_dir, cfg.report_to, dataclasses.asdict(cfg), resume_step=start) if accelerator.is_main_process else None
-    bar = tqdm(total=schedule.total_steps, initial=start, desc=stage.name, unit="step", disable=not accelerator.is_main_process)
-    last: dict[str, float] = {}
     lengths = [stage.length(e) for e in stage.examples] if stage.length else None
-    if stage.evaluate is not None and cfg.eval_every and start == 0 and tracker is not None:
-        tracker.log(0, stage.evaluate(in_training(accelerator, model), 0))  # where the curves start
-    with StopSignal() as stop:
-        for step in range(start, schedule.total_steps):
-            began = time.perf_counter()
-            metrics, tokens = run_step(accelerator, model, stage, schedule, cfg, step, lengths)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            done = step + 1
-            elapsed = time.perf_counter() - began
-            metrics |= {"train/lr": scheduler.get_last_lr()[0], "perf/tokens_per_s": tokens / elapsed, "perf/step_s": elapsed}
-            evaluated = stage.evaluate is not None and cfg.eval_every and done % cfg.eval_every == 0 and done < schedule.total_steps
-            if evaluated:
-                metrics |= stage.evaluate(in_training(accelerator, model), done)
-            if tracker is not None and (evaluated or done % cfg.log_every == 0 or done == schedule.total_steps):
-                tracker.log(done, metrics)
-            last = metrics
-            bar.update(1)
-            bar.set_postfix(loss=f"{metrics['train/loss']:.4f}", lr=f"{metrics['train/lr']:.2e}", tok_s=f"{metrics['perf/tokens_per_s']:.0f}")
-            saved = bool(cfg.save_every) and done % cfg.save_every == 0 and done < schedule.total_steps
-            if saved:
-                save(accelerator, run_dir, done, model, stage.tokenizer, optimizer, scheduler, schedule, cfg.keep_checkpoints)
-            if signum := agreed_signal(accelerator, stop):
-                if not saved:
-                    save(accelerator, run_dir, done, model, stage.tokenizer, optimizer, scheduler, schedule, cfg.keep_checkpoints)
-                bar.close()
-                if tracker is not None:
-                    tracker.close()
-                exit_after_checkpoint(signum, f"step {done}", run_dir, resume or resume_command(stage.name, run_dir, accelerator.num_processes),
-                                      announce=accelerator.is_main_process)
-    bar.close()
-    save(accelerator, run_dir, schedule.total_steps, model, stage.tokenizer, optimizer, scheduler, schedule, cfg.keep_checkpoints)
+    steps = SupervisedSteps(stage, cfg, run_dir, accelerator, schedule, model, optimizer, scheduler, lengths)
+    last = run_loop(steps, cfg, run_dir, start, accelerator, resume or resume_command(stage.name, run_dir, accelerator.num_processes))
     final_model = unwrap(accelerator, model)
-    if stage.evaluate is not None:  # after the save: a failing evaluation must not lose the trained model
-        final_eval = stage.evaluate(final_model, schedule.total_steps)
-        last |= final_eval
-        if tracker is not None and final_eval:
-            tracker.log(schedule.total_steps, final_eval)
-    if tracker is not None:
-        tracker.close()
     return {"model": final_model, "steps": schedule.total_steps, "schedule": dataclasses.asdict(schedule), "last_metrics": last}
-
-
-def agreed_signal(accelerator, stop: StopSignal) -> int:
-    """The signal every process stops for after this step (0: none). Processes may get it a step apart,
-    and all must save the same step: the checkpoint's collective calls would wait forever otherwise."""
-    return int(accelerator.reduce(torch.tensor(stop.signum or 0, device=accelerator.device), "max").item())
 
 
 def run_step(accelerator, model, stage: Stage, schedule: Schedule, cfg: TrainConfig, step: int,

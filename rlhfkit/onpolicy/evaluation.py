@@ -1,104 +1,32 @@
-"""`rlhfkit ppo`: PPO from the SFT policy against the reward model (Section 7, Details 20-25, Table 7).
-
-The policy and the frozen reference both start from the SFT model; the value model starts from
-the reward model (Detail 22); the reward model is frozen. The update loop is the shared on-policy
-core (`onpolicy.py`) with the GAE estimator. At the end the held-out posts are summarised by the
-SFT and the PPO policies and compared by reward-model score, length, EOS rate and ROUGE-L.
-"""
+"""What an on-policy run is measured on: held-out prompts summarised by the SFT and the trained
+policies, scored by the reward model (EOS trick applied) and by ROUGE-L against the references, and
+the run's report (Figure 12's curves, update statistics, phase times, samples)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from ..config import ConfigError, OnPolicyConfig, PPOConfig
+from ..config import ConfigError, OnPolicyConfig
 from ..data import SFTRecord, load_prompts
 from ..data.examples import SFTExample, tokenize_sft
 from ..data.split import split_by_prompt
 from ..devices import evaluation_mode, model_device
-from ..errors import ModelError
-from ..eval.plots import plot_curves
 from ..eval.report import image_html, table_html, write_report
 from ..eval.rouge import mean, rouge_l
 from ..generation import SamplingParams
-from ..models import EMBEDDED, SCALAR_CONFIG, ScalarModel, load_policy, load_reward_model, load_tokenizer
-from ..ops import ADVANTAGE_ESTIMATORS, eos_trick
-from ..tracking import read_jsonl, read_metrics, write_jsonl
-from .engine import save_final_model, start_run
-from .onpolicy import (
-    EVALUATION_STREAM,
-    SAMPLES_FILE,
-    OnPolicyModels,
-    reward_scores,
-    sample_responses,
-    train_on_policy,
-    update_generator,
-)
+from ..ops import eos_trick
+from ..plots import plot_curves
+from ..tracking import read_jsonl, read_metrics
+from .rollout import EVALUATION_STREAM, chunk_generator, sample_responses
+from .update import OnPolicyModels, reward_scores
 
+SAMPLES_FILE = "samples.jsonl"
 FIGURE_12 = ["objective/rlhf_reward", "objective/kl", "objective/scores", "response/length_mean", "response/eos_rate"]
 UPDATE_CURVES = ["loss/policy_avg", "loss/value_avg", "loss/kl_avg", "policy/entropy_avg", "policy/approxkl_avg", "policy/clipfrac_avg",
                  "val/clipfrac_avg", "val/ratio", "val/explained_variance", "response/length_score_corr"]
 PERF_CURVES = ["perf/generation_s", "perf/scoring_s", "perf/update_s", "perf/generated_tokens_per_s"]
-
-
-def require_folder(path: str, key: str, what: str) -> None:
-    """Fail at start, naming the key, when a model path is neither an embedded name, a folder, nor
-    shaped like a hub id (`org/name`)."""
-    if not path:
-        raise ConfigError(f"{key} is required: {what}")
-    hub_id = path.count("/") == 1 and not path.startswith((".", "/", "~"))
-    if path not in EMBEDDED and not Path(path).is_dir() and not hub_id:
-        raise ModelError(f"{key}={path}: no such folder; {what}")
-
-
-def require_scalar_folder(path: str, key: str) -> None:
-    what = "give the model/ folder written by `rlhfkit rm`"
-    if not path:
-        raise ConfigError(f"{key} is required: {what}")
-    if not Path(path).is_dir():
-        raise ModelError(f"{key}={path}: no such folder; {what}")
-    if not (Path(path) / SCALAR_CONFIG).is_file():
-        raise ModelError(f"{key}={path} is not a reward model folder ({SCALAR_CONFIG} missing): it has no scalar head. "
-                         "Give the model/ folder written by `rlhfkit rm`.")
-
-
-def check_same_tokenizer(policy_tok, other_tok, policy_path: str, other_path: str) -> None:
-    if policy_tok.get_vocab() != other_tok.get_vocab() or (policy_tok.pad_token_id, policy_tok.eos_token_id) != (
-        other_tok.pad_token_id, other_tok.eos_token_id):
-        raise ModelError(f"the policy ({policy_path}) and {other_path} have different tokenizers; the reward and value "
-                         "models must read the policy's tokens: train the reward model from this SFT model")
-
-
-def frozen_device(cfg: OnPolicyConfig, policy_device: torch.device) -> torch.device:
-    return torch.device(cfg.frozen_device) if cfg.frozen_device else policy_device
-
-
-def load_models(cfg: PPOConfig, checkpoint: Path | None, needs_value: bool) -> OnPolicyModels:
-    """Policy (from the checkpoint when resuming), frozen reference (always the SFT model), frozen
-    reward model, and the value model (Detail 22: from the reward model unless value_model is given)."""
-    require_folder(cfg.model, "model", "give the SFT policy (the model/ folder written by `rlhfkit sft`)")
-    require_scalar_folder(cfg.reward_model, "reward_model")
-    value_source = str(checkpoint / "value") if checkpoint else (getattr(cfg, "value_model", "") or cfg.reward_model)
-    if needs_value:
-        require_scalar_folder(value_source, "value_model")
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    frozen = frozen_device(cfg, device)
-    policy, tokenizer = load_policy(str(checkpoint / "model") if checkpoint else cfg.model, cfg.trust_remote_code, allow_pickle=cfg.allow_pickle)
-    reference, _ = load_policy(cfg.model, cfg.trust_remote_code, allow_pickle=cfg.allow_pickle)
-    reward, reward_tok = load_reward_model(cfg.reward_model, cfg.trust_remote_code)
-    check_same_tokenizer(tokenizer, reward_tok, cfg.model, f"the reward model ({cfg.reward_model})")
-    value = None
-    if needs_value:
-        value = ScalarModel.from_pretrained(value_source, cfg.trust_remote_code)
-        if value.head_type != "eos-linear":
-            raise ModelError(f"value_model={value_source} has a {value.head_type} head; a value model needs a per-token "
-                             "(eos-linear) head: give value_model= an eos-linear reward model")
-        check_same_tokenizer(tokenizer, load_tokenizer(value_source), cfg.model, f"the value model ({value_source})")
-        value = value.to(device)
-    return OnPolicyModels(policy.to(device), reference.to(frozen), reward.to(frozen), value, tokenizer)
 
 
 def split_posts(cfg: OnPolicyConfig, tokenizer) -> tuple[list[SFTExample], list[SFTExample], list[str]]:
@@ -116,7 +44,6 @@ def split_posts(cfg: OnPolicyConfig, tokenizer) -> tuple[list[SFTExample], list[
         raise ConfigError(f"no training prompts left in {', '.join(cfg.data)} after holding out {cfg.validation_posts} posts")
     return train, held_out, notes
 
-
 @torch.no_grad()
 def summarise_and_score(policy, models: OnPolicyModels, examples: list[SFTExample], cfg: OnPolicyConfig, label: str) -> list[dict]:
     """Summaries of `examples` by `policy` with their reward-model scores (EOS trick applied), length,
@@ -125,7 +52,7 @@ def summarise_and_score(policy, models: OnPolicyModels, examples: list[SFTExampl
     device = model_device(policy)
     with evaluation_mode(policy):
         batch = sample_responses(policy, [e.query.ids for e in examples], params, models.tokenizer, cfg.generation_batch_size,
-                                 update_generator(cfg.seed, 0, device, EVALUATION_STREAM), desc=f"summarising ({label})")
+                                 lambda i: chunk_generator(cfg.seed, 0, i, device, EVALUATION_STREAM), desc=f"summarising ({label})")
     scored = batch.to(model_device(models.reward))
     raw = torch.cat([reward_scores(models.reward, scored.select(slice(i, i + cfg.forward_batch_size))).float().cpu()
                      for i in range(0, batch.size, cfg.forward_batch_size)])
@@ -167,7 +94,7 @@ def periodic_evaluation(models: OnPolicyModels, examples: list[SFTExample], cfg:
     def evaluate(policy, update: int) -> dict[str, float]:
         return policy_summary(summarise_and_score(policy, models, examples, cfg, f"update {update}"), "policy")
 
-    return evaluate if examples else None
+    return evaluate
 
 
 def write_onpolicy_report(run_dir: Path, name: str, notes: list[str], metrics: dict[str, float], rows: list[dict]) -> Path:
@@ -192,29 +119,3 @@ def write_onpolicy_report(run_dir: Path, name: str, notes: list[str], metrics: d
                          table_html([r for r in logged if r["step"] == last], ["rank", "score", "kl", "length", "has_eos", "response"])))
     sections.append(("Resolved config", f"<pre>{(run_dir / 'config.yaml').read_text()}</pre>"))
     return write_report(run_dir, f"{name.upper()} run {run_dir.name}", sections)
-
-
-def run_on_policy(cfg: OnPolicyConfig, name: str) -> int:
-    """Shared by the on-policy stages: load, train, save, evaluate, report."""
-    estimator = ADVANTAGE_ESTIMATORS[cfg.advantage_estimator]
-    run_dir, checkpoint = start_run(cfg, name)
-    models = load_models(cfg, checkpoint, estimator.needs_values)
-    train, held_out, notes = split_posts(cfg, models.tokenizer)
-    print("\n".join(notes))
-    eval_examples = held_out[: cfg.eval_samples]
-    result = train_on_policy(models, [e.query.ids for e in train], cfg, run_dir, checkpoint, name,
-                             periodic_evaluation(models, eval_examples, cfg))
-    save_final_model(models.policy, models.tokenizer, run_dir)
-    if models.value is not None:
-        save_final_model(models.value, models.tokenizer, run_dir, "value")
-    metrics, rows = compare_policies(models, eval_examples, cfg, name) if eval_examples else ({}, [])
-    write_jsonl(run_dir / "eval_samples.jsonl", rows)
-    (run_dir / "eval.json").write_text(json.dumps(metrics, indent=2))
-    report = write_onpolicy_report(run_dir, name, notes, metrics, rows)
-    print(json.dumps(metrics | {"updates": result["updates"]}, indent=2))
-    print(f"model: {run_dir / 'model'}\nreport: {report}")
-    return 0
-
-
-def run(cfg: PPOConfig, _parsed: Any = None) -> int:
-    return run_on_policy(cfg, "ppo")

@@ -1,0 +1,297 @@
+"""`rlhfkit ppo`, `rlhfkit grpo`, `rlhfkit rloo`: one on-policy stage, run by the loop driver on one or
+N data-parallel processes (Section 7, Details 20-25, Table 7).
+
+The policy and the frozen reference both start from the SFT model; the reward model is frozen; an
+algorithm with a critic (PPO) trains a value model that starts from the reward model (Detail 22).
+One update: draw the next prompts (Detail 21); each process samples and scores its share; the whole
+rollout is gathered so that rewards, advantages, whitening, group baselines, the adaptive KL
+controller and the logged means are those of the whole batch; then each process trains on its rows
+of every minibatch and the gradients are summed across processes (`update.py`). Every process holds
+the same weights throughout; process 0 writes checkpoints, metrics, samples and the report.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..checkpoint import load_training_state, save_checkpoint
+from ..config import ConfigError, OnPolicyConfig
+from ..devices import autocast, evaluation_mode
+from ..distributed import ONE_PROCESS
+from ..errors import ModelError
+from ..generation import SamplingParams
+from ..models import (
+    EMBEDDED,
+    SCALAR_CONFIG,
+    ScalarModel,
+    enable_activation_checkpointing,
+    load_policy,
+    load_reward_model,
+    load_tokenizer,
+)
+from ..ops import adaptive_kl_coef
+from ..preemption import resume_command
+from ..tracking import append_jsonl, drop_rows_after, write_jsonl
+from ..trainers.engine import accelerator_for, autocast_precision, save_final_model, start_run
+from ..trainers.loop import Show, run_loop
+from .algorithms import Algorithm, algorithm_of
+from .evaluation import (
+    SAMPLES_FILE,
+    compare_policies,
+    periodic_evaluation,
+    split_posts,
+    write_onpolicy_report,
+)
+from .rollout import (
+    RolloutBatch,
+    chunk_generator,
+    gather_rollout,
+    process_share,
+    prompt_indices,
+    sample_responses,
+    widen_to_all_processes,
+)
+from .update import (
+    OnPolicyModels,
+    Optimizers,
+    build_optimizers,
+    compute_advantages,
+    extreme_samples,
+    rollout_metrics,
+    score_rollout,
+    update_on_rollout,
+)
+
+
+def require_folder(path: str, key: str, what: str) -> None:
+    """Fail at start, naming the key, when a model path is neither an embedded name, a folder, nor
+    shaped like a hub id (`org/name`)."""
+    if not path:
+        raise ConfigError(f"{key} is required: {what}")
+    hub_id = path.count("/") == 1 and not path.startswith((".", "/", "~"))
+    if path not in EMBEDDED and not Path(path).is_dir() and not hub_id:
+        raise ModelError(f"{key}={path}: no such folder; {what}")
+
+
+def require_scalar_folder(path: str, key: str) -> None:
+    what = "give the model/ folder written by `rlhfkit rm`"
+    if not path:
+        raise ConfigError(f"{key} is required: {what}")
+    if not Path(path).is_dir():
+        raise ModelError(f"{key}={path}: no such folder; {what}")
+    if not (Path(path) / SCALAR_CONFIG).is_file():
+        raise ModelError(f"{key}={path} is not a reward model folder ({SCALAR_CONFIG} missing): it has no scalar head. "
+                         "Give the model/ folder written by `rlhfkit rm`.")
+
+
+def check_same_tokenizer(policy_tok, other_tok, policy_path: str, other_path: str) -> None:
+    if policy_tok.get_vocab() != other_tok.get_vocab() or (policy_tok.pad_token_id, policy_tok.eos_token_id) != (
+        other_tok.pad_token_id, other_tok.eos_token_id):
+        raise ModelError(f"the policy ({policy_path}) and {other_path} have different tokenizers; the reward and value "
+                         "models must read the policy's tokens: train the reward model from this SFT model")
+
+
+def load_value_model(source: str, tokenizer, policy_path: str, trust_remote_code: bool) -> ScalarModel:
+    require_scalar_folder(source, "value_model")
+    value = ScalarModel.from_pretrained(source, trust_remote_code)
+    if value.head_type != "eos-linear":
+        raise ModelError(f"value_model={source} has a {value.head_type} head; a value model needs a per-token "
+                         "(eos-linear) head: give value_model= an eos-linear reward model")
+    check_same_tokenizer(tokenizer, load_tokenizer(source), policy_path, f"the value model ({source})")
+    return value
+
+
+def load_models(cfg: OnPolicyConfig, checkpoint: Path | None, device: torch.device) -> OnPolicyModels:
+    """Policy (from the checkpoint when resuming), frozen reference (always the SFT model), frozen
+    reward model, and the value model when the algorithm has one (Detail 22: from the reward model
+    unless value_model is given)."""
+    require_folder(cfg.model, "model", "give the SFT policy (the model/ folder written by `rlhfkit sft`)")
+    require_scalar_folder(cfg.reward_model, "reward_model")
+    options = algorithm_of(cfg).value
+    frozen = torch.device(cfg.frozen_device) if cfg.frozen_device else device
+    policy, tokenizer = load_policy(str(checkpoint / "model") if checkpoint else cfg.model, cfg.trust_remote_code, allow_pickle=cfg.allow_pickle)
+    reference, _ = load_policy(cfg.model, cfg.trust_remote_code, allow_pickle=cfg.allow_pickle)
+    reward, reward_tok = load_reward_model(cfg.reward_model, cfg.trust_remote_code)
+    check_same_tokenizer(tokenizer, reward_tok, cfg.model, f"the reward model ({cfg.reward_model})")
+    value = None
+    if options is not None:
+        source = str(checkpoint / "value") if checkpoint else (options(cfg).source or cfg.reward_model)
+        value = load_value_model(source, tokenizer, cfg.model, cfg.trust_remote_code).to(device)
+    return OnPolicyModels(policy.to(device), reference.to(frozen), reward.to(frozen), value, tokenizer)
+
+
+def prepare_for_training(models: OnPolicyModels, cfg: OnPolicyConfig) -> None:
+    for frozen in (models.reference, models.reward):
+        frozen.eval().requires_grad_(False)
+    for trained in models.trained():
+        trained.train()
+        if cfg.gradient_checkpointing:
+            if isinstance(trained, ScalarModel):
+                trained.activation_checkpointing_enable()
+            else:
+                enable_activation_checkpointing(trained)
+
+
+def prompts_per_update(cfg: OnPolicyConfig) -> int:
+    return cfg.total_batch_size // cfg.samples_per_prompt
+
+
+def planned_updates(cfg: OnPolicyConfig, processes: int = 1) -> int:
+    """Updates in the run, after checking that an update's batch splits into groups, minibatches and
+    processes (each process samples whole groups of the same number of prompts)."""
+    if cfg.total_batch_size % cfg.samples_per_prompt:
+        raise ConfigError(f"total_batch_size={cfg.total_batch_size} must be a multiple of samples_per_prompt={cfg.samples_per_prompt}")
+    if cfg.total_batch_size % cfg.num_minibatches:
+        raise ConfigError(f"total_batch_size={cfg.total_batch_size} must be a multiple of num_minibatches={cfg.num_minibatches}")
+    if prompts_per_update(cfg) % processes:
+        raise ConfigError(f"total_batch_size / samples_per_prompt = {prompts_per_update(cfg)} prompts per update must be a multiple "
+                          f"of the {processes} processes: each samples the same number of whole groups")
+    updates = cfg.max_steps or cfg.total_episodes // cfg.total_batch_size
+    if updates < 1:
+        raise ConfigError(f"total_episodes={cfg.total_episodes} is less than one update of total_batch_size={cfg.total_batch_size}")
+    return updates
+
+
+def collect(models: OnPolicyModels, prompts: list[list[int]], cfg: OnPolicyConfig, update: int, kl_coef: float, precision: str,
+            timings: dict[str, float], show: Show = lambda phase: None, accelerator=ONE_PROCESS) -> RolloutBatch:
+    """Sample and score this process's share of update `update` (0-based), gather the whole update's
+    rollout and estimate its advantages; `show(phase)` reports progress."""
+    device = next(models.policy.parameters()).device
+    per_update = prompts_per_update(cfg)
+    picked = prompt_indices(len(prompts), per_update, cfg.seed, update * per_update)
+    share = process_share(per_update, accelerator.process_index, accelerator.num_processes)
+    params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.temperature)
+    show("sampling")
+    began = time.perf_counter()
+    # eval mode: with activation checkpointing on, a model in train mode refuses the KV cache
+    with autocast(device, precision), evaluation_mode(models.policy):
+        batch = sample_responses(models.policy, [prompts[i] for i in picked[share]], params, models.tokenizer,
+                                 cfg.generation_batch_size, lambda i: chunk_generator(cfg.seed, update, share.start + i, device),
+                                 samples_per_prompt=cfg.samples_per_prompt)
+    batch.prompts = torch.as_tensor(picked[share], device=device).repeat_interleave(cfg.samples_per_prompt)
+    timings["generation"] = time.perf_counter() - began
+    show("scoring")
+    began = time.perf_counter()
+    batch = widen_to_all_processes(batch, accelerator, models.tokenizer.pad_token_id)
+    batch = gather_rollout(score_rollout(models, batch, cfg, precision), accelerator)
+    timings["scoring"] = time.perf_counter() - began
+    return compute_advantages(batch, cfg, kl_coef)
+
+
+@dataclass
+class OnPolicySteps:
+    """An on-policy stage's updates, as the loop driver runs them."""
+
+    algorithm: Algorithm
+    cfg: OnPolicyConfig
+    run_dir: Path
+    accelerator: Any
+    models: OnPolicyModels
+    optimizers: Optimizers
+    prompts: list[list[int]]
+    evaluate_policy: Any  # (policy, update) -> metrics on held-out prompts
+    total: int
+    kl_coef: float
+    precision: str
+    unit: str = "update"
+
+    @property
+    def name(self) -> str:
+        return self.algorithm.name
+
+    def step(self, index: int, show: Show) -> dict[str, float]:
+        began = time.perf_counter()
+        timings: dict[str, float] = {}
+        batch = collect(self.models, self.prompts, self.cfg, index, self.kl_coef, self.precision, timings, show, self.accelerator)
+        metrics = rollout_metrics(batch, self.kl_coef)
+        show("updating")
+        tick = time.perf_counter()
+        metrics |= update_on_rollout(self.models, self.optimizers, batch, self.cfg, index + 1, self.precision, self.kl_coef,
+                                     self.accelerator)
+        timings["update"] = time.perf_counter() - tick
+        metrics["train/lr"] = self.optimizers.policy_schedule.get_last_lr()[0]
+        self.optimizers.advance_schedules()
+        if self.cfg.adaptive_kl:  # from the whole batch's KL: every process moves the coefficient alike
+            self.kl_coef = adaptive_kl_coef(self.kl_coef, metrics["objective/kl"], self.cfg.kl_target, self.cfg.kl_horizon, batch.size)
+        done = index + 1
+        elapsed = time.perf_counter() - began
+        metrics |= {f"perf/{k}_s": v for k, v in timings.items()}
+        metrics |= {
+            "perf/update_total_s": elapsed,
+            "perf/generated_tokens_per_s": float(batch.lengths.sum()) / timings["generation"],
+            "perf/episodes_per_s": batch.size / elapsed,
+            "episodes": done * self.cfg.total_batch_size,
+        }
+        if self.accelerator.is_main_process and self.cfg.sample_every and (done == 1 or done % self.cfg.sample_every == 0 or done == self.total):
+            append_jsonl(self.run_dir / SAMPLES_FILE, extreme_samples(batch, self.models.tokenizer, done, self.cfg.log_samples))
+        return metrics
+
+    def evaluate(self, done: int) -> dict[str, float]:
+        """Held-out prompts summarised by the current policy, on process 0 (the others go on to the
+        next update and wait for it there)."""
+        if not (self.evaluate_policy and self.accelerator.is_main_process):
+            return {}
+        return self.evaluate_policy(self.models.policy, done)
+
+    def save(self, done: int) -> None:
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            extra_models = {"value": self.models.value} if self.models.value is not None else {}
+            state = {"episodes": done * self.cfg.total_batch_size, "kl_coef": self.kl_coef}
+            save_checkpoint(self.run_dir, done, self.models.policy, self.models.tokenizer, self.optimizers.policy,
+                            self.optimizers.policy_schedule, state, self.cfg.keep_checkpoints, extra_models=extra_models,
+                            extra_states=self.optimizers.named_extra_states())
+        self.accelerator.wait_for_everyone()
+
+    def finish(self) -> dict[str, float]:
+        """The trained models as `save_pretrained` folders, then the final held-out evaluation (process 0)."""
+        if not self.accelerator.is_main_process:
+            return {}
+        save_final_model(self.models.policy, self.models.tokenizer, self.run_dir)
+        if self.models.value is not None:
+            save_final_model(self.models.value, self.models.tokenizer, self.run_dir, "value")
+        return self.evaluate(self.total) if self.cfg.eval_every else {}
+
+    def postfix(self, metrics: dict[str, float]) -> dict[str, str]:
+        return {"score": f"{metrics['objective/scores']:.3f}", "kl": f"{metrics['objective/kl']:.3f}",
+                "len": f"{metrics['response/length_mean']:.1f}"}
+
+
+def run(cfg: OnPolicyConfig, _parsed: Any = None) -> int:
+    """Load, train (resuming when asked), evaluate on held-out prompts, report."""
+    algorithm = algorithm_of(cfg)
+    run_dir, checkpoint = start_run(cfg, algorithm.name)
+    accelerator = accelerator_for(cfg)
+    num_updates = planned_updates(cfg, accelerator.num_processes)
+    models = load_models(cfg, checkpoint, accelerator.device)
+    train, held_out, notes = split_posts(cfg, models.tokenizer)
+    if accelerator.is_main_process:
+        print("\n".join(notes))
+    eval_examples = held_out[: cfg.eval_samples]
+    prepare_for_training(models, cfg)
+    optimizers = build_optimizers(models, cfg, num_updates)
+    kl_coef, start = cfg.kl_coef, 0
+    if checkpoint is not None:
+        state = load_training_state(checkpoint, optimizers.policy, optimizers.policy_schedule, optimizers.named_extra_states())
+        start, kl_coef = state["step"], state["kl_coef"]
+    if accelerator.is_main_process:
+        drop_rows_after(run_dir / SAMPLES_FILE, start)
+    evaluate = periodic_evaluation(models, eval_examples, cfg) if eval_examples else None
+    steps = OnPolicySteps(algorithm, cfg, run_dir, accelerator, models, optimizers, [e.query.ids for e in train], evaluate,
+                          num_updates, kl_coef, autocast_precision(cfg))
+    run_loop(steps, cfg, run_dir, start, accelerator, resume_command(algorithm.name, run_dir, accelerator.num_processes))
+    if not accelerator.is_main_process:
+        return 0
+    metrics, rows = compare_policies(models, eval_examples, cfg, algorithm.name) if eval_examples else ({}, [])
+    write_jsonl(run_dir / "eval_samples.jsonl", rows)
+    (run_dir / "eval.json").write_text(json.dumps(metrics, indent=2))
+    report = write_onpolicy_report(run_dir, algorithm.name, notes, metrics, rows)
+    print(json.dumps(metrics | {"updates": num_updates}, indent=2))
+    print(f"model: {run_dir / 'model'}\nreport: {report}")
+    return 0

@@ -1,0 +1,318 @@
+"""Scoring a rollout, its advantages, and the clipped update on it (Section 7, Details 22-25, Table 7).
+
+    scores    = reward model at the EOS token; -1 when there is no EOS            (Details 12, 23)
+    rewards   = -beta * KL per token, plus the score at the EOS token itself      (Equation 3)
+    advantages, returns = the algorithm's estimator (PPO: GAE with the value model) (Details 22, 25)
+    K epochs x N minibatches of clipped policy (and value) updates                (Table 7)
+
+The maths lives in `ops`. Under N processes each process scores its own rows; advantages and every
+batch statistic are computed on the whole update's rollout (`rollout.gather_rollout`), and each
+minibatch is drawn from the whole batch: every process computes the gradient of its rows of the
+minibatch, weighted by the minibatch's total tokens, and the gradients are summed across processes
+before the optimizer step. The update is therefore the one a single process would make on the same
+rollout, up to floating-point summation order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from .. import ops
+from ..config import GRPOConfig, OnPolicyConfig, PPOConfig, RLOOConfig
+from ..devices import autocast, model_device
+from ..distributed import ONE_PROCESS
+from ..generation import response_logprobs
+from ..models import ScalarModel
+from ..scoring import scores_at_eos
+from ..trainers.engine import build_optimizer, check_finite
+from .algorithms import Algorithm, ValueOptions, algorithm_of
+from .rollout import RolloutBatch, process_share
+
+
+@dataclass
+class OnPolicyModels:
+    policy: torch.nn.Module  # trained
+    reference: torch.nn.Module  # frozen copy of the starting (SFT) policy
+    reward: ScalarModel  # frozen
+    value: ScalarModel | None  # trained, when the algorithm has a critic (Detail 22: starts as the reward model)
+    tokenizer: PreTrainedTokenizerBase
+
+    def trained(self) -> list[torch.nn.Module]:
+        return [m for m in (self.policy, self.value) if m is not None]
+
+
+def policy_logprobs(policy, batch: RolloutBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return response_logprobs(policy, batch.input_ids(), batch.attention_mask(), batch.context_length, temperature)
+
+
+def value_estimates(value: ScalarModel, batch: RolloutBatch) -> torch.Tensor:
+    """(B, R) V(state before each response token): the head's output at the position that predicts it."""
+    per_position = value.per_token_scores(batch.input_ids(), batch.attention_mask())
+    return per_position[:, batch.context_length - 1 : -1]
+
+
+def reward_scores(reward: ScalarModel, batch: RolloutBatch) -> torch.Tensor:
+    """(B,) reward-model scores read at each response's EOS (Detail 12; the last token when there is
+    none), the query left padded (Detail 14): the same index equation 3 puts the score on."""
+    return scores_at_eos(reward, batch.input_ids(), batch.attention_mask(), batch.context_length, batch.lengths)
+
+
+@torch.no_grad()
+def score_rollout(models: OnPolicyModels, batch: RolloutBatch, cfg: OnPolicyConfig, precision: str) -> RolloutBatch:
+    """Fill in the sampling-time log-probabilities, reference log-probabilities, values and scores,
+    `forward_batch_size` rows at a time. The old log-probabilities come from the same forward
+    function the update uses, so before any update the PPO ratio is exactly 1."""
+    device = batch.responses.device
+    frozen = model_device(models.reference)
+    parts: dict[str, list[torch.Tensor]] = defaultdict(list)
+    for start in range(0, batch.size, cfg.forward_batch_size):
+        part = batch.select(slice(start, start + cfg.forward_batch_size))
+        with autocast(device, precision):
+            parts["logprobs"].append(policy_logprobs(models.policy, part, cfg.temperature)[0])
+            if models.value is not None:
+                parts["values"].append(value_estimates(models.value, part).float())
+        with autocast(frozen, precision):
+            remote = part.to(frozen)  # the reference and reward models share the frozen device
+            parts["ref_logprobs"].append(policy_logprobs(models.reference, remote, cfg.temperature)[0].to(device))
+            parts["raw_scores"].append(reward_scores(models.reward, remote).float().to(device))
+    filled = {k: torch.cat(v) for k, v in parts.items()}
+    # Everything after EOS is masked out of every loss and metric; zero it here too so that no
+    # stray number from a PAD position can leak into a sum.
+    for key in ("logprobs", "ref_logprobs", "values"):
+        if key in filled:
+            filled[key] = filled[key] * batch.mask
+    return dataclasses.replace(batch, **filled)
+
+
+Estimator = Callable[[Any, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def gae_advantages(cfg: PPOConfig, rewards, mask, values, _groups):
+    """PPO: GAE over the per-token rewards with the value model (Table 7: gamma 1, lambda 0.95)."""
+    return ops.gae(rewards, values, mask, cfg.gamma, cfg.lam)
+
+
+def grpo_advantages(cfg: GRPOConfig, rewards, mask, _values, groups):
+    """GRPO: the sequence reward minus its group's mean, over the group's std unless scale_rewards=false."""
+    return ops.sequence_advantages(ops.group_relative_advantages(rewards.sum(-1), groups, cfg.scale_rewards), mask)
+
+
+def rloo_advantages(_cfg: RLOOConfig, rewards, mask, _values, groups):
+    """RLOO: the sequence reward minus the mean reward of the other samples of its prompt."""
+    return ops.sequence_advantages(ops.leave_one_out_advantages(rewards.sum(-1), groups), mask)
+
+
+ESTIMATORS: dict[str, Estimator] = {"gae": gae_advantages, "grpo": grpo_advantages, "rloo": rloo_advantages}
+
+
+def compute_advantages(batch: RolloutBatch, cfg: OnPolicyConfig, kl_coef: float) -> RolloutBatch:
+    """Scores -> per-token rewards (equation 3) -> advantages and returns by the configured estimator,
+    on the whole update's rollout. With kl_placement=loss the rewards carry the score alone and the KL
+    enters the update's loss."""
+    mask = batch.mask
+    raw = ops.length_penalised_scores(batch.raw_scores, batch.lengths, cfg.reward_length_penalty)
+    scores = ops.eos_trick(raw, batch.has_eos, cfg.missing_eos_score) if cfg.eos_trick else raw
+    kl = ops.kl_penalty(batch.logprobs, batch.ref_logprobs, cfg.kl_estimator) * mask
+    rewards, _ = ops.rlhf_rewards(scores, kl, mask, kl_coef if cfg.kl_placement == "reward" else 0.0)
+    if cfg.whiten_rewards:  # Detail 24
+        rewards = ops.masked_whiten(rewards, mask, shift_mean=False)
+    groups = torch.arange(batch.size, device=mask.device) // cfg.samples_per_prompt  # rows come in groups (sample_responses)
+    advantages, returns = ESTIMATORS[cfg.advantage_estimator](cfg, rewards, mask, batch.values, groups)
+    if cfg.whiten_advantages:  # Detail 25
+        advantages = ops.masked_whiten(advantages, mask)
+    return dataclasses.replace(batch, scores=scores, kl=kl, rewards=rewards, advantages=advantages, returns=returns)
+
+
+def sum_gradients_across_processes(models: list[torch.nn.Module], accelerator) -> None:
+    """Each process holds the gradient of its rows' share of the minibatch loss; their sum is the
+    gradient of the whole minibatch. One all-reduce over all gradients, flattened; a process whose
+    rows took no part in this minibatch contributes zeros."""
+    if accelerator.num_processes == 1:
+        return
+    params = [p for model in models for p in model.parameters() if p.requires_grad]
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+    torch.distributed.all_reduce(flat)
+    offset = 0
+    for p in params:
+        p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
+        offset += p.numel()
+
+
+@dataclass
+class Optimizers:
+    policy: torch.optim.Optimizer
+    policy_schedule: Any
+    value: torch.optim.Optimizer | None
+    value_schedule: Any
+
+    def named_extra_states(self) -> dict[str, Any]:
+        return {"value_optimizer": self.value, "value_scheduler": self.value_schedule} if self.value is not None else {}
+
+    def step(self, models: OnPolicyModels, max_grad_norm: float, step_label: int, accelerator=ONE_PROCESS) -> dict[str, float]:
+        sum_gradients_across_processes(models.trained(), accelerator)
+        norms = {}
+        pairs = [("policy", models.policy, self.policy), ("value", models.value, self.value)]
+        for name, model, optimizer in pairs:
+            if optimizer is None:
+                continue
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm if max_grad_norm > 0 else float("inf"))
+            check_finite(step_label, f"{name} gradient norm", norm)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            norms[f"{name}/grad_norm"] = float(norm)
+        return norms
+
+    def advance_schedules(self) -> None:
+        for schedule in (self.policy_schedule, self.value_schedule):
+            if schedule is not None:
+                schedule.step()
+
+
+def build_optimizers(models: OnPolicyModels, cfg: OnPolicyConfig, num_updates: int) -> Optimizers:
+    """AdamW (Table 7: eps 1e-5) for the policy and, when there is one, the value model, each with the
+    learning-rate schedule stepped once per update (Table 7: linear decay to 0 over the run)."""
+    policy_opt, policy_sched = build_optimizer(models.policy, cfg, num_updates)
+    value_opt, value_sched = build_optimizer(models.value, cfg, num_updates) if models.value is not None else (None, None)
+    return Optimizers(policy_opt, policy_sched, value_opt, value_sched)
+
+
+class Averages:
+    """Weighted means of per-micro-batch statistics over an update, over every process."""
+
+    def __init__(self):
+        self.sums: dict[str, float] = defaultdict(float)
+        self.weights: dict[str, float] = defaultdict(float)
+
+    def add(self, key: str, value: torch.Tensor | float, weight: float) -> None:
+        self.sums[key] += float(value) * weight
+        self.weights[key] += weight
+
+    def means(self, accelerator=ONE_PROCESS) -> dict[str, float]:
+        keys = sorted(self.sums)
+        totals = torch.tensor([[self.sums[k] for k in keys], [self.weights[k] for k in keys]], dtype=torch.float64)
+        if accelerator.num_processes > 1:
+            totals = accelerator.reduce(totals.to(accelerator.device), "sum").cpu()
+        return {k: float(totals[0, i] / totals[1, i]) for i, k in enumerate(keys) if totals[1, i] > 0}
+
+
+def loss_units(algorithm: Algorithm, mask: torch.Tensor) -> torch.Tensor:
+    """(B,) what each row weighs in its minibatch's loss under the algorithm's loss aggregation;
+    token-mean: its response tokens, so the loss is the mean over the minibatch's tokens."""
+    return {"token-mean": mask.sum(-1)}[algorithm.loss_aggregation].float()
+
+
+def update_on_rollout(
+    models: OnPolicyModels, optimizers: Optimizers, batch: RolloutBatch, cfg: OnPolicyConfig, update: int, precision: str,
+    kl_coef: float, accelerator=ONE_PROCESS,
+) -> dict[str, float]:
+    """K epochs (Table 7: 4) over the whole update's rollout `batch` in N minibatches (Table 7: 1), one
+    optimizer step per minibatch; this process runs the micro-batches of its own rows of each
+    minibatch. The loss: clipped surrogate, plus vf_coef x value loss (PPO), plus kl_coef x KL to the
+    reference (kl_placement=loss), minus entropy_coef x entropy."""
+    algorithm = algorithm_of(cfg)
+    device = batch.responses.device
+    mine = process_share(batch.size, accelerator.process_index, accelerator.num_processes)
+    rng = np.random.default_rng([cfg.seed, update, 11])
+    minibatch = batch.size // cfg.num_minibatches
+    units = loss_units(algorithm, batch.mask)
+    value_options = algorithm.value(cfg) if algorithm.value else None
+    stats = Averages()
+    grad_norms = Averages()
+    for _ in range(cfg.update_epochs):
+        order = rng.permutation(batch.size)
+        for start in range(0, batch.size, minibatch):
+            rows = order[start : start + minibatch]
+            minibatch_units = float(units[rows].sum().clamp(min=1))
+            own = rows[(rows >= mine.start) & (rows < mine.stop)]
+            for micro_start in range(0, len(own), cfg.micro_batch_size):
+                picked = torch.as_tensor(own[micro_start : micro_start + cfg.micro_batch_size], device=device)
+                weight = float(units[picked].sum()) / minibatch_units
+                micro_loss(models, batch.select(picked), cfg, value_options, precision, kl_coef, update, weight, stats)
+            for key, norm in optimizers.step(models, cfg.max_grad_norm, update, accelerator).items():
+                grad_norms.add(key, norm, 1.0)
+    means = stats.means(accelerator) | grad_norms.means()
+    means["val/ratio_var"] = max(0.0, means.pop("ratio_squared") - means["val/ratio"] ** 2)
+    return means
+
+
+def micro_loss(models: OnPolicyModels, micro: RolloutBatch, cfg: OnPolicyConfig, value_options: ValueOptions | None, precision: str,
+               kl_coef: float, update: int, weight: float, stats: Averages) -> None:
+    """Forward and backward of one micro-batch, its loss scaled by its `weight` in the minibatch."""
+    with autocast(micro.responses.device, precision):
+        logprobs, entropy = policy_logprobs(models.policy, micro, cfg.temperature)
+        policy_loss = ops.ppo_policy_loss(logprobs, micro.logprobs, micro.advantages, micro.mask, cfg.clip_range or None)
+        loss = policy_loss.loss
+        if cfg.kl_placement == "loss":
+            kl_term = ops.masked_mean(ops.kl_penalty(logprobs, micro.ref_logprobs, cfg.kl_estimator), micro.mask)
+            loss = loss + kl_coef * kl_term
+            stats.add("loss/kl_avg", kl_term.detach(), weight)
+        if cfg.entropy_coef:
+            loss = loss - cfg.entropy_coef * ops.masked_mean(entropy, micro.mask)
+        if value_options is not None:
+            new_values = value_estimates(models.value, micro).float()
+            value_loss, value_clipfrac = ops.ppo_value_loss(new_values, micro.values, micro.returns, micro.mask,
+                                                            value_options.clip_range or None)
+            loss = loss + value_options.coef * value_loss
+            stats.add("loss/value_avg", value_loss.detach(), weight)
+            stats.add("val/clipfrac_avg", value_clipfrac, weight)
+    check_finite(update, "loss", loss.detach())
+    (loss * weight).backward()
+    ratio = torch.exp(logprobs.detach() - micro.logprobs)
+    stats.add("loss/policy_avg", policy_loss.loss.detach(), weight)
+    stats.add("policy/clipfrac_avg", policy_loss.clip_fraction, weight)
+    stats.add("policy/approxkl_avg", policy_loss.approx_kl, weight)
+    stats.add("policy/entropy_avg", ops.masked_mean(entropy.detach(), micro.mask), weight)
+    stats.add("val/ratio", ops.masked_mean(ratio, micro.mask), weight)
+    stats.add("ratio_squared", ops.masked_mean(ratio**2, micro.mask), weight)
+
+
+def rollout_metrics(batch: RolloutBatch, kl_coef: float) -> dict[str, float]:
+    """The per-update curves of Figure 12 and seed 000 Stage 3, from the whole update's rollout."""
+    mask, lengths = batch.mask, batch.lengths.float()
+    kl_sum = batch.kl.sum(-1)
+    non_score = -kl_coef * kl_sum  # also when the KL enters the loss instead of the reward
+    metrics = {
+        "objective/rlhf_reward": float((batch.scores + non_score).mean()),
+        "objective/scores": float(batch.scores.mean()),
+        "objective/raw_scores": float(batch.raw_scores.mean()),
+        "objective/kl": float(kl_sum.mean()),
+        "objective/non_score_reward": float(non_score.mean()),
+        "objective/entropy": float((-batch.logprobs * mask).sum(-1).mean()),
+        "objective/kl_coef": kl_coef,
+        "response/length_mean": float(lengths.mean()),
+        "response/eos_rate": float(batch.has_eos.float().mean()),
+        "response/length_score_corr": float(ops.pearson(lengths, batch.scores)),
+        "advantages/max": float(batch.advantages[mask].max()),
+        "advantages/min": float(batch.advantages[mask].min()),
+        "returns/mean": float(ops.masked_mean(batch.returns, mask)),
+    }
+    if bool(batch.has_eos.any()):  # the score of valid responses alone, apart from the EOS trick's constant
+        metrics["objective/scores_with_eos"] = float(batch.raw_scores[batch.has_eos].mean())
+    if batch.values is not None:
+        metrics["val/mean"] = float(ops.masked_mean(batch.values, mask))
+        metrics["val/explained_variance"] = float(ops.explained_variance(batch.values, batch.returns, mask))
+    return metrics
+
+
+def extreme_samples(batch: RolloutBatch, tokenizer, update: int, count: int) -> list[dict[str, Any]]:
+    """The `count` highest- and lowest-scored episodes of the update, decoded."""
+    order = torch.argsort(batch.scores, descending=True).tolist()
+    picks = [("highest", i) for i in order[:count]] + [("lowest", i) for i in order[::-1][:count]]
+    rows = []
+    for rank, i in picks:
+        query = batch.query_ids[i][batch.query_mask[i].bool()].tolist()
+        response = batch.responses[i][batch.mask[i]].tolist()
+        rows.append({
+            "step": update, "rank": rank, "score": float(batch.scores[i]), "raw_score": float(batch.raw_scores[i]),
+            "kl": float(batch.kl[i].sum()), "length": len(response), "has_eos": bool(batch.has_eos[i]),
+            "query": tokenizer.decode(query), "response": tokenizer.decode(response, skip_special_tokens=True),
+        })
+    return rows
