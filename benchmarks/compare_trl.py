@@ -464,7 +464,8 @@ def our_stage(args: argparse.Namespace, trainer: str, cfg, run_dir: Path):
         ), []
     pairs = [PairExample(None, q, c, r) for q, c, r in zip(encoded, chosen, rejected, strict=True)]
     if trainer == "rm":
-        from rlhfkit.trainers.reward import collate_packed_pairs, pairwise_loss_fn
+        from rlhfkit.scoring import collate_packed_pairs
+        from rlhfkit.trainers.reward import pairwise_loss_fn
 
         model = ScalarModel.from_policy(policy)
         return Stage("rm", model, tokenizer, pairs, lambda b: collate_packed_pairs(b, pad), pairwise_loss_fn), []

@@ -26,16 +26,17 @@ SOURCES["dpo"] = SOURCES["rm"]
 
 
 def examples_for(stage: str, cfg, tokenizer) -> list:
-    from rlhfkit.trainers import reward
-
     if stage == "sft":
         from rlhfkit.data import load_sft
         from rlhfkit.data.examples import tokenize_sft
 
         records, _ = load_sft(cfg.data)
         return tokenize_sft(records, tokenizer, cfg.max_query_length, cfg.max_response_length)[0]
-    train_records, _, _ = reward.split_comparisons(cfg)
-    return reward.prepare_pairs(cfg, tokenizer, train_records)[0]
+    from rlhfkit.data.examples import prepare_pairs
+    from rlhfkit.data.split import split_comparisons
+
+    train_records, _, _ = split_comparisons(cfg)
+    return prepare_pairs(cfg, tokenizer, train_records)[0]
 
 
 def epoch_tokens(schedule, seed: int, widths: list[int], rows_per_example: int, bucketed: bool) -> tuple[int, int]:

@@ -64,7 +64,7 @@ def random_batch(stage: str, tokenizer, batch: int, seq: int, device) -> dict[st
 def random_packed_pairs(tokenizer, batch: int, seq: int, response: int = 53) -> dict[str, torch.Tensor]:
     """Pairs as `rlhfkit rm` trains on them: one row of query + chosen + rejected, each response
     `response` tokens ending in EOS, so a row is seq + response tokens where two unpacked rows were 2 x seq."""
-    from rlhfkit.trainers.reward import collate_packed_pairs
+    from rlhfkit.scoring import collate_packed_pairs
 
     def tokens(n: int) -> list[int]:
         return torch.randint(100, len(tokenizer) - 1, (n,)).tolist()

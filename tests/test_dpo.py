@@ -12,8 +12,11 @@ from rlhfkit import generation as rollout
 from rlhfkit.cli import main as cli_main
 from rlhfkit.config import resolve
 from rlhfkit.data.collate import pad
+from rlhfkit.data.examples import prepare_pairs
+from rlhfkit.data.split import split_comparisons
+from rlhfkit.eval.rm_eval import evaluate_reward_model
 from rlhfkit.models import DPO_RECORD, load_policy
-from rlhfkit.trainers import dpo, reward
+from rlhfkit.trainers import dpo
 
 from .conftest import assert_same_files, assert_same_metrics, data_file, straight_and_resumed
 
@@ -37,8 +40,8 @@ def dpo_args(model, data, out, **extra):
 
 
 def pairs_for(cfg, tokenizer):
-    train_records, val_records, _ = reward.split_comparisons(cfg)
-    return reward.prepare_pairs(cfg, tokenizer, train_records)[0], reward.prepare_pairs(cfg, tokenizer, val_records)[0]
+    train_records, val_records, _ = split_comparisons(cfg)
+    return prepare_pairs(cfg, tokenizer, train_records)[0], prepare_pairs(cfg, tokenizer, val_records)[0]
 
 
 def test_sequence_logprobs_do_not_depend_on_padding_side_or_batch_company(tiny_model):
@@ -171,8 +174,8 @@ def test_implicit_reward_accuracy_breaks_down_like_a_reward_models(tiny_model_di
     chosen, rejected = dpo.implicit_rewards(policy, examples, tok.pad_token_id, cfg)
     from rlhfkit.models import ImplicitRewardModel
 
-    result = reward.evaluate_reward_model(ImplicitRewardModel(policy, reference, cfg.beta), tok, val_pairs, tmp_path / "eval",
-                                          batch_size=4, probes="", limits={"tldr": 128, "hh": 128, "cnndm": 128})
+    result = evaluate_reward_model(ImplicitRewardModel(policy, reference, cfg.beta), tok, val_pairs, tmp_path / "eval",
+                                   batch_size=4, probes="", limits={"tldr": 128, "hh": 128, "cnndm": 128})
     assert result["breakdown"]["overall"]["accuracy"] == pytest.approx(float(np.mean(chosen > rejected)))
 
 

@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from rlhfkit.eval.plots import plot_curves
 from rlhfkit.eval.report import image_html, table_html, write_report
+from rlhfkit.plots import plot_curves
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 import torch
 
+from rlhfkit import scoring
 from rlhfkit.cli import main as cli_main
 from rlhfkit.config import resolve
 from rlhfkit.data.collate import pad
 from rlhfkit.data.formats import encode_completion, encode_query
+from rlhfkit.eval import rm_eval
 from rlhfkit.models import ScalarModel, linear_head, load_reward_model
 from rlhfkit.trainers import reward
 
@@ -54,7 +56,7 @@ def test_detail12_reward_is_read_at_the_eos_index_including_full_width_rows(rewa
 def test_detail14_left_and_right_padding_give_the_same_rewards(reward_model):
     model, tok = reward_model
     pairs = pairs_of(tok)
-    right = reward.collate_scored([q for q, _ in pairs], [r for _, r in pairs], tok.pad_token_id)
+    right = scoring.collate_scored([q for q, _ in pairs], [r for _, r in pairs], tok.pad_token_id)
     right_rewards = model(right["input_ids"], right["attention_mask"])
     queries, qmask = pad([q for q, _ in pairs], tok.pad_token_id, "left")
     responses, rmask = pad([r for _, r in pairs], tok.pad_token_id, "right")
@@ -89,7 +91,7 @@ def test_saved_reward_model_reloads_with_one_call_and_scores_identically(reward_
     model.save_pretrained(tmp_path / "rm")
     tok.save_pretrained(tmp_path / "rm")
     loaded, loaded_tok = load_reward_model(tmp_path / "rm")
-    batch = reward.collate_scored(*zip(*pairs_of(tok), strict=True), tok.pad_token_id)
+    batch = scoring.collate_scored(*zip(*pairs_of(tok), strict=True), tok.pad_token_id)
     torch.testing.assert_close(loaded(batch["input_ids"], batch["attention_mask"]), model(batch["input_ids"], batch["attention_mask"]))
     assert loaded_tok.pad_token_id == tok.pad_token_id != tok.eos_token_id
 
@@ -107,7 +109,7 @@ def test_detail15_normalisation_gives_reference_mean_zero(reward_model, tmp_path
     from rlhfkit.data.tldr import load_sft
 
     examples, _ = tokenize_sft(load_sft([str(refs)])[0], tok, 128, 53)
-    after = reward.score_texts(model, tok.pad_token_id, [e.query.ids for e in examples], [e.response for e in examples], 4, "t")
+    after = scoring.score_texts(model, tok.pad_token_id, [e.query.ids for e in examples], [e.response for e in examples], 4, "t")
     assert abs(after.mean()) < 1e-4
 
 
@@ -145,9 +147,9 @@ def test_detail13_reward_logits_dump_covers_every_response_token_and_marks_eos(r
     (q, r), (_, r2) = pairs_of(tok)
     record = Comparison("p", "tldr", {}, "a", "b", "here")
     example = PairExample(record, QueryTokens(q, "", len(q), 0, False), r, r2)
-    dump = reward.dump_reward_logits(model, tok, [example], tmp_path)[0]
+    dump = rm_eval.dump_reward_logits(model, tok, [example], tmp_path)[0]
     assert len(dump["scores"]) == len(r) and dump["eos_index"] == len(r) - 1
-    batch = reward.collate_scored([q], [r], tok.pad_token_id)
+    batch = scoring.collate_scored([q], [r], tok.pad_token_id)
     assert dump["scores"][-1] == pytest.approx(model(batch["input_ids"], batch["attention_mask"]).item(), abs=1e-5)
     assert (tmp_path / "reward_logits.png").is_file()
 
@@ -166,7 +168,7 @@ def test_mean_mlp_head_pools_exactly_the_response_and_ignores_query_padding(tiny
     policy, tok = tiny_model
     model = ScalarModel.from_policy(policy, head="mean-mlp").eval()
     pairs = pairs_of(tok)
-    right = reward.collate_scored([q for q, _ in pairs], [r for _, r in pairs], tok.pad_token_id)
+    right = scoring.collate_scored([q for q, _ in pairs], [r for _, r in pairs], tok.pad_token_id)
     rewards = model(right["input_ids"], right["attention_mask"], right["response_mask"])
     hidden = model.hidden_states(right["input_ids"], right["attention_mask"])
     for row, (q, r) in enumerate(pairs):

@@ -12,10 +12,14 @@ from rlhfkit.cli import main as cli_main
 from rlhfkit.config import PPOConfig, RMConfig
 from rlhfkit.data import load_pairs
 from rlhfkit.data.examples import length_balanced_indices, query_limits, tokenize_pairs
+from rlhfkit.data.split import split_by_upstream_split
 from rlhfkit.data.tldr import Comparison
 from rlhfkit.models import ScalarModel, freeze_below_top_layers, load_reward_model, tiny_policy
-from rlhfkit.trainers import onpolicy, reward
-from rlhfkit.trainers.reward_features import FeatureCache
+from rlhfkit.onpolicy.rollout import RolloutBatch
+from rlhfkit.onpolicy.update import compute_advantages
+from rlhfkit.reward_features import FeatureCache
+from rlhfkit.scoring import collate_packed_pairs, collate_pairs, pair_scores, score_pairs
+from rlhfkit.trainers import reward
 
 from .conftest import data_file
 
@@ -35,20 +39,20 @@ def test_packed_pairs_score_exactly_as_separate_rows(tiny_model, real_pairs, hea
     policy, tok = tiny_model
     torch.manual_seed(0)
     model = ScalarModel.from_policy(policy, head).eval()
-    packed = reward.pair_scores(model, reward.collate_packed_pairs(real_pairs, tok.pad_token_id))
-    separate = reward.collate_pairs(real_pairs, tok.pad_token_id)
+    packed = pair_scores(model, collate_packed_pairs(real_pairs, tok.pad_token_id))
+    separate = collate_pairs(real_pairs, tok.pad_token_id)
     with torch.no_grad():
         rows = model(separate["input_ids"], separate["attention_mask"], separate["response_mask"])
     chosen, rejected = rows.chunk(2)
     torch.testing.assert_close(packed["chosen"], chosen, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(packed["rejected"], rejected, atol=1e-5, rtol=1e-5)
-    widths = reward.collate_packed_pairs(real_pairs, tok.pad_token_id)["attention_mask"].sum()
+    widths = collate_packed_pairs(real_pairs, tok.pad_token_id)["attention_mask"].sum()
     assert widths < separate["attention_mask"].sum()  # the shared query is read once
 
 
 def test_packed_rows_hide_the_chosen_response_from_the_rejected_one(tiny_model, real_pairs):
     _, tok = tiny_model
-    batch = reward.collate_packed_pairs(real_pairs[:1], tok.pad_token_id)
+    batch = collate_packed_pairs(real_pairs[:1], tok.pad_token_id)
     e = real_pairs[0]
     q, c = len(e.query.ids), len(e.chosen)
     sees = batch["pair_mask"][0, 0]
@@ -122,9 +126,9 @@ def test_odin_length_head_is_saved_and_reloaded_but_only_the_quality_head_is_the
     tok.save_pretrained(tmp_path / "rm")
     loaded, _ = load_reward_model(tmp_path / "rm")
     torch.testing.assert_close(loaded.length_head.weight, model.length_head.weight)
-    batch = reward.collate_packed_pairs(real_pairs, tok.pad_token_id)
-    scores = reward.pair_scores(loaded, batch)
-    separate = reward.collate_pairs(real_pairs, tok.pad_token_id)
+    batch = collate_packed_pairs(real_pairs, tok.pad_token_id)
+    scores = pair_scores(loaded, batch)
+    separate = collate_pairs(real_pairs, tok.pad_token_id)
     with torch.no_grad():
         as_ppo_reads_it = loaded(separate["input_ids"], separate["attention_mask"]).chunk(2)[0]
     torch.testing.assert_close(scores["chosen"], as_ppo_reads_it, atol=1e-5, rtol=1e-5)
@@ -164,11 +168,11 @@ def test_length_penalised_score_is_exact():
 def test_ppo_scores_carry_the_length_penalty_before_the_eos_trick():
     cfg = PPOConfig(reward_length_penalty=0.1, kl_coef=0.0)
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.bool)
-    batch = onpolicy.RolloutBatch(torch.arange(2), torch.ones(2, 1, dtype=torch.long), torch.ones(2, 1, dtype=torch.long),
-                                  torch.ones(2, 4, dtype=torch.long), mask, torch.tensor([True, False]),
-                                  logprobs=torch.zeros(2, 4), ref_logprobs=torch.zeros(2, 4), values=torch.zeros(2, 4),
-                                  raw_scores=torch.tensor([1.0, 3.0]))
-    out = onpolicy.compute_advantages(batch, cfg, 0.0)
+    batch = RolloutBatch(torch.arange(2), torch.ones(2, 1, dtype=torch.long), torch.ones(2, 1, dtype=torch.long),
+                         torch.ones(2, 4, dtype=torch.long), mask, torch.tensor([True, False]),
+                         logprobs=torch.zeros(2, 4), ref_logprobs=torch.zeros(2, 4), values=torch.zeros(2, 4),
+                         raw_scores=torch.tensor([1.0, 3.0]))
+    out = compute_advantages(batch, cfg, 0.0)
     torch.testing.assert_close(out.scores, torch.tensor([1.0 - 0.1 * 3, cfg.missing_eos_score]))
 
 
@@ -180,13 +184,13 @@ def test_split_disjoint_protocol_trains_and_validates_on_different_splits_and_pr
     records = [comparison("p1", "valid2"), comparison("p2", "valid2"), comparison("p3", "valid1"), comparison("p1", "valid1"),
                comparison("p4", "train")]
     cfg = RMConfig(validation_splits=["valid1"], splits=["valid2"])
-    train, validation, notes = reward.split_by_upstream_split(cfg, records)
+    train, validation, notes = split_by_upstream_split(cfg, records)
     assert [r.prompt_id for r in train] == ["p1", "p2"] and [r.prompt_id for r in validation] == ["p3"]
     assert "1 validation pairs dropped" in notes[0]
-    train, _, _ = reward.split_by_upstream_split(RMConfig(validation_splits=["valid1"]), records)
+    train, _, _ = split_by_upstream_split(RMConfig(validation_splits=["valid1"]), records)
     assert [r.split for r in train] == ["valid2", "valid2", "train"]
     with pytest.raises(Exception, match="the data has splits"):
-        reward.split_by_upstream_split(RMConfig(validation_splits=["test"]), records)
+        split_by_upstream_split(RMConfig(validation_splits=["test"]), records)
 
 
 def test_trainable_layers_freezes_everything_below_the_top_blocks(tiny_model_dir):
@@ -208,13 +212,13 @@ def test_cached_features_score_as_the_full_model_and_are_reused(tiny_model, real
     torch.manual_seed(0)
     model = ScalarModel.from_policy(policy).eval()
     cache = FeatureCache(model, "no", tmp_path / "features.pt")
-    cached = reward.score_pairs(model, tok.pad_token_id, real_pairs, 4, features=cache)
-    direct = reward.score_pairs(model, tok.pad_token_id, real_pairs, 4)
+    cached = score_pairs(model, tok.pad_token_id, real_pairs, 4, features=cache)
+    direct = score_pairs(model, tok.pad_token_id, real_pairs, 4)
     np.testing.assert_allclose(cached, direct, atol=1e-5)
     again = FeatureCache(model, "no", tmp_path / "features.pt")
     assert len(again.entries) == len(real_pairs)
     again.compute = None  # a second read must not run the backbone
-    np.testing.assert_allclose(reward.score_pairs(model, tok.pad_token_id, real_pairs, 4, features=again), cached)
+    np.testing.assert_allclose(score_pairs(model, tok.pad_token_id, real_pairs, 4, features=again), cached)
     with torch.no_grad():
         model.backbone.norm.weight.add_(1.0)
     assert FeatureCache(model, "no", tmp_path / "features.pt").prefix != again.prefix  # changed weights, new keys

@@ -11,7 +11,6 @@ import pytest
 
 from rlhfkit.data.tldr import Comparison
 from rlhfkit.eval import rm_metrics as rm
-from rlhfkit.eval.plots import metric_series, plot_training_curves
 from rlhfkit.eval.probes import (
     ProbeFileError,
     load_probes,
@@ -22,6 +21,7 @@ from rlhfkit.eval.probes import (
     word_count,
 )
 from rlhfkit.eval.rm_report import headline, write_rm_eval
+from rlhfkit.plots import metric_series, plot_training_curves
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -177,7 +177,7 @@ def test_a_model_that_is_the_length_rule_differs_from_it_by_exactly_zero():
 
 
 def test_headline_and_report_show_the_length_rule_and_the_intervals(tmp_path):
-    from rlhfkit.trainers.reward import write_rm_report
+    from rlhfkit.eval.rm_eval import write_rm_report
 
     result = rm.evaluate_rewards(*five_pairs(), resamples=200)
     overall = result["breakdown"]["overall"]

@@ -9,7 +9,8 @@ import torch
 from rlhfkit.data.examples import tokenize_sft
 from rlhfkit.data.tldr import load_sft
 from rlhfkit.models import ScalarModel, load_policy
-from rlhfkit.trainers import reward, sft
+from rlhfkit.scoring import collate_scored
+from rlhfkit.trainers import sft
 
 from .conftest import data_file, sft_losses_on_fixed_batch
 
@@ -39,7 +40,7 @@ def test_real_reward_model_left_and_right_padding_agree(real_examples):
     examples, _ = tokenize_sft(real_examples[:3], tok, 256, 53)
     queries, responses = [e.query.ids for e in examples], [e.response for e in examples]
     with torch.no_grad():
-        right = reward.collate_scored(queries, responses, tok.pad_token_id)
+        right = collate_scored(queries, responses, tok.pad_token_id)
         right_rewards = model(right["input_ids"], right["attention_mask"])
         from rlhfkit.data.collate import pad
 

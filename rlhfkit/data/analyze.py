@@ -17,6 +17,7 @@ import numpy as np
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from ..plots import pyplot, save
 from . import load_pairs
 from .examples import query_limits, tokenize_pairs, tokenize_sft
 from .records import SkipLog
@@ -142,8 +143,6 @@ def analyze_pairs(
 
 
 def plot_histograms(lengths: dict[str, list[int]], out: Path) -> list[str]:
-    from ..eval.plots import pyplot, save
-
     plt = pyplot()
     files = []
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -172,8 +171,6 @@ def plot_histograms(lengths: dict[str, list[int]], out: Path) -> list[str]:
 
 
 def plot_counts(result_counts: dict[str, Any], out: Path) -> list[str]:
-    from ..eval.plots import pyplot, save
-
     plt = pyplot()
     files = []
     for name, table in result_counts.items():

@@ -84,6 +84,14 @@ def tokenize_pairs(
     return out, log
 
 
+def prepare_pairs(cfg, tokenizer: PreTrainedTokenizerBase, records: list[Comparison]) -> tuple[list[PairExample], str]:
+    """`tokenize_pairs` under a pair stage's length limits (`cfg.max_query_length`,
+    `max_article_query_length`, `max_response_length`); (examples, a note of what was skipped)."""
+    limits = query_limits(cfg.max_query_length, cfg.max_article_query_length)
+    examples, log = tokenize_pairs(records, tokenizer, limits, cfg.max_response_length)
+    return examples, log.summary("pairs")
+
+
 def length_balanced_indices(examples: list[PairExample], seed: int) -> tuple[list[int], str]:
     """(indices, note): equal numbers of pairs whose chosen response is the longer and the shorter one (in
     tokens), in data order. The majority side is subsampled (seeded) and pairs of equal length are all

@@ -1,4 +1,6 @@
-"""Deterministic train/validation split by prompt identity, so no post lands in both."""
+"""Deterministic train/validation splits by prompt identity, so no post lands in both, and the
+comparisons a pair stage (reward model, DPO) trains and validates on: filtered by upstream split and
+batch, then split by prompt or by upstream split (`split_comparisons`)."""
 
 from __future__ import annotations
 
@@ -6,7 +8,10 @@ import hashlib
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from ..config import PairConfig
 from ..errors import ConfigError
+from . import load_pairs
+from .tldr import Comparison
 
 T = TypeVar("T")
 
@@ -50,3 +55,51 @@ def prompt_folds(keys: Sequence[str], folds: int, seed: int = 0) -> list[int]:
         raise ConfigError(f"cross-validation needs 2 to {len(distinct)} folds (one per distinct prompt at most), got {folds}")
     fold_of = {key: rank % folds for rank, key in enumerate(distinct)}
     return [fold_of[k] for k in keys]
+
+
+def filter_comparisons(records: list[Comparison], splits: list[str], batches: list[str]) -> list[Comparison]:
+    """The comparisons of the given upstream splits and annotation batches (an empty list keeps all)."""
+    return [r for r in records if (not splits or r.split in splits) and (not batches or r.batch in batches)]
+
+
+def split_comparisons(cfg: PairConfig) -> tuple[list[Comparison], list[Comparison], list[str]]:
+    """(training comparisons, validation comparisons, notes): filters, then the split by prompt that
+    `rlhfkit rm-eval side=validation` repeats, then at most max_pairs training pairs."""
+    records, load_log = load_pairs(cfg.data_format, cfg.data, cfg.hf_split)
+    notes = [f"loaded: {load_log.summary('pairs')}"]
+    if cfg.validation_splits:
+        train_records, val_records, split_notes = split_by_upstream_split(cfg, filter_comparisons(records, [], cfg.batches))
+        notes += split_notes
+    else:
+        records = filter_comparisons(records, cfg.splits, cfg.batches)
+        if not records:
+            raise ConfigError(f"no comparisons left after splits={cfg.splits} batches={cfg.batches}")
+        train_records, val_records = split_by_prompt(records, lambda r: r.prompt_id, validation_fraction=cfg.validation_fraction, seed=cfg.seed)
+        notes += [
+            f"after split/batch filters: {len(records)} pairs",
+            f"split by prompt: {len(train_records)} train pairs ({len({r.prompt_id for r in train_records})} prompts), "
+            f"{len(val_records)} validation pairs ({len({r.prompt_id for r in val_records})} prompts), no prompt on both sides",
+        ]
+    if cfg.max_pairs and len(train_records) > cfg.max_pairs:
+        train_records = train_records[: cfg.max_pairs]
+        notes.append(f"training on the first {cfg.max_pairs} training pairs (max_pairs)")
+    return train_records, val_records, notes
+
+
+def split_by_upstream_split(cfg: PairConfig, records: list[Comparison]) -> tuple[list[Comparison], list[Comparison], list[str]]:
+    """Split-disjoint protocol: validate on the upstream `validation_splits` (TL;DR valid1, whose
+    summaries come from other policies than valid2's, Detail 6), train on `splits` (empty: every other
+    split). Validation pairs whose prompt is also trained on are dropped and counted, so validation is
+    prompt-disjoint as well."""
+    validation = [r for r in records if r.split in cfg.validation_splits]
+    train = [r for r in records if r.split not in cfg.validation_splits and (not cfg.splits or r.split in cfg.splits)]
+    if not validation or not train:
+        found = sorted({r.split or "(none)" for r in records})
+        raise ConfigError(f"validation_splits={cfg.validation_splits} splits={cfg.splits} leave {len(train)} training and "
+                          f"{len(validation)} validation pairs; the data has splits {found}")
+    trained = {r.prompt_id for r in train}
+    disjoint = [r for r in validation if r.prompt_id not in trained]
+    notes = [f"split-disjoint: {len(train)} training pairs from splits {cfg.splits or 'other than ' + str(cfg.validation_splits)}, "
+             f"{len(disjoint)} validation pairs from {cfg.validation_splits}; {len(validation) - len(disjoint)} validation pairs "
+             "dropped because their prompt is also in training"]
+    return train, disjoint, notes

@@ -20,8 +20,8 @@ from typing import Any
 
 from ..config import ConfigError, EvalConfig
 from ..models import load_policy, load_reward_model
+from ..scoring import score_texts
 from ..tracking import read_jsonl
-from ..trainers.reward import score_texts
 from . import policy_stats
 from .alarms import alarms, words
 from .judges import ApiOptions, Pair, Verdict, make_judge
@@ -149,8 +149,8 @@ class ModelStats:
         if self.reward is not None:
             model, tokenizer = self.reward
             q, responses = policy_stats.encoded_samples(tokenizer, rows)
-            scores = score_texts(model, tokenizer.pad_token_id, q, responses, self.cfg.batch_size, f"RM scores ({name})")
-            stats["rm_scores"] = [float(s) if e else -1.0 for s, e in zip(scores, has_eos, strict=True)]
+            scores = score_texts(model, tokenizer.pad_token_id, q, responses, self.cfg.batch_size, f"RM scores ({name})", has_eos=has_eos)
+            stats["rm_scores"] = scores.tolist()
             stats["rm_score"] = mean(stats["rm_scores"])
         if self.reference is not None:
             reference, tokenizer = self.reference

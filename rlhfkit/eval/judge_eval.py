@@ -22,8 +22,8 @@ import numpy as np
 
 from ..config import ConfigError, JudgeEvalConfig
 from ..data import load_pairs
+from ..data.split import filter_comparisons
 from ..data.tldr import Comparison
-from ..trainers.reward import filter_comparisons
 from . import rm_metrics
 from .judges import ApiOptions, Pair, Verdict, make_judge
 from .report import table_html, write_report

@@ -777,7 +777,7 @@ class RewardModelJudge(Judge):
 
     def answer(self, items: list[tuple[int, Shown]], deliver: Deliver) -> None:
         from ..data.formats import encode_completion, encode_text
-        from ..trainers.reward import score_texts
+        from ..scoring import score_texts
 
         queries = [encode_text(self.tokenizer, s.prompt) for _, s in items]
         responses = [encode_completion(self.tokenizer, s.first) for _, s in items]

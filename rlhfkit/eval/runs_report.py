@@ -15,8 +15,8 @@ from typing import Any
 import yaml
 
 from ..config import ConfigError, RunsReportConfig
+from ..plots import pyplot, save
 from ..tracking import read_metrics
-from .plots import pyplot, save
 from .report import image_html, table_html, write_report
 
 HEADLINE = ["objective/scores", "objective/kl", "response/length_mean", "response/eos_rate", "val/accuracy", "val/loss",

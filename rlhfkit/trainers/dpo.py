@@ -24,12 +24,16 @@ from tqdm import tqdm
 
 from .. import ops
 from ..config import DPOConfig
-from ..data.examples import PairExample, query_limits
+from ..data.examples import PairExample, prepare_pairs, query_limits
+from ..data.split import split_comparisons
 from ..devices import autocast, evaluation_mode, model_device
-from ..eval import plots, rm_metrics, rm_report
+from ..eval import rm_metrics, rm_report
 from ..eval.report import table_html
+from ..eval.rm_eval import builtin_probes_for, evaluate_reward_model, write_rm_report
 from ..generation import SamplingParams, generate_texts, sequence_logprobs
 from ..models import DPO_RECORD, ImplicitRewardModel, load_policy
+from ..plots import plot_training_curves
+from ..scoring import collate_pairs
 from ..tracking import read_metrics, write_jsonl
 from .engine import (
     Stage,
@@ -40,14 +44,6 @@ from .engine import (
     save_final_model,
     start_run,
     train,
-)
-from .reward import (
-    builtin_probes_for,
-    collate_pairs,
-    evaluate_reward_model,
-    prepare_pairs,
-    split_comparisons,
-    write_rm_report,
 )
 
 REFERENCE_CACHE = "reference_logps.pt"
@@ -232,7 +228,7 @@ def run(cfg: DPOConfig) -> int:
             extra_sections.append((f"Greedy responses to {len(samples)} validation prompts (mean tokens: reference "
                                    f"{lengths['reference']:.1f}, DPO {lengths['dpo']:.1f})",
                                    table_html(samples[:10], ["prompt", "human_chosen", "reference", "dpo", "reference_tokens", "dpo_tokens"])))
-    plots.plot_training_curves(read_metrics(run_dir), run_dir / "plots")
+    plot_training_curves(read_metrics(run_dir), run_dir / "plots")
     write_rm_report(run_dir, notes, evaluation, run_dir / "rm_eval", "DPO (implicit reward, equation 5)", extra_sections)
     print(f"model: {run_dir / 'model'}\nreport: {run_dir / 'report.html'}")
     return 0

@@ -19,11 +19,11 @@ from ..data import load_prompts, load_sft
 from ..data.collate import IGNORE_INDEX, right_pad_query_response
 from ..data.examples import SFTExample, tokenize_sft
 from ..data.split import split_by_prompt
-from ..eval.plots import plot_curves
 from ..eval.report import image_html, table_html, write_report
 from ..eval.rouge import mean, rouge_l
 from ..generation import SamplingParams, generate_texts, target_logprobs
 from ..models import load_policy
+from ..plots import plot_curves
 from ..tracking import read_jsonl, read_metrics, write_jsonl
 from .engine import Stage, is_main_process, save_final_model, start_run, train
 

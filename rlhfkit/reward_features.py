@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..data.collate import pack_pairs
-from ..data.examples import PairExample
-from ..devices import autocast, evaluation_mode, model_device
-from ..errors import ConfigError
-from ..models import ScalarModel
+from .data.collate import pack_pairs
+from .data.examples import PairExample
+from .devices import autocast, evaluation_mode, model_device
+from .errors import ConfigError
+from .models import ScalarModel
 
 
 @dataclass

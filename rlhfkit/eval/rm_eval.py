@@ -1,0 +1,151 @@
+"""`rlhfkit rm-eval`: a reward model, or a DPO policy's implicit reward (Detail 19), on human
+comparisons (Section 6, Details 13 and 16-18).
+
+`evaluate_reward_model` scores the pairs through `rlhfkit.scoring` and writes everything `rm_eval.json`
+holds (`rm_metrics`), its plots and tables (`rm_report`), the probes and the Detail 13 dump of the
+head's output at every response token; `rlhfkit rm` and `rlhfkit dpo` call it on their validation
+pairs, and `write_rm_report` puts their run in report.html.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import ops
+from ..config import ConfigError, RMEvalConfig
+from ..data import load_pairs
+from ..data.examples import PairExample, prepare_pairs, query_limits
+from ..data.formats import encode_completion, encode_query
+from ..data.split import filter_comparisons, split_by_prompt
+from ..models import DPO_RECORD, SCALAR_CONFIG, ScalarModel, load_implicit_reward_model, load_reward_model
+from ..reward_features import FeatureCache
+from ..scoring import collate_scored, response_lengths, score_pair_heads, score_texts
+from . import rm_metrics, rm_report
+from .plots import plot_reward_logits
+from .probes import DEFAULT_PROBES, load_probes, probe_items, probe_table
+from .report import image_html, table_html, write_report
+
+
+def dump_reward_logits(model: ScalarModel, tokenizer, examples: list[PairExample], out: Path) -> list[dict[str, Any]]:
+    """Detail 13: the head's output at every response position; only the EOS one is a valid reward."""
+    dumps = []
+    for e in examples:
+        batch = collate_scored([e.query.ids], [e.chosen], tokenizer.pad_token_id)
+        device = next(model.parameters()).device
+        with torch.no_grad():
+            scores = model.per_token_scores(batch["input_ids"].to(device), batch["attention_mask"].to(device))[0].cpu()
+        start = len(e.query.ids)
+        tokens = [tokenizer.decode([t]) for t in e.chosen]  # readable text, not byte-level pieces
+        dumps.append({"tokens": tokens, "scores": scores[start : start + len(e.chosen)].tolist(), "eos_index": len(e.chosen) - 1})
+    (out / "reward_logits.json").write_text(json.dumps(dumps, indent=2))
+    if dumps:
+        plot_reward_logits(dumps[0], out / "reward_logits.png")
+    return dumps
+
+
+def score_probes(model: ScalarModel, tokenizer, probes_path: str, limits: dict[str, int]) -> list[dict[str, Any]]:
+    if not probes_path:
+        return []
+    probes = load_probes(DEFAULT_PROBES if probes_path == "builtin" else probes_path)
+    items = probe_items(probes)
+    queries = [encode_query(tokenizer, it["task"], it["fields"], limits[it["task"]]).ids for it in items]
+    responses = [encode_completion(tokenizer, it["text"]) for it in items]
+    scores = score_texts(model, tokenizer.pad_token_id, queries, responses, 8, "probes")
+    return probe_table(probes, scores.tolist())
+
+
+def builtin_probes_for(data_format: str, probes: str) -> str:
+    """The shipped probes are TL;DR posts: they say nothing about an HH reward model."""
+    return "" if probes == "builtin" and data_format != "tldr-comparisons" else probes
+
+
+def evaluate_reward_model(
+    model: ScalarModel, tokenizer, examples: list[PairExample], out: Path, *, batch_size: int, probes: str,
+    limits: dict[str, int], errors: int = 20, bins: int = 10, dump: int = 1, length_penalty: float = 0.0, seed: int = 0,
+    features: FeatureCache | None = None,
+) -> dict[str, Any]:
+    """Everything `rm_eval.json` holds, plus plots, confident errors, probes and Detail 13 dumps. With
+    `length_penalty` alpha every reward is score - alpha x response tokens, as PPO would see it."""
+    out.mkdir(parents=True, exist_ok=True)
+    heads = score_pair_heads(model, tokenizer.pad_token_id, examples, batch_size, features=features)
+    chosen, rejected = heads["chosen"], heads["rejected"]
+    lengths = response_lengths(examples)
+    lengths_c, lengths_r = lengths["chosen_lengths"].numpy(), lengths["rejected_lengths"].numpy()
+    if length_penalty:
+        chosen = ops.length_penalised_scores(torch.from_numpy(chosen), lengths["chosen_lengths"], length_penalty).numpy()
+        rejected = ops.length_penalised_scores(torch.from_numpy(rejected), lengths["rejected_lengths"], length_penalty).numpy()
+    comparisons = [e.record for e in examples]
+    result = rm_metrics.evaluate_rewards(comparisons, chosen, rejected, lengths_c, lengths_r, "tokens", bins, errors, seed=seed)
+    result["length_penalty"] = length_penalty
+    if "chosen_length" in heads:  # ODIN: is the pair still modelled once both heads are summed?
+        both = heads["chosen"] + heads["chosen_length"] > heads["rejected"] + heads["rejected_length"]
+        result["odin_reward_plus_length_head"] = rm_metrics.accuracy_with_baseline(
+            both.astype(float), rm_metrics.length_rule_hits(lengths_c, lengths_r), rm_metrics.chosen_shorter_mask(lengths_c, lengths_r), seed)
+    probe_rows = score_probes(model, tokenizer, probes, limits)
+    rm_report.write_rm_eval(out, result, chosen, rejected, lengths_c, lengths_r, probe_rows=probe_rows or None)
+    if dump and model.head_type == "eos-linear":
+        dump_reward_logits(model, tokenizer, examples[:dump], out)
+    return result
+
+
+def write_rm_report(run_dir: Path, notes: list[str], evaluation: dict[str, Any], eval_dir: Path, title: str = "Reward model",
+                    extra_sections: list[tuple[str, str]] = ()) -> Path:
+    """report.html of a reward-model or DPO run: its data notes, validation accuracy by group, plots and probes."""
+    cells: dict[str, Any] = {}
+    if "breakdown" in evaluation:
+        cells = rm_report.accuracy_cells(evaluation["breakdown"]["overall"])
+        cells["intervals"] = rm_report.protocol_note(evaluation)
+    overview = table_html([{"metric": k, "value": v} for k, v in cells.items()], ["metric", "value"])
+    sections = [("Data", "<br>".join(notes)), ("Validation accuracy", overview)]
+    for name in ("confidence", "batch", "split", "task"):
+        groups = evaluation.get("breakdown", {}).get(name, {})
+        if groups:
+            rows = [{name: g, **rm_report.accuracy_cells(stats)} for g, stats in groups.items()]
+            sections.append((f"Accuracy by {name} (Detail 16)", table_html(rows, list(rows[0]))))
+    for png in sorted([*(run_dir / "plots").glob("*.png"), *eval_dir.glob("*.png")]):
+        sections.append((png.stem.replace("_", " "), image_html(png)))
+    if (eval_dir / "probes.md").exists():
+        sections.append(("Probes", f"<pre>{(eval_dir / 'probes.md').read_text()}</pre>"))
+    sections += list(extra_sections)
+    sections.append(("Resolved config", f"<pre>{(run_dir / 'config.yaml').read_text()}</pre>"))
+    return write_report(run_dir, f"{title} run {run_dir.name}", sections)
+
+
+def load_pair_scorer(cfg: RMEvalConfig) -> tuple[torch.nn.Module, Any]:
+    """A reward model, or a DPO policy whose implicit reward is scored the same way (Detail 19)."""
+    folder = Path(cfg.model)
+    if folder.is_dir() and not (folder / SCALAR_CONFIG).is_file() and ((folder / DPO_RECORD).is_file() or cfg.reference_model):
+        return load_implicit_reward_model(folder, cfg.reference_model, cfg.beta, cfg.trust_remote_code)
+    return load_reward_model(cfg.model, cfg.trust_remote_code)
+
+
+def run_eval(cfg: RMEvalConfig) -> int:
+    if not cfg.model or not cfg.data:
+        raise ConfigError("rm-eval needs model=<reward model or DPO policy folder> and data=<comparisons>")
+    model, tokenizer = load_pair_scorer(cfg)
+    if torch.cuda.is_available():
+        model = model.cuda()
+    records, log = load_pairs(cfg.data_format, cfg.data, cfg.hf_split)
+    records = filter_comparisons(records, cfg.splits, cfg.batches)
+    if cfg.side != "all":
+        train_side, val_side = split_by_prompt(records, lambda r: r.prompt_id, validation_fraction=cfg.validation_fraction, seed=cfg.seed)
+        records = val_side if cfg.side == "validation" else train_side
+    records = records[: cfg.max_pairs] if cfg.max_pairs else records
+    examples, note = prepare_pairs(cfg, tokenizer, records)
+    print(f"loaded: {log.summary('pairs')}; scoring: {note}")
+    if not examples:
+        raise ConfigError(f"no pairs left to evaluate (filters splits={cfg.splits} batches={cfg.batches} side={cfg.side})")
+    out = Path(cfg.out) if cfg.out else Path("runs") / f"rm-eval-{datetime.now():%Y%m%d-%H%M%S}"
+    limits = query_limits(cfg.max_query_length, cfg.max_article_query_length)
+    probes = builtin_probes_for(cfg.data_format, cfg.probes)
+    result = evaluate_reward_model(model, tokenizer, examples, out, batch_size=cfg.batch_size, probes=probes, limits=limits,
+                                   errors=cfg.errors, bins=cfg.calibration_bins, dump=cfg.dump_logits,
+                                   length_penalty=cfg.length_penalty, seed=cfg.seed)
+    print(rm_report.headline(result))
+    print(f"wrote {out / 'rm_eval.json'}")
+    return 0

@@ -1,0 +1,120 @@
+"""matplotlib figures written as PNG files, for every layer (data analysis, training, evaluation).
+
+- `pyplot` (the one entry point to matplotlib, Agg backend) and `save`, which every figure ends with;
+- training curves: the 2x2 `rm_training.png` of the reward model and DPO from metrics.jsonl rows,
+  and `plot_curves`, one panel per metric, for SFT and the on-policy stages.
+
+The figures of an evaluation's results are in `rlhfkit/eval/plots.py`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend: files only, no display on training machines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save(fig: Any, path: Path) -> Path:
+    """Lay out `fig`, write it to `path` (PNG, 110 dpi) and close it; returns `path`."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Training curves
+
+
+TRAINING_PANELS = (
+    ("loss", ("loss",)),
+    ("accuracy", ("accuracy",)),
+    ("reward means", ("chosen_reward", "rejected_reward")),
+    ("margin", ("margin",)),
+)
+
+
+def metric_series(rows: Sequence[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    """(steps, values) where `key` holds a finite number; a row without `step` uses its index."""
+    steps, values = [], []
+    for index, row in enumerate(rows):
+        value = row.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            steps.append(float(row.get("step", index)))
+            values.append(float(value))
+    return steps, values
+
+
+def exponential_smoothing(values: list[float], alpha: float) -> list[float]:
+    """TensorBoard-style EMA; seed 000 compared RM curves after smoothing with alpha = 0.92."""
+    smoothed, last = [], values[0] if values else 0.0
+    for value in values:
+        last = alpha * last + (1 - alpha) * value
+        smoothed.append(last)
+    return smoothed
+
+
+def plot_training_curves(
+    metrics_rows: Sequence[dict[str, Any]], out_dir: str | Path, smoothing: float = 0.0
+) -> Path | None:
+    """Loss, accuracy, chosen and rejected reward means, and margin from metrics.jsonl rows in a 2x2
+    `rm_training.png`. A key belongs to a panel by its last part (train/loss, val/loss, ...); missing
+    keys leave a panel saying so, and with nothing to plot no file is written (returns None)."""
+    keys = sorted({k for row in metrics_rows for k in row if k != "step"})
+    panels = [
+        (title, [k for k in keys if k.rsplit("/", 1)[-1] in suffixes]) for title, suffixes in TRAINING_PANELS
+    ]
+    series = {k: metric_series(metrics_rows, k) for _, members in panels for k in members}
+    series = {k: v for k, v in series.items() if v[0]}
+    if not series:
+        return None
+    plt = pyplot()
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+    for ax, (title, members) in zip(axes.flat, panels, strict=True):
+        present = [k for k in members if k in series]
+        for key in present:
+            steps, values = series[key]
+            many = len(values) > 40
+            if smoothing > 0 and many:
+                line = ax.plot(steps, values, alpha=0.25)[0]
+                ax.plot(steps, exponential_smoothing(values, smoothing), color=line.get_color(), label=key)
+            else:
+                ax.plot(steps, values, marker=None if many else ".", label=key)
+        if present:
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
+        ax.set(title=title, xlabel="step")
+        ax.grid(alpha=0.3)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return save(fig, out / "rm_training.png")
+
+
+def plot_curves(rows: list[dict[str, Any]], keys: list[str], out: Path, title: str) -> Path | None:
+    """One panel per metric key present in `rows` (from metrics.jsonl), against step."""
+    plt = pyplot()
+
+    present = [k for k in keys if any(isinstance(r.get(k), int | float) for r in rows)]
+    if not present:
+        return None
+    fig, axes = plt.subplots(1, len(present), figsize=(4.5 * len(present), 3.4), squeeze=False)
+    for ax, key in zip(axes[0], present, strict=True):
+        pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), int | float)]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 40 else None)
+        ax.set(title=key, xlabel="step")
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return save(fig, out)
