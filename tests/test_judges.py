@@ -18,19 +18,9 @@ import pytest
 import torch
 
 from rlhfkit.errors import ConfigError
-from rlhfkit.eval.judges import (
-    ApiOptions,
-    Pair,
-    RetryPolicy,
-    Shown,
-    VerdictCache,
-    is_swapped,
-    load_template,
-    make_judge,
-    parse_preference,
-    retry_after_seconds,
-    show,
-)
+from rlhfkit.eval.judges import ApiOptions, Pair, RetryPolicy, load_template, make_judge
+from rlhfkit.eval.judges.api import retry_after_seconds
+from rlhfkit.eval.judges.core import Shown, VerdictCache, is_swapped, parse_preference, show
 
 OPENAI_KEY = "sk-LEAKCANARY-openai-7f3a9c0d1e2b"
 ANTHROPIC_KEY = "sk-ant-LEAKCANARY-anthropic-5d8e2f1a"
@@ -464,7 +454,7 @@ def reward_model_dir(tiny_model_dir, tmp_path_factory):
 def test_reward_model_judge_picks_the_higher_reward_and_ties_equal_ones(reward_model_dir, tmp_path):
     from rlhfkit.data.formats import encode_completion, encode_text
     from rlhfkit.models import load_reward_model
-    from rlhfkit.trainers.reward import score_texts
+    from rlhfkit.scoring import score_texts
 
     prompt = "SUBREDDIT: r/test\n\nTITLE: a title\n\nPOST: my landlord kept the deposit.\n\nTL;DR:"
     responses = ["landlord kept my deposit", "I like turtles", "deposit gone, what now?", "kept deposit"]
