@@ -51,10 +51,7 @@ def as_rewards(values: Any, name: str) -> np.ndarray:
 
 
 def reward_pair(chosen_rewards: Any, rejected_rewards: Any) -> tuple[np.ndarray, np.ndarray]:
-    chosen, rejected = (
-        as_rewards(chosen_rewards, "chosen_rewards"),
-        as_rewards(rejected_rewards, "rejected_rewards"),
-    )
+    chosen, rejected = as_rewards(chosen_rewards, "chosen_rewards"), as_rewards(rejected_rewards, "rejected_rewards")
     if chosen.shape != rejected.shape:
         raise ValueError(f"{chosen.size} chosen rewards but {rejected.size} rejected rewards")
     if chosen.size == 0:
@@ -69,9 +66,7 @@ def check_aligned(comparisons: Sequence[Comparison], rewards: np.ndarray) -> Non
 
 def char_lengths(comparisons: Sequence[Comparison]) -> tuple[np.ndarray, np.ndarray]:
     """Response lengths in characters: a tokenizer-free fallback when token lengths are not at hand."""
-    return np.array([len(c.chosen.strip()) for c in comparisons]), np.array(
-        [len(c.rejected.strip()) for c in comparisons]
-    )
+    return np.array([len(c.chosen.strip()) for c in comparisons]), np.array([len(c.rejected.strip()) for c in comparisons])
 
 
 def response_lengths(
@@ -83,10 +78,8 @@ def response_lengths(
     chosen = np.asarray(chosen_lengths, dtype=np.float64)
     rejected = np.asarray(rejected_lengths, dtype=np.float64)
     if chosen.shape != (len(comparisons),) or rejected.shape != (len(comparisons),):
-        raise ValueError(
-            f"need one length per response: {len(comparisons)} pairs, "
-            f"{chosen.size} chosen and {rejected.size} rejected lengths"
-        )
+        raise ValueError(f"need one length per response: {len(comparisons)} pairs, "
+                         f"{chosen.size} chosen and {rejected.size} rejected lengths")
     return chosen, rejected, unit
 
 
@@ -118,12 +111,7 @@ def pairwise_loss(chosen_rewards: Any, rejected_rewards: Any) -> float:
 def reward_stats(rewards: Any) -> dict[str, float]:
     """Max, mean, min and std of rewards: the "Reward" rows of Table 5."""
     values = as_rewards(rewards, "rewards")
-    return {
-        "max": float(values.max()),
-        "mean": float(values.mean()),
-        "min": float(values.min()),
-        "std": float(values.std()),
-    }
+    return {"max": float(values.max()), "mean": float(values.mean()), "min": float(values.min()), "std": float(values.std())}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -297,9 +285,7 @@ def calibration(
     else:
         inner = np.asarray(boundaries, dtype=np.float64)
         if inner.size and (np.any(np.diff(inner) <= 0) or inner[0] <= 0):
-            raise ValueError(
-                f"calibration boundaries must be positive and increasing, got {list(boundaries)}"
-            )
+            raise ValueError(f"calibration boundaries must be positive and increasing, got {list(boundaries)}")
         edges = np.concatenate([[0.0], inner, [np.inf]])
     which = np.searchsorted(edges, abs_margins, side="right") - 1  # bin i holds edges[i] <= |m| < edges[i+1]
     confidence, agrees = preferred_probability(margins), agreement(margins)
@@ -331,9 +317,7 @@ def calibration(
 
 def average_ranks(values: Any) -> np.ndarray:
     """Ranks from 0 with ties sharing their average rank, as Spearman's rho requires."""
-    _, inverse, counts = np.unique(
-        np.asarray(values, dtype=np.float64), return_inverse=True, return_counts=True
-    )
+    _, inverse, counts = np.unique(np.asarray(values, dtype=np.float64), return_inverse=True, return_counts=True)
     first = np.cumsum(counts) - counts
     return (first + (counts - 1) / 2.0)[inverse]
 
@@ -379,10 +363,8 @@ def length_bias(
     chosen_len = np.asarray(chosen_lengths, dtype=np.float64)
     rejected_len = np.asarray(rejected_lengths, dtype=np.float64)
     if chosen_len.shape != chosen.shape or rejected_len.shape != chosen.shape:
-        raise ValueError(
-            f"need one length per response: {chosen.size} pairs, "
-            f"{chosen_len.size} chosen and {rejected_len.size} rejected lengths"
-        )
+        raise ValueError(f"need one length per response: {chosen.size} pairs, "
+                         f"{chosen_len.size} chosen and {rejected_len.size} rejected lengths")
     rewards, lengths = np.concatenate([chosen, rejected]), np.concatenate([chosen_len, rejected_len])
     unequal = chosen_len != rejected_len
     decided = unequal & (chosen != rejected)
@@ -416,9 +398,7 @@ def prompt_text(comparison: Comparison) -> str:
     return "\n\n".join(f"{key}: {value}" for key, value in comparison.fields.items())
 
 
-def error_record(
-    rank: int, comparison: Comparison, chosen_reward: float, rejected_reward: float
-) -> dict[str, Any]:
+def error_record(rank: int, comparison: Comparison, chosen_reward: float, rejected_reward: float) -> dict[str, Any]:
     margin = chosen_reward - rejected_reward
     return {
         "rank": rank,
@@ -430,9 +410,7 @@ def error_record(
         "chosen_reward": float(chosen_reward),
         "rejected_reward": float(rejected_reward),
         "margin": float(margin),
-        "model_confidence": float(
-            1.0 / (1.0 + math.exp(margin))
-        ),  # P(rejected better) = sigmoid(-margin), margin <= 0
+        "model_confidence": float(1.0 / (1.0 + math.exp(margin))),  # P(rejected better) = sigmoid(-margin), margin <= 0
         "chosen_chars": len(comparison.chosen.strip()),
         "rejected_chars": len(comparison.rejected.strip()),
         "metadata": {
@@ -458,9 +436,7 @@ def most_confident_errors(
     margins = chosen - rejected
     wrong = np.flatnonzero(margins <= 0)
     order = wrong[np.argsort(margins[wrong], kind="stable")][: max(k, 0)]
-    return [
-        error_record(rank, comparisons[i], chosen[i], rejected[i]) for rank, i in enumerate(order, start=1)
-    ]
+    return [error_record(rank, comparisons[i], chosen[i], rejected[i]) for rank, i in enumerate(order, start=1)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -482,9 +458,7 @@ def evaluate_rewards(
     """All metrics of this module for one set of rewards; lengths default to characters."""
     chosen, rejected = reward_pair(chosen_rewards, rejected_rewards)
     check_aligned(comparisons, chosen)
-    chosen_lengths, rejected_lengths, length_unit = response_lengths(
-        comparisons, chosen_lengths, rejected_lengths, length_unit
-    )
+    chosen_lengths, rejected_lengths, length_unit = response_lengths(comparisons, chosen_lengths, rejected_lengths, length_unit)
     correct = chosen > rejected
     return {
         "pairs": int(chosen.size),
