@@ -158,7 +158,14 @@ def run_dist_check(_: None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    from .launch import launched_process_status
+
+    with launched_process_status() as outcome:
+        outcome.code = run_command(list(sys.argv[1:] if argv is None else argv))
+    return outcome.code
+
+
+def run_command(argv: list[str]) -> int:
     try:
         if not argv or argv[0] in ("-h", "--help"):
             print(overview())
@@ -168,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         if parsed.help:
             print(command_help(cmd))
             return 0
-        from .distributed import inside_launcher, relaunch
+        from .launch import inside_launcher, relaunch
 
         config_file = parsed.config_file or resumed_run_config(parsed)
         # a command without a config class is given its positional argument (None without one)
@@ -177,7 +184,17 @@ def main(argv: list[str] | None = None) -> int:
             if not cmd.multi_process:
                 raise ConfigError(f"{' '.join(cmd.words)} runs in one process; --num-processes is for {multi_process_names()}")
             return relaunch([*cmd.words, *strip_launcher_flag(rest)], parsed.num_processes)
-        return int(cmd.runner()(argument) or 0)
+        if not inside_launcher():
+            return int(cmd.runner()(argument) or 0)
+        from .distributed import leave_process_group
+
+        try:
+            code = int(cmd.runner()(argument) or 0)
+        except SystemExit:  # a stop all processes agreed on (preemption): they leave together
+            leave_process_group()
+            raise
+        leave_process_group()
+        return code
     except NonFiniteError as e:
         print(f"rlhfkit: stopped: {e}", file=sys.stderr)
         return 3

@@ -1,35 +1,11 @@
-"""Multi-process launch through `accelerate` and a smoke check that the processes agree.
-
-`rlhfkit <stage> ... --num-processes N` re-runs the same command under `accelerate launch`
-(CPU processes talk over gloo, GPUs over NCCL). `accelerate launch -m rlhfkit <stage> ...` works too.
-"""
+"""What the trainers need of the processes of a launch (`launch.py` starts them): the device, a
+stand-in for the accelerator in a single process, and a smoke check that the processes agree."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import torch
-
-
-def inside_launcher() -> bool:
-    return "LOCAL_RANK" in os.environ or "ACCELERATE_PROCESS_ID" in os.environ
-
-
-def launch_command(argv: list[str], num_processes: int) -> list[str]:
-    """The `accelerate launch` command that runs `rlhfkit <argv>` on `num_processes` (>= 2) processes."""
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(num_processes)]
-    cmd += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    cmd += ["--main_process_port", os.environ.get("RLHFKIT_PORT", "29517")]
-    # accelerate's torchrun-based launcher also serves CPU processes: each process then builds
-    # `Accelerator(cpu=True)`, which joins a gloo process group (`--cpu` alone would start only one).
-    cmd += ["--multi_gpu", "--num_cpu_threads_per_process", str(max(1, (os.cpu_count() or 1) // num_processes))]
-    return [*cmd, "-m", "rlhfkit", *argv]
-
-
-def relaunch(argv: list[str], num_processes: int) -> int:
-    return subprocess.call(launch_command(argv, num_processes))
 
 
 class OneProcess:
@@ -49,6 +25,15 @@ class OneProcess:
 
 
 ONE_PROCESS = OneProcess()
+
+
+def leave_process_group() -> None:
+    """End this process's part in the launch's process group after the others have finished theirs:
+    a process that exits first closes its connections while another may still be tearing gloo down,
+    which aborts that one now and then. Not after a failure, when a peer may be gone for good."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 def processes_need_cpu() -> bool:

@@ -8,8 +8,8 @@ import socket
 import subprocess
 import sys
 
-from rlhfkit import cli, distributed
-from rlhfkit.distributed import inside_launcher, launch_command
+from rlhfkit import cli
+from rlhfkit.launch import inside_launcher, launch_command
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCHER_VARS = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "ACCELERATE_PROCESS_ID", "MASTER_ADDR", "MASTER_PORT")
@@ -77,7 +77,7 @@ def test_cli_relaunches_without_the_launcher_flag(monkeypatch):
     for var in LAUNCHER_VARS:
         monkeypatch.delenv(var, raising=False)
     calls = []
-    monkeypatch.setattr(distributed, "relaunch", lambda argv, n: calls.append((argv, n)) or 0)
+    monkeypatch.setattr(launch, "relaunch", lambda argv, n: calls.append((argv, n)) or 0)
     assert cli.main(["sft", "--num-processes", "2", "seed=4"]) == 0
     assert cli.main(["rm", "--num_processes=4", "--head", "mean-mlp"]) == 0
     assert calls == [(["sft", "seed=4"], 2), (["rm", "--head", "mean-mlp"], 4)]
@@ -87,7 +87,7 @@ def test_cli_checks_the_config_before_launching_and_refuses_single_process_comma
     for var in LAUNCHER_VARS:
         monkeypatch.delenv(var, raising=False)
     calls = []
-    monkeypatch.setattr(distributed, "relaunch", lambda argv, n: calls.append((argv, n)) or 0)
+    monkeypatch.setattr(launch, "relaunch", lambda argv, n: calls.append((argv, n)) or 0)
     assert cli.main(["sft", "--num-processes", "2", "lrate=1"]) == 2
     assert "unknown key 'lrate'" in capsys.readouterr().err
     assert cli.main(["data", "analyze", "--num_processes=4", "--dataset", "hh"]) == 2

@@ -28,6 +28,7 @@ from ..checkpoint import find_checkpoint, load_training_state, save_checkpoint, 
 from ..config import ConfigError, RunConfig, TrainConfig, to_yaml
 from ..distributed import processes_need_cpu
 from ..errors import NonFiniteError
+from ..launch import RUN_STAMP
 from ..models import enable_activation_checkpointing
 from ..preemption import resume_command
 from ..runlock import lock_run_dir
@@ -97,7 +98,8 @@ def make_run_dir(cfg: RunConfig, stage: str) -> Path:
     elif cfg.resume and find_checkpoint(cfg.resume) is not None:
         run_dir = find_checkpoint(cfg.resume).parents[1]
     else:
-        run_dir = Path("runs") / f"{stage}-{datetime.now():%Y%m%d-%H%M%S}"
+        # one stamp for every process of a launch: their clocks may cross a second apart
+        run_dir = Path("runs") / f"{stage}-{os.environ.get(RUN_STAMP) or format(datetime.now(), '%Y%m%d-%H%M%S')}"
     if is_main_process():
         run_dir.mkdir(parents=True, exist_ok=True)
         lock_run_dir(run_dir)  # before config.yaml, which must stay the running run's

@@ -1,0 +1,127 @@
+"""Multi-process launch through `accelerate`: `rlhfkit <stage> ... --num-processes N` re-runs the same
+command under `accelerate launch` (CPU processes talk over gloo, GPUs over NCCL); `accelerate launch
+-m rlhfkit <stage> ...` works too. Kept free of torch so that the command line starts fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+
+def inside_launcher() -> bool:
+    return "LOCAL_RANK" in os.environ or "ACCELERATE_PROCESS_ID" in os.environ
+
+
+def launch_command(argv: list[str], num_processes: int) -> list[str]:
+    """The `accelerate launch` command that runs `rlhfkit <argv>` on `num_processes` (>= 2) processes."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(num_processes)]
+    cmd += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    cmd += ["--main_process_port", os.environ.get("RLHFKIT_PORT", "29517")]
+    # accelerate's torchrun-based launcher also serves CPU processes: each process then builds
+    # `Accelerator(cpu=True)`, which joins a gloo process group (`--cpu` alone would start only one).
+    cmd += ["--multi_gpu", "--num_cpu_threads_per_process", str(max(1, (os.cpu_count() or 1) // num_processes))]
+    return [*cmd, "-m", "rlhfkit", *argv]
+
+
+STATUS_DIR = "RLHFKIT_LAUNCH_STATUS"  # where each launched process records its pid, then its exit code
+RUN_STAMP = "RLHFKIT_RUN_STAMP"  # one timestamp for the default run folder of every process
+
+
+def relaunch(argv: list[str], num_processes: int) -> int:
+    """Run `rlhfkit <argv>` on `num_processes` processes and return the launch's exit code: the code the
+    processes agreed on (143/130 after SIGTERM/SIGINT, like a single process), or non-zero with a line
+    naming the process that died or failed. The launcher stops the other processes when one dies, so
+    no launch outlives its first failure by more than the launcher's grace period (30 s)."""
+    with tempfile.TemporaryDirectory(prefix="rlhfkit-launch-") as status:
+        env = os.environ | {STATUS_DIR: status, RUN_STAMP: os.environ.get(RUN_STAMP) or f"{datetime.now():%Y%m%d-%H%M%S}"}
+        # its own session: a Ctrl-C in the terminal reaches this process alone, which hands it to the
+        # training processes so they checkpoint; the launcher would give them 30 s, then SIGKILL them
+        launcher = subprocess.Popen(launch_command(argv, num_processes), env=env, start_new_session=True)
+        with forward_stop_signals(launcher, Path(status)):
+            code = launcher.wait()
+        return launch_outcome(code, read_launch_status(Path(status), num_processes))
+
+
+@contextlib.contextmanager
+def forward_stop_signals(launcher: subprocess.Popen, status: Path):
+    """SIGTERM/SIGINT to this process go to every training process (or, before they started, to the
+    launcher), which stop together after the current step."""
+    def forward(signum: int, _frame) -> None:
+        pids = [int(p.read_text()) for p in status.glob("rank-*.pid")]
+        for pid in pids or [launcher.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+    previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+@dataclass
+class ProcessStatus:
+    rank: int
+    pid: int | None  # None: never started
+    exit_code: int | None  # None: ended without exiting (killed) or still running when the launch ended
+
+
+def read_launch_status(status: Path, num_processes: int) -> list[ProcessStatus]:
+    def number(path: Path) -> int | None:
+        return int(path.read_text()) if path.is_file() else None
+
+    return [ProcessStatus(rank, number(status / f"rank-{rank}.pid"), number(status / f"rank-{rank}.exit"))
+            for rank in range(num_processes)]
+
+
+def launch_outcome(launcher_code: int, processes: list[ProcessStatus]) -> int:
+    """The launch's exit code, after one line per process that died or failed (on stderr)."""
+    codes = {p.exit_code for p in processes}
+    if len(codes) == 1 and None not in codes:
+        return codes.pop() if launcher_code else 0  # all agreed: 0, a user error, or a preemption
+    for p in sorted(processes, key=lambda p: p.exit_code is not None):  # the dead first: they are the cause
+        if p.pid is None:
+            report(f"process {p.rank} never started")
+        elif p.exit_code is None:
+            report(f"process {p.rank} (pid {p.pid}) died without exiting (killed by a signal, e.g. SIGKILL or the "
+                   "out-of-memory killer); the launch stopped the other processes")
+        elif p.exit_code:
+            report(f"process {p.rank} (pid {p.pid}) exited with code {p.exit_code}")
+    return next((p.exit_code for p in processes if p.exit_code), None) or launcher_code or 1
+
+
+def report(line: str) -> None:
+    print(f"rlhfkit: {line}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Outcome:
+    code: int = 1  # until the command returns: a traceback counts as 1
+
+
+@contextlib.contextmanager
+def launched_process_status():
+    """Around a command: in a process started by `relaunch`, record its pid on entry and its exit code
+    (`outcome.code`, or the SystemExit's) on leaving, so the launch can name a process that died or failed."""
+    outcome = Outcome()
+    folder, rank = os.environ.get(STATUS_DIR), os.environ.get("RANK")
+    if not folder or rank is None:
+        yield outcome
+        return
+    (Path(folder) / f"rank-{rank}.pid").write_text(str(os.getpid()))
+    try:
+        yield outcome
+    except SystemExit as e:
+        outcome.code = e.code if isinstance(e.code, int) else 1
+        raise
+    finally:
+        (Path(folder) / f"rank-{rank}.exit").write_text(str(outcome.code))
