@@ -9,9 +9,7 @@ Every field carries its help text and, where the value comes from the paper, its
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
-import types
 import typing
 from dataclasses import dataclass, field
 from importlib import resources
@@ -20,6 +18,7 @@ from typing import Any, Literal
 
 import yaml
 
+from .config_values import apply, describe_type, read_yaml_text
 from .errors import ConfigError
 
 
@@ -377,106 +376,6 @@ def field_info(cls: type) -> list[tuple[str, Any, str, str | None, str]]:
     return rows
 
 
-def describe_type(tp: Any) -> str:
-    if typing.get_origin(tp) is Literal:
-        return "{" + ",".join(str(a) for a in typing.get_args(tp)) + "}"
-    if typing.get_origin(tp) is list:
-        return "list of " + describe_type(typing.get_args(tp)[0]) + " (comma separated)"
-    if isinstance(tp, types.UnionType):
-        return " or ".join(describe_type(a) for a in typing.get_args(tp))
-    if typing.get_origin(tp) is dict:
-        return "mapping (YAML, e.g. '{max_steps: 4, preset: tldr-sft}'; merged into the preset's)"
-    return getattr(tp, "__name__", str(tp))
-
-
-YAML_BOOL_WORDS = {True: ("yes", "on", "true", "y"), False: ("no", "off", "false", "n")}
-
-
-def coerce(key: str, value: Any, tp: Any) -> Any:
-    """Convert a YAML or command-line value to the field's type, or fail naming the key."""
-    origin = typing.get_origin(tp)
-    if value is None:
-        raise ConfigError(f"{key} has no value (YAML null); give a {describe_type(tp)}, or '' for an empty string")
-    if origin is Literal:
-        allowed = typing.get_args(tp)
-        if isinstance(value, bool):  # YAML 1.1 reads a bare `no`/`off`/`yes`/`on` as a boolean
-            value = next((a for a in allowed if str(a).lower() in YAML_BOOL_WORDS[value]), value)
-        if value not in allowed:
-            raise ConfigError(f"{key}={value!r} is not accepted; choose one of: {', '.join(map(str, allowed))}")
-        return value
-    if origin is dict:
-        if isinstance(value, str):
-            value = read_yaml_text(value, key)
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key} expects a mapping of key: value, got {value!r}")
-        return value
-    if origin is list:
-        (item_tp,) = typing.get_args(tp)
-        if isinstance(value, str):
-            value = [v for v in (s.strip() for s in value.split(",")) if v]
-        if not isinstance(value, list):
-            raise ConfigError(f"{key} expects a list ({describe_type(tp)}), got {value!r}")
-        return [coerce(key, v, item_tp) for v in value]
-    if isinstance(value, bool) and tp in (int, float):
-        raise ConfigError(f"{key} expects {tp.__name__}, got boolean {value!r}")
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        text = str(value).strip().lower()
-        if text in ("1", "true", "yes", "on"):
-            return True
-        if text in ("0", "false", "no", "off"):
-            return False
-        raise ConfigError(f"{key} expects a boolean (true/false), got {value!r}")
-    if tp is int:
-        if isinstance(value, int):
-            return value
-        try:
-            return int(str(value).replace("_", ""))
-        except ValueError:
-            raise ConfigError(f"{key} expects an integer, got {value!r}") from None
-    if tp is float:
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{key} expects a number, got {value!r}") from None
-    if tp is str:
-        if isinstance(value, dict | list):
-            raise ConfigError(f"{key} expects a string, got {value!r}")
-        return str(value)
-    raise ConfigError(f"{key}: unsupported field type {tp}")
-
-
-def check_known(cls: type, key: str, where: str) -> None:
-    names = [f.name for f in dataclasses.fields(cls)]
-    if key not in names:
-        close = difflib.get_close_matches(key, names, n=3)
-        hint = f" Did you mean: {', '.join(close)}?" if close else ""
-        raise ConfigError(f"unknown key {key!r} in {where}.{hint} Accepted keys: {', '.join(names)}")
-
-
-def apply(cls: type, values: dict[str, Any], where: str, base: Any = None) -> Any:
-    """Return a config of `cls` with `values` (from `where`) applied on top of `base`."""
-    hints = typing.get_type_hints(cls)
-    current = dataclasses.asdict(base) if base is not None else {}
-    for key, value in values.items():
-        key = key.replace("-", "_")
-        check_known(cls, key, where)
-        value = check_minimum(cls, key, coerce(key, value, hints[key]))
-        # a mapping (a pipeline stage's options) is merged into the one it overrides, not replaced
-        current[key] = {**current.get(key, {}), **value} if isinstance(value, dict) else value
-    return cls(**current)
-
-
-def check_minimum(cls: type, key: str, value: Any) -> Any:
-    """No numeric option is meaningful below its minimum (0 unless the field says otherwise)."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        minimum = next(f.metadata.get("minimum", 0) for f in dataclasses.fields(cls) if f.name == key)
-        if value < minimum:
-            raise ConfigError(f"{key}={value} is out of range; it must be >= {minimum}")
-    return value
-
-
 def preset_names() -> list[str]:
     return sorted(p.name[: -len(".yaml")] for p in resources.files("rlhfkit.presets").iterdir() if p.name.endswith(".yaml"))
 
@@ -493,16 +392,6 @@ def read_config_file(path: str) -> tuple[dict[str, Any], str]:
     if not p.is_file():
         raise ConfigError(f"config file {path} does not exist")
     return read_yaml_text(p.read_text(), str(p)), str(p)
-
-
-def read_yaml_text(text: str, where: str) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{where} is not valid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where} must be a mapping of key: value, got {type(data).__name__}")
-    return data
 
 
 def resolve(stage: str, preset: str | None, config_file: str | None, overrides: dict[str, Any]) -> Any:
