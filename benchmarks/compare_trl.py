@@ -17,7 +17,7 @@ What runs on each side
     ours: the real training loops. SFT, RM and DPO build the trainer's `Stage` (its collate and loss
     function) and call `engine.train`, which times every step itself (`perf/step_s` in metrics.jsonl:
     collation, forward, backward, clipping, AdamW and schedule). GRPO, RLOO and PPO call
-    `onpolicy.train_on_policy` on models built by `onpolicy_throughput.build` with the stage's preset;
+    `rlhfkit.onpolicy.trainer.train_on_policy` on models built by `onpolicy_throughput.build` with the stage's preset;
     a step is one update (`perf/update_total_s`: generation, scoring, K epochs of updates).
     TRL: `SFTTrainer`, `RewardTrainer`, `DPOTrainer`, `GRPOTrainer`, `RLOOTrainer`, timed by a callback
     from the end of one optimizer step to the end of the next (so batch fetching and collation count,
@@ -497,12 +497,11 @@ def run_ours_on_policy(args: argparse.Namespace, trainer: str, cfg, run_dir: Pat
     import torch
     from onpolicy_throughput import build
 
+    from rlhfkit.onpolicy.trainer import train_on_policy
     from rlhfkit.tracking import read_metrics
-    from rlhfkit.trainers import onpolicy
 
     models = build(cfg.model, torch.device("cpu"), with_value=trainer == "ppo")
-    prompts = on_policy_prompts(args, trainer, models.tokenizer)
-    onpolicy.train_on_policy(models, prompts, cfg, run_dir, None, trainer)
+    train_on_policy(models, on_policy_prompts(args, trainer, models.tokenizer), cfg, run_dir)
     rows = read_metrics(run_dir)
     timed = rows[args.warmup :]
     phases = {

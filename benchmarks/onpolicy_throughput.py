@@ -28,7 +28,7 @@ PRESETS = {"ppo": "tldr-ppo", "grpo": "tldr-grpo", "rloo": "tldr-rloo"}
 
 def build(model_name: str, device: torch.device, with_value: bool):
     from rlhfkit.models import ScalarModel, load_policy, tiny_policy
-    from rlhfkit.trainers.onpolicy import OnPolicyModels
+    from rlhfkit.onpolicy.update import OnPolicyModels
 
     def policy():
         return tiny_policy() if model_name == "tiny" else load_policy(model_name)
@@ -60,7 +60,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from rlhfkit.config import resolve
-    from rlhfkit.trainers import onpolicy
+    from rlhfkit.onpolicy import trainer, update
 
     device = best_device()
     models = build(args.model, device, with_value=args.algorithm == "ppo")
@@ -69,8 +69,8 @@ def main() -> None:
         "forward_batch_size": args.micro_batch, "max_response_length": args.response_length,
         "update_epochs": args.update_epochs, "reward_model": "unused",
     })
-    onpolicy.prepare_for_training(models, cfg)
-    optimizers = onpolicy.build_optimizers(models, cfg, args.warmup + args.updates)
+    trainer.prepare_for_training(models, cfg)
+    optimizers = update.build_optimizers(models, cfg, args.warmup + args.updates)
     generator = torch.Generator().manual_seed(0)
     queries = args.batch // cfg.samples_per_prompt
     prompts = torch.randint(100, len(models.tokenizer) - 1, (queries, args.query_length), generator=generator).tolist()
@@ -78,18 +78,18 @@ def main() -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     rows = []
-    for update in range(args.warmup + args.updates):
+    for index in range(args.warmup + args.updates):
         timings: dict[str, float] = {}
         began = time.perf_counter()
-        batch = onpolicy.collect(models, prompts, cfg, update, cfg.kl_coef, precision, timings)
+        batch = trainer.collect(models, prompts, cfg, index, cfg.kl_coef, precision, timings)
         tick = time.perf_counter()
-        onpolicy.update_on_rollout(models, optimizers, batch, cfg, update + 1, precision, cfg.kl_coef)
+        update.update_on_rollout(models, optimizers, batch, cfg, index + 1, precision, cfg.kl_coef)
         if device.type == "cuda":
             torch.cuda.synchronize()
         timings["update"] = time.perf_counter() - tick
         timings["total"] = time.perf_counter() - began
         timings["generated_tokens"] = float(batch.lengths.sum())
-        if update >= args.warmup:
+        if index >= args.warmup:
             rows.append(timings)
 
     def median(key: str) -> float:

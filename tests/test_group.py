@@ -9,28 +9,24 @@ from rlhfkit import generation as rollout
 from rlhfkit.cli import main as cli_main
 from rlhfkit.config import ConfigError, resolve
 from rlhfkit.data.collate import left_pad_queries
-from rlhfkit.trainers import onpolicy, ppo
+from rlhfkit.onpolicy import evaluation, trainer, update
+from rlhfkit.onpolicy.rollout import chunk_generator, sample_responses
 
-from .conftest import assert_same_files, assert_same_metrics, data_file, straight_and_resumed
-
-PRESETS = {"grpo": "tldr-grpo", "rloo": "tldr-rloo"}
-
-
-def group_args(dirs, out, **extra):
-    args = {
-        "model": str(dirs["policy"]), "reward_model": str(dirs["rm"]), "data": str(dirs["posts"]), "output_dir": str(out),
-        "validation_posts": 8, "eval_samples": 0, "total_batch_size": 8, "samples_per_prompt": 4, "micro_batch_size": 4,
-        "generation_batch_size": 8, "forward_batch_size": 4, "max_steps": 2, "max_query_length": 128,
-        "max_response_length": 10, "learning_rate": 1e-3, "report_to": "", "sample_every": 0,
-    }
-    return args | extra
+from .helpers import (
+    PRESETS,
+    assert_same_files,
+    assert_same_metrics,
+    data_file,
+    group_args,
+    straight_and_resumed,
+)
 
 
 def setup(stage, dirs, tmp_path, **extra):
     cfg = resolve(stage, PRESETS[stage], None, group_args(dirs, tmp_path / "run", **extra))
-    models = ppo.load_models(cfg, None, needs_value=False)
-    train, _, _ = ppo.split_posts(cfg, models.tokenizer)
-    onpolicy.prepare_for_training(models, cfg)
+    models = trainer.load_models(cfg, None, torch.device("cpu"))
+    train, _, _ = evaluation.split_posts(cfg, models.tokenizer)
+    trainer.prepare_for_training(models, cfg)
     return cfg, models, [e.query.ids for e in train]
 
 
@@ -59,7 +55,7 @@ def test_group_sampling_encodes_each_prompt_once_and_matches_repeated_prompts(pp
 
 def test_rows_come_in_groups_of_the_same_prompt(ppo_dirs, tmp_path):
     cfg, models, prompts = setup("rloo", ppo_dirs, tmp_path, generation_batch_size=4)
-    batch = onpolicy.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
+    batch = trainer.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
     assert batch.size == 8 and batch.prompts.view(2, 4).unique(dim=1).size(1) == 1
     for group in batch.query_ids.view(2, 4, -1):
         assert all(torch.equal(group[0], row) for row in group)
@@ -69,15 +65,15 @@ def test_rows_come_in_groups_of_the_same_prompt(ppo_dirs, tmp_path):
 @pytest.mark.parametrize("stage", ["grpo", "rloo"])
 def test_equal_scores_in_a_group_give_zero_advantages_and_no_update(stage, ppo_dirs, tmp_path):
     cfg, models, prompts = setup(stage, ppo_dirs, tmp_path, kl_coef=0.0)
-    batch = onpolicy.score_rollout(models, onpolicy.sample_responses(
+    batch = update.score_rollout(models, sample_responses(
         models.policy, prompts[:2], rollout.SamplingParams(max_new_tokens=10), models.tokenizer, 8,
-        onpolicy.update_generator(1, 0, torch.device("cpu")), samples_per_prompt=4), cfg, "no")
+        lambda i: chunk_generator(1, 0, i, torch.device("cpu")), samples_per_prompt=4), cfg, "no")
     batch.raw_scores = torch.tensor([0.3] * 4 + [-2.0] * 4)
     batch.has_eos = torch.ones(8, dtype=torch.bool)
-    batch = onpolicy.compute_advantages(batch, cfg, cfg.kl_coef)
+    batch = update.compute_advantages(batch, cfg, cfg.kl_coef)
     assert batch.advantages.abs().max() == 0
     before = {k: v.clone() for k, v in models.policy.state_dict().items()}
-    onpolicy.update_on_rollout(models, onpolicy.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
+    update.update_on_rollout(models, update.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
     assert all(torch.equal(v, before[k]) for k, v in models.policy.state_dict().items())
 
 
@@ -85,14 +81,14 @@ def test_kl_as_a_loss_term_is_zero_at_step_0_and_pulls_towards_the_reference(ppo
     # eos_trick off: a tiny random model rarely emits EOS, and equal -1 scores would leave nothing to learn
     cfg, models, prompts = setup("grpo", ppo_dirs, tmp_path, kl_coef=0.1, update_epochs=2, eos_trick=False)
     assert cfg.kl_placement == "loss" and cfg.kl_estimator == "k3"
-    batch = onpolicy.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
+    batch = trainer.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
     last = batch.mask.sum(-1) - 1
     score_only = torch.zeros_like(batch.rewards)
     score_only[torch.arange(batch.size), last] = batch.scores
     torch.testing.assert_close(batch.rewards, score_only)  # no KL penalty inside the reward
-    metrics = onpolicy.update_on_rollout(models, onpolicy.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
+    metrics = update.update_on_rollout(models, update.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
     assert metrics["loss/kl_avg"] > 0  # the second epoch saw a moved policy
-    first_epoch_only = onpolicy.update_on_rollout(*reset(models, cfg, prompts, update_epochs=1), "no", cfg.kl_coef)
+    first_epoch_only = update.update_on_rollout(*reset(models, cfg, prompts, update_epochs=1), "no", cfg.kl_coef)
     assert first_epoch_only["loss/kl_avg"] == 0  # k3 of identical policies
 
 
@@ -101,24 +97,25 @@ def reset(models, cfg, prompts, **changes):
 
     cfg = dataclasses.replace(cfg, **changes)
     models.policy.load_state_dict(models.reference.state_dict())
-    batch = onpolicy.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
-    return models, onpolicy.build_optimizers(models, cfg, 2), batch, cfg, 1
+    batch = trainer.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
+    return models, update.build_optimizers(models, cfg, 2), batch, cfg, 1
 
 
 def test_clipping_can_be_turned_off(ppo_dirs, tmp_path):
     cfg, models, prompts = setup("grpo", ppo_dirs, tmp_path, clip_range=0.0, update_epochs=3, learning_rate=3e-2, eos_trick=False)
-    batch = onpolicy.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
-    metrics = onpolicy.update_on_rollout(models, onpolicy.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
+    batch = trainer.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
+    metrics = update.update_on_rollout(models, update.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
     assert metrics["policy/clipfrac_avg"] == 0 and metrics["val/ratio_var"] > 0
 
 
 @pytest.mark.parametrize("stage", ["grpo", "rloo"])
-def test_group_estimators_refuse_one_sample_per_prompt(stage, ppo_dirs, tmp_path):
+def test_group_stages_refuse_one_sample_per_prompt_and_any_estimator_but_their_own(stage, ppo_dirs, tmp_path):
     with pytest.raises(ConfigError, match="samples_per_prompt"):
         resolve(stage, PRESETS[stage], None, group_args(ppo_dirs, tmp_path, samples_per_prompt=1))
-    cfg = resolve("ppo", "tldr-ppo", None, {"advantage_estimator": stage})
-    with pytest.raises(ConfigError, match="samples_per_prompt >= 2"):
-        onpolicy.planned_updates(cfg)
+    other = {"grpo": "rloo", "rloo": "grpo"}[stage]
+    for command, estimator, own in ((stage, other, stage), ("ppo", stage, "gae")):
+        with pytest.raises(ConfigError, match=f"advantage_estimator='{estimator}' is not accepted; choose one of: {own}$"):
+            resolve(command, None, None, {"advantage_estimator": estimator})  # no stage runs another's algorithm under its name
 
 
 @pytest.mark.parametrize("stage", ["grpo", "rloo"])
@@ -141,9 +138,9 @@ def test_run_directory_and_resume_after_sigkill_are_identical(stage, ppo_dirs, t
 def test_hh_dialogues_serve_as_prompts(ppo_dirs, tmp_path):
     hh = data_file("hh-rlhf", "helpful-base", "test.jsonl.gz")
     cfg = resolve("grpo", "tldr-grpo", None, group_args(ppo_dirs, tmp_path, data=str(hh), prompt_format="hh", validation_posts=10))
-    train, held_out, notes = ppo.split_posts(cfg, ppo.load_models(cfg, None, needs_value=False).tokenizer)
+    train, held_out, notes = evaluation.split_posts(cfg, trainer.load_models(cfg, None, torch.device("cpu")).tokenizer)
     assert len(train) > 100 and len(held_out) == 10
-    assert {e.record.task for e in train} == {"hh"} and "Human:" in ppo.prompt_body(train[0].record)
+    assert {e.record.task for e in train} == {"hh"} and "Human:" in evaluation.prompt_body(train[0].record)
     assert len({e.record.prompt_id for e in train}) == len(train)  # one prompt per distinct dialogue
 
 

@@ -7,14 +7,16 @@ import numpy as np
 import pytest
 import torch
 
-from rlhfkit import ops, rollout
+from rlhfkit import generation as rollout
+from rlhfkit import ops
 from rlhfkit.cli import main as cli_main
 from rlhfkit.config import resolve
 from rlhfkit.data.collate import left_pad_queries
 from rlhfkit.models import ScalarModel
-from rlhfkit.trainers import onpolicy, ppo
+from rlhfkit.onpolicy import evaluation, trainer, update
+from rlhfkit.onpolicy.rollout import RolloutBatch, prompt_indices
 
-from .conftest import assert_same_files, assert_same_metrics, straight_and_resumed
+from .helpers import assert_same_files, assert_same_metrics, straight_and_resumed
 
 
 def ppo_args(dirs, out, **extra):
@@ -29,13 +31,13 @@ def ppo_args(dirs, out, **extra):
 
 def setup(dirs, tmp_path, **extra):
     cfg = resolve("ppo", "tldr-ppo", None, ppo_args(dirs, tmp_path / "run", **extra))
-    models = ppo.load_models(cfg, None, needs_value=True)
-    train, _, _ = ppo.split_posts(cfg, models.tokenizer)
-    onpolicy.prepare_for_training(models, cfg)
+    models = trainer.load_models(cfg, None, torch.device("cpu"))
+    train, _, _ = evaluation.split_posts(cfg, models.tokenizer)
+    trainer.prepare_for_training(models, cfg)
     return cfg, models, [e.query.ids for e in train]
 
 
-def scripted_batch(models, cfg, prompts, eos_at: list[int | None], width: int = 6) -> onpolicy.RolloutBatch:
+def scripted_batch(models, cfg, prompts, eos_at: list[int | None], width: int = 6) -> RolloutBatch:
     """Responses of random tokens with EOS where asked (None: no EOS), PAD after it, then scored."""
     tok = models.tokenizer
     generator = torch.Generator().manual_seed(0)
@@ -48,30 +50,30 @@ def scripted_batch(models, cfg, prompts, eos_at: list[int | None], width: int = 
     lengths = torch.tensor([width if at is None else at + 1 for at in eos_at])
     mask = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
     has_eos = torch.tensor([at is not None for at in eos_at])
-    batch = onpolicy.RolloutBatch(torch.arange(len(eos_at)), padded["input_ids"], padded["attention_mask"], responses, mask, has_eos)
-    return onpolicy.score_rollout(models, batch, cfg, "no")
+    batch = RolloutBatch(torch.arange(len(eos_at)), padded["input_ids"], padded["attention_mask"], responses, mask, has_eos)
+    return update.score_rollout(models, batch, cfg, "no")
 
 
 def test_kl_is_exactly_zero_and_the_ratio_exactly_one_before_any_update(ppo_dirs, tmp_path):
     # forward batches of 3 rows at sampling time, shuffled micro-batches of 5 with gradients at update time
     cfg, models, prompts = setup(ppo_dirs, tmp_path, forward_batch_size=3, micro_batch_size=5, update_epochs=1)
-    batch = onpolicy.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
+    batch = trainer.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
     assert torch.equal(batch.logprobs, batch.ref_logprobs)
     assert torch.equal(batch.kl, torch.zeros_like(batch.kl))
     rows = torch.as_tensor(np.random.default_rng(0).permutation(batch.size)[:5])
     micro = batch.select(rows)
-    new, _ = onpolicy.policy_logprobs(models.policy, micro, cfg.temperature)
+    new, _ = update.policy_logprobs(models.policy, micro, cfg.temperature)
     assert torch.equal(torch.exp(new - micro.logprobs)[micro.mask], torch.ones(int(micro.mask.sum())))
-    metrics = onpolicy.update_on_rollout(models, onpolicy.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
+    metrics = update.update_on_rollout(models, update.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
     assert metrics["val/ratio"] == 1.0 and metrics["policy/clipfrac_avg"] == 0 and metrics["policy/approxkl_avg"] == 0
 
 
 def test_kl_moves_after_an_update_and_the_reference_stays_frozen(ppo_dirs, tmp_path):
     cfg, models, prompts = setup(ppo_dirs, tmp_path, update_epochs=1)
     reference_before = {k: v.clone() for k, v in models.reference.state_dict().items()}
-    batch = onpolicy.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
-    onpolicy.update_on_rollout(models, onpolicy.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
-    after = onpolicy.collect(models, prompts, cfg, 1, cfg.kl_coef, "no", {})
+    batch = trainer.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
+    update.update_on_rollout(models, update.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
+    after = trainer.collect(models, prompts, cfg, 1, cfg.kl_coef, "no", {})
     assert after.kl.abs().sum() > 0 and not torch.equal(after.logprobs, after.ref_logprobs)
     assert all(torch.equal(v, reference_before[k]) for k, v in models.reference.state_dict().items())
 
@@ -82,7 +84,7 @@ def test_values_are_read_at_the_position_before_each_response_token(ppo_dirs, tm
     context = batch.context_length
     with torch.no_grad():
         for t in (0, 2):  # V(query + response[:t]) is the value model's score of that prefix at its last token
-            prefix = onpolicy.RolloutBatch(batch.prompts, batch.query_ids, batch.query_mask, batch.responses[:, :t],
+            prefix = RolloutBatch(batch.prompts, batch.query_ids, batch.query_mask, batch.responses[:, :t],
                                            batch.mask[:, :t], batch.has_eos)
             last = torch.full((3,), context + t - 1)
             expected = models.value(prefix.input_ids(), prefix.attention_mask(), eos_index=last)
@@ -93,8 +95,8 @@ def test_gradient_checkpointing_samples_the_same_and_updates_alike(ppo_dirs, tmp
     results = []
     for checkpointing in (False, True):
         cfg, models, prompts = setup(ppo_dirs, tmp_path, update_epochs=1, gradient_checkpointing=checkpointing)
-        batch = onpolicy.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
-        onpolicy.update_on_rollout(models, onpolicy.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
+        batch = trainer.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
+        update.update_on_rollout(models, update.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
         results.append((batch.responses, models.policy.state_dict()))
     assert torch.equal(results[0][0], results[1][0])
     for key in results[0][1]:
@@ -115,9 +117,9 @@ def test_sampling_never_emits_pad(tiny_model):
 def test_detail23_score_lands_on_the_eos_index_and_missing_eos_scores_minus_one(ppo_dirs, tmp_path):
     cfg, models, prompts = setup(ppo_dirs, tmp_path)
     eos_at = [2, None, 0, 5]
-    batch = onpolicy.compute_advantages(scripted_batch(models, cfg, prompts, eos_at), cfg, kl_coef=0.05)
+    batch = update.compute_advantages(scripted_batch(models, cfg, prompts, eos_at), cfg, kl_coef=0.05)
     assert batch.scores.tolist() == [batch.raw_scores[0].item(), -1.0, batch.raw_scores[2].item(), batch.raw_scores[3].item()]
-    metrics = onpolicy.rollout_metrics(batch, 0.05)
+    metrics = update.rollout_metrics(batch, 0.05)
     assert metrics["objective/scores_with_eos"] == pytest.approx(float(batch.raw_scores[[0, 2, 3]].mean()))
     assert metrics["response/eos_rate"] == 0.75
     score_part = batch.rewards + cfg.kl_coef * batch.kl
@@ -140,16 +142,16 @@ def test_everything_after_eos_is_masked_in_every_loss_and_metric(ppo_dirs, tmp_p
     after_eos = ~clean.mask
     for key in ("logprobs", "ref_logprobs", "values"):
         setattr(dirty, key, getattr(clean, key).masked_fill(after_eos, 1e3))
-    clean, dirty = (onpolicy.compute_advantages(b, cfg, 0.05) for b in (clean, dirty))
+    clean, dirty = (update.compute_advantages(b, cfg, 0.05) for b in (clean, dirty))
     for key in ("rewards", "advantages", "returns", "kl"):
         torch.testing.assert_close(getattr(dirty, key), getattr(clean, key), msg=key)
-    assert onpolicy.rollout_metrics(dirty, 0.05) == onpolicy.rollout_metrics(clean, 0.05)
+    assert update.rollout_metrics(dirty, 0.05) == update.rollout_metrics(clean, 0.05)
     dirty.advantages = dirty.advantages.masked_fill(after_eos, 1e3)
     dirty.returns = dirty.returns.masked_fill(after_eos, -1e3)
     results = []
     for batch in (clean, dirty):
         trained = copy.deepcopy(models)
-        metrics = onpolicy.update_on_rollout(trained, onpolicy.build_optimizers(trained, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
+        metrics = update.update_on_rollout(trained, update.build_optimizers(trained, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
         results.append((metrics, trained.policy.state_dict(), trained.value.state_dict()))
     assert results[0][0] == pytest.approx(results[1][0])
     for a, b in ((results[0][1], results[1][1]), (results[0][2], results[1][2])):
@@ -159,12 +161,12 @@ def test_everything_after_eos_is_masked_in_every_loss_and_metric(ppo_dirs, tmp_p
 
 def test_one_update_raises_the_logprob_of_positive_advantage_tokens(ppo_dirs, tmp_path):
     cfg, models, prompts = setup(ppo_dirs, tmp_path, update_epochs=1, learning_rate=3e-4)
-    batch = onpolicy.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
+    batch = trainer.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
     sign = torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(batch.size)]).unsqueeze(1)
     batch.advantages = sign * batch.mask
-    onpolicy.update_on_rollout(models, onpolicy.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
+    update.update_on_rollout(models, update.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
     with torch.no_grad():
-        new, _ = onpolicy.policy_logprobs(models.policy, batch, cfg.temperature)
+        new, _ = update.policy_logprobs(models.policy, batch, cfg.temperature)
     change = (new - batch.logprobs)
     positive, negative = batch.mask & (sign > 0), batch.mask & (sign < 0)
     assert change[positive].mean() > 0 > change[negative].mean()
@@ -188,9 +190,9 @@ def test_logits_fallback_path_matches_the_chunked_hidden_state_path(ppo_dirs, tm
     cfg, models, prompts = setup(ppo_dirs, tmp_path)
     batch = scripted_batch(models, cfg, prompts, [2, None, 4])
     with torch.no_grad():
-        chunked = onpolicy.policy_logprobs(models.policy, batch, 0.7)
+        chunked = update.policy_logprobs(models.policy, batch, 0.7)
         monkeypatch.setattr(rollout, "plain_lm_head", lambda model: None)
-        from_logits = onpolicy.policy_logprobs(models.policy, batch, 0.7)
+        from_logits = update.policy_logprobs(models.policy, batch, 0.7)
     for a, b in zip(chunked, from_logits, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
@@ -205,13 +207,13 @@ def test_detail20_tldr_ppo_preset_mirrors_table_7():
 
 
 def test_detail21_prompts_are_reshuffled_each_time_they_are_used_up():
-    stream = onpolicy.prompt_indices(5, 15, seed=1, start=0)
+    stream = prompt_indices(5, 15, seed=1, start=0)
     epochs = stream.reshape(3, 5)
     for epoch in epochs:
         assert sorted(epoch.tolist()) == [0, 1, 2, 3, 4]  # without replacement within an epoch
     assert len({tuple(e) for e in epochs.tolist()}) == 3  # a fresh order each epoch
-    assert onpolicy.prompt_indices(5, 4, seed=1, start=3).tolist() == stream[3:7].tolist()  # resumable anywhere
-    assert onpolicy.prompt_indices(5, 5, seed=2, start=0).tolist() != epochs[0].tolist()
+    assert prompt_indices(5, 4, seed=1, start=3).tolist() == stream[3:7].tolist()  # resumable anywhere
+    assert prompt_indices(5, 5, seed=2, start=0).tolist() != epochs[0].tolist()
 
 
 def test_detail22_value_model_starts_as_the_reward_model_and_trains_apart_from_it(ppo_dirs, tmp_path):
@@ -220,8 +222,8 @@ def test_detail22_value_model_starts_as_the_reward_model_and_trains_apart_from_i
     for key, value in models.value.state_dict().items():
         assert torch.equal(value, reward_before[key]), key
     assert models.value is not models.reward and not any(p.requires_grad for p in models.reward.parameters())
-    batch = onpolicy.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
-    onpolicy.update_on_rollout(models, onpolicy.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
+    batch = trainer.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
+    update.update_on_rollout(models, update.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
     assert all(torch.equal(v, reward_before[k]) for k, v in models.reward.state_dict().items())
     assert not torch.equal(models.value.head.weight, reward_before["head.weight"])
 
@@ -230,8 +232,8 @@ def test_gradient_accumulation_matches_one_large_micro_batch(ppo_dirs, tmp_path)
     weights = []
     for micro in (2, 8):
         cfg, models, prompts = setup(ppo_dirs, tmp_path, micro_batch_size=micro, update_epochs=1)
-        batch = onpolicy.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
-        onpolicy.update_on_rollout(models, onpolicy.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
+        batch = trainer.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
+        update.update_on_rollout(models, update.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
         weights.append(models.policy.state_dict())
     for key in weights[0]:
         torch.testing.assert_close(weights[0][key], weights[1][key], atol=2e-6, rtol=1e-4)
@@ -249,7 +251,7 @@ EXPECTED_METRICS = [
 def test_run_directory_metrics_samples_and_report(ppo_dirs, tmp_path):
     out = tmp_path / "run"
     cfg = resolve("ppo", "tldr-ppo", None, ppo_args(ppo_dirs, out, eval_samples=2, sample_every=1, report_to="tensorboard"))
-    assert ppo.run(cfg) == 0
+    assert trainer.run(cfg) == 0
     for name in ["config.yaml", "metrics.jsonl", "samples.jsonl", "eval.json", "eval_samples.jsonl", "report.html",
                  "plots/curves.png", "model/model.safetensors", "value/scalar_head.safetensors",
                  "checkpoints/step-000002/value/scalar_head.safetensors", "checkpoints/step-000002/state.pt"]:

@@ -12,7 +12,7 @@ from rlhfkit.models import ScalarModel, load_policy
 from rlhfkit.scoring import collate_scored
 from rlhfkit.trainers import sft
 
-from .conftest import data_file, sft_losses_on_fixed_batch
+from .helpers import data_file, sft_losses_on_fixed_batch
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +53,7 @@ def test_real_reward_model_left_and_right_padding_agree(real_examples):
 def test_real_model_ppo_starts_with_kl_zero_and_ratio_one(real_examples):
     """The PPO invariants at real scale: four SmolLM2-135M models, real posts, one update."""
     from rlhfkit.config import resolve
-    from rlhfkit.trainers import onpolicy
+    from rlhfkit.onpolicy import trainer, update
 
     policy, tok = load_policy("smollm2-135m")
     reference, _ = load_policy("smollm2-135m")
@@ -61,12 +61,12 @@ def test_real_model_ppo_starts_with_kl_zero_and_ratio_one(real_examples):
     reward_model = ScalarModel.from_policy(load_policy("smollm2-135m")[0])
     value = ScalarModel.from_policy(load_policy("smollm2-135m")[0])
     value.load_state_dict(reward_model.state_dict())
-    models = onpolicy.OnPolicyModels(policy, reference, reward_model, value, tok)
+    models = update.OnPolicyModels(policy, reference, reward_model, value, tok)
     cfg = resolve("ppo", "tldr-ppo", None, {"reward_model": "unused", "total_batch_size": 4, "micro_batch_size": 3,
                                             "forward_batch_size": 2, "max_response_length": 8, "update_epochs": 1})
-    onpolicy.prepare_for_training(models, cfg)
+    trainer.prepare_for_training(models, cfg)
     examples, _ = tokenize_sft(real_examples, tok, 128, 53)
-    batch = onpolicy.collect(models, [e.query.ids for e in examples], cfg, 0, cfg.kl_coef, "no", {})
+    batch = trainer.collect(models, [e.query.ids for e in examples], cfg, 0, cfg.kl_coef, "no", {})
     assert torch.equal(batch.kl, torch.zeros_like(batch.kl))
-    metrics = onpolicy.update_on_rollout(models, onpolicy.build_optimizers(models, cfg, 1), batch, cfg, 1, "no", cfg.kl_coef)
+    metrics = update.update_on_rollout(models, update.build_optimizers(models, cfg, 1), batch, cfg, 1, "no", cfg.kl_coef)
     assert metrics["val/ratio"] == 1.0 and metrics["policy/approxkl_avg"] == 0

@@ -263,17 +263,13 @@ class OnPolicySteps:
                 "len": f"{metrics['response/length_mean']:.1f}"}
 
 
-def run(cfg: OnPolicyConfig, _parsed: Any = None) -> int:
-    """Load, train (resuming when asked), evaluate on held-out prompts, report."""
+def train_on_policy(models: OnPolicyModels, prompts: list[list[int]], cfg: OnPolicyConfig, run_dir: Path, checkpoint: Path | None = None,
+                    evaluate=None, accelerator=None) -> int:
+    """Run every update of `cfg`'s algorithm on `models` (resuming from `checkpoint`), with the final
+    checkpoint and model folders; `evaluate(policy, update)` adds held-out metrics. Returns the updates."""
     algorithm = algorithm_of(cfg)
-    run_dir, checkpoint = start_run(cfg, algorithm.name)
-    accelerator = accelerator_for(cfg)
+    accelerator = accelerator or accelerator_for(cfg)
     num_updates = planned_updates(cfg, accelerator.num_processes)
-    models = load_models(cfg, checkpoint, accelerator.device)
-    train, held_out, notes = split_posts(cfg, models.tokenizer)
-    if accelerator.is_main_process:
-        print("\n".join(notes))
-    eval_examples = held_out[: cfg.eval_samples]
     prepare_for_training(models, cfg)
     optimizers = build_optimizers(models, cfg, num_updates)
     kl_coef, start = cfg.kl_coef, 0
@@ -282,16 +278,31 @@ def run(cfg: OnPolicyConfig, _parsed: Any = None) -> int:
         start, kl_coef = state["step"], state["kl_coef"]
     if accelerator.is_main_process:
         drop_rows_after(run_dir / SAMPLES_FILE, start)
-    evaluate = periodic_evaluation(models, eval_examples, cfg) if eval_examples else None
-    steps = OnPolicySteps(algorithm, cfg, run_dir, accelerator, models, optimizers, [e.query.ids for e in train], evaluate,
-                          num_updates, kl_coef, autocast_precision(cfg))
+    steps = OnPolicySteps(algorithm, cfg, run_dir, accelerator, models, optimizers, prompts, evaluate, num_updates, kl_coef,
+                          autocast_precision(cfg))
     run_loop(steps, cfg, run_dir, start, accelerator, resume_command(algorithm.name, run_dir, accelerator.num_processes))
+    return num_updates
+
+
+def run(cfg: OnPolicyConfig, _parsed: Any = None) -> int:
+    """Load, train (resuming when asked), evaluate on held-out prompts, report."""
+    name = algorithm_of(cfg).name
+    run_dir, checkpoint = start_run(cfg, name)
+    accelerator = accelerator_for(cfg)
+    planned_updates(cfg, accelerator.num_processes)  # a batch that does not split fails before any model loads
+    models = load_models(cfg, checkpoint, accelerator.device)
+    train, held_out, notes = split_posts(cfg, models.tokenizer)
+    if accelerator.is_main_process:
+        print("\n".join(notes))
+    eval_examples = held_out[: cfg.eval_samples]
+    evaluate = periodic_evaluation(models, eval_examples, cfg) if eval_examples else None
+    updates = train_on_policy(models, [e.query.ids for e in train], cfg, run_dir, checkpoint, evaluate, accelerator)
     if not accelerator.is_main_process:
         return 0
-    metrics, rows = compare_policies(models, eval_examples, cfg, algorithm.name) if eval_examples else ({}, [])
+    metrics, rows = compare_policies(models, eval_examples, cfg, name) if eval_examples else ({}, [])
     write_jsonl(run_dir / "eval_samples.jsonl", rows)
     (run_dir / "eval.json").write_text(json.dumps(metrics, indent=2))
-    report = write_onpolicy_report(run_dir, algorithm.name, notes, metrics, rows)
-    print(json.dumps(metrics | {"updates": num_updates}, indent=2))
+    report = write_onpolicy_report(run_dir, name, notes, metrics, rows)
+    print(json.dumps(metrics | {"updates": updates}, indent=2))
     print(f"model: {run_dir / 'model'}\nreport: {report}")
     return 0
