@@ -1,0 +1,189 @@
+"""PPO, GRPO and RLOO on two CPU processes over gloo (issue 21): the same update as one process on the
+same global batch, exact resume, an agreed stop on SIGTERM, and a launch that never hangs on a death.
+
+How the two layouts are made comparable: every generation chunk holds one prompt
+(`generation_batch_size` = samples per prompt) and draws from an RNG keyed by that prompt's position
+in the update, so both layouts sample the very same tokens; the rows of each process are padded to
+the widths of the whole batch, so every row is computed on the same columns. What remains is the
+order of floating-point sums: the micro-batches of a minibatch hold other rows, and the two processes'
+gradients are summed by an all-reduce instead of accumulated in one process. In fp32 that moves
+logged means by < 1e-4 (relative) and weights trained at learning rate 1e-3 by < 1e-5: the tolerances.
+A clip fraction counts tokens past a threshold, and one token of the ~300 an update clips may cross it.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+
+from rlhfkit.launch import ProcessStatus, launch_outcome
+
+from .helpers import (
+    PRESETS,
+    assert_same_files,
+    assert_same_metrics,
+    cli_args,
+    kill_marked,
+    launcher_env,
+    process_of_rank,
+    rlhfkit_command,
+    stage_args,
+    wait_for_step,
+)
+
+UPDATES = 3
+WEIGHTS = {"ppo": ["model/model.safetensors", "value/model.safetensors", "value/scalar_head.safetensors"],
+           "grpo": ["model/model.safetensors"], "rloo": ["model/model.safetensors"]}
+STOPPED = re.compile(r"^rlhfkit: stopped by (\w+) after update (\d+); checkpoint written to (.+); resume with: (.+)$", re.M)
+DIED = re.compile(r"^rlhfkit: process (\d) \(pid (\d+)\) died without exiting", re.M)
+
+
+def comparable_args(stage, dirs, out, **extra):
+    """Every episode logged (samples.jsonl then holds each response and its score), a reward that
+    varies (a tiny random model rarely emits EOS), fp32, and one prompt per generation chunk."""
+    group = 1 if stage == "ppo" else 4
+    return stage_args(stage, dirs, out, max_steps=UPDATES, sample_every=1, log_samples=4, eos_trick="false", mixed_precision="no",
+                      generation_batch_size=group, **extra)
+
+
+def launch(stage, args, processes, env=None):
+    launcher = ["--num-processes", str(processes)] if processes > 1 else []
+    return subprocess.run(rlhfkit_command(stage, "--preset", PRESETS[stage], *cli_args(args), *launcher),
+                          env=env or launcher_env(), capture_output=True, text=True, timeout=600)
+
+
+def episodes(run_dir):
+    """(update, query, response) -> (score, raw score, KL) of every logged episode."""
+    rows = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    return {(r["step"], r["query"], r["response"]): (r["score"], r["raw_score"], r["kl"]) for r in rows}
+
+
+def load_weights(run_dir, name):
+    from safetensors.torch import load_file
+
+    return load_file(run_dir / name)
+
+
+@pytest.mark.parametrize("stage", ["ppo", "grpo", "rloo"])
+def test_two_processes_make_the_update_one_process_makes_on_the_same_global_batch(stage, ppo_dirs, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    for out, processes in ((one, 1), (two, 2)):
+        done = launch(stage, comparable_args(stage, ppo_dirs, out), processes)
+        assert done.returncode == 0, done.stderr[-3000:]
+    # the same sampled tokens, the same rewards (scores, KL) per episode
+    single, double = episodes(one), episodes(two)
+    assert single.keys() == double.keys() and len(single) == UPDATES * 8
+    for key in single:
+        assert double[key] == pytest.approx(single[key], rel=1e-4, abs=1e-5), key
+    # the same advantages, returns, losses and statistics of the whole batch, update by update
+    rows = [[json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] for run in (one, two)]
+    assert [r["step"] for r in rows[0]] == [r["step"] for r in rows[1]] == [1, 2, 3]
+    for left, right in zip(*rows, strict=True):
+        numbers = {k for k, v in left.items() if isinstance(v, float) and not k.startswith("perf/")}
+        assert {"advantages/max", "advantages/min", "returns/mean", "objective/rlhf_reward", "loss/policy_avg"} <= numbers
+        for key in numbers:
+            # a clip fraction counts tokens past a threshold: a rounding difference can move one token across it
+            tolerance = {"abs": 0.01} if key.endswith("clipfrac_avg") else {"rel": 1e-4, "abs": 1e-5}
+            assert right[key] == pytest.approx(left[key], **tolerance), (left["step"], key)
+    start = load_weights(ppo_dirs["policy"], "model.safetensors")
+    trained = load_weights(one, "model/model.safetensors")
+    assert max(float((trained[k] - start[k]).abs().max()) for k in start) > 1e-3  # far beyond the tolerance below
+    for name in WEIGHTS[stage]:
+        single_weights, double_weights = load_weights(one, name), load_weights(two, name)
+        for key in single_weights:
+            torch.testing.assert_close(double_weights[key], single_weights[key], atol=1e-5, rtol=1e-4, msg=f"{name} {key}")
+    # written once: one row per update, one eval, one model
+    assert len((two / "metrics.jsonl").read_text().splitlines()) == UPDATES
+
+
+def test_two_processes_sigkilled_and_resumed_end_bit_identical_to_an_uninterrupted_pair(ppo_dirs, tmp_path):
+    stage, mark = "grpo", f"{os.getpid()}-{time.time_ns()}"
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    args = stage_args(stage, ppo_dirs, straight, max_steps=4, sample_every=1, eos_trick="false", mixed_precision="no")
+    assert launch(stage, args, 2).returncode == 0
+    env = launcher_env() | {"RLHFKIT_TEST_RUN": mark}
+    proc = subprocess.Popen(rlhfkit_command(stage, "--preset", PRESETS[stage], *cli_args(args | {"output_dir": str(killed), "save_every": 1}),
+                                            "--num-processes", "2"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_step(proc, killed, 2)
+        os.kill(process_of_rank(mark, 0), signal.SIGKILL)  # the process that writes the checkpoints
+        assert proc.wait(timeout=60) != 0
+    finally:
+        kill_marked(mark)
+    resumed = subprocess.run(rlhfkit_command(stage, f"resume={killed}", "--num-processes", "2"), env=launcher_env(),
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_files(straight, killed, ["model/model.safetensors"])
+    assert_same_metrics(straight, killed, 4)
+    assert (straight / "samples.jsonl").read_text() == (killed / "samples.jsonl").read_text()
+
+
+def test_sigterm_to_one_process_stops_both_after_the_same_update_with_one_checkpoint(ppo_dirs, tmp_path):
+    stage, mark, out = "rloo", f"{os.getpid()}-{time.time_ns()}", tmp_path / "run"
+    args = stage_args(stage, ppo_dirs, out, max_steps=50, mixed_precision="no")
+    log = tmp_path / "run.log"
+    with log.open("w") as output:
+        proc = subprocess.Popen(rlhfkit_command(stage, "--preset", PRESETS[stage], *cli_args(args), "--num-processes", "2"),
+                                env=launcher_env() | {"RLHFKIT_TEST_RUN": mark}, stdout=output, stderr=subprocess.STDOUT)
+        try:
+            wait_for_step(proc, out, 1, log)
+            os.kill(process_of_rank(mark, 1), signal.SIGTERM)  # rank 0 hears nothing: it must learn it from rank 1
+            code = proc.wait(timeout=120)
+        finally:
+            kill_marked(mark)
+    text = log.read_text()
+    assert code == 143, text[-3000:]  # as a single process preempted by SIGTERM, not accelerate's 1
+    [(name, update, _, resume)] = STOPPED.findall(text)
+    assert (name, resume) == ("SIGTERM", f"rlhfkit {stage} resume={out} --num-processes 2")
+    assert [p.name for p in (out / "checkpoints").glob("step-*")] == [f"step-{int(update):06d}"]
+    assert json.loads((out / "checkpoints" / "latest").read_text())["step"] == int(update) < 50
+
+
+def test_a_process_killed_ends_the_launch_non_zero_with_a_line_naming_it(ppo_dirs, tmp_path):
+    stage, mark, out = "grpo", f"{os.getpid()}-{time.time_ns()}", tmp_path / "run"
+    args = stage_args(stage, ppo_dirs, out, max_steps=200, mixed_precision="no")
+    log = tmp_path / "run.log"
+    with log.open("w") as output:
+        proc = subprocess.Popen(rlhfkit_command(stage, "--preset", PRESETS[stage], *cli_args(args), "--num-processes", "2"),
+                                env=launcher_env() | {"RLHFKIT_TEST_RUN": mark}, stdout=output, stderr=subprocess.STDOUT)
+        try:
+            wait_for_step(proc, out, 1, log)
+            victim = process_of_rank(mark, 1)
+            killed_at = time.time()
+            os.kill(victim, signal.SIGKILL)
+            code = proc.wait(timeout=60)  # bounded: never a hang
+            took = time.time() - killed_at
+        finally:
+            kill_marked(mark)
+    assert code != 0 and took < 60
+    assert DIED.findall(log.read_text()) == [("1", str(victim))]
+
+
+def test_launch_outcome_keeps_an_agreed_code_and_names_the_dead():
+    def status(*codes):
+        return [ProcessStatus(rank, 100 + rank, code) for rank, code in enumerate(codes)]
+
+    assert launch_outcome(0, status(0, 0)) == 0
+    assert launch_outcome(1, status(143, 143)) == 143  # accelerate reports 1; the processes agreed on SIGTERM
+    assert launch_outcome(1, status(2, 2)) == 2
+    assert launch_outcome(1, status(1, None)) == 1
+    assert launch_outcome(1, [ProcessStatus(0, None, None), ProcessStatus(1, 101, 3)]) == 3
+
+
+def test_the_launch_hands_a_ctrl_c_to_its_processes(ppo_dirs, tmp_path):
+    stage, out = "grpo", tmp_path / "run"
+    args = stage_args(stage, ppo_dirs, out, max_steps=50, mixed_precision="no")
+    log = tmp_path / "run.log"
+    with log.open("w") as output:
+        proc = subprocess.Popen(rlhfkit_command(stage, "--preset", PRESETS[stage], *cli_args(args), "--num-processes", "2"),
+                                env=launcher_env(), stdout=output, stderr=subprocess.STDOUT)
+        wait_for_step(proc, out, 1, log)
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=120)
+    [(name, update, _, _)] = STOPPED.findall(log.read_text())
+    assert (code, name) == (130, "SIGINT") and (out / "checkpoints" / f"step-{int(update):06d}").is_dir()
