@@ -28,7 +28,7 @@ from .helpers import (
     assert_same_files,
     assert_same_metrics,
     cli_args,
-    kill_marked,
+    launched,
     launcher_env,
     process_of_rank,
     rlhfkit_command,
@@ -102,19 +102,13 @@ def test_two_processes_make_the_update_one_process_makes_on_the_same_global_batc
 
 
 def test_two_processes_sigkilled_and_resumed_end_bit_identical_to_an_uninterrupted_pair(ppo_dirs, tmp_path):
-    stage, mark = "grpo", f"{os.getpid()}-{time.time_ns()}"
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    stage, straight, killed = "grpo", tmp_path / "straight", tmp_path / "killed"
     args = stage_args(stage, ppo_dirs, straight, max_steps=4, sample_every=1, eos_trick="false", mixed_precision="no")
     assert launch(stage, args, 2).returncode == 0
-    env = launcher_env() | {"RLHFKIT_TEST_RUN": mark}
-    proc = subprocess.Popen(rlhfkit_command(stage, "--preset", PRESETS[stage], *cli_args(args | {"output_dir": str(killed), "save_every": 1}),
-                                            "--num-processes", "2"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
+    with launched(stage, args | {"output_dir": str(killed), "save_every": 1}, tmp_path / "killed.log") as (proc, mark):
         wait_for_step(proc, killed, 2)
         os.kill(process_of_rank(mark, 0), signal.SIGKILL)  # the process that writes the checkpoints
         assert proc.wait(timeout=60) != 0
-    finally:
-        kill_marked(mark)
     resumed = subprocess.run(rlhfkit_command(stage, f"resume={killed}", "--num-processes", "2"), env=launcher_env(),
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -124,18 +118,11 @@ def test_two_processes_sigkilled_and_resumed_end_bit_identical_to_an_uninterrupt
 
 
 def test_sigterm_to_one_process_stops_both_after_the_same_update_with_one_checkpoint(ppo_dirs, tmp_path):
-    stage, mark, out = "rloo", f"{os.getpid()}-{time.time_ns()}", tmp_path / "run"
-    args = stage_args(stage, ppo_dirs, out, max_steps=50, mixed_precision="no")
-    log = tmp_path / "run.log"
-    with log.open("w") as output:
-        proc = subprocess.Popen(rlhfkit_command(stage, "--preset", PRESETS[stage], *cli_args(args), "--num-processes", "2"),
-                                env=launcher_env() | {"RLHFKIT_TEST_RUN": mark}, stdout=output, stderr=subprocess.STDOUT)
-        try:
-            wait_for_step(proc, out, 1, log)
-            os.kill(process_of_rank(mark, 1), signal.SIGTERM)  # rank 0 hears nothing: it must learn it from rank 1
-            code = proc.wait(timeout=120)
-        finally:
-            kill_marked(mark)
+    stage, out, log = "rloo", tmp_path / "run", tmp_path / "run.log"
+    with launched(stage, stage_args(stage, ppo_dirs, out, max_steps=50, mixed_precision="no"), log) as (proc, mark):
+        wait_for_step(proc, out, 1, log)
+        os.kill(process_of_rank(mark, 1), signal.SIGTERM)  # rank 0 hears nothing: it must learn it from rank 1
+        code = proc.wait(timeout=120)
     text = log.read_text()
     assert code == 143, text[-3000:]  # as a single process preempted by SIGTERM, not accelerate's 1
     [(name, update, _, resume)] = STOPPED.findall(text)
@@ -145,21 +132,14 @@ def test_sigterm_to_one_process_stops_both_after_the_same_update_with_one_checkp
 
 
 def test_a_process_killed_ends_the_launch_non_zero_with_a_line_naming_it(ppo_dirs, tmp_path):
-    stage, mark, out = "grpo", f"{os.getpid()}-{time.time_ns()}", tmp_path / "run"
-    args = stage_args(stage, ppo_dirs, out, max_steps=200, mixed_precision="no")
-    log = tmp_path / "run.log"
-    with log.open("w") as output:
-        proc = subprocess.Popen(rlhfkit_command(stage, "--preset", PRESETS[stage], *cli_args(args), "--num-processes", "2"),
-                                env=launcher_env() | {"RLHFKIT_TEST_RUN": mark}, stdout=output, stderr=subprocess.STDOUT)
-        try:
-            wait_for_step(proc, out, 1, log)
-            victim = process_of_rank(mark, 1)
-            killed_at = time.time()
-            os.kill(victim, signal.SIGKILL)
-            code = proc.wait(timeout=60)  # bounded: never a hang
-            took = time.time() - killed_at
-        finally:
-            kill_marked(mark)
+    stage, out, log = "grpo", tmp_path / "run", tmp_path / "run.log"
+    with launched(stage, stage_args(stage, ppo_dirs, out, max_steps=200, mixed_precision="no"), log) as (proc, mark):
+        wait_for_step(proc, out, 1, log)
+        victim = process_of_rank(mark, 1)
+        killed_at = time.time()
+        os.kill(victim, signal.SIGKILL)
+        code = proc.wait(timeout=60)  # bounded: never a hang
+        took = time.time() - killed_at
     assert code != 0 and took < 60
     assert DIED.findall(log.read_text()) == [("1", str(victim))]
 
@@ -176,14 +156,10 @@ def test_launch_outcome_keeps_an_agreed_code_and_names_the_dead():
 
 
 def test_the_launch_hands_a_ctrl_c_to_its_processes(ppo_dirs, tmp_path):
-    stage, out = "grpo", tmp_path / "run"
-    args = stage_args(stage, ppo_dirs, out, max_steps=50, mixed_precision="no")
-    log = tmp_path / "run.log"
-    with log.open("w") as output:
-        proc = subprocess.Popen(rlhfkit_command(stage, "--preset", PRESETS[stage], *cli_args(args), "--num-processes", "2"),
-                                env=launcher_env(), stdout=output, stderr=subprocess.STDOUT)
+    stage, out, log = "grpo", tmp_path / "run", tmp_path / "run.log"
+    with launched(stage, stage_args(stage, ppo_dirs, out, max_steps=50, mixed_precision="no"), log) as (proc, _):
         wait_for_step(proc, out, 1, log)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGINT)  # to the command the user started, as Ctrl-C in its terminal
         code = proc.wait(timeout=120)
     [(name, update, _, _)] = STOPPED.findall(log.read_text())
     assert (code, name) == (130, "SIGINT") and (out / "checkpoints" / f"step-{int(update):06d}").is_dir()
