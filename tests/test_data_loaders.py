@@ -16,7 +16,7 @@ from rlhfkit.data.hh import load_hh
 from rlhfkit.data.records import DataFormatError, SkipLog, expand_paths, iter_rows
 from rlhfkit.data.tldr import load_comparisons, load_sft
 
-from .conftest import data_file, write_sft_csv
+from .helpers import data_file, write_sft_csv
 
 HH_SUBSETS = ["harmless-base", "helpful-base", "helpful-online", "helpful-rejection-sampled"]
 

@@ -1,6 +1,5 @@
 """DPO (issue 8): equation 4 at step 0, cached reference log-probabilities, implicit-reward evaluation, resume."""
 
-import gzip
 import json
 import math
 
@@ -18,25 +17,15 @@ from rlhfkit.eval.rm_eval import evaluate_reward_model
 from rlhfkit.models import DPO_RECORD, load_policy
 from rlhfkit.trainers import dpo
 
-from .conftest import assert_same_files, assert_same_metrics, data_file, straight_and_resumed
-
-
-@pytest.fixture(scope="module")
-def comparisons(tmp_path_factory):
-    """80 real TL;DR human comparisons (OpenAI batch 13)."""
-    path = tmp_path_factory.mktemp("dpo") / "comparisons.jsonl"
-    with gzip.open(data_file("summarize-from-feedback-comparisons", "batch13.jsonl.gz"), "rt") as f:
-        path.write_text("".join(line for _, line in zip(range(80), f, strict=False)))
-    return path
-
-
-def dpo_args(model, data, out, **extra):
-    args = {
-        "model": str(model), "data": str(data), "output_dir": str(out), "validation_fraction": 0.2, "total_batch_size": 8,
-        "micro_batch_size": 4, "forward_batch_size": 4, "max_steps": 3, "max_query_length": 128, "learning_rate": 1e-3,
-        "eval_pairs": 0, "eval_samples": 2, "report_to": "",
-    }
-    return args | extra
+from .helpers import (
+    assert_same_files,
+    assert_same_metrics,
+    cli_args,
+    launcher_env,
+    rlhfkit_command,
+    stage_args,
+    straight_and_resumed,
+)
 
 
 def pairs_for(cfg, tokenizer):
@@ -67,9 +56,9 @@ def test_sequence_logprobs_do_not_depend_on_padding_side_or_batch_company(tiny_m
         torch.testing.assert_close(got, torch.tensor(alone), atol=1e-4, rtol=1e-5, msg=side)
 
 
-def test_a_dpo_step_with_the_policy_equal_to_the_reference_gives_log2_and_zero_rewards(tiny_model_dir, comparisons, tmp_path):
+def test_a_dpo_step_with_the_policy_equal_to_the_reference_gives_log2_and_zero_rewards(tiny_model_dir, ppo_dirs, tmp_path):
     # exact in fp32; the loss below runs outside autocast, so the cached reference must too
-    cfg = resolve("dpo", "tldr-dpo", None, dpo_args(tiny_model_dir, comparisons, tmp_path, mixed_precision="no"))
+    cfg = resolve("dpo", "tldr-dpo", None, stage_args("dpo", ppo_dirs, tmp_path, mixed_precision="no"))
     policy, tok = load_policy(str(tiny_model_dir))
     train_pairs, _ = pairs_for(cfg, tok)
     examples = dpo.reference_logprobs(policy, str(tiny_model_dir), train_pairs[:6], tok.pad_token_id, cfg, tmp_path / "ref.pt")
@@ -80,8 +69,8 @@ def test_a_dpo_step_with_the_policy_equal_to_the_reference_gives_log2_and_zero_r
     assert extras["train/accuracy"].item() <= 6
 
 
-def test_reference_logprobs_are_computed_once_and_read_back(tiny_model_dir, comparisons, tmp_path, monkeypatch):
-    cfg = resolve("dpo", "tldr-dpo", None, dpo_args(tiny_model_dir, comparisons, tmp_path))
+def test_reference_logprobs_are_computed_once_and_read_back(tiny_model_dir, ppo_dirs, tmp_path, monkeypatch):
+    cfg = resolve("dpo", "tldr-dpo", None, stage_args("dpo", ppo_dirs, tmp_path))
     policy, tok = load_policy(str(tiny_model_dir))
     pairs = pairs_for(cfg, tok)[0][:5]
     cache = tmp_path / "ref.pt"
@@ -97,8 +86,8 @@ def test_reference_logprobs_are_computed_once_and_read_back(tiny_model_dir, comp
         dpo.reference_logprobs(policy, "another-reference", pairs, tok.pad_token_id, cfg, cache)
 
 
-def test_training_raises_the_margin_on_the_training_pairs(tiny_model_dir, comparisons, tmp_path):
-    cfg = resolve("dpo", "tldr-dpo", None, dpo_args(tiny_model_dir, comparisons, tmp_path, learning_rate=3e-3))
+def test_training_raises_the_margin_on_the_training_pairs(tiny_model_dir, ppo_dirs, tmp_path):
+    cfg = resolve("dpo", "tldr-dpo", None, stage_args("dpo", ppo_dirs, tmp_path, learning_rate=3e-3))
     policy, tok = load_policy(str(tiny_model_dir))
     examples = dpo.reference_logprobs(policy, "ref", pairs_for(cfg, tok)[0][:8], tok.pad_token_id, cfg, tmp_path / "ref.pt")
     batch = dpo.collate_dpo(examples, tok.pad_token_id)
@@ -113,9 +102,9 @@ def test_training_raises_the_margin_on_the_training_pairs(tiny_model_dir, compar
     assert losses[-1] < losses[0] and extras["train/margin"].item() > 0
 
 
-def test_run_directory_evaluation_and_rm_eval_of_the_dpo_policy(tiny_model_dir, comparisons, tmp_path, capsys):
+def test_run_directory_evaluation_and_rm_eval_of_the_dpo_policy(ppo_dirs, tmp_path, capsys):
     out = tmp_path / "run"
-    cfg = resolve("dpo", "tldr-dpo", None, dpo_args(tiny_model_dir, comparisons, out, eval_every=2, report_to="tensorboard"))
+    cfg = resolve("dpo", "tldr-dpo", None, stage_args("dpo", ppo_dirs, out, eval_every=2, report_to="tensorboard"))
     assert dpo.run(cfg) == 0
     for name in ["config.yaml", "metrics.jsonl", "report.html", "model/model.safetensors", f"model/{DPO_RECORD}",
                  dpo.REFERENCE_CACHE, f"validation_{dpo.REFERENCE_CACHE}", "rm_eval/rm_eval.json", "eval_samples.jsonl",
@@ -132,22 +121,22 @@ def test_run_directory_evaluation_and_rm_eval_of_the_dpo_policy(tiny_model_dir, 
     assert overall["accuracy"] == pytest.approx(final_val)  # the training-time validation and rm-eval agree
     # rm-eval reads the DPO policy as a reward model: its implicit reward (equation 5), reference and beta from the record
     eval_out = tmp_path / "rm-eval"
-    assert cli_main(["rm-eval", f"model={out / 'model'}", f"data={comparisons}", "side=validation", "validation_fraction=0.2",
+    assert cli_main(["rm-eval", f"model={out / 'model'}", f"data={ppo_dirs['pairs']}", "side=validation", "validation_fraction=0.2",
                      "max_query_length=128", "probes=", f"out={eval_out}"]) == 0
     again = json.loads((eval_out / "rm_eval.json").read_text())["breakdown"]["overall"]
     assert again["accuracy"] == pytest.approx(overall["accuracy"]) and again["count"] == overall["count"]
     assert "accuracy" in capsys.readouterr().out
 
 
-def test_rm_eval_refuses_a_plain_policy_without_reference_and_beta(tiny_model_dir, comparisons, tmp_path, capsys):
-    assert cli_main(["rm-eval", f"model={tiny_model_dir}", f"data={comparisons}", "probes=", f"out={tmp_path}"]) == 2
+def test_rm_eval_refuses_a_plain_policy_without_reference_and_beta(tiny_model_dir, ppo_dirs, tmp_path, capsys):
+    assert cli_main(["rm-eval", f"model={tiny_model_dir}", f"data={ppo_dirs['pairs']}", "probes=", f"out={tmp_path}"]) == 2
     err = capsys.readouterr().err
     assert "not a reward" in err or "neither a reward model" in err
     assert "Traceback" not in err
 
 
-def test_resume_after_sigkill_is_identical(tiny_model_dir, comparisons, tmp_path):
-    args = dpo_args(tiny_model_dir, comparisons, tmp_path, max_steps=4, eval_samples=0, eval_every=2)
+def test_resume_after_sigkill_is_identical(ppo_dirs, tmp_path):
+    args = stage_args("dpo", ppo_dirs, tmp_path, max_steps=4, eval_samples=0, eval_every=2)
     straight, killed = straight_and_resumed("dpo", "tldr-dpo", args, tmp_path, kill_at=2)
     assert_same_files(straight, killed, ["model/model.safetensors"])
     assert_same_metrics(straight, killed, 4)
@@ -162,9 +151,9 @@ def test_dpo_presets(preset, expected):
     assert {k: getattr(cfg, k) for k in expected} == expected
 
 
-def test_implicit_reward_accuracy_breaks_down_like_a_reward_models(tiny_model_dir, comparisons, tmp_path):
+def test_implicit_reward_accuracy_breaks_down_like_a_reward_models(tiny_model_dir, ppo_dirs, tmp_path):
     """Same pairs through the reward-model evaluation: accuracy equals the sign agreement of equation 5."""
-    cfg = resolve("dpo", "tldr-dpo", None, dpo_args(tiny_model_dir, comparisons, tmp_path))
+    cfg = resolve("dpo", "tldr-dpo", None, stage_args("dpo", ppo_dirs, tmp_path))
     policy, tok = load_policy(str(tiny_model_dir))
     reference, _ = load_policy(str(tiny_model_dir))
     with torch.no_grad():
@@ -179,26 +168,18 @@ def test_implicit_reward_accuracy_breaks_down_like_a_reward_models(tiny_model_di
     assert result["breakdown"]["overall"]["accuracy"] == pytest.approx(float(np.mean(chosen > rejected)))
 
 
-def test_two_processes_train_like_one(tiny_model_dir, comparisons, tmp_path):
+def test_two_processes_train_like_one(ppo_dirs, tmp_path):
     """total_batch_size = micro batch x accumulation x processes; the DDP path of the log-probabilities
     (full logits, not the backbone called around DDP) gives the same weights as one process."""
-    import os
-    import socket
     import subprocess
-    import sys
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE")}
-    env |= {"TQDM_DISABLE": "1", "RLHFKIT_PORT": str(port), "OMP_NUM_THREADS": "1"}
-    runs = {}
+    env, runs = launcher_env(), {}
     for processes, micro in ((1, 4), (2, 2)):
         out = tmp_path / f"p{processes}"
-        args = dpo_args(tiny_model_dir, comparisons, out, max_steps=2, micro_batch_size=micro, eval_samples=0, eval_pairs=4,
-                        mixed_precision="no")  # exact in fp32; bf16 rounds differently for other batch shapes
-        command = [sys.executable, "-m", "rlhfkit", "dpo", "--preset", "tldr-dpo", *[f"{k}={v}" for k, v in args.items()]]
-        proc = subprocess.run([*command, "--num-processes", str(processes)], env=env, capture_output=True, text=True)
+        args = stage_args("dpo", ppo_dirs, out, max_steps=2, micro_batch_size=micro, eval_samples=0, eval_pairs=4,
+                          mixed_precision="no")  # exact in fp32; bf16 rounds differently for other batch shapes
+        command = rlhfkit_command("dpo", "--preset", "tldr-dpo", *cli_args(args), "--num-processes", str(processes))
+        proc = subprocess.run(command, env=env, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs[processes] = out
     from safetensors.torch import load_file
@@ -219,9 +200,9 @@ def test_the_lm_head_check_holds_under_accelerates_bf16_wrapper(tiny_model_dir):
         assert rollout.plain_lm_head(model) is model.get_output_embeddings()
 
 
-def test_reference_log_probabilities_cover_exactly_the_pairs_the_run_visits(tiny_model_dir, comparisons, tmp_path, monkeypatch):
+def test_reference_log_probabilities_cover_exactly_the_pairs_the_run_visits(tiny_model_dir, ppo_dirs, tmp_path, monkeypatch):
     """max_steps=1 with batch 8 reaches 8 training pairs: only those pay a reference forward pass."""
-    cfg = resolve("dpo", "tldr-dpo", None, dpo_args(tiny_model_dir, comparisons, tmp_path, max_steps=1))
+    cfg = resolve("dpo", "tldr-dpo", None, stage_args("dpo", ppo_dirs, tmp_path, max_steps=1))
     policy, tok = load_policy(str(tiny_model_dir))
     train_pairs, _ = pairs_for(cfg, tok)
     counted = []

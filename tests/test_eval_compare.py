@@ -8,8 +8,7 @@ import pytest
 from rlhfkit.cli import main as cli_main
 from rlhfkit.eval import alarms
 
-from .conftest import data_file
-from .test_judges import ProtocolServer
+from .helpers import ProtocolServer, data_file
 
 
 def test_alarm_measures_hand_values():
@@ -40,14 +39,15 @@ def write_samples(path, posts, text_of, skip=()):
     return path
 
 
+def prefer_best(prompt: str) -> str:
+    """The judge's reply: prefers whichever shown summary is marked [best]."""
+    return "Preferred: " + ("A" if "[best]" in prompt.split("Summary A:\n", 1)[1].split("\n\nSummary B:", 1)[0] else "B")
+
+
 @pytest.fixture
 def server(monkeypatch):
-    from . import test_judges
-
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-eval")
-    monkeypatch.setattr(test_judges, "preference_for", lambda prompt: "Preferred: " + (
-        "A" if "[best]" in prompt.split("Summary A:\n", 1)[1].split("\n\nSummary B:", 1)[0] else "B"))
-    srv = ProtocolServer("openai")
+    srv = ProtocolServer("openai", reply=prefer_best)
     yield srv
     srv.close()
 

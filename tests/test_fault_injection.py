@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import assert_same_files, assert_same_metrics, data_file
+from .helpers import assert_same_files, assert_same_metrics, data_file
 
 pytestmark = pytest.mark.faults
 

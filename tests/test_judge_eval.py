@@ -1,6 +1,5 @@
 """`rlhfkit judge-eval` (issue 9): agreement with human labels, position bias, the length baseline."""
 
-import gzip
 import json
 
 import pytest
@@ -10,8 +9,7 @@ from rlhfkit.data.tldr import Comparison
 from rlhfkit.eval import judge_eval
 from rlhfkit.eval.judges import Verdict
 
-from .conftest import data_file
-from .test_judges import ProtocolServer
+from .helpers import ProtocolServer, cli_args, first_lines
 
 
 def verdict(winner: str, swapped: bool) -> Verdict:
@@ -57,10 +55,8 @@ def test_longer_baseline_counts_equal_lengths_half_hand_values():
 
 @pytest.fixture(scope="module")
 def comparisons(tmp_path_factory):
-    path = tmp_path_factory.mktemp("judge-eval") / "pairs.jsonl"
-    with gzip.open(data_file("summarize-from-feedback-comparisons", "batch13.jsonl.gz"), "rt") as f:
-        path.write_text("".join(line for _, line in zip(range(40), f, strict=False)))
-    return path
+    return first_lines(tmp_path_factory.mktemp("judge-eval") / "pairs.jsonl", 40, "summarize-from-feedback-comparisons",
+                       "batch13.jsonl.gz")
 
 
 @pytest.fixture
@@ -73,16 +69,13 @@ def server(monkeypatch):
 
 def run_judge_eval(judge, data, out, **extra):
     args = {"judge": judge, "data": str(data), "out": str(out), "max_pairs": 12, "cache_dir": str(out / "cache")} | extra
-    assert cli_main(["judge-eval", *[f"{k}={v}" for k, v in args.items()]]) == 0
+    assert cli_main(["judge-eval", *cli_args(args)]) == 0
     return json.loads((out / "judge_eval.json").read_text())
 
 
-def test_a_judge_that_always_answers_a_shows_full_position_bias_and_chance_agreement(server, comparisons, tmp_path, capsys,
-                                                                                     monkeypatch):
-    from . import test_judges
-
+def test_a_judge_that_always_answers_a_shows_full_position_bias_and_chance_agreement(server, comparisons, tmp_path, capsys):
     server.script = ["no_preferred"]
-    monkeypatch.setattr(test_judges, "preference_for", lambda prompt: "Preferred: A")
+    server.reply = lambda prompt: "Preferred: A"
     result = run_judge_eval(f"openai:judge-model@{server.url}", comparisons, tmp_path / "run", timeout=5)
     assert result["pairs"] == 12 and result["verdicts"] == 24 and result["unparseable"] == 1
     assert result["position_bias"]["first_position_share"] == 1.0

@@ -13,6 +13,8 @@ from rlhfkit import config as cfgmod
 from rlhfkit.errors import ModelError
 from rlhfkit.models import load_policy
 
+from .helpers import data_file
+
 
 def pickled_copy(tiny_model_dir, folder, weights_name: str = "pytorch_model.bin"):
     """The tiny policy with its weights pickled (transformers 5 saves safetensors only, whatever it is asked)."""
@@ -68,7 +70,8 @@ class Loaded(Exception):
     """Raised by the stand-in loader once it has seen the stage's arguments."""
 
 
-@pytest.mark.parametrize("stage, module", [("sft", "sft"), ("rm", "reward"), ("dpo", "dpo"), ("ppo", "ppo")])
+@pytest.mark.parametrize("stage, module", [("sft", "rlhfkit.trainers.sft"), ("rm", "rlhfkit.trainers.reward"),
+                                           ("dpo", "rlhfkit.trainers.dpo"), ("ppo", "rlhfkit.onpolicy.trainer")])
 def test_every_training_stage_passes_allow_pickle_to_the_loader(stage, module, monkeypatch, tmp_path, tiny_model):
     import importlib
 
@@ -81,9 +84,7 @@ def test_every_training_stage_passes_allow_pickle_to_the_loader(stage, module, m
         seen.update(kwargs)
         raise Loaded
 
-    monkeypatch.setattr(importlib.import_module(f"rlhfkit.trainers.{module}"), "load_policy", loader)
-    from .conftest import data_file
-
+    monkeypatch.setattr(importlib.import_module(module), "load_policy", loader)
     data = data_file("tldr-sft-sample", "tldr_sft_sample.jsonl.gz") if stage in ("sft", "ppo") else data_file(
         "summarize-from-feedback-comparisons", "batch18.jsonl.gz")
     args = [stage, "allow_pickle=true", f"data={data}", f"output_dir={tmp_path / stage}", "report_to="]

@@ -1,6 +1,5 @@
 """`rlhfkit pipeline` (issue 9): stages wired in order, finished stages skipped, interrupted ones resumed."""
 
-import gzip
 import json
 
 import pytest
@@ -9,34 +8,21 @@ from rlhfkit.cli import main as cli_main
 from rlhfkit.config import ConfigError, resolve
 from rlhfkit.pipeline import check_order
 
-from .conftest import data_file
+from .helpers import cli_args, first_lines, stage_args
 
 
 @pytest.fixture(scope="module")
-def small_data(tmp_path_factory):
+def small_inputs(tmp_path_factory, tiny_model_dir):
+    """The tiny policy, 40 real TL;DR posts and 60 real comparisons."""
     root = tmp_path_factory.mktemp("pipeline-data")
-    with gzip.open(data_file("tldr-sft-sample", "tldr_sft_sample.jsonl.gz"), "rt") as f:
-        (root / "posts.jsonl").write_text("".join(line for _, line in zip(range(40), f, strict=False)))
-    with gzip.open(data_file("summarize-from-feedback-comparisons", "batch13.jsonl.gz"), "rt") as f:
-        (root / "pairs.jsonl").write_text("".join(line for _, line in zip(range(60), f, strict=False)))
-    return root
+    return {"policy": tiny_model_dir,
+            "posts": first_lines(root / "posts.jsonl", 40, "tldr-sft-sample", "tldr_sft_sample.jsonl.gz"),
+            "pairs": first_lines(root / "pairs.jsonl", 60, "summarize-from-feedback-comparisons", "batch13.jsonl.gz")}
 
 
-def pipeline_args(tiny_model_dir, data, out):
-    common = "max_query_length: 128, report_to: ''"
-    return [
-        f"output_dir={out}", f"model={tiny_model_dir}", f"sft_data={data / 'posts.jsonl'}", f"comparisons={data / 'pairs.jsonl'}",
-        "eval_posts=4", f"judge=rm:{out / 'rm' / 'model'}",
-        f"sft={{validation_posts: 8, eval_samples: 0, total_batch_size: 4, micro_batch_size: 4, max_steps: 2, {common}}}",
-        f"rm={{total_batch_size: 4, micro_batch_size: 2, max_steps: 2, eval_pairs: 8, normalization_samples: 8, {common}}}",
-        f"ppo={{validation_posts: 8, eval_samples: 2, total_batch_size: 4, micro_batch_size: 4, generation_batch_size: 4, "
-        f"forward_batch_size: 4, max_steps: 2, max_response_length: 8, save_every: 1, {common}}}",
-    ]
-
-
-def test_pipeline_runs_every_stage_then_skips_finished_ones_and_resumes_an_interrupted_one(tiny_model_dir, small_data, tmp_path, capsys):
+def test_pipeline_runs_every_stage_then_skips_finished_ones_and_resumes_an_interrupted_one(small_inputs, tmp_path, capsys):
     out = tmp_path / "pipe"
-    args = pipeline_args(tiny_model_dir, small_data, out)
+    args = cli_args(stage_args("pipeline", small_inputs, out, judge=f"rm:{out / 'rm' / 'model'}"))
     assert cli_main(["pipeline", "--preset", "quickstart", *args]) == 0
     for name in ["sft/model/model.safetensors", "rm/model/scalar_head.safetensors", "ppo/model/model.safetensors",
                  "eval/eval.json", "eval/sft_samples.jsonl", "eval/ppo_samples.jsonl", "eval/report.html", "pipeline.json"]:
@@ -84,8 +70,7 @@ def hh_pipeline_args(tiny_model_dir, data, out):
 def test_hh_pipeline_starts_every_stage_from_the_base_model_and_answers_held_out_dialogues(tiny_model_dir, tmp_path):
     data = tmp_path / "data"
     data.mkdir()
-    with gzip.open(data_file("hh-rlhf", "helpful-base", "test.jsonl.gz"), "rt") as f:
-        (data / "hh.jsonl").write_text("".join(line for _, line in zip(range(40), f, strict=False)))
+    first_lines(data / "hh.jsonl", 40, "hh-rlhf", "helpful-base", "test.jsonl.gz")
     out = tmp_path / "hh"
     assert cli_main(["pipeline", *hh_pipeline_args(tiny_model_dir, data, out)]) == 0
     for stage in ("rm", "dpo", "ppo"):  # no SFT stage: each starts from the base model, on HH data

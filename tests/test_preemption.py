@@ -19,9 +19,7 @@ import pytest
 from rlhfkit.preemption import StopSignal, resume_command
 from rlhfkit.runlock import LOCK_FILE
 
-from .conftest import assert_same_files, assert_same_metrics
-from .test_group import PRESETS, group_args
-from .test_sft import fast_args
+from .helpers import PRESETS, assert_same_files, assert_same_metrics, fast_args, group_args
 
 ENV = {**os.environ, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}
 SFT_STEPS = 6

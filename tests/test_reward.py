@@ -1,4 +1,3 @@
-import gzip
 import json
 import math
 
@@ -15,7 +14,7 @@ from rlhfkit.eval import rm_eval
 from rlhfkit.models import ScalarModel, linear_head, load_reward_model
 from rlhfkit.trainers import reward
 
-from .conftest import data_file
+from .helpers import cli_args, first_lines, stage_args
 
 
 @pytest.fixture
@@ -98,10 +97,7 @@ def test_saved_reward_model_reloads_with_one_call_and_scores_identically(reward_
 
 def test_detail15_normalisation_gives_reference_mean_zero(reward_model, tmp_path):
     model, tok = reward_model
-    src = data_file("tldr-sft-sample", "tldr_sft_sample.jsonl.gz")
-    refs = tmp_path / "refs.jsonl"
-    with gzip.open(src, "rt") as f:
-        refs.write_text("".join(line for _, line in zip(range(12), f, strict=False)))
+    refs = first_lines(tmp_path / "refs.jsonl", 12, "tldr-sft-sample", "tldr_sft_sample.jsonl.gz")
     cfg = resolve("rm", None, None, {"max_query_length": 128, "normalization_samples": 12, "micro_batch_size": 2})
     info = reward.normalize_to_references(model, tok, [str(refs)], cfg)
     assert abs(info["reference_mean_before"]) > 1e-4
@@ -114,14 +110,11 @@ def test_detail15_normalisation_gives_reference_mean_zero(reward_model, tmp_path
 
 
 def test_rm_stage_and_rm_eval_end_to_end(tiny_model_dir, tmp_path):
-    src = data_file("summarize-from-feedback-comparisons", "batch13.jsonl.gz")
-    pairs = tmp_path / "pairs.jsonl"
-    with gzip.open(src, "rt") as f:
-        pairs.write_text("".join(line for _, line in zip(range(48), f, strict=False)))
+    pairs = first_lines(tmp_path / "pairs.jsonl", 48, "summarize-from-feedback-comparisons", "batch13.jsonl.gz")
     out = tmp_path / "rm"
-    args = [f"model={tiny_model_dir}", f"data={pairs}", f"output_dir={out}", "total_batch_size=4", "micro_batch_size=2",
-            "max_steps=2", "max_query_length=128", "validation_fraction=0.25", "report_to=", "eval_every=1"]
-    assert cli_main(["rm", "--preset", "tldr-rm", *args, "sft_data="]) == 0
+    args = stage_args("rm", {"policy": tiny_model_dir, "pairs": pairs}, out, total_batch_size=4, micro_batch_size=2, max_steps=2,
+                      validation_fraction=0.25, eval_every=1)
+    assert cli_main(["rm", "--preset", "tldr-rm", *cli_args(args)]) == 0
     evaluation = json.loads((out / "rm_eval" / "rm_eval.json").read_text())
     assert evaluation["pairs"] > 0 and 0 <= evaluation["accuracy"] <= 1
     assert {"split", "batch", "confidence", "policy_pair"} <= set(evaluation["breakdown"])

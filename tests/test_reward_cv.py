@@ -10,7 +10,7 @@ from rlhfkit.data.split import prompt_folds
 from rlhfkit.errors import ConfigError
 from rlhfkit.trainers import reward_cv
 
-from .conftest import data_file
+from .helpers import cli_args, data_file, stage_args
 
 DATA = data_file("summarize-from-feedback-comparisons", "batch18.jsonl.gz")
 
@@ -30,10 +30,11 @@ def test_prompt_folds_keep_each_prompt_in_one_fold_and_balance_their_sizes():
             prompt_folds(keys, bad, seed=1)
 
 
-def rm_args(out, *extra):
-    return ["rm", "--preset", "tldr-rm", f"data={DATA}", f"output_dir={out}", "total_batch_size=8", "micro_batch_size=4",
-            "max_steps=2", "max_query_length=96", "max_response_length=48", "max_pairs=36", "report_to=", "eval_pairs=8",
-            "sft_data=", "learning_rate=1e-3", "cross_validation_folds=3", *extra]
+def rm_args(model_dir, out, **extra) -> list[str]:
+    """A tiny 3-fold cross-validated RM run on the first 36 pairs of batch 18."""
+    options = {"max_steps": 2, "max_query_length": 96, "max_response_length": 48, "max_pairs": 36, "eval_pairs": 8,
+               "cross_validation_folds": 3} | extra
+    return ["rm", "--preset", "tldr-rm", *cli_args(stage_args("rm", {"policy": model_dir, "pairs": DATA}, out, **options))]
 
 
 @pytest.fixture
@@ -57,7 +58,7 @@ def recorded(monkeypatch):
 
 def test_cross_validation_scores_every_pair_once_with_a_model_that_never_saw_its_prompt(tiny_model_dir, tmp_path, recorded):
     out = tmp_path / "rm"
-    assert cli_main([*rm_args(out, f"model={tiny_model_dir}", "validation_fraction=0.2")]) == 0
+    assert cli_main([*rm_args(tiny_model_dir, out, validation_fraction=0.2)]) == 0
     assert [c["fold"] for c in recorded] == ["fold-0", "fold-1", "fold-2"]
     pairs = recorded[0]["pairs"]
     for call in recorded:
@@ -74,7 +75,7 @@ def test_cross_validation_scores_every_pair_once_with_a_model_that_never_saw_its
     first = json.loads((out / "cross_validation" / "fold-1.json").read_text())
     (out / "cross_validation" / "fold-1.json").unlink()
     recorded.clear()
-    assert cli_main([*rm_args(out, f"model={tiny_model_dir}", "validation_fraction=0.2")]) == 0
+    assert cli_main([*rm_args(tiny_model_dir, out, validation_fraction=0.2)]) == 0
     assert [c["fold"] for c in recorded] == ["fold-1"]  # finished folds are read back, not retrained
     again = json.loads((out / "cross_validation" / "fold-1.json").read_text())
     assert again["indices"] == first["indices"] and again["chosen"] == pytest.approx(first["chosen"], abs=1e-6)
@@ -82,7 +83,7 @@ def test_cross_validation_scores_every_pair_once_with_a_model_that_never_saw_its
 
 def test_cross_validation_balances_only_the_fold_training_pairs_and_refuses_a_foreign_fold_file(tiny_model_dir, tmp_path, recorded):
     out = tmp_path / "rm"
-    args = rm_args(out, f"model={tiny_model_dir}", "validation_fraction=0", "trainable_layers=0", "length_balance=true", "total_batch_size=4")
+    args = rm_args(tiny_model_dir, out, validation_fraction=0, trainable_layers=0, length_balance="true", total_batch_size=4)
     assert cli_main(args) == 0
     for call in recorded:
         assert len(call["trained"]) + len(call["held"]) < call["pairs"]  # the majority side was subsampled for training

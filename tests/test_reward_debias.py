@@ -21,7 +21,7 @@ from rlhfkit.reward_features import FeatureCache
 from rlhfkit.scoring import collate_packed_pairs, collate_pairs, pair_scores, score_pairs
 from rlhfkit.trainers import reward
 
-from .conftest import data_file
+from .helpers import cli_args, data_file, stage_args
 
 COMPARISONS = ("summarize-from-feedback-comparisons", "batch18.jsonl.gz")
 
@@ -227,10 +227,10 @@ def test_cached_features_score_as_the_full_model_and_are_reused(tiny_model, real
 def test_rm_cli_with_odin_balance_split_disjoint_and_frozen_backbone(tiny_model_dir, tmp_path):
     data = data_file(*COMPARISONS)
     out = tmp_path / "rm"
-    args = [f"model={tiny_model_dir}", f"data={data}", f"output_dir={out}", "total_batch_size=16", "micro_batch_size=8", "max_steps=2",
-            "max_query_length=128", "report_to=", "validation_splits=valid1", "splits=valid2", "length_head=true",
-            "length_balance=true", "trainable_layers=0", "learning_rate=1e-3", "eval_pairs=16", "sft_data="]
-    assert cli_main(["rm", "--preset", "tldr-rm", *args]) == 0
+    args = stage_args("rm", {"policy": tiny_model_dir, "pairs": data}, out, total_batch_size=16, micro_batch_size=8, max_steps=2,
+                      validation_splits="valid1", splits="valid2", length_head="true", length_balance="true", trainable_layers=0,
+                      eval_pairs=16)
+    assert cli_main(["rm", "--preset", "tldr-rm", *cli_args(args)]) == 0
     evaluation = json.loads((out / "rm_eval" / "rm_eval.json").read_text())
     assert set(evaluation["breakdown"]["split"]) == {"valid1"}
     overall = evaluation["breakdown"]["overall"]

@@ -13,9 +13,7 @@ from rlhfkit.cli import main as cli_main
 from rlhfkit.errors import RunLockedError
 from rlhfkit.runlock import LOCK_FILE, holder_record, lock_run_dir
 
-from .test_sft import fast_args
-
-ENV = {**os.environ, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}
+from .helpers import child_env, cli_args, rlhfkit_command, stage_args
 
 
 @pytest.fixture
@@ -42,8 +40,7 @@ def test_a_folder_held_by_a_running_process_is_refused_in_one_line_naming_it(ppo
     out = tmp_path / "run"
     write_lock(out, holder_record(sleeper))
     (out / "config.yaml").write_text("the running run's config\n")
-    args = fast_args(ppo_dirs["policy"], ppo_dirs["posts"], out, max_steps=1)
-    assert cli_main(["sft", *[f"{k}={v}" for k, v in args.items()]]) == 2
+    assert cli_main(["sft", *cli_args(stage_args("sft", ppo_dirs, out, max_steps=1))]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"rlhfkit: error: {out} is in use by process {sleeper} on ") and "\n" not in err, err
     assert json.loads((out / LOCK_FILE).read_text())["pid"] == sleeper
@@ -80,8 +77,7 @@ def test_the_same_process_may_lock_its_folder_again(tmp_path, capsys):
 def test_a_stale_lock_is_reported_taken_over_and_released_when_the_run_ends(ppo_dirs, tmp_path):
     out, gone = tmp_path / "run", dead_pid()
     write_lock(out, holder_record(gone))
-    args = fast_args(ppo_dirs["policy"], ppo_dirs["posts"], out, max_steps=1)
-    proc = subprocess.run([sys.executable, "-m", "rlhfkit", "sft", *[f"{k}={v}" for k, v in args.items()]], env=ENV,
+    proc = subprocess.run(rlhfkit_command("sft", *cli_args(stage_args("sft", ppo_dirs, out, max_steps=1))), env=child_env(),
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("rlhfkit: warning:")]
@@ -94,7 +90,7 @@ def test_the_lock_is_released_when_its_process_fails_or_is_terminated(tmp_path, 
     script = ("import sys; from pathlib import Path; from rlhfkit.runlock import lock_run_dir\n"
               f"lock_run_dir(Path({str(tmp_path)!r})); print('locked', flush=True)\n"
               "sys.stdin.readline(); raise RuntimeError('boom')\n")
-    with subprocess.Popen([sys.executable, "-c", script], env=ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    with subprocess.Popen([sys.executable, "-c", script], env=child_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                           stderr=subprocess.DEVNULL, text=True) as proc:
         assert proc.stdout.readline() == "locked\n"
         assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == proc.pid

@@ -1,8 +1,6 @@
-import gzip
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,38 +14,18 @@ from rlhfkit.tracking import read_metrics
 from rlhfkit.trainers import sft
 from rlhfkit.trainers.engine import NonFiniteError
 
-from .conftest import data_file, kill_after_checkpoint, sft_losses_on_fixed_batch
+from .helpers import (
+    cli_args,
+    kill_after_checkpoint,
+    launcher_env,
+    rlhfkit_command,
+    sft_losses_on_fixed_batch,
+    stage_args,
+)
 
 
-@pytest.fixture(scope="module")
-def sft_posts(tmp_path_factory):
-    """The first 40 real TL;DR posts as a local jsonl file."""
-    src = data_file("tldr-sft-sample", "tldr_sft_sample.jsonl.gz")
-    out = tmp_path_factory.mktemp("data") / "posts.jsonl"
-    with gzip.open(src, "rt") as f:
-        out.write_text("".join(line for _, line in zip(range(40), f, strict=False)))
-    return out
-
-
-def fast_args(model_dir, data, out, **extra):
-    args = {
-        "model": str(model_dir),
-        "data": str(data),
-        "output_dir": str(out),
-        "validation_posts": 8,
-        "eval_samples": 0,
-        "total_batch_size": 4,
-        "micro_batch_size": 2,
-        "max_query_length": 128,
-        "learning_rate": 1e-3,
-        "report_to": "",
-    }
-    args.update(extra)
-    return args
-
-
-def test_collate_counts_response_tokens_including_eos(tokenizer, sft_posts):
-    records, _ = load_sft([str(sft_posts)])
+def test_collate_counts_response_tokens_including_eos(tokenizer, ppo_dirs):
+    records, _ = load_sft([str(ppo_dirs["posts"])])
     examples, _ = tokenize_sft(records[:3], tokenizer, 128, 53)
     batch = sft.collate_sft(examples, tokenizer.pad_token_id, loss_on_query=False)
     assert batch["loss_units"].tolist() == [len(e.response) for e in examples]
@@ -57,9 +35,9 @@ def test_collate_counts_response_tokens_including_eos(tokenizer, sft_posts):
 
 
 @pytest.mark.parametrize("loss_on_query", [False, True])
-def test_loss_from_labelled_positions_only_equals_cross_entropy_over_full_logits(tiny_model, sft_posts, loss_on_query):
+def test_loss_from_labelled_positions_only_equals_cross_entropy_over_full_logits(tiny_model, ppo_dirs, loss_on_query):
     model, tok = tiny_model
-    records, _ = load_sft([str(sft_posts)])
+    records, _ = load_sft([str(ppo_dirs["posts"])])
     examples, _ = tokenize_sft(records[:3], tok, 128, 53)
     batch = sft.collate_sft(examples, tok.pad_token_id, loss_on_query=loss_on_query)
     loss, _ = sft.sft_loss(model, batch)
@@ -71,17 +49,17 @@ def test_loss_from_labelled_positions_only_equals_cross_entropy_over_full_logits
     torch.testing.assert_close(grad, expected_grad, rtol=1e-4, atol=1e-6)
 
 
-def test_sft_lowers_the_loss_on_a_fixed_batch(tiny_model, sft_posts):
+def test_sft_lowers_the_loss_on_a_fixed_batch(tiny_model, ppo_dirs):
     model, tok = tiny_model
-    records, _ = load_sft([str(sft_posts)])
+    records, _ = load_sft([str(ppo_dirs["posts"])])
     examples, _ = tokenize_sft(records[:4], tok, 128, 53)
     losses = sft_losses_on_fixed_batch(model, sft.collate_sft(examples, tok.pad_token_id, loss_on_query=False), 3e-3, 8)
     assert losses[-1] < losses[0] - 1.0, losses
 
 
-def test_detail9_run_directory_has_config_metrics_events_checkpoints_samples_plots_report(tiny_model_dir, sft_posts, tmp_path):
+def test_detail9_run_directory_has_config_metrics_events_checkpoints_samples_plots_report(ppo_dirs, tmp_path):
     out = tmp_path / "run"
-    cfg = resolve("sft", "tldr-sft", None, fast_args(tiny_model_dir, sft_posts, out, eval_samples=2, max_steps=2, report_to="tensorboard"))
+    cfg = resolve("sft", "tldr-sft", None, stage_args("sft", ppo_dirs, out, eval_samples=2, max_steps=2, report_to="tensorboard"))
     assert sft.run(cfg) == 0
     for name in ["config.yaml", "metrics.jsonl", "samples.jsonl", "samples_base.jsonl", "eval.json", "report.html", "plots/loss.png"]:
         assert (out / name).is_file(), name
@@ -99,7 +77,7 @@ def test_detail9_run_directory_has_config_metrics_events_checkpoints_samples_plo
     assert "eval/sft_rouge_l" in json.loads((out / "eval.json").read_text())
 
 
-def test_non_finite_loss_stops_at_once_and_keeps_last_good_checkpoint(tiny_model_dir, sft_posts, tmp_path, monkeypatch):
+def test_non_finite_loss_stops_at_once_and_keeps_last_good_checkpoint(ppo_dirs, tmp_path, monkeypatch):
     calls = {"n": 0}
     real_loss = sft.sft_loss
 
@@ -110,7 +88,7 @@ def test_non_finite_loss_stops_at_once_and_keeps_last_good_checkpoint(tiny_model
 
     monkeypatch.setattr(sft, "sft_loss", loss_that_explodes)
     out = tmp_path / "run"
-    cfg = resolve("sft", None, None, fast_args(tiny_model_dir, sft_posts, out, max_steps=5, save_every=1, keep_checkpoints=0))
+    cfg = resolve("sft", None, None, stage_args("sft", ppo_dirs, out, max_steps=5, save_every=1, keep_checkpoints=0))
     with pytest.raises(NonFiniteError, match="step 3: loss is nan"):
         sft.run(cfg)
     latest = json.loads((out / "checkpoints" / "latest").read_text())
@@ -119,22 +97,22 @@ def test_non_finite_loss_stops_at_once_and_keeps_last_good_checkpoint(tiny_model
     load_file(out / "checkpoints" / "step-000002" / "model" / "model.safetensors")
 
 
-def cli(*args):
-    return [sys.executable, "-m", "rlhfkit", "sft", *[f"{k}={v}" for k, v in args[0].items()]]
+def sft_command(options: dict) -> list[str]:
+    return rlhfkit_command("sft", *cli_args(options))
 
 
-def test_resume_after_sigkill_gives_bit_identical_weights(tiny_model_dir, sft_posts, tmp_path):
+def test_resume_after_sigkill_gives_bit_identical_weights(ppo_dirs, tmp_path):
     env = {**os.environ, "TQDM_DISABLE": "1"}
     steps = 8
     straight = tmp_path / "straight"
-    subprocess.run(cli(fast_args(tiny_model_dir, sft_posts, straight, max_steps=steps)), check=True, env=env, capture_output=True)
+    subprocess.run(sft_command(stage_args("sft", ppo_dirs, straight, max_steps=steps)), check=True, env=env, capture_output=True)
 
     killed = tmp_path / "killed"
-    killed_at = kill_after_checkpoint(cli(fast_args(tiny_model_dir, sft_posts, killed, max_steps=steps, save_every=1)), killed, 2, env)
+    killed_at = kill_after_checkpoint(sft_command(stage_args("sft", ppo_dirs, killed, max_steps=steps, save_every=1)), killed, 2, env)
     assert killed_at < steps
 
-    resumed = fast_args(tiny_model_dir, sft_posts, killed, max_steps=steps, save_every=1, resume=killed)
-    subprocess.run(cli(resumed), check=True, env=env, capture_output=True)
+    resumed = stage_args("sft", ppo_dirs, killed, max_steps=steps, save_every=1, resume=killed)
+    subprocess.run(sft_command(resumed), check=True, env=env, capture_output=True)
 
     a = load_file(straight / "model" / "model.safetensors")
     b = load_file(Path(killed) / "model" / "model.safetensors")
@@ -145,15 +123,15 @@ def test_resume_after_sigkill_gives_bit_identical_weights(tiny_model_dir, sft_po
     assert [r["step"] for r in losses if "train/loss" in r] == list(range(1, steps + 1))
 
 
-def test_generate_command_writes_samples_with_rouge_for_the_validation_posts(tiny_model_dir, sft_posts, tmp_path):
+def test_generate_command_writes_samples_with_rouge_for_the_validation_posts(ppo_dirs, tmp_path):
     from rlhfkit.cli import main
 
     out = tmp_path / "samples.jsonl"
-    args = [f"model={tiny_model_dir}", f"data={sft_posts}", "validation_posts=8", "num_samples=3", "max_new_tokens=5",
+    args = [f"model={ppo_dirs['policy']}", f"data={ppo_dirs['posts']}", "validation_posts=8", "num_samples=3", "max_new_tokens=5",
             "max_query_length=128", f"out={out}", "temperature=0"]
     assert main(["generate", *args]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    records, _ = load_sft([str(sft_posts)])
+    records, _ = load_sft([str(ppo_dirs["posts"])])
     from rlhfkit.data.split import split_by_prompt
 
     _, validation = split_by_prompt(records, lambda r: r.prompt_id, validation_size=8, seed=1)
@@ -162,41 +140,35 @@ def test_generate_command_writes_samples_with_rouge_for_the_validation_posts(tin
     assert all(r["tokens"] <= 5 for r in rows)
 
 
-def assert_runs_train_alike(tiny_model_dir, sft_posts, tmp_path, variants: list[dict], max_steps: int) -> None:
+def assert_runs_train_alike(ppo_dirs, tmp_path, variants: list[dict], max_steps: int) -> None:
     """Run SFT once per variant of the options; all must end with the same weights."""
     weights = []
     for i, options in enumerate(variants):
         out = tmp_path / f"variant-{i}"
-        sft.run(resolve("sft", None, None, fast_args(tiny_model_dir, sft_posts, out, max_steps=max_steps, **options)))
+        sft.run(resolve("sft", None, None, stage_args("sft", ppo_dirs, out, max_steps=max_steps, **options)))
         weights.append(load_file(out / "model" / "model.safetensors"))
     for key in weights[0]:
         for other in weights[1:]:
             torch.testing.assert_close(weights[0][key], other[key], atol=2e-6, rtol=1e-4)
 
 
-def test_gradient_checkpointing_run_matches_plain_run(tiny_model_dir, sft_posts, tmp_path):
-    assert_runs_train_alike(tiny_model_dir, sft_posts, tmp_path, [{}, {"gradient_checkpointing": True}], max_steps=1)
+def test_gradient_checkpointing_run_matches_plain_run(ppo_dirs, tmp_path):
+    assert_runs_train_alike(ppo_dirs, tmp_path, [{}, {"gradient_checkpointing": True}], max_steps=1)
 
 
-def test_gradient_accumulation_matches_one_large_batch(tiny_model_dir, sft_posts, tmp_path):
+def test_gradient_accumulation_matches_one_large_batch(ppo_dirs, tmp_path):
     """The effective batch is micro batch x accumulation: 2 x 2 must train like 4 x 1 (exactly in fp32)."""
-    assert_runs_train_alike(tiny_model_dir, sft_posts, tmp_path, [{"micro_batch_size": 2, "mixed_precision": "no"},
-                                                                  {"micro_batch_size": 4, "mixed_precision": "no"}], max_steps=2)
+    assert_runs_train_alike(ppo_dirs, tmp_path, [{"micro_batch_size": 2, "mixed_precision": "no"},
+                                                 {"micro_batch_size": 4, "mixed_precision": "no"}], max_steps=2)
 
 
-def test_two_processes_train_like_one(tiny_model_dir, sft_posts, tmp_path):
+def test_two_processes_train_like_one(ppo_dirs, tmp_path):
     """total_batch_size = micro batch x accumulation x processes: 2 processes x 2 rows == 1 x 2 x 2."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE")}
-    env |= {"TQDM_DISABLE": "1", "RLHFKIT_PORT": str(port), "OMP_NUM_THREADS": "1"}
+    env = launcher_env()
     one, two = tmp_path / "one", tmp_path / "two"
     exact = {"max_steps": 2, "mixed_precision": "no"}  # bf16 rounds differently for other batch shapes
-    subprocess.run(cli(fast_args(tiny_model_dir, sft_posts, one, **exact)), check=True, env=env, capture_output=True)
-    proc = subprocess.run([*cli(fast_args(tiny_model_dir, sft_posts, two, **exact)), "--num-processes", "2"], env=env,
+    subprocess.run(sft_command(stage_args("sft", ppo_dirs, one, **exact)), check=True, env=env, capture_output=True)
+    proc = subprocess.run([*sft_command(stage_args("sft", ppo_dirs, two, **exact)), "--num-processes", "2"], env=env,
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     a, b = load_file(one / "model" / "model.safetensors"), load_file(two / "model" / "model.safetensors")
@@ -204,19 +176,19 @@ def test_two_processes_train_like_one(tiny_model_dir, sft_posts, tmp_path):
         torch.testing.assert_close(a[key], b[key], atol=2e-6, rtol=1e-4)
 
 
-def test_cli_reports_non_finite_loss_in_one_line_with_exit_code_3(tiny_model_dir, sft_posts, tmp_path, monkeypatch, capsys):
+def test_cli_reports_non_finite_loss_in_one_line_with_exit_code_3(ppo_dirs, tmp_path, monkeypatch, capsys):
     from rlhfkit.cli import main
 
     monkeypatch.setattr(sft, "sft_loss", lambda model, batch: (torch.tensor(float("inf")), {}))
-    args = fast_args(tiny_model_dir, sft_posts, tmp_path / "run", max_steps=2)
-    assert main(["sft", *[f"{k}={v}" for k, v in args.items()]]) == 3
+    args = stage_args("sft", ppo_dirs, tmp_path / "run", max_steps=2)
+    assert main(["sft", *cli_args(args)]) == 3
     err = capsys.readouterr().err
     assert "step 1: loss is inf" in err and "Traceback" not in err
 
 
-def test_constant_schedule_honours_warmup_and_evaluations_are_always_logged(tiny_model_dir, sft_posts, tmp_path):
+def test_constant_schedule_honours_warmup_and_evaluations_are_always_logged(ppo_dirs, tmp_path):
     out = tmp_path / "run"
-    cfg = resolve("sft", None, None, fast_args(tiny_model_dir, sft_posts, out, max_steps=2, lr_scheduler="constant",
+    cfg = resolve("sft", None, None, stage_args("sft", ppo_dirs, out, max_steps=2, lr_scheduler="constant",
                                                warmup_steps=2, eval_every=1, log_every=5, eval_samples=2))
     sft.run(cfg)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -225,16 +197,16 @@ def test_constant_schedule_honours_warmup_and_evaluations_are_always_logged(tiny
     assert [r["step"] for r in rows if "val/loss" in r] == [0, 1, 2]  # step 0, the periodic one, the final one
 
 
-def test_resume_continues_with_the_runs_own_config(tiny_model_dir, sft_posts, tmp_path, monkeypatch):
+def test_resume_continues_with_the_runs_own_config(ppo_dirs, tmp_path, monkeypatch):
     from rlhfkit.cli import main
 
     out = tmp_path / "run"
-    args = fast_args(tiny_model_dir, sft_posts, out, max_steps=2, total_batch_size=2, micro_batch_size=1)
-    assert main(["sft", *[f"{k}={v}" for k, v in args.items()]]) == 0
+    args = stage_args("sft", ppo_dirs, out, max_steps=2, total_batch_size=2, micro_batch_size=1)
+    assert main(["sft", *cli_args(args)]) == 0
     monkeypatch.chdir(tmp_path)
     assert main(["sft", f"resume={out}", "max_steps=3"]) == 0  # data, model and batch come from out/config.yaml
     config = (out / "config.yaml").read_text()
-    assert f"- {sft_posts}" in config and "total_batch_size: 2" in config and "max_steps: 3" in config
+    assert f"- {ppo_dirs['posts']}" in config and "total_batch_size: 2" in config and "max_steps: 3" in config
     assert json.loads((out / "checkpoints" / "latest").read_text())["step"] == 3
 
 
@@ -247,10 +219,10 @@ def test_bad_resume_path_fails_before_creating_a_run_directory(tmp_path, monkeyp
     assert not (tmp_path / "runs").exists()
 
 
-def test_resume_into_a_new_folder_carries_the_metrics_history(tiny_model_dir, sft_posts, tmp_path):
+def test_resume_into_a_new_folder_carries_the_metrics_history(ppo_dirs, tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
-    sft.run(resolve("sft", None, None, fast_args(tiny_model_dir, sft_posts, first, max_steps=2, save_every=1, keep_checkpoints=0)))
-    sft.run(resolve("sft", None, None, fast_args(tiny_model_dir, sft_posts, second, max_steps=3,
+    sft.run(resolve("sft", None, None, stage_args("sft", ppo_dirs, first, max_steps=2, save_every=1, keep_checkpoints=0)))
+    sft.run(resolve("sft", None, None, stage_args("sft", ppo_dirs, second, max_steps=3,
                                                  resume=first / "checkpoints" / "step-000002")))
     rows = [json.loads(line) for line in (second / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 3]
@@ -269,13 +241,13 @@ def test_auto_precision_is_bf16_only_where_the_hardware_computes_it(monkeypatch,
     assert engine.autocast_precision(resolve("sft", None, None, {"mixed_precision": "no"})) == "no"
 
 
-def test_bf16_autocast_losses_stay_within_2_percent_of_fp32(tiny_model_dir, sft_posts, tmp_path):
+def test_bf16_autocast_losses_stay_within_2_percent_of_fp32(ppo_dirs, tmp_path):
     """The stated tolerance of bf16 training (docs/performance.md): per-step losses within 2% of fp32's."""
     losses = {}
     for precision in ("no", "bf16"):
         out = tmp_path / precision
         # evaluations and checkpoints between steps must leave bf16 autocast on for the steps after them
-        sft.run(resolve("sft", None, None, fast_args(tiny_model_dir, sft_posts, out, max_steps=4, mixed_precision=precision,
+        sft.run(resolve("sft", None, None, stage_args("sft", ppo_dirs, out, max_steps=4, mixed_precision=precision,
                                                       eval_every=1, save_every=1)))
         losses[precision] = [m["train/loss"] for m in read_metrics(out) if "train/loss" in m]
     assert len(losses["no"]) == 4

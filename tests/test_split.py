@@ -9,7 +9,7 @@ import pytest
 from rlhfkit.data.split import split_by_prompt
 from rlhfkit.data.tldr import load_comparisons
 
-from .conftest import data_file
+from .helpers import data_file
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,331 @@
+"""Helpers the test modules share (fixtures live in conftest.py): the shared data, every stage's tiny
+options, commands for child processes, straight-versus-resumed runs, and a chat server that speaks the
+OpenAI and Anthropic protocols."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("RLHFKIT_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+# ---------------------------------------------------------------- the shared data
+
+
+def data_file(*parts: str) -> Path:
+    path = DATA.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"{path} not found: the tests expect ../shared/data beside the repository")
+    return path
+
+
+def first_lines(dest: Path, n: int, *parts: str) -> Path:
+    """The first `n` lines of the gzipped shared-data file `parts`, written as a plain file at `dest`."""
+    with gzip.open(data_file(*parts), "rt") as f:
+        dest.write_text("".join(line for _, line in zip(range(n), f, strict=False)))
+    return dest
+
+
+def write_sft_csv(path: Path, rows: list[dict]) -> Path:
+    """TL;DR SFT rows as a CSV file with the upstream columns (other keys are dropped)."""
+    import csv
+
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=["subreddit", "title", "post", "summary"], extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+# ---------------------------------------------------------------- every stage's tiny options
+
+PRESETS = {"sft": "tldr-sft", "rm": "tldr-rm", "dpo": "tldr-dpo", "ppo": "tldr-ppo", "grpo": "tldr-grpo", "rloo": "tldr-rloo",
+           "pipeline": "quickstart"}
+
+# which entry of a test's inputs (the `ppo_dirs` fixture: policy, rm, posts, pairs) each stage option reads
+ON_POLICY_INPUTS = {"model": "policy", "reward_model": "rm", "data": "posts"}
+INPUTS = {"sft": {"model": "policy", "data": "posts"}, "rm": {"model": "policy", "data": "pairs"},
+          "dpo": {"model": "policy", "data": "pairs"}, "ppo": ON_POLICY_INPUTS, "grpo": ON_POLICY_INPUTS,
+          "rloo": ON_POLICY_INPUTS, "pipeline": {"model": "policy", "sft_data": "posts", "comparisons": "pairs"}}
+
+# a few rows per step on 2-layer d=64 models at a learning rate that moves them, nothing else logged
+TINY_COMMON = {"max_query_length": 128, "learning_rate": 1e-3, "report_to": ""}
+TINY_PAIRS = TINY_COMMON | {"validation_fraction": 0.2, "total_batch_size": 8, "micro_batch_size": 4, "eval_pairs": 0}
+TINY_ON_POLICY = TINY_COMMON | {
+    "validation_posts": 8, "eval_samples": 0, "total_batch_size": 8, "micro_batch_size": 4, "generation_batch_size": 8,
+    "forward_batch_size": 4, "max_steps": 2, "max_response_length": 10, "sample_every": 0,
+}
+TINY_PIPELINE_STAGE = {"max_query_length": 128, "report_to": ""}
+TINY = {
+    "sft": TINY_COMMON | {"validation_posts": 8, "eval_samples": 0, "total_batch_size": 4, "micro_batch_size": 2},
+    "rm": TINY_PAIRS | {"sft_data": ""},  # no reference summaries: the Detail 15 bias stays as trained
+    "dpo": TINY_PAIRS | {"forward_batch_size": 4, "max_steps": 3, "eval_samples": 2},
+    "ppo": TINY_ON_POLICY,
+    "grpo": TINY_ON_POLICY | {"samples_per_prompt": 4},
+    "rloo": TINY_ON_POLICY | {"samples_per_prompt": 4},
+    "pipeline": {
+        "eval_posts": 4,
+        "sft": TINY_PIPELINE_STAGE | {"validation_posts": 8, "eval_samples": 0, "total_batch_size": 4, "micro_batch_size": 4,
+                                      "max_steps": 2},
+        "rm": TINY_PIPELINE_STAGE | {"total_batch_size": 4, "micro_batch_size": 2, "max_steps": 2, "eval_pairs": 8,
+                                     "normalization_samples": 8},
+        "ppo": TINY_PIPELINE_STAGE | {"validation_posts": 8, "eval_samples": 2, "total_batch_size": 4, "micro_batch_size": 4,
+                                      "generation_batch_size": 4, "forward_batch_size": 4, "max_steps": 2,
+                                      "max_response_length": 8, "save_every": 1},
+    },
+}
+
+
+def stage_args(stage: str, inputs: dict[str, Path], out: Path, **extra: Any) -> dict[str, Any]:
+    """The options of a tiny, fast `stage` run on `inputs` (policy, rm, posts, pairs: those the stage
+    reads) writing to `out`; `extra` options win. For `resolve(stage, ...)` or, through `cli_args`, a
+    command line."""
+    wired = {option: str(inputs[name]) for option, name in INPUTS[stage].items()}
+    return wired | {"output_dir": str(out)} | TINY[stage] | extra
+
+
+def cli_args(options: dict[str, Any]) -> list[str]:
+    """`key=value` arguments; a mapping (a pipeline stage's options) in YAML flow style, as typed."""
+    return [f"{key}={flow_yaml(value) if isinstance(value, dict) else value}" for key, value in options.items()]
+
+
+def flow_yaml(mapping: dict) -> str:
+    return yaml.safe_dump(mapping, default_flow_style=True, sort_keys=False, width=sys.maxsize).strip()
+
+
+def fast_args(model_dir: Path, data: Path, out: Path, **extra: Any) -> dict[str, Any]:
+    """test_preemption.py's SFT builder until it calls stage_args("sft", ...)."""
+    return stage_args("sft", {"policy": model_dir, "posts": data}, out, **extra)
+
+
+def group_args(dirs: dict[str, Path], out: Path, **extra: Any) -> dict[str, Any]:
+    """test_group.py's and test_preemption.py's GRPO/RLOO builder until they call stage_args."""
+    return stage_args("grpo", dirs, out, **extra)
+
+
+# ---------------------------------------------------------------- runs in child processes
+
+def child_env() -> dict[str, str]:
+    """This process's environment for a child run: no progress bars, one thread."""
+    return {**os.environ, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}
+
+
+def rlhfkit_command(*args: str) -> list[str]:
+    """`python -m rlhfkit ARGS`, for a run in a child process."""
+    return [sys.executable, "-m", "rlhfkit", *args]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launcher_env() -> dict[str, str]:
+    """The environment of a child run under `--num-processes N`: none of this process's launcher
+    variables, and a port of its own so that runs never meet."""
+    env = {k: v for k, v in child_env().items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE")}
+    return env | {"RLHFKIT_PORT": str(free_port())}
+
+
+def kill_after_checkpoint(command: list[str], run_dir: Path, step: int, env: dict[str, str]) -> int:
+    """Start `command`, SIGKILL it as soon as its checkpoint `step` (or a later one) is complete, and
+    return the step of the newest complete checkpoint it left."""
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    latest = run_dir / "checkpoints" / "latest"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if latest.exists() and json.loads(latest.read_text())["step"] >= step:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return json.loads(latest.read_text())["step"]
+
+
+def straight_and_resumed(stage: str, preset: str, args: dict, tmp_path: Path, kill_at: int) -> tuple[Path, Path]:
+    """Run `rlhfkit <stage>` once straight through, and once SIGKILLed after checkpoint `kill_at`
+    then resumed; return both run directories for comparison."""
+
+    def command(out: Path, **extra) -> list[str]:
+        return rlhfkit_command(stage, "--preset", preset, *cli_args(args | extra | {"output_dir": str(out)}))
+
+    env, straight, killed = child_env(), tmp_path / "straight", tmp_path / "killed"
+    subprocess.run(command(straight), check=True, env=env, capture_output=True)
+    kill_after_checkpoint(command(killed, save_every=1), killed, kill_at, env)
+    subprocess.run(rlhfkit_command(stage, f"resume={killed}"), check=True, env=env, capture_output=True)
+    return straight, killed
+
+
+def assert_same_files(a: Path, b: Path, files: list[str]) -> None:
+    from safetensors.torch import load_file
+
+    for name in files:
+        left, right = load_file(a / name), load_file(b / name)
+        assert left.keys() == right.keys(), name
+        for key in left:
+            assert torch.equal(left[key], right[key]), (name, key)
+
+
+def assert_same_metrics(a: Path, b: Path, steps: int) -> list[dict]:
+    """Every logged number but the timings is identical; returns the straight run's rows."""
+    rows = [[json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] for run in (a, b)]
+    assert sorted({r["step"] for r in rows[1]}) == sorted({r["step"] for r in rows[0]})
+    assert max(r["step"] for r in rows[1]) == steps
+    for left, right in zip(*rows, strict=True):
+        drop = ("perf/",)
+        assert {k: v for k, v in left.items() if not k.startswith(drop)} == {k: v for k, v in right.items() if not k.startswith(drop)}
+    return rows[0]
+
+
+def sft_losses_on_fixed_batch(model, batch, lr: float, steps: int) -> list[float]:
+    """Per-token SFT loss after each of `steps` AdamW steps on the same batch."""
+    from rlhfkit.trainers.sft import sft_loss
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, eps=1e-5)
+    losses = []
+    for _ in range(steps):
+        loss_sum, _ = sft_loss(model, batch)
+        loss = loss_sum / batch["loss_units"].sum()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+# ---------------------------------------------------------------- a chat server for the API judges
+
+JUDGE_TIMEOUT = 0.5  # seconds the tests give an API judge per request; the scripted "slow" reply takes twice as long
+
+
+def preference_for(prompt: str) -> str:
+    """The scripted judge: prefers whichever shown summary contains "good"."""
+    shown_a = prompt.split("Summary A:\n", 1)[1].split("\n\nSummary B:", 1)[0]
+    return f"Comparison: one summary is good.\nPreferred: {'A' if 'good' in shown_a else 'B'}"
+
+
+class ProtocolServer:
+    """A chat server on 127.0.0.1 speaking the OpenAI (`POST /v1/chat/completions`) or Anthropic
+    (`POST /v1/messages`) protocol. Request n takes action `script[n]` ("ok" once the script runs out):
+
+    ok            a well-formed reply with the text `reply(prompt)` (by default preferring the shown
+                  summary that contains "good")
+    429 / 500     that status (429 with `Retry-After: <retry_after>`)
+    401           an authentication error whose body echoes the key, as some servers do
+    slow          an ok reply after twice the client's timeout
+    bad_json      status 200, JSON content type, a truncated body
+    no_preferred  a well-formed reply without the `Preferred:` line
+    echo_key      a well-formed reply whose text contains the key it was sent
+    """
+
+    def __init__(self, protocol: str, delay: float = 0.0, reply: Callable[[str], str] = preference_for):
+        self.protocol = protocol
+        self.delay = delay  # seconds every request takes, so concurrent requests overlap
+        self.reply = reply
+        self.script: list[str] = []
+        self.retry_after = "0"
+        self.bodies: list[dict] = []  # every request's JSON body, in arrival order
+        self.keys_seen: set[str] = set()
+        self.active = self.max_active = 0
+        self.lock = threading.Lock()
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), ProtocolHandler)
+        self.httpd.daemon_threads = True
+        self.httpd.owner = self
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        root = f"http://127.0.0.1:{self.httpd.server_port}"
+        return root + "/v1" if self.protocol == "openai" else root  # the Anthropic SDK adds /v1 itself
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    @property
+    def prompts(self) -> list[str]:
+        return [body["messages"][0]["content"] for body in self.bodies]
+
+    def next_action(self, body: dict, key: str) -> str:
+        with self.lock:
+            self.bodies.append(body)
+            self.keys_seen.add(key)
+            self.active += 1
+            self.max_active = max(self.max_active, self.active)
+            return self.script.pop(0) if self.script else "ok"
+
+    def finished(self) -> None:
+        with self.lock:
+            self.active -= 1
+
+    def body(self, text: str) -> dict:
+        if self.protocol == "openai":
+            return {"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "judge-model",
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}}
+        return {"id": "msg_1", "type": "message", "role": "assistant", "model": "judge-model",
+                "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "stop_sequence": None,
+                "usage": {"input_tokens": 100, "output_tokens": 10}}
+
+
+class ProtocolHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:
+        server: ProtocolServer = self.server.owner
+        expected = "/v1/chat/completions" if server.protocol == "openai" else "/v1/messages"
+        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        key = self.headers.get("x-api-key") or self.headers.get("authorization", "").removeprefix("Bearer ")
+        action = server.next_action(request, key)
+        try:
+            time.sleep(server.delay + (2 * JUDGE_TIMEOUT if action == "slow" else 0))
+            if self.path != expected:
+                self.send(404, {"error": {"message": f"no route {self.path}"}})
+            elif action in ("ok", "slow"):
+                self.send(200, server.body(server.reply(request["messages"][0]["content"])))
+            elif action == "no_preferred":
+                self.send(200, server.body("Both summaries are fine."))
+            elif action == "echo_key":
+                self.send(200, server.body(f"You sent {key}.\nPreferred: A"))
+            elif action == "bad_json":
+                self.send_raw(200, b'{"choices": [{"message": ')
+            elif action == "401":
+                self.send(401, {"error": {"type": "authentication_error", "message": f"Incorrect API key provided: {key}"}})
+            else:
+                headers = {"Retry-After": server.retry_after} if action == "429" else {}
+                self.send(int(action), {"error": {"type": "server_error", "message": f"scripted {action}"}}, headers)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up on a slow reply
+        finally:
+            server.finished()
+
+    def send(self, status: int, payload: dict, headers: dict | None = None) -> None:
+        self.send_raw(status, json.dumps(payload).encode(), headers)
+
+    def send_raw(self, status: int, data: bytes, headers: dict | None = None) -> None:
+        self.send_response(status)
+        for name, value in {"Content-Type": "application/json", "Content-Length": str(len(data)), **(headers or {})}.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args) -> None:
+        pass  # keep test output free of access logs
