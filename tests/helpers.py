@@ -4,6 +4,7 @@ OpenAI and Anthropic protocols."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -329,3 +330,56 @@ class ProtocolHandler(BaseHTTPRequestHandler):
 
     def log_message(self, *args) -> None:
         pass  # keep test output free of access logs
+
+
+# ---------------------------------------------------------------- multi-process launches
+
+def marked_processes(mark: str) -> dict[int, str]:
+    """pid -> RANK ("" for none) of every process whose environment carries RLHFKIT_TEST_RUN=`mark`."""
+    found = {}
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        with contextlib.suppress(OSError):  # gone meanwhile, or not ours to read
+            variables = dict(v.partition("=")[::2] for v in environ.read_bytes().decode(errors="replace").split("\0"))
+            if variables.get("RLHFKIT_TEST_RUN") == mark:
+                found[int(environ.parent.name)] = variables.get("RANK", "")
+    return found
+
+
+def process_of_rank(mark: str, rank: int) -> int:
+    [pid] = [pid for pid, r in marked_processes(mark).items() if r == str(rank)]
+    return pid
+
+
+def kill_marked(mark: str) -> None:
+    """After a failed test: a launch's processes are not children of the test, so none may be left behind."""
+    for pid in marked_processes(mark):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def wait_for_step(proc: subprocess.Popen, run_dir: Path, step: int, log: Path | None = None) -> None:
+    """Until metrics.jsonl shows step `step` or later (step 0 is logged before the loop)."""
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.time() + 300
+    while proc.poll() is None and time.time() < deadline:
+        if metrics.exists() and any(json.loads(line)["step"] >= step for line in metrics.read_text().splitlines()):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"step {step} never logged: {log.read_text()[-3000:] if log else ''}")
+
+
+@contextlib.contextmanager
+def launched(stage: str, args: dict[str, Any], log: Path, processes: int = 2):
+    """`rlhfkit <stage> --preset <its preset> ARGS --num-processes N` started with its output in `log`;
+    yields (the launch, the mark its processes carry, for `process_of_rank`). No process of it outlives
+    the block: they are not children of the test, so a failed test would leave them running."""
+    mark = f"{os.getpid()}-{time.time_ns()}"
+    command = rlhfkit_command(stage, "--preset", PRESETS[stage], *cli_args(args), "--num-processes", str(processes))
+    with log.open("w") as output:
+        proc = subprocess.Popen(command, env=launcher_env() | {"RLHFKIT_TEST_RUN": mark}, stdout=output, stderr=subprocess.STDOUT)
+        try:
+            yield proc, mark
+        finally:
+            kill_marked(mark)
+            if proc.poll() is None:
+                proc.kill()
