@@ -110,16 +110,6 @@ def flow_yaml(mapping: dict) -> str:
     return yaml.safe_dump(mapping, default_flow_style=True, sort_keys=False, width=sys.maxsize).strip()
 
 
-def fast_args(model_dir: Path, data: Path, out: Path, **extra: Any) -> dict[str, Any]:
-    """test_preemption.py's SFT builder until it calls stage_args("sft", ...)."""
-    return stage_args("sft", {"policy": model_dir, "posts": data}, out, **extra)
-
-
-def group_args(dirs: dict[str, Path], out: Path, **extra: Any) -> dict[str, Any]:
-    """test_group.py's and test_preemption.py's GRPO/RLOO builder until they call stage_args."""
-    return stage_args("grpo", dirs, out, **extra)
-
-
 # ---------------------------------------------------------------- runs in child processes
 
 def child_env() -> dict[str, str]:

@@ -4,27 +4,20 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
-from rlhfkit import cli
+from rlhfkit import cli, launch
 from rlhfkit.launch import inside_launcher, launch_command
+
+from .helpers import launcher_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCHER_VARS = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "ACCELERATE_PROCESS_ID", "MASTER_ADDR", "MASTER_PORT")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_dist_check_two_processes_agree():
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
-    env["RLHFKIT_PORT"] = str(free_port())
-    env["OMP_NUM_THREADS"] = "1"
+    env = {k: v for k, v in launcher_env().items() if k not in LAUNCHER_VARS}
     proc = subprocess.run(
         [sys.executable, "-m", "rlhfkit", "dist-check", "--num-processes", "2"],
         cwd=REPO,

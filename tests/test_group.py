@@ -17,13 +17,13 @@ from .helpers import (
     assert_same_files,
     assert_same_metrics,
     data_file,
-    group_args,
+    stage_args,
     straight_and_resumed,
 )
 
 
 def setup(stage, dirs, tmp_path, **extra):
-    cfg = resolve(stage, PRESETS[stage], None, group_args(dirs, tmp_path / "run", **extra))
+    cfg = resolve(stage, PRESETS[stage], None, stage_args(stage, dirs, tmp_path / "run", **extra))
     models = trainer.load_models(cfg, None, torch.device("cpu"))
     train, _, _ = evaluation.split_posts(cfg, models.tokenizer)
     trainer.prepare_for_training(models, cfg)
@@ -111,7 +111,7 @@ def test_clipping_can_be_turned_off(ppo_dirs, tmp_path):
 @pytest.mark.parametrize("stage", ["grpo", "rloo"])
 def test_group_stages_refuse_one_sample_per_prompt_and_any_estimator_but_their_own(stage, ppo_dirs, tmp_path):
     with pytest.raises(ConfigError, match="samples_per_prompt"):
-        resolve(stage, PRESETS[stage], None, group_args(ppo_dirs, tmp_path, samples_per_prompt=1))
+        resolve(stage, PRESETS[stage], None, stage_args(stage, ppo_dirs, tmp_path, samples_per_prompt=1))
     other = {"grpo": "rloo", "rloo": "grpo"}[stage]
     for command, estimator, own in ((stage, other, stage), ("ppo", stage, "gae")):
         with pytest.raises(ConfigError, match=f"advantage_estimator='{estimator}' is not accepted; choose one of: {own}$"):
@@ -121,7 +121,7 @@ def test_group_stages_refuse_one_sample_per_prompt_and_any_estimator_but_their_o
 @pytest.mark.parametrize("stage", ["grpo", "rloo"])
 def test_run_directory_and_resume_after_sigkill_are_identical(stage, ppo_dirs, tmp_path):
     updates = 3
-    args = group_args(ppo_dirs, tmp_path, max_steps=updates, sample_every=1, eval_samples=2, report_to="tensorboard", eos_trick="false")
+    args = stage_args(stage, ppo_dirs, tmp_path, max_steps=updates, sample_every=1, eval_samples=2, report_to="tensorboard", eos_trick="false")
     straight, killed = straight_and_resumed(stage, PRESETS[stage], args, tmp_path, kill_at=1)
     for name in ["config.yaml", "metrics.jsonl", "samples.jsonl", "eval.json", "report.html", "plots/curves.png", "model/model.safetensors"]:
         assert (straight / name).is_file(), name
@@ -137,7 +137,7 @@ def test_run_directory_and_resume_after_sigkill_are_identical(stage, ppo_dirs, t
 
 def test_hh_dialogues_serve_as_prompts(ppo_dirs, tmp_path):
     hh = data_file("hh-rlhf", "helpful-base", "test.jsonl.gz")
-    cfg = resolve("grpo", "tldr-grpo", None, group_args(ppo_dirs, tmp_path, data=str(hh), prompt_format="hh", validation_posts=10))
+    cfg = resolve("grpo", "tldr-grpo", None, stage_args("grpo", ppo_dirs, tmp_path, data=str(hh), prompt_format="hh", validation_posts=10))
     train, held_out, notes = evaluation.split_posts(cfg, trainer.load_models(cfg, None, torch.device("cpu")).tokenizer)
     assert len(train) > 100 and len(held_out) == 10
     assert {e.record.task for e in train} == {"hh"} and "Human:" in evaluation.prompt_body(train[0].record)

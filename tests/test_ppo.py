@@ -16,21 +16,11 @@ from rlhfkit.models import ScalarModel
 from rlhfkit.onpolicy import evaluation, trainer, update
 from rlhfkit.onpolicy.rollout import RolloutBatch, prompt_indices
 
-from .helpers import assert_same_files, assert_same_metrics, straight_and_resumed
-
-
-def ppo_args(dirs, out, **extra):
-    args = {
-        "model": str(dirs["policy"]), "reward_model": str(dirs["rm"]), "data": str(dirs["posts"]), "output_dir": str(out),
-        "validation_posts": 8, "eval_samples": 0, "total_batch_size": 8, "micro_batch_size": 4, "generation_batch_size": 8,
-        "forward_batch_size": 4, "max_steps": 2, "max_query_length": 128, "max_response_length": 10, "learning_rate": 1e-3,
-        "report_to": "", "sample_every": 0,
-    }
-    return args | extra
+from .helpers import assert_same_files, assert_same_metrics, stage_args, straight_and_resumed
 
 
 def setup(dirs, tmp_path, **extra):
-    cfg = resolve("ppo", "tldr-ppo", None, ppo_args(dirs, tmp_path / "run", **extra))
+    cfg = resolve("ppo", "tldr-ppo", None, stage_args("ppo", dirs, tmp_path / "run", **extra))
     models = trainer.load_models(cfg, None, torch.device("cpu"))
     train, _, _ = evaluation.split_posts(cfg, models.tokenizer)
     trainer.prepare_for_training(models, cfg)
@@ -250,7 +240,7 @@ EXPECTED_METRICS = [
 
 def test_run_directory_metrics_samples_and_report(ppo_dirs, tmp_path):
     out = tmp_path / "run"
-    cfg = resolve("ppo", "tldr-ppo", None, ppo_args(ppo_dirs, out, eval_samples=2, sample_every=1, report_to="tensorboard"))
+    cfg = resolve("ppo", "tldr-ppo", None, stage_args("ppo", ppo_dirs, out, eval_samples=2, sample_every=1, report_to="tensorboard"))
     assert trainer.run(cfg) == 0
     for name in ["config.yaml", "metrics.jsonl", "samples.jsonl", "eval.json", "eval_samples.jsonl", "report.html",
                  "plots/curves.png", "model/model.safetensors", "value/scalar_head.safetensors",
@@ -273,7 +263,7 @@ def test_run_directory_metrics_samples_and_report(ppo_dirs, tmp_path):
 def test_resume_after_sigkill_ends_bit_identical(ppo_dirs, tmp_path):
     updates = 4
     common = {"max_steps": updates, "adaptive_kl": "true", "kl_horizon": 10, "sample_every": 1}
-    straight, killed = straight_and_resumed("ppo", "tldr-ppo", ppo_args(ppo_dirs, tmp_path, **common), tmp_path, kill_at=2)
+    straight, killed = straight_and_resumed("ppo", "tldr-ppo", stage_args("ppo", ppo_dirs, tmp_path, **common), tmp_path, kill_at=2)
     assert_same_files(straight, killed, ["model/model.safetensors", "value/model.safetensors", "value/scalar_head.safetensors"])
     rows = assert_same_metrics(straight, killed, updates)
     assert rows[-1]["objective/kl_coef"] != 0.05  # the adaptive controller moved, and resumed from its state
@@ -283,7 +273,7 @@ def test_resume_after_sigkill_ends_bit_identical(ppo_dirs, tmp_path):
 
 def test_bad_model_paths_fail_at_start_in_one_line(ppo_dirs, tmp_path, capsys):
     def fails_with(message, **extra):
-        args = ppo_args(ppo_dirs, tmp_path / "run", **extra)
+        args = stage_args("ppo", ppo_dirs, tmp_path / "run", **extra)
         assert cli_main(["ppo", *[f"{k}={v}" for k, v in args.items()]]) == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, err

@@ -1,13 +1,11 @@
 """Preemption (issue 12, part 2): SIGTERM / SIGINT during training finish the step, write a checkpoint,
 print how to resume and exit 143 / 130; resuming ends exactly where an uninterrupted run does."""
 
-import contextlib
 import json
 import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,53 +17,36 @@ import pytest
 from rlhfkit.preemption import StopSignal, resume_command
 from rlhfkit.runlock import LOCK_FILE
 
-from .helpers import PRESETS, assert_same_files, assert_same_metrics, fast_args, group_args
+from .helpers import (
+    PRESETS,
+    assert_same_files,
+    assert_same_metrics,
+    child_env,
+    cli_args,
+    launched,
+    process_of_rank,
+    rlhfkit_command,
+    stage_args,
+    wait_for_step,
+)
 
-ENV = {**os.environ, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}
 SFT_STEPS = 6
 STOPPED = re.compile(r"^rlhfkit: stopped by (\w+) after (step|update) (\d+); checkpoint written to (.+); resume with: (.+)$", re.M)
 
 
-def rlhfkit(*args: str) -> list[str]:
-    return [sys.executable, "-m", "rlhfkit", *args]
-
-
 def sft_command(dirs, out: Path) -> list[str]:
-    args = fast_args(dirs["policy"], dirs["posts"], out, max_steps=SFT_STEPS, log_every=1)
-    return rlhfkit("sft", *[f"{k}={v}" for k, v in args.items()])
+    return rlhfkit_command("sft", *cli_args(stage_args("sft", dirs, out, max_steps=SFT_STEPS, log_every=1)))
 
 
 def interrupt_after_first_step(command: list[str], run_dir: Path, signum: int) -> tuple[int, str]:
     """Start `command`, send it `signum` once it is inside the training loop, and return its exit code and output."""
     log = run_dir.parent / f"{run_dir.name}.log"
     with log.open("w") as out:
-        proc = subprocess.Popen(command, env=ENV, stdout=out, stderr=subprocess.STDOUT)
-        wait_for_first_step(proc, run_dir, log)
+        proc = subprocess.Popen(command, env=child_env(), stdout=out, stderr=subprocess.STDOUT)
+        wait_for_step(proc, run_dir, 1, log)
         proc.send_signal(signum)
         proc.wait(timeout=300)
     return proc.returncode, log.read_text()
-
-
-def wait_for_first_step(proc: subprocess.Popen, run_dir: Path, log: Path) -> None:
-    """Until metrics.jsonl shows a finished step (step 0 is logged before the loop)."""
-    metrics = run_dir / "metrics.jsonl"
-    deadline = time.time() + 300
-    while proc.poll() is None and time.time() < deadline:
-        if metrics.exists() and re.search(r'^\{"step": [1-9]', metrics.read_text(), re.M):
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"no step logged: {log.read_text()[-3000:]}")
-
-
-def marked_processes(mark: str) -> dict[int, str]:
-    """pid -> RANK ("" for none) of every process whose environment carries RLHFKIT_TEST_RUN=`mark`."""
-    found = {}
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        with contextlib.suppress(OSError):  # gone meanwhile, or not ours to read
-            variables = dict(v.partition("=")[::2] for v in environ.read_bytes().decode(errors="replace").split("\0"))
-            if variables.get("RLHFKIT_TEST_RUN") == mark:
-                found[int(environ.parent.name)] = variables.get("RANK", "")
-    return found
 
 
 def latest_step(run_dir: Path) -> int:
@@ -75,7 +56,7 @@ def latest_step(run_dir: Path) -> int:
 @pytest.fixture(scope="module")
 def straight_sft(ppo_dirs, tmp_path_factory):
     out = tmp_path_factory.mktemp("straight") / "run"
-    subprocess.run(sft_command(ppo_dirs, out), check=True, env=ENV, capture_output=True)
+    subprocess.run(sft_command(ppo_dirs, out), check=True, env=child_env(), capture_output=True)
     return out
 
 
@@ -92,43 +73,29 @@ def test_signal_during_sft_checkpoints_exits_and_resumes_bit_identical(ppo_dirs,
     assert resume == f"rlhfkit sft resume={out}"
     assert "Traceback" not in output and not (out / LOCK_FILE).exists()
 
-    subprocess.run(rlhfkit(*shlex.split(resume)[1:]), check=True, env=ENV, capture_output=True)  # the printed command
+    subprocess.run(rlhfkit_command(*shlex.split(resume)[1:]), check=True, env=child_env(), capture_output=True)  # the printed command
     assert_same_files(straight_sft, out, ["model/model.safetensors"])
     assert_same_metrics(straight_sft, out, SFT_STEPS)
 
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the launched processes through /proc")
 def test_sigterm_to_one_of_two_processes_stops_both_after_the_same_step(ppo_dirs, tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out, log, mark = tmp_path / "run", tmp_path / "run.log", f"{os.getpid()}-{time.time_ns()}"
-    args = fast_args(ppo_dirs["policy"], ppo_dirs["posts"], out, max_steps=SFT_STEPS, log_every=1, micro_batch_size=1,
-                     mixed_precision="no")
-    env = {k: v for k, v in ENV.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE")}
-    env |= {"RLHFKIT_PORT": str(port), "RLHFKIT_TEST_RUN": mark}
-    with log.open("w") as output:
-        proc = subprocess.Popen(rlhfkit("sft", *[f"{k}={v}" for k, v in args.items()], "--num-processes", "2"), env=env,
-                                stdout=output, stderr=subprocess.STDOUT)
-        try:
-            wait_for_first_step(proc, out, log)
-            [rank1] = [pid for pid, rank in marked_processes(mark).items() if rank == "1"]
-            os.kill(rank1, signal.SIGTERM)  # rank 0 hears nothing: it must learn it from rank 1
-            proc.wait(timeout=120)  # neither process is left waiting for the other
-        finally:
-            for pid in marked_processes(mark):  # after a failure: the launcher does not take its processes along
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+    out, log = tmp_path / "run", tmp_path / "run.log"
+    args = stage_args("sft", ppo_dirs, out, max_steps=SFT_STEPS, log_every=1, micro_batch_size=1, mixed_precision="no")
+    with launched("sft", args, log) as (proc, mark):
+        wait_for_step(proc, out, 1, log)
+        os.kill(process_of_rank(mark, 1), signal.SIGTERM)  # rank 0 hears nothing: it must learn it from rank 1
+        code = proc.wait(timeout=120)  # neither process is left waiting for the other
     [(name, _, step, _, resume)] = STOPPED.findall(log.read_text())
-    assert (name, resume) == ("SIGTERM", f"rlhfkit sft resume={out} --num-processes 2")
+    assert (code, name, resume) == (143, "SIGTERM", f"rlhfkit sft resume={out} --num-processes 2")
     assert 1 <= int(step) < SFT_STEPS and latest_step(out) == int(step)
     assert not (out / LOCK_FILE).exists()
 
 
 def test_sigterm_during_grpo_checkpoints_the_update_and_resumes_to_the_end(ppo_dirs, tmp_path):
     out, updates = tmp_path / "run", 4
-    args = group_args(ppo_dirs, out, max_steps=updates, log_every=1)
-    command = rlhfkit("grpo", "--preset", PRESETS["grpo"], *[f"{k}={v}" for k, v in args.items()])
+    args = stage_args("grpo", ppo_dirs, out, max_steps=updates, log_every=1)
+    command = rlhfkit_command("grpo", "--preset", PRESETS["grpo"], *cli_args(args))
     returncode, output = interrupt_after_first_step(command, out, signal.SIGTERM)
     assert returncode == 143, output[-3000:]
     [(name, unit, update, checkpoints, resume)] = STOPPED.findall(output)
@@ -136,7 +103,7 @@ def test_sigterm_during_grpo_checkpoints_the_update_and_resumes_to_the_end(ppo_d
     assert 1 <= int(update) < updates and latest_step(out) == int(update)
     assert not (out / LOCK_FILE).exists()
 
-    subprocess.run(rlhfkit(*shlex.split(resume)[1:]), check=True, env=ENV, capture_output=True)
+    subprocess.run(rlhfkit_command(*shlex.split(resume)[1:]), check=True, env=child_env(), capture_output=True)
     assert latest_step(out) == updates and (out / "model" / "model.safetensors").is_file()
 
 

@@ -165,7 +165,7 @@ class ModelStats:
         return stats
 
 
-def run(cfg: EvalConfig, _parsed: Any = None) -> int:
+def run(cfg: EvalConfig) -> int:
     if not cfg.samples:
         raise ConfigError("eval needs samples=name=path[,name=path...] (files written by `rlhfkit generate`)")
     named = parse_named_paths(cfg.samples)

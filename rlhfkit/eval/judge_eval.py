@@ -160,7 +160,7 @@ def load_comparisons(cfg: JudgeEvalConfig) -> tuple[list[Comparison], str]:
     return picked, log.summary("pairs")
 
 
-def run(cfg: JudgeEvalConfig, _parsed: Any = None) -> int:
+def run(cfg: JudgeEvalConfig) -> int:
     if not cfg.judge or not cfg.data:
         raise ConfigError("judge-eval needs judge=<spec> (e.g. hf:smollm2-135m, openai:gpt-4o-mini, rm:<folder>) and data=<comparisons>")
     out = Path(cfg.out) if cfg.out else Path("runs") / f"judge-eval-{datetime.now():%Y%m%d-%H%M%S}"

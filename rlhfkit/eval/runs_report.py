@@ -76,7 +76,7 @@ def summary_rows(runs: list[dict[str, Any]], keys: list[str]) -> list[dict[str, 
     return rows
 
 
-def run(cfg: RunsReportConfig, _parsed: Any = None) -> int:
+def run(cfg: RunsReportConfig) -> int:
     if not cfg.runs:
         raise ConfigError("report needs runs=<run dir>[,<run dir>...]")
     runs = [load_run(Path(folder)) for folder in cfg.runs]

@@ -284,7 +284,7 @@ def train_on_policy(models: OnPolicyModels, prompts: list[list[int]], cfg: OnPol
     return num_updates
 
 
-def run(cfg: OnPolicyConfig, _parsed: Any = None) -> int:
+def run(cfg: OnPolicyConfig) -> int:
     """Load, train (resuming when asked), evaluate on held-out prompts, report."""
     name = algorithm_of(cfg).name
     run_dir, checkpoint = start_run(cfg, name)

@@ -104,7 +104,7 @@ def frozen_features(cfg: RMConfig, model: ScalarModel, run_dir: Path) -> Feature
     return FeatureCache(model, autocast_precision(cfg), path)
 
 
-def run(cfg: RMConfig, _parsed: Any = None) -> int:
+def run(cfg: RMConfig) -> int:
     run_dir, checkpoint = start_run(cfg, "rm")
     train_records, val_records, notes = split_comparisons(cfg)
     if checkpoint:
