@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -195,7 +196,7 @@ class OnPolicySteps:
     models: OnPolicyModels
     optimizers: Optimizers
     prompts: list[list[int]]
-    evaluate_policy: Any  # (policy, update) -> metrics on held-out prompts
+    evaluate_policy: Callable[[torch.nn.Module, int], dict[str, float]] | None  # held-out prompts, (policy, update) -> metrics
     total: int
     kl_coef: float
     precision: str
@@ -224,11 +225,13 @@ class OnPolicySteps:
         metrics |= {f"perf/{k}_s": v for k, v in timings.items()}
         metrics |= {
             "perf/update_total_s": elapsed,
+            # the whole batch's tokens over this process's sampling time: the processes sample side by side
             "perf/generated_tokens_per_s": float(batch.lengths.sum()) / timings["generation"],
             "perf/episodes_per_s": batch.size / elapsed,
             "episodes": done * self.cfg.total_batch_size,
         }
-        if self.accelerator.is_main_process and self.cfg.sample_every and (done == 1 or done % self.cfg.sample_every == 0 or done == self.total):
+        logs_samples = self.cfg.sample_every and (done == 1 or done % self.cfg.sample_every == 0 or done == self.total)
+        if logs_samples and self.accelerator.is_main_process:
             append_jsonl(self.run_dir / SAMPLES_FILE, extreme_samples(batch, self.models.tokenizer, done, self.cfg.log_samples))
         return metrics
 
