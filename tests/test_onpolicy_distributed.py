@@ -58,9 +58,9 @@ def launch(stage, args, processes, env=None):
 
 
 def episodes(run_dir):
-    """(update, query, response) -> (score, raw score, KL) of every logged episode."""
+    """(update, query, response) -> (score, raw score, KL, advantage) of every logged episode."""
     rows = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
-    return {(r["step"], r["query"], r["response"]): (r["score"], r["raw_score"], r["kl"]) for r in rows}
+    return {(r["step"], r["query"], r["response"]): (r["score"], r["raw_score"], r["kl"], r["advantage"]) for r in rows}
 
 
 def load_weights(run_dir, name):
@@ -75,7 +75,7 @@ def test_two_processes_make_the_update_one_process_makes_on_the_same_global_batc
     for out, processes in ((one, 1), (two, 2)):
         done = launch(stage, comparable_args(stage, ppo_dirs, out), processes)
         assert done.returncode == 0, done.stderr[-3000:]
-    # the same sampled tokens, the same rewards (scores, KL) per episode
+    # the same sampled tokens, the same rewards (scores, KL) and advantages per episode
     single, double = episodes(one), episodes(two)
     assert single.keys() == double.keys() and len(single) == UPDATES * 8
     for key in single:

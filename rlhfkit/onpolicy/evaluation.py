@@ -116,6 +116,6 @@ def write_onpolicy_report(run_dir: Path, name: str, notes: list[str], metrics: d
         logged = read_jsonl(samples_path)
         last = max(r["step"] for r in logged) if logged else 0
         sections.append((f"Highest- and lowest-scored training samples (update {last})",
-                         table_html([r for r in logged if r["step"] == last], ["rank", "score", "kl", "length", "has_eos", "response"])))
+                         table_html([r for r in logged if r["step"] == last], ["rank", "score", "kl", "advantage", "length", "has_eos", "response"])))
     sections.append(("Resolved config", f"<pre>{(run_dir / 'config.yaml').read_text()}</pre>"))
     return write_report(run_dir, f"{name.upper()} run {run_dir.name}", sections)

@@ -303,7 +303,8 @@ def rollout_metrics(batch: RolloutBatch, kl_coef: float) -> dict[str, float]:
 
 
 def extreme_samples(batch: RolloutBatch, tokenizer, update: int, count: int) -> list[dict[str, Any]]:
-    """The `count` highest- and lowest-scored episodes of the update, decoded."""
+    """The `count` highest- and lowest-scored episodes of the update, decoded, with their score, KL and
+    advantage (the mean over the response's tokens)."""
     order = torch.argsort(batch.scores, descending=True).tolist()
     picks = [("highest", i) for i in order[:count]] + [("lowest", i) for i in order[::-1][:count]]
     rows = []
@@ -312,7 +313,8 @@ def extreme_samples(batch: RolloutBatch, tokenizer, update: int, count: int) -> 
         response = batch.responses[i][batch.mask[i]].tolist()
         rows.append({
             "step": update, "rank": rank, "score": float(batch.scores[i]), "raw_score": float(batch.raw_scores[i]),
-            "kl": float(batch.kl[i].sum()), "length": len(response), "has_eos": bool(batch.has_eos[i]),
+            "kl": float(batch.kl[i].sum()), "advantage": float(ops.masked_mean(batch.advantages[i], batch.mask[i])),
+            "length": len(response), "has_eos": bool(batch.has_eos[i]),
             "query": tokenizer.decode(query), "response": tokenizer.decode(response, skip_special_tokens=True),
         })
     return rows
