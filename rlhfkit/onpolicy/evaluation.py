@@ -69,9 +69,11 @@ def prompt_body(record: SFTRecord) -> str:
     return record.fields.get("post") or "\n\n".join(record.fields.values())
 
 
+SUMMARY = (("rm_score", "rm_score"), ("length", "tokens"), ("eos_rate", "has_eos"), ("rouge_l", "rouge_l"))  # (metric, row key)
+
+
 def policy_summary(rows: list[dict], who: str) -> dict[str, float]:
-    return {f"eval/{who}_{name}": mean([float(r[key]) for r in rows])
-            for name, key in (("rm_score", "rm_score"), ("length", "tokens"), ("eos_rate", "has_eos"), ("rouge_l", "rouge_l"))}
+    return {f"eval/{who}_{name}": mean([float(r[key]) for r in rows]) for name, key in SUMMARY}
 
 
 def compare_policies(models: OnPolicyModels, examples: list[SFTExample], cfg: OnPolicyConfig, name: str) -> tuple[dict, list[dict]]:
@@ -88,13 +90,6 @@ def compare_policies(models: OnPolicyModels, examples: list[SFTExample], cfg: On
                     f"{who}_rouge_l": result["rouge_l"]}
         rows.append(row)
     return metrics, rows
-
-
-def periodic_evaluation(models: OnPolicyModels, examples: list[SFTExample], cfg: OnPolicyConfig):
-    def evaluate(policy, update: int) -> dict[str, float]:
-        return policy_summary(summarise_and_score(policy, models, examples, cfg, f"update {update}"), "policy")
-
-    return evaluate
 
 
 def write_onpolicy_report(run_dir: Path, name: str, notes: list[str], metrics: dict[str, float], rows: list[dict]) -> Path:

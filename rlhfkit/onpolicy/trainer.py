@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ import torch
 
 from ..checkpoint import load_training_state, save_checkpoint
 from ..config import ConfigError, OnPolicyConfig
+from ..data.examples import SFTExample
 from ..devices import autocast, evaluation_mode
 from ..distributed import ONE_PROCESS
 from ..errors import ModelError
@@ -44,9 +44,11 @@ from ..trainers.loop import Show, run_loop
 from .algorithms import Algorithm, algorithm_of
 from .evaluation import (
     SAMPLES_FILE,
+    SUMMARY,
     compare_policies,
-    periodic_evaluation,
+    policy_summary,
     split_posts,
+    summarise_and_score,
     write_onpolicy_report,
 )
 from .rollout import (
@@ -196,11 +198,12 @@ class OnPolicySteps:
     models: OnPolicyModels
     optimizers: Optimizers
     prompts: list[list[int]]
-    evaluate_policy: Callable[[torch.nn.Module, int], dict[str, float]] | None  # held-out prompts, (policy, update) -> metrics
+    held_out: list[SFTExample]  # prompts never trained on, summarised by the evaluations
     total: int
     kl_coef: float
     precision: str
     unit: str = "update"
+    comparison: tuple[dict[str, float], list[dict]] = ({}, [])  # the final evaluation's metrics and rows
 
     @property
     def name(self) -> str:
@@ -238,9 +241,9 @@ class OnPolicySteps:
     def evaluate(self, done: int) -> dict[str, float]:
         """Held-out prompts summarised by the current policy, on process 0 (the others go on to the
         next update and wait for it there)."""
-        if not (self.evaluate_policy and self.accelerator.is_main_process):
+        if not (self.held_out and self.accelerator.is_main_process):
             return {}
-        return self.evaluate_policy(self.models.policy, done)
+        return policy_summary(summarise_and_score(self.models.policy, self.models, self.held_out, self.cfg, f"update {done}"), "policy")
 
     def save(self, done: int) -> None:
         self.accelerator.wait_for_everyone()
@@ -253,13 +256,21 @@ class OnPolicySteps:
         self.accelerator.wait_for_everyone()
 
     def finish(self) -> dict[str, float]:
-        """The trained models as `save_pretrained` folders, then the final held-out evaluation (process 0)."""
+        """The trained models as `save_pretrained` folders, then the final held-out evaluation (process 0):
+        the SFT and trained policies compared (`comparison`), whose trained-policy numbers also end the
+        periodic evaluation's curves."""
         if not self.accelerator.is_main_process:
             return {}
         save_final_model(self.models.policy, self.models.tokenizer, self.run_dir)
         if self.models.value is not None:
             save_final_model(self.models.value, self.models.tokenizer, self.run_dir, "value")
-        return self.evaluate(self.total) if self.cfg.eval_every else {}
+        if not self.held_out:
+            return {}
+        self.comparison = compare_policies(self.models, self.held_out, self.cfg, self.name)
+        if not self.cfg.eval_every:
+            return {}
+        metrics = self.comparison[0]
+        return {f"eval/policy_{name}": metrics[f"eval/{self.name}_{name}"] for name, _ in SUMMARY}
 
     def postfix(self, metrics: dict[str, float]) -> dict[str, str]:
         return {"score": f"{metrics['objective/scores']:.3f}", "kl": f"{metrics['objective/kl']:.3f}",
@@ -267,9 +278,10 @@ class OnPolicySteps:
 
 
 def train_on_policy(models: OnPolicyModels, prompts: list[list[int]], cfg: OnPolicyConfig, run_dir: Path, checkpoint: Path | None = None,
-                    evaluate=None, accelerator=None) -> int:
+                    held_out: list[SFTExample] | None = None, accelerator=None) -> OnPolicySteps:
     """Run every update of `cfg`'s algorithm on `models` (resuming from `checkpoint`), with the final
-    checkpoint and model folders; `evaluate(policy, update)` adds held-out metrics. Returns the updates."""
+    checkpoint and model folders; `held_out` prompts are summarised by the evaluations. Returns the
+    stage, whose `comparison` holds the final evaluation."""
     algorithm = algorithm_of(cfg)
     accelerator = accelerator or accelerator_for(cfg)
     num_updates = planned_updates(cfg, accelerator.num_processes)
@@ -281,10 +293,10 @@ def train_on_policy(models: OnPolicyModels, prompts: list[list[int]], cfg: OnPol
         start, kl_coef = state["step"], state["kl_coef"]
     if accelerator.is_main_process:
         drop_rows_after(run_dir / SAMPLES_FILE, start)
-    steps = OnPolicySteps(algorithm, cfg, run_dir, accelerator, models, optimizers, prompts, evaluate, num_updates, kl_coef,
+    steps = OnPolicySteps(algorithm, cfg, run_dir, accelerator, models, optimizers, prompts, held_out or [], num_updates, kl_coef,
                           autocast_precision(cfg))
     run_loop(steps, cfg, run_dir, start, accelerator, resume_command(algorithm.name, run_dir, accelerator.num_processes))
-    return num_updates
+    return steps
 
 
 def run(cfg: OnPolicyConfig) -> int:
@@ -297,15 +309,13 @@ def run(cfg: OnPolicyConfig) -> int:
     train, held_out, notes = split_posts(cfg, models.tokenizer)
     if accelerator.is_main_process:
         print("\n".join(notes))
-    eval_examples = held_out[: cfg.eval_samples]
-    evaluate = periodic_evaluation(models, eval_examples, cfg) if eval_examples else None
-    updates = train_on_policy(models, [e.query.ids for e in train], cfg, run_dir, checkpoint, evaluate, accelerator)
+    steps = train_on_policy(models, [e.query.ids for e in train], cfg, run_dir, checkpoint, held_out[: cfg.eval_samples], accelerator)
     if not accelerator.is_main_process:
         return 0
-    metrics, rows = compare_policies(models, eval_examples, cfg, name) if eval_examples else ({}, [])
+    metrics, rows = steps.comparison
     write_jsonl(run_dir / "eval_samples.jsonl", rows)
     (run_dir / "eval.json").write_text(json.dumps(metrics, indent=2))
     report = write_onpolicy_report(run_dir, name, notes, metrics, rows)
-    print(json.dumps(metrics | {"updates": updates}, indent=2))
+    print(json.dumps(metrics | {"updates": steps.total}, indent=2))
     print(f"model: {run_dir / 'model'}\nreport: {report}")
     return 0
