@@ -142,7 +142,7 @@ def sum_gradients_across_processes(models: list[torch.nn.Module], accelerator) -
     torch.distributed.all_reduce(flat)
     offset = 0
     for p in params:
-        p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
+        p.grad = flat[offset : offset + p.numel()].view_as(p)  # views of the one reduced buffer: no second copy
         offset += p.numel()
 
 
