@@ -78,6 +78,12 @@ class RunConfig:
     allow_pickle: bool = pickle_opt()
     mixed_precision: Literal["auto", "no", "bf16"] = opt("auto", "bf16 autocast where supported, else fp32", "Detail 8")
     gradient_checkpointing: bool = opt(False, "recompute activations to save memory")
+    lora_rank: int = opt(0, "LoRA rank of the trained models (0: off, full fine-tuning); the scalar heads stay fully trainable")
+    lora_alpha: float = opt(16.0, "LoRA scale numerator: the adapter's update is scaled by lora_alpha / lora_rank", minimum=1e-9)
+    lora_dropout: float = opt(0.0, "dropout on the adapter input (0: off, as everywhere else: Detail 7)")
+    lora_target_modules: list[str] = opt([], "module names the adapters wrap (empty: every linear layer of the decoder blocks)")
+    sharding: Literal["none", "fsdp2", "zero2", "zero3"] = opt(
+        "none", "shard across processes: fsdp2 (parameters, gradients, optimizer state), zero2/zero3 (DeepSpeed; the deepspeed extra)")
     max_grad_norm: float = opt(0.0, "clip the gradient norm to this (0: no clipping; the norm is still logged)")
     keep_checkpoints: int = opt(2, "newest checkpoints kept in checkpoints/ (0: all)")
     save_every: int = opt(0, "save a checkpoint every N optimizer steps (0: only at the end)")
