@@ -1,7 +1,8 @@
 """Atomic checkpoints and exact resume.
 
 A checkpoint is a folder `checkpoints/step-NNNNNN/` holding the model and tokenizer as
-`save_pretrained` folders (safetensors; PPO adds its value model as `value/`), `state.pt` (optimizer
+`save_pretrained` folders (safetensors; PPO adds its value model as `value/`; with LoRA, the adapters
+and scalar heads alone: `adapters.py`), `state.pt` (optimizer
 and scheduler, plus any further ones such as PPO's value optimizer, read back with
 `weights_only=True`), `rng.json` (python, numpy and torch RNG states) and `trainer.json` (step and
 data position), and last `manifest.json` (every other file's size and sha256). It is written under a
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .adapters import save_weights
 from .errors import CheckpointError
 from .faults import fault_point
 
@@ -89,10 +91,10 @@ def save_checkpoint(
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"step-{step:06d}"
     tmp = Path(tempfile.mkdtemp(dir=folder, prefix=f".tmp-step-{step:06d}-"))
-    model.save_pretrained(tmp / "model", safe_serialization=True)
+    save_weights(model, tmp / "model")
     tokenizer.save_pretrained(tmp / "model")
-    for name, extra in (extra_models or {}).items():  # each a complete folder, loadable on its own
-        extra.save_pretrained(tmp / name, safe_serialization=True)
+    for name, extra in (extra_models or {}).items():  # each a complete folder (or adapter), loadable on its own
+        save_weights(extra, tmp / name)
         tokenizer.save_pretrained(tmp / name)
     fault_point("save", step)
     states = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}

@@ -244,6 +244,7 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
 
 
 SCALAR_CONFIG = "rlhfkit_scalar.json"
+PEFT_WRAPPER = "_rlhfkit_peft"  # where adapters.py keeps the peft wrapper of an adapted model
 SCALAR_HEAD = "scalar_head.safetensors"
 LENGTH_HEAD = "length_head.safetensors"
 
@@ -420,7 +421,8 @@ class ScalarModel(torch.nn.Module):
         from safetensors.torch import save_file
 
         folder = Path(folder)
-        self.backbone.save_pretrained(folder, safe_serialization=True)
+        # with a LoRA adapter (adapters.py), the adapter alone: the base is rebuilt from its source
+        self.backbone.__dict__.get(PEFT_WRAPPER, self.backbone).save_pretrained(folder, safe_serialization=True, **kwargs)
         save_file({k: v.detach().contiguous().cpu() for k, v in self.head.state_dict().items()}, str(folder / SCALAR_HEAD))
         if self.length_head is not None:
             save_file({k: v.detach().contiguous().cpu() for k, v in self.length_head.state_dict().items()}, str(folder / LENGTH_HEAD))

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ..adapters import add_adapter, frozen_reference, lora_enabled, trained_policy
 from ..checkpoint import load_training_state, save_checkpoint
 from ..config import ConfigError, OnPolicyConfig
 from ..data.examples import SFTExample
@@ -32,7 +33,6 @@ from ..models import (
     SCALAR_CONFIG,
     ScalarModel,
     enable_activation_checkpointing,
-    load_policy,
     load_reward_model,
     load_tokenizer,
 )
@@ -118,15 +118,23 @@ def load_models(cfg: OnPolicyConfig, checkpoint: Path | None, device: torch.devi
     require_scalar_folder(cfg.reward_model, "reward_model")
     options = algorithm_of(cfg).value
     frozen = torch.device(cfg.frozen_device) if cfg.frozen_device else device
-    policy, tokenizer = load_policy(str(checkpoint / "model") if checkpoint else cfg.model, cfg.trust_remote_code, allow_pickle=cfg.allow_pickle)
-    reference, _ = load_policy(cfg.model, cfg.trust_remote_code, allow_pickle=cfg.allow_pickle)
+    policy, tokenizer = trained_policy(cfg, checkpoint)
+    reference = frozen_reference(cfg, policy, cfg.model)
     reward, reward_tok = load_reward_model(cfg.reward_model, cfg.trust_remote_code)
     check_same_tokenizer(tokenizer, reward_tok, cfg.model, f"the reward model ({cfg.reward_model})")
     value = None
     if options is not None:
-        source = str(checkpoint / "value") if checkpoint else (options(cfg).source or cfg.reward_model)
-        value = load_value_model(source, tokenizer, cfg.model, cfg.trust_remote_code).to(device)
+        value = trained_value_model(cfg, options(cfg).source or cfg.reward_model, checkpoint, tokenizer).to(device)
     return OnPolicyModels(policy.to(device), reference.to(frozen), reward.to(frozen), value, tokenizer)
+
+
+def trained_value_model(cfg: OnPolicyConfig, source: str, checkpoint: Path | None, tokenizer) -> ScalarModel:
+    """The value model to train: `source`, or the checkpoint's `value/` when resuming; with LoRA,
+    `source` with a fresh adapter, or with the checkpoint's adapter and head loaded over it."""
+    if not lora_enabled(cfg):
+        return load_value_model(str(checkpoint / "value") if checkpoint else source, tokenizer, cfg.model, cfg.trust_remote_code)
+    value = load_value_model(source, tokenizer, cfg.model, cfg.trust_remote_code)
+    return add_adapter(value, cfg, checkpoint / "value" if checkpoint else None)
 
 
 def prepare_for_training(models: OnPolicyModels, cfg: OnPolicyConfig) -> None:

@@ -23,6 +23,7 @@ import torch
 from tqdm import tqdm
 
 from .. import ops
+from ..adapters import frozen_reference, trained_policy
 from ..config import DPOConfig
 from ..data.examples import PairExample, prepare_pairs, query_limits
 from ..data.split import split_comparisons
@@ -31,7 +32,7 @@ from ..eval import rm_metrics, rm_report
 from ..eval.report import table_html
 from ..eval.rm_eval import builtin_probes_for, evaluate_reward_model, write_rm_report
 from ..generation import SamplingParams, generate_texts, sequence_logprobs
-from ..models import DPO_RECORD, ImplicitRewardModel, load_policy
+from ..models import DPO_RECORD, ImplicitRewardModel
 from ..plots import plot_training_curves
 from ..scoring import collate_pairs
 from ..tracking import read_metrics, write_jsonl
@@ -186,9 +187,8 @@ def run(cfg: DPOConfig) -> int:
     train_records, val_records, notes = split_comparisons(cfg)
     reference_name = cfg.reference_model or cfg.model
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    policy, tokenizer = load_policy(str(checkpoint / "model") if checkpoint else cfg.model, cfg.trust_remote_code, allow_pickle=cfg.allow_pickle)
-    reference, _ = load_policy(reference_name, cfg.trust_remote_code, allow_pickle=cfg.allow_pickle)
-    reference = reference.to(device).eval().requires_grad_(False)
+    policy, tokenizer = trained_policy(cfg, checkpoint)
+    reference = frozen_reference(cfg, policy, reference_name).to(device).eval().requires_grad_(False)
     train_pairs, train_note = prepare_pairs(cfg, tokenizer, train_records)
     val_pairs, val_note = prepare_pairs(cfg, tokenizer, val_records)
     notes += [f"train tokenization: {train_note}", f"validation tokenization: {val_note}", f"reference policy: {reference_name}, beta {cfg.beta}"]

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from transformers import get_scheduler
 
+from ..adapters import save_final
 from ..checkpoint import find_checkpoint, load_training_state, save_checkpoint, seed_everything
 from ..config import ConfigError, RunConfig, TrainConfig, to_yaml
 from ..distributed import processes_need_cpu
@@ -154,7 +155,8 @@ def autocast_precision(cfg: RunConfig) -> str:
 
 def build_optimizer(model: torch.nn.Module, cfg: RunConfig, total_steps: int) -> tuple[torch.optim.Optimizer, Any]:
     """AdamW with the paper's epsilon (Tables 3, 4, 7) and the configured schedule over `total_steps`."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
+    trained = [p for p in model.parameters() if p.requires_grad]  # a LoRA adapter's, not the frozen base's
+    optimizer = torch.optim.AdamW(trained, lr=cfg.learning_rate, eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
     # transformers' "constant" schedule ignores warm-up; "constant_with_warmup" is the same without it
     name = "constant_with_warmup" if cfg.lr_scheduler == "constant" else cfg.lr_scheduler
     return optimizer, get_scheduler(name, optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=total_steps)
@@ -293,11 +295,9 @@ def run_step(accelerator, model, stage: Stage, schedule: Schedule, cfg: TrainCon
 
 
 def save_final_model(model, tokenizer, run_dir: Path, folder: str = "model") -> Path:
-    """The trained model and its tokenizer as one `save_pretrained` folder of the run directory."""
-    out = run_dir / folder
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    return out
+    """The trained model and its tokenizer as one `save_pretrained` folder of the run directory (with
+    LoRA: merged, and the adapter beside it in `adapter/`)."""
+    return save_final(model, tokenizer, run_dir, folder)
 
 
 def unwrap(accelerator, model):

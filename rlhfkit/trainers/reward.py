@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
-from ..config import RMConfig
+from ..adapters import add_adapter, is_adapted, lora_enabled, trainable_summary
+from ..config import ConfigError, RMConfig
 from ..data import load_sft
 from ..data.examples import PairExample, length_balanced_indices, prepare_pairs, query_limits, tokenize_sft
 from ..data.split import split_comparisons
@@ -88,8 +89,27 @@ def normalize_to_references(model: ScalarModel, tokenizer, sft_data: list[str], 
     return {"reference_mean_before": before, "references": len(examples), "bias": float(model.output_bias.item())}
 
 
+def load_trained_reward_model(cfg: RMConfig, checkpoint: Path | None) -> tuple[ScalarModel, Any]:
+    """The reward model to train (Detail 10: from the SFT policy's backbone, a fresh head), or the
+    checkpoint's when resuming; with LoRA the backbone is always rebuilt from `model=` and the
+    adapter and heads read from the checkpoint."""
+    if checkpoint and not lora_enabled(cfg):
+        model, tokenizer = load_reward_model(checkpoint / "model", cfg.trust_remote_code)
+        return model.train(), tokenizer
+    if lora_enabled(cfg) and cfg.trainable_layers >= 0:
+        raise ConfigError(f"lora_rank={cfg.lora_rank} with trainable_layers={cfg.trainable_layers}: choose one way to "
+                          "limit training (set trainable_layers=-1 with LoRA, or lora_rank=0)")
+    policy, tokenizer = load_policy(cfg.model, cfg.trust_remote_code, allow_pickle=cfg.allow_pickle)
+    model = ScalarModel.from_policy(policy, cfg.head, cfg.length_head)
+    if lora_enabled(cfg):
+        model = add_adapter(model, cfg, checkpoint / "model" if checkpoint else None)
+    return model, tokenizer
+
+
 def configure_model(model: ScalarModel, cfg: RMConfig) -> str:
     """Freeze the backbone below the top `trainable_layers` blocks; a note for the run log."""
+    if is_adapted(model):
+        return f"LoRA rank {cfg.lora_rank} on the backbone, heads fully trained: {trainable_summary(model)}"
     if cfg.trainable_layers < 0:
         return f"training every parameter ({sum(p.numel() for p in model.parameters()):,})"
     trainable = freeze_below_top_layers(model, cfg.trainable_layers)
@@ -107,12 +127,7 @@ def frozen_features(cfg: RMConfig, model: ScalarModel, run_dir: Path) -> Feature
 def run(cfg: RMConfig) -> int:
     run_dir, checkpoint = start_run(cfg, "rm")
     train_records, val_records, notes = split_comparisons(cfg)
-    if checkpoint:
-        model, tokenizer = load_reward_model(checkpoint / "model", cfg.trust_remote_code)
-        model.train()
-    else:
-        policy, tokenizer = load_policy(cfg.model, cfg.trust_remote_code, allow_pickle=cfg.allow_pickle)
-        model = ScalarModel.from_policy(policy, cfg.head, cfg.length_head)
+    model, tokenizer = load_trained_reward_model(cfg, checkpoint)
     notes.append(configure_model(model, cfg))
     all_train_examples, train_note = prepare_pairs(cfg, tokenizer, train_records)
     val_examples, val_note = prepare_pairs(cfg, tokenizer, val_records)

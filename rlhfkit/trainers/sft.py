@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ..adapters import trained_policy
 from ..config import ConfigError, GenerateConfig, SFTConfig
 from ..data import load_prompts, load_sft
 from ..data.collate import IGNORE_INDEX, right_pad_query_response
@@ -102,7 +103,7 @@ def run(cfg: SFTConfig) -> int:
     run_dir, checkpoint = start_run(cfg, "sft")
     records, load_log = load_sft(cfg.data, cfg.hf_split)
     train_records, val_records = split_by_prompt(records, lambda r: r.prompt_id, validation_size=cfg.validation_posts, seed=cfg.seed)
-    model, tokenizer = load_policy(str(checkpoint / "model") if checkpoint else cfg.model, cfg.trust_remote_code, allow_pickle=cfg.allow_pickle)
+    model, tokenizer = trained_policy(cfg, checkpoint)
     train_examples, train_log = tokenize_sft(train_records, tokenizer, cfg.max_query_length, cfg.max_response_length)
     val_examples, val_log = tokenize_sft(val_records, tokenizer, cfg.max_query_length, cfg.max_response_length)
     notes = [
