@@ -10,7 +10,14 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from rlhfkit.adapters import AdapterDisabled, add_adapter, decoder_linear_names, is_adapted, merged_copy, save_weights
+from rlhfkit.adapters import (
+    AdapterDisabled,
+    add_adapter,
+    decoder_linear_names,
+    is_adapted,
+    merged_copy,
+    save_weights,
+)
 from rlhfkit.cli import main as cli_main
 from rlhfkit.config import resolve
 from rlhfkit.errors import ConfigError
