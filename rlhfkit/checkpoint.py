@@ -240,14 +240,20 @@ def warn(message: str) -> None:
 
 
 def load_training_state(
-    checkpoint: Path, optimizer: torch.optim.Optimizer, scheduler: Any, extra_states: dict[str, Any] | None = None
+    checkpoint: Path, optimizer: torch.optim.Optimizer | None, scheduler: Any, extra_states: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """Restore optimizer, scheduler (and `extra_states`, by key) and RNG states; return trainer.json
     (step, data position...)."""
     state = torch.load(checkpoint / "state.pt", map_location="cpu", weights_only=True)
-    optimizer.load_state_dict(state["optimizer"])
+    if optimizer is not None:  # None: loaded later (a sharded optimizer, once sharded: load_optimizer_state)
+        optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     for name, obj in (extra_states or {}).items():
         obj.load_state_dict(state[name])
     set_rng_state(json.loads((checkpoint / "rng.json").read_text()))
     return json.loads((checkpoint / "trainer.json").read_text())
+
+
+def load_optimizer_state(checkpoint: Path, optimizer: Any) -> None:
+    """The optimizer state of `checkpoint` into `optimizer` (anything with `load_state_dict`)."""
+    optimizer.load_state_dict(torch.load(checkpoint / "state.pt", map_location="cpu", weights_only=True)["optimizer"])

@@ -155,8 +155,10 @@ def plain_lm_head(model: torch.nn.Module) -> torch.nn.Linear | None:
     """The LM head when logits = head(last hidden state) exactly, else None. Besides the known config
     fields, this is checked once per model against the model's own logits on a few tokens, so an
     unknown transform falls back to the slower exact path instead of giving wrong log-probabilities."""
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        return None  # calling the backbone directly would bypass DDP's gradient synchronisation
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel | FSDPModule):
+        return None  # calling the backbone directly would bypass DDP's gradient sync, or FSDP's gathering of the root's weights
     head = model.get_output_embeddings()
     if not isinstance(head, torch.nn.Linear) or any(getattr(model.config, key, None) not in (None, 0) for key in LOGIT_TRANSFORMS):
         return None

@@ -25,7 +25,13 @@ import torch
 from transformers import get_scheduler
 
 from ..adapters import save_final
-from ..checkpoint import find_checkpoint, load_training_state, save_checkpoint, seed_everything
+from ..checkpoint import (
+    find_checkpoint,
+    load_optimizer_state,
+    load_training_state,
+    save_checkpoint,
+    seed_everything,
+)
 from ..config import ConfigError, RunConfig, TrainConfig, to_yaml
 from ..distributed import processes_need_cpu
 from ..errors import NonFiniteError
@@ -33,6 +39,7 @@ from ..launch import RUN_STAMP
 from ..models import enable_activation_checkpointing
 from ..preemption import resume_command
 from ..runlock import lock_run_dir
+from ..sharding import SavedState, ShardedRun, check_sharding, fsdp2_plugin, use_fsdp_on_cpu
 from .loop import run_loop
 
 # loss_fn(model, batch) -> (loss summed over the batch's units, extra metrics summed the same way).
@@ -111,6 +118,7 @@ def make_run_dir(cfg: RunConfig, stage: str) -> Path:
 def start_run(cfg: RunConfig, stage: str) -> tuple[Path, Path | None]:
     """(run directory, checkpoint to resume or None), with every RNG seeded before any model is
     built, so `seed` also governs the reward head and the new [PAD] embedding row."""
+    check_sharding(cfg, stage, processes_need_cpu())
     checkpoint = resume_checkpoint(cfg)  # a bad resume path fails before any folder is made
     run_dir = make_run_dir(cfg, stage)
     if checkpoint is not None and is_main_process():
@@ -187,15 +195,19 @@ def count_tokens(batch: dict[str, torch.Tensor]) -> int:
     return int(batch["attention_mask"].sum()) if "attention_mask" in batch else 0
 
 
-def accelerator_for(cfg: RunConfig):
-    """An Accelerator with this run's precision. accelerate keeps the first precision of a process for
+def accelerator_for(cfg: RunConfig, model: torch.nn.Module | None = None):
+    """An Accelerator with this run's precision, sharding `model` as `sharding=` asks. accelerate keeps the first precision of a process for
     good and refuses another, but one process may run stages that differ in it (the pipeline, a
     notebook, the tests), so the precision part of its state is reset; the process group stays."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
     AcceleratorState._reset_state()
-    return Accelerator(cpu=processes_need_cpu(), mixed_precision=autocast_precision(cfg))
+    plugin = fsdp2_plugin(model) if model is not None and cfg.sharding == "fsdp2" else None
+    accelerator = Accelerator(cpu=processes_need_cpu(), mixed_precision=autocast_precision(cfg), fsdp_plugin=plugin)
+    if plugin is not None and processes_need_cpu() and accelerator.num_processes > 1:
+        use_fsdp_on_cpu(accelerator, plugin)
+    return accelerator
 
 
 @dataclass
@@ -211,6 +223,7 @@ class SupervisedSteps:
     optimizer: torch.optim.Optimizer
     scheduler: Any
     lengths: Sequence[int] | None
+    sharded: ShardedRun | None = None
     unit: str = "step"
 
     @property
@@ -234,7 +247,10 @@ class SupervisedSteps:
         return self.stage.evaluate(in_training(self.accelerator, self.model), done) if self.stage.evaluate else {}
 
     def save(self, done: int) -> None:
-        save(self.accelerator, self.run_dir, done, self.model, self.stage.tokenizer, self.optimizer, self.scheduler, self.schedule,
+        model, optimizer = in_training(self.accelerator, self.model), self.optimizer
+        if self.sharded is not None:  # gathered on every process, written by process 0
+            model, optimizer = self.sharded.gather(), SavedState(self.sharded.optimizer_state().state_dict())
+        save(self.accelerator, self.run_dir, done, model, self.stage.tokenizer, optimizer, self.scheduler, self.schedule,
              self.cfg.keep_checkpoints)
 
     def finish(self) -> dict[str, float]:
@@ -247,20 +263,28 @@ class SupervisedSteps:
 def train(cfg: TrainConfig, stage: Stage, run_dir: Path, checkpoint: Path | None = None, resume: str | None = None) -> dict[str, Any]:
     """Run the optimizer steps of `stage`, resuming from `checkpoint` when given. `resume` is the command a
     preempted run prints to continue (default: `rlhfkit <stage> resume=<run_dir>`)."""
-    accelerator = accelerator_for(cfg)
+    accelerator = accelerator_for(cfg, stage.model)
     seed_everything(cfg.seed)
     schedule = plan_schedule(cfg, len(stage.examples), accelerator.num_processes)
     model = stage.model
     if cfg.gradient_checkpointing:
         enable_activation_checkpointing(model)
     optimizer, scheduler = build_optimizer(model, cfg, schedule.total_steps)
-    start = load_training_state(checkpoint, optimizer, scheduler)["step"] if checkpoint else 0
+    fsdp = accelerator.is_fsdp2  # read before prepare, which may reset accelerate's view of it on CPU
+    gathered = ShardedRun.keep_copy(model, accelerator.is_main_process) if fsdp else None
+    # a sharded optimizer's state loads after sharding, split over this launch's processes
+    start = load_training_state(checkpoint, None if fsdp else optimizer, scheduler)["step"] if checkpoint else 0
     model, optimizer = accelerator.prepare(model, optimizer)
+    sharded = ShardedRun(model, optimizer, gathered) if fsdp else None
+    if sharded is not None and accelerator.is_main_process:
+        print(sharded.describe(accelerator.num_processes))
+    if sharded is not None and checkpoint:
+        load_optimizer_state(checkpoint, sharded.optimizer_state())
     model.train()
     lengths = [stage.length(e) for e in stage.examples] if stage.length else None
-    steps = SupervisedSteps(stage, cfg, run_dir, accelerator, schedule, model, optimizer, scheduler, lengths)
+    steps = SupervisedSteps(stage, cfg, run_dir, accelerator, schedule, model, optimizer, scheduler, lengths, sharded)
     last = run_loop(steps, cfg, run_dir, start, accelerator, resume or resume_command(stage.name, run_dir, accelerator.num_processes))
-    final_model = unwrap(accelerator, model)
+    final_model = sharded.gather() if sharded is not None else unwrap(accelerator, model)
     return {"model": final_model, "steps": schedule.total_steps, "schedule": dataclasses.asdict(schedule), "last_metrics": last}
 
 
@@ -318,5 +342,5 @@ def save(accelerator, run_dir: Path, step: int, model, tokenizer, optimizer, sch
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         state = {"examples_seen": step * schedule.total_batch_size, "epoch": step / schedule.steps_per_epoch}
-        save_checkpoint(run_dir, step, in_training(accelerator, model), tokenizer, optimizer, scheduler, state, keep)
+        save_checkpoint(run_dir, step, model, tokenizer, optimizer, scheduler, state, keep)
     accelerator.wait_for_everyone()
