@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from .errors import ConfigError, ModelError
-from .models import LENGTH_HEAD, PEFT_WRAPPER, SCALAR_HEAD, ScalarModel, decoder_layers
+from .models import LENGTH_HEAD, PEFT_WRAPPER, SCALAR_HEAD, ScalarModel, decoder_layers, load_policy
 
 ADAPTER_FOLDER = "adapter"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -173,8 +173,6 @@ def save_final(model: torch.nn.Module, tokenizer: Any, run_dir: Path, folder: st
 def trained_policy(cfg: Any, checkpoint: Path | None) -> tuple[torch.nn.Module, Any]:
     """The policy a stage trains, and its tokenizer: `model=`, or the checkpoint's model when resuming;
     with LoRA, `model=` with a fresh adapter, or with the checkpoint's adapter loaded over it."""
-    from .models import load_policy
-
     saved = checkpoint / "model" if checkpoint else None
     if not lora_enabled(cfg):
         return load_policy(str(saved or cfg.model), cfg.trust_remote_code, allow_pickle=cfg.allow_pickle)
@@ -185,8 +183,6 @@ def trained_policy(cfg: Any, checkpoint: Path | None) -> tuple[torch.nn.Module, 
 def frozen_reference(cfg: Any, policy: torch.nn.Module, source: str) -> torch.nn.Module:
     """The frozen reference policy loaded from `source`; with LoRA and `source` the policy's own
     starting model, the policy with its adapter off instead of a second copy."""
-    from .models import load_policy
-
     if is_adapted(policy) and source == cfg.model:
         return AdapterDisabled(policy)
     return load_policy(source, cfg.trust_remote_code, allow_pickle=cfg.allow_pickle)[0]
