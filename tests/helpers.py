@@ -373,3 +373,29 @@ def launched(stage: str, args: dict[str, Any], log: Path, processes: int = 2):
             kill_marked(mark)
             if proc.poll() is None:
                 proc.kill()
+
+
+def launch(stage: str, args: dict[str, Any], processes: int, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`rlhfkit <stage> --preset <its preset> ARGS`, under `--num-processes N` when N > 1, run to the end."""
+    launcher = ["--num-processes", str(processes)] if processes > 1 else []
+    return subprocess.run(rlhfkit_command(stage, "--preset", PRESETS[stage], *cli_args(args), *launcher),
+                          env=env or launcher_env(), capture_output=True, text=True, timeout=600)
+
+
+def launched_straight_and_resumed(stage: str, args: dict[str, Any], tmp_path: Path, kill_after: int) -> tuple[Path, Path]:
+    """A 2-process `stage` run straight through (in args' output_dir), and the same SIGKILLed in the
+    process that writes the checkpoints once step `kill_after` is logged, then resumed on 2 processes;
+    returns both run directories for comparison."""
+    straight, killed = Path(args["output_dir"]), tmp_path / "killed"
+    done = launch(stage, args, 2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    log = tmp_path / "killed.log"
+    with launched(stage, args | {"output_dir": str(killed), "save_every": 1}, log) as (proc, mark):
+        wait_for_step(proc, killed, kill_after, log)
+        os.kill(process_of_rank(mark, 0), signal.SIGKILL)
+        assert proc.wait(timeout=60) != 0
+    resumed = subprocess.run(rlhfkit_command(stage, f"resume={killed}", "--num-processes", "2"), env=launcher_env(),
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    return straight, killed
+

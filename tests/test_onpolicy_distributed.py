@@ -15,7 +15,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import time
 
 import pytest
@@ -24,14 +23,12 @@ import torch
 from rlhfkit.launch import ProcessStatus, launch_outcome
 
 from .helpers import (
-    PRESETS,
     assert_same_files,
     assert_same_metrics,
-    cli_args,
+    launch,
     launched,
-    launcher_env,
+    launched_straight_and_resumed,
     process_of_rank,
-    rlhfkit_command,
     stage_args,
     wait_for_step,
 )
@@ -49,12 +46,6 @@ def comparable_args(stage, dirs, out, **extra):
     group = 1 if stage == "ppo" else 4
     return stage_args(stage, dirs, out, max_steps=UPDATES, sample_every=1, log_samples=4, eos_trick="false", mixed_precision="no",
                       generation_batch_size=group, **extra)
-
-
-def launch(stage, args, processes, env=None):
-    launcher = ["--num-processes", str(processes)] if processes > 1 else []
-    return subprocess.run(rlhfkit_command(stage, "--preset", PRESETS[stage], *cli_args(args), *launcher),
-                          env=env or launcher_env(), capture_output=True, text=True, timeout=600)
 
 
 def episodes(run_dir):
@@ -102,16 +93,9 @@ def test_two_processes_make_the_update_one_process_makes_on_the_same_global_batc
 
 
 def test_two_processes_sigkilled_and_resumed_end_bit_identical_to_an_uninterrupted_pair(ppo_dirs, tmp_path):
-    stage, straight, killed = "grpo", tmp_path / "straight", tmp_path / "killed"
-    args = stage_args(stage, ppo_dirs, straight, max_steps=4, sample_every=1, eos_trick="false", mixed_precision="no")
-    assert launch(stage, args, 2).returncode == 0
-    with launched(stage, args | {"output_dir": str(killed), "save_every": 1}, tmp_path / "killed.log") as (proc, mark):
-        wait_for_step(proc, killed, 2)
-        os.kill(process_of_rank(mark, 0), signal.SIGKILL)  # the process that writes the checkpoints
-        assert proc.wait(timeout=60) != 0
-    resumed = subprocess.run(rlhfkit_command(stage, f"resume={killed}", "--num-processes", "2"), env=launcher_env(),
-                             capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    stage = "grpo"
+    args = stage_args(stage, ppo_dirs, tmp_path / "straight", max_steps=4, sample_every=1, eos_trick="false", mixed_precision="no")
+    straight, killed = launched_straight_and_resumed(stage, args, tmp_path, kill_after=2)
     assert_same_files(straight, killed, ["model/model.safetensors"])
     assert_same_metrics(straight, killed, 4)
     assert (straight / "samples.jsonl").read_text() == (killed / "samples.jsonl").read_text()

@@ -2,9 +2,6 @@
 process, holds about half the parameters per process, checkpoints full weights and a full optimizer
 state, and resumes bit-identically after a SIGKILL; choices that cannot run are refused in one line."""
 
-import os
-import signal
-import subprocess
 
 import pytest
 import torch
@@ -13,25 +10,15 @@ from safetensors.torch import load_file
 from rlhfkit.cli import main as cli_main
 
 from .helpers import (
-    PRESETS,
     assert_same_files,
     assert_same_metrics,
     cli_args,
-    launched,
-    launcher_env,
-    process_of_rank,
-    rlhfkit_command,
+    launch,
+    launched_straight_and_resumed,
     stage_args,
-    wait_for_step,
 )
 
 EXACT = {"mixed_precision": "no"}  # bf16 rounds differently for other batch shapes
-
-
-def launch(stage: str, args: dict, processes: int) -> subprocess.CompletedProcess:
-    command = rlhfkit_command(stage, "--preset", PRESETS[stage], *cli_args(args))
-    command += ["--num-processes", str(processes)] if processes > 1 else []
-    return subprocess.run(command, env=launcher_env(), capture_output=True, text=True, timeout=600)
 
 
 def held_share(log: str) -> tuple[int, int]:
@@ -60,17 +47,8 @@ def test_fsdp2_on_two_processes_trains_like_one_unsharded_process(stage, ppo_dir
 
 
 def test_fsdp2_run_sigkilled_and_resumed_ends_bit_identical_to_an_uninterrupted_one(ppo_dirs, tmp_path):
-    stage, straight, killed = "sft", tmp_path / "straight", tmp_path / "killed"
-    args = stage_args(stage, ppo_dirs, straight, max_steps=8, sharding="fsdp2", **EXACT)
-    done = launch(stage, args, 2)
-    assert done.returncode == 0, done.stderr[-3000:]
-    with launched(stage, args | {"output_dir": str(killed), "save_every": 1}, tmp_path / "killed.log") as (proc, mark):
-        wait_for_step(proc, killed, 3, tmp_path / "killed.log")
-        os.kill(process_of_rank(mark, 0), signal.SIGKILL)
-        assert proc.wait(timeout=60) != 0
-    resumed = subprocess.run(rlhfkit_command(stage, f"resume={killed}", "--num-processes", "2"), env=launcher_env(),
-                             capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    args = stage_args("sft", ppo_dirs, tmp_path / "straight", max_steps=8, sharding="fsdp2", **EXACT)
+    straight, killed = launched_straight_and_resumed("sft", args, tmp_path, kill_after=3)
     assert_same_files(straight, killed, ["model/model.safetensors"])
     assert_same_metrics(straight, killed, 8)
 
