@@ -25,12 +25,15 @@ DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "summari
 def run_dpo(options: dict[str, object], out: Path) -> dict[str, object]:
     command = [sys.executable, "-m", "rlhfkit", "dpo", "--preset", "tldr-dpo", *(f"{k}={v}" for k, v in options.items()),
                f"output_dir={out}"]
+    out.mkdir(parents=True, exist_ok=True)
+    log = out.parent / f"{out.name}.log"  # a file, not a pipe: nobody reads a pipe until the run ends
     began = time.perf_counter()
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    _, status, usage = os.wait4(proc.pid, 0)
+    with log.open("w") as output:
+        proc = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
     seconds = time.perf_counter() - began
     if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{' '.join(command)} failed:\n{proc.stderr.read()[-3000:]}")
+        raise SystemExit(f"{' '.join(command)} failed:\n{log.read_text()[-3000:]}")
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     step_seconds = [r["perf/step_s"] for r in rows if "perf/step_s" in r]
     overall = json.loads((out / "rm_eval" / "rm_eval.json").read_text())["breakdown"]["overall"]
@@ -54,11 +57,13 @@ def main() -> None:
     parser.add_argument("--lora-lr", type=float, default=5e-4)
     parser.add_argument("--full-lr", type=float, default=5e-6)
     parser.add_argument("--eval-pairs", type=int, default=200)
+    parser.add_argument("--validation-fraction", type=float, default=0.1)
+    parser.add_argument("--query-length", type=int, default=256)
     parser.add_argument("--out", default="runs/lora-vs-full")
     args = parser.parse_args()
-    shared = {"model": args.model, "data": f"[{DATA / 'batch13.jsonl.gz'},{DATA / 'batch18.jsonl.gz'}]", "max_steps": args.steps,
-              "total_batch_size": args.batch, "micro_batch_size": 4, "forward_batch_size": 8, "eval_pairs": args.eval_pairs,
-              "max_query_length": 256, "eval_samples": 0, "report_to": ""}
+    shared = {"model": args.model, "data": str(DATA / "batch13.jsonl.gz"), "validation_fraction": args.validation_fraction,
+              "max_steps": args.steps, "total_batch_size": args.batch, "micro_batch_size": 4, "forward_batch_size": 8,
+              "eval_pairs": args.eval_pairs, "max_query_length": args.query_length, "eval_samples": 0, "report_to": ""}
     runs = {
         "full": shared | {"learning_rate": args.full_lr},
         f"lora_r{args.rank}": shared | {"learning_rate": args.lora_lr, "lora_rank": args.rank, "lora_alpha": 2 * args.rank},
