@@ -366,6 +366,34 @@ class EvalConfig(JudgeConfig):
 
 
 @dataclass
+class PlanConfig:
+    """`rlhfkit plan`: a stage's estimated peak memory per device (rlhfkit/memory_plan.py, docs/memory.md).
+    A batch or length option left at 0 takes the stage's own default."""
+
+    model: str = opt("smollm2-135m", "model: embedded name, folder with config.json, a config.json file, or hub id (shipped "
+                     "configs need no network: Llama-3.2-1B, Pythia 1B/2.8B/6.9B deduped, SmolLM2-135M)")
+    stage: Literal["sft", "rm", "dpo", "ppo", "grpo", "rloo"] = opt("ppo", "the stage whose peak memory is estimated")
+    reward_model: str = opt("", "on-policy: architecture of the reward and value models, given as `model` is (empty: the policy's)")
+    micro_batch_size: int = opt(0, "rows (rm, dpo: pairs) per forward/backward pass (0: the stage's default)")
+    forward_batch_size: int = opt(0, "dpo, on-policy: rows (dpo: pairs) per no-grad forward pass (0: the stage's default)")
+    generation_batch_size: int = opt(0, "on-policy: rows per generation batch (0: the stage's default)")
+    samples_per_prompt: int = opt(0, "on-policy: responses sampled per prompt (0: the stage's default)")
+    max_query_length: int = opt(0, "query tokens (0: the stage's default)")
+    max_response_length: int = opt(0, "response tokens (0: the stage's default)")
+    mixed_precision: Literal["auto", "no", "bf16"] = opt("auto", "as the stage's option; auto plans bf16 autocast, as on a GPU with bf16")
+    gradient_checkpointing: bool = opt(False, "recompute activations in the backward pass")
+    lora_rank: int = opt(0, "LoRA rank of the trained models (0: full fine-tuning)")
+    lora_target_modules: list[str] = opt([], "module names the adapters wrap (empty: every linear layer of the decoder blocks)")
+    sharding: Literal["none", "fsdp2", "zero2", "zero3"] = opt("none", "as the stage's option: zero2 shards gradients and optimizer "
+                                                               "state, fsdp2 and zero3 the weights too")
+    devices: int = opt(1, "devices (processes) the stage runs on", minimum=1)
+    device_memory_gb: float = opt(80.0, "memory of one device, GiB", minimum=0.001)
+    headroom: float = opt(0.1, "fraction of device memory kept free for the CUDA context, allocator fragmentation and what the "
+                          "plan does not model")
+    format: Literal["table", "json"] = opt("table", "output: a table, or one JSON object")
+
+
+@dataclass
 class RunsReportConfig:
     runs: list[str] = opt([], "run directories to put side by side (any stages; on-policy runs line up by episodes)")
     out: str = opt("runs/report", "output folder for report.html and plots/")

@@ -20,6 +20,7 @@ from .config import (
     GenerateConfig,
     JudgeEvalConfig,
     PipelineConfig,
+    PlanConfig,
     RMConfig,
     RMEvalConfig,
     RunsReportConfig,
@@ -118,6 +119,12 @@ def prepare_runner() -> Runner:
     return run_prepare
 
 
+def plan_runner() -> Runner:
+    from .memory_plan import run
+
+    return run
+
+
 def dist_check_runner() -> Runner:
     from .cli import run_dist_check
 
@@ -147,6 +154,8 @@ STAGES: dict[str, Stage] = {stage.name: stage for stage in (
           generate_runner, GenerateConfig),
     Stage(("data", "analyze"), "dataset analysis: counts, token lengths, truncation, length bias",
           analyze_runner, AnalyzeConfig),
+    Stage(("plan",), "estimated peak memory per device of a stage (weights, gradients, optimizer, activations, KV cache, logits): fits or not",
+          plan_runner, PlanConfig),
     Stage(("models", "prepare"), "convert an embedded model (smollm2-135m) into the cache once",
           prepare_runner, positional="name"),
     Stage(("dist-check",), "check that launched processes communicate and agree (use with --num-processes)",
