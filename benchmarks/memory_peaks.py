@@ -59,6 +59,10 @@ CONFIGS = {
                                           "max_response_length": 48, "mixed_precision": "bf16"}),
     "smollm2-ppo-bf16": ("smollm2-135m", {"stage": "ppo", "micro_batch_size": 2, "generation_batch_size": 4, "forward_batch_size": 4,
                                           "max_query_length": 128, "max_response_length": 16, "mixed_precision": "bf16"}),
+    # sampling 128 rows (32 prompts x 4) with a long KV cache: the generation phase is the peak
+    "smollm2-grpo-generation-bf16": ("smollm2-135m", {"stage": "grpo", "micro_batch_size": 1, "generation_batch_size": 128,
+                                                      "samples_per_prompt": 4, "forward_batch_size": 32, "max_query_length": 256,
+                                                      "max_response_length": 32, "mixed_precision": "bf16"}),
 }
 
 
@@ -188,11 +192,12 @@ def dpo_steps(folder: Path, opts: dict, rng) -> None:
     supervised_steps(policy, make_dpo_loss(0.05), batches, bf16)
 
 
-def ppo_steps(folder: Path, opts: dict, rng) -> None:
-    """Two updates of rlhfkit's own on-policy code: sampling, scoring, advantages, the clipped update."""
+def on_policy_steps(folder: Path, opts: dict, rng) -> None:
+    """Two updates of rlhfkit's own on-policy code: sampling, scoring, advantages, the clipped update
+    (on the rollout's first two micro-batches: an update's peak is one micro-batch's)."""
     import torch
 
-    from rlhfkit.config import PPOConfig
+    from rlhfkit.config import GRPOConfig, PPOConfig
     from rlhfkit.generation import SamplingParams
     from rlhfkit.onpolicy.rollout import sample_responses
     from rlhfkit.onpolicy.update import (
@@ -206,26 +211,29 @@ def ppo_steps(folder: Path, opts: dict, rng) -> None:
     policy = policy_model(folder, opts)
     vocab = policy.config.vocab_size
     tokenizer = type("Ids", (), {"pad_token_id": vocab - 2, "eos_token_id": vocab - 1})()
+    value = scalar_model(folder).train() if opts["stage"] == "ppo" else None
     models = OnPolicyModels(policy, policy_model(folder, opts, trained=False), scalar_model(folder).eval().requires_grad_(False),
-                            scalar_model(folder).train(), tokenizer)
-    keys = ("micro_batch_size", "generation_batch_size", "forward_batch_size", "max_query_length", "max_response_length", "mixed_precision")
-    cfg = PPOConfig(total_batch_size=2 * opts["micro_batch_size"], update_epochs=1, num_minibatches=1, **{k: opts[k] for k in keys})
+                            value, tokenizer)
+    keys = ("micro_batch_size", "generation_batch_size", "forward_batch_size", "max_query_length", "max_response_length",
+            "mixed_precision", "samples_per_prompt")
+    config = {"ppo": PPOConfig, "grpo": GRPOConfig}[opts["stage"]]
+    cfg = config(total_batch_size=opts["generation_batch_size"], update_epochs=1, num_minibatches=1, **{k: opts[k] for k in keys if k in opts})
     optimizers = build_optimizers(models, cfg, 2)
-    precision = cfg.mixed_precision
+    precision, group = cfg.mixed_precision, cfg.samples_per_prompt
     params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.temperature)
     for update in range(2):
-        queries = rows_of(rng, cfg.total_batch_size, cfg.max_query_length, vocab)
+        queries = rows_of(rng, cfg.total_batch_size // group, cfg.max_query_length, vocab)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
             policy.eval()
             batch = sample_responses(policy, queries, params, tokenizer, cfg.generation_batch_size,
-                                     lambda i, u=update: torch.Generator().manual_seed(u * 1000 + i))
+                                     lambda i, u=update: torch.Generator().manual_seed(u * 1000 + i), samples_per_prompt=group)
             policy.train()
         batch = compute_advantages(score_rollout(models, batch, cfg, precision), cfg, cfg.kl_coef)
-        update_on_rollout(models, optimizers, batch, cfg, update + 1, precision, cfg.kl_coef)
+        update_on_rollout(models, optimizers, batch.select(slice(0, 2 * cfg.micro_batch_size)), cfg, update + 1, precision, cfg.kl_coef)
         optimizers.advance_schedules()
 
 
-STEPS = {"sft": sft_steps, "rm": rm_steps, "dpo": dpo_steps, "ppo": ppo_steps}
+STEPS = {"sft": sft_steps, "rm": rm_steps, "dpo": dpo_steps, "ppo": on_policy_steps, "grpo": on_policy_steps}
 
 
 # ------------------------------------------------------------------ the parent: estimate, measure, compare
@@ -244,7 +252,7 @@ def compare(name: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_config(arch, Path(tmp))
         planned = estimate(folder, opts)
-        done = subprocess.run([sys.executable, __file__, "--child", name, "--folder", str(folder)], capture_output=True, text=True,
+        done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", name, "--folder", str(folder)], capture_output=True, text=True,
                               check=False, cwd=ROOT)
         if done.returncode:
             raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")

@@ -24,9 +24,9 @@ The arithmetic follows what rlhfkit runs (docs/memory.md has the derivation and 
                 (the keys leave the rotary embedding in fp32, so the cache takes fp32), plus the
                 prompts' own cache (keys fp32, values a) while it is copied in
     logits      the log-probabilities are formed 256 positions at a time (ops.chunked_logprobs_entropy):
-                with gradients 20 B x 256 x V + 4 B x V x h (the head's gradient for one chunk; with
-                LoRA, whose head is frozen, its bf16 cast instead: 2 B x V x h); without gradients
-                16 B x 256 x V (+ 2 B x V x h for the bf16 head cast)
+                in the update the larger of the forward's chunk, 20 B x 256 x V, and the top of the
+                backward pass, 4 B x V x h (the head's gradient; none with LoRA) + 16h B per token;
+                in no-grad passes 16 B x 256 x V (+ 2 B x V x h for the bf16 head cast)
 
 Phases, as the stages run them: "update" (forward and backward of one micro-batch with the gradients
 and optimizer state of earlier micro-batches and steps), "optimizer step", and for on-policy stages
@@ -53,14 +53,9 @@ COMPONENTS = ("weights", "gradients", "optimizer state", "activations", "KV cach
 STAGE_CONFIGS = {"sft": SFTConfig, "rm": RMConfig, "dpo": DPOConfig, "ppo": PPOConfig, "grpo": GRPOConfig, "rloo": RLOOConfig}
 ON_POLICY = ("ppo", "grpo", "rloo")
 # published config.json files shipped with rlhfkit (rlhfkit/model_configs), read without network
-SHIPPED = {
-    "meta-llama/llama-3.2-1b": "llama-3.2-1b",
-    "eleutherai/pythia-1b-deduped": "pythia-1b-deduped",
-    "eleutherai/pythia-2.8b-deduped": "pythia-2.8b-deduped",
-    "eleutherai/pythia-6.9b-deduped": "pythia-6.9b-deduped",
-    "huggingfacetb/smollm2-135m": "smollm2-135m",
-    "smollm2-135m": "smollm2-135m",  # the embedded SmolLM2-135M-Instruct has the base model's shapes
-}
+SHIPPED = {"meta-llama/llama-3.2-1b": "llama-3.2-1b", "huggingfacetb/smollm2-135m": "smollm2-135m",
+           # the embedded SmolLM2-135M-Instruct has the base model's shapes
+           "smollm2-135m": "smollm2-135m"} | {f"eleutherai/pythia-{size}-deduped": f"pythia-{size}-deduped" for size in ("1b", "2.8b", "6.9b")}
 
 
 def shipped_config(name: str) -> dict[str, Any]:
@@ -110,7 +105,7 @@ class Shape:
     layers: int
     hidden: int
     heads: int
-    kv_dim: int
+    kv_dim: int  # key/value heads x head dimension
     intermediate: int
     vocab: int
     gated: bool  # gate/up/down MLP with separate q/k/v (Llama) or plain MLP with fused qkv (GPT-NeoX)
@@ -176,10 +171,10 @@ class Settings:
     """A plan's inputs with the stage's defaults filled in."""
 
     stage: str
-    micro: int
-    forward: int
-    generation: int
-    samples: int
+    micro: int  # rows (pairs) per forward/backward pass
+    forward: int  # rows (pairs) per no-grad pass
+    generation: int  # rows per generation batch
+    samples: int  # per prompt
     query: int
     response: int
     bf16: bool
@@ -291,14 +286,19 @@ def forward_working_set(shape: Shape, s: Settings, rows: int, width: int) -> int
     return tokens * (20 * shape.hidden + 3 * s.act_bytes * shape.intermediate) + rows * width * width * (1 + s.act_bytes)
 
 
-def logits_bytes(shape: Shape, s: Settings, scored: int, grad: bool) -> int:
-    """One chunk of log-probabilities: its logits, their fp32 copies and, in the backward pass, their
-    gradients and the head's gradient for the chunk (with LoRA the head is frozen: its bf16 cast instead)."""
-    chunk = min(CHUNK_ROWS, scored) * shape.vocab
-    head_cast = 2 * shape.vocab * shape.hidden if s.bf16 else 0
-    if grad:
-        return 20 * chunk + (head_cast if s.lora_rank else 4 * shape.vocab * shape.hidden)
-    return 16 * chunk + head_cast
+def update_transient(model: Held, s: Settings, tokens: int, scored: int) -> int:
+    """The larger of the forward pass's log-probability chunk (its logits and their fp32 copies) and the
+    top of the backward pass: the LM head's gradient (held until the tied embedding's arrives; none
+    with LoRA, whose head is frozen) and the last layer's gradient temporaries."""
+    shape = model.shape
+    forward = 0 if model.scalar else 20 * min(CHUNK_ROWS, scored) * shape.vocab
+    head_grad = 0 if model.scalar or s.lora_rank else 4 * shape.vocab * shape.hidden
+    return max(forward, head_grad + 16 * shape.hidden * tokens)
+
+
+def logits_bytes(shape: Shape, s: Settings, scored: int) -> int:
+    """A no-grad forward pass's log-probability chunk, and the bf16 cast of the head."""
+    return 16 * min(CHUNK_ROWS, scored) * shape.vocab + (2 * shape.vocab * shape.hidden if s.bf16 else 0)
 
 
 def weights_bytes(models: list[Held], s: Settings, running: list[Held]) -> int:
@@ -326,13 +326,13 @@ def phases(s: Settings, policy: Shape, reward: Shape) -> dict[str, dict[str, int
     acts = sum(training_activations(m, s, rows, width, scored) for m in trained)
     out["update"] = {"weights": weights_bytes(models, s, trained), "gradients": grads + (replicated_copy if s.stage not in ON_POLICY else 0),
                      "optimizer state": optimizer, "activations": acts,
-                     "logits": 0 if s.stage == "rm" else logits_bytes(trained[0].shape, s, scored, grad=True)}
+                     "logits": update_transient(trained[0], s, rows * width, scored)}
     out["optimizer step"] = {"weights": weights_bytes(models, s, []), "gradients": grads + replicated_copy,
                              "optimizer state": optimizer + 4 * trained_params // s.shards}
     if s.stage == "dpo":  # reference log-probabilities, computed before training (no optimizer state yet)
         pairs = 2 * s.forward
         out["reference pass"] = {"weights": weights_bytes(models, s, [biggest]), "activations": forward_working_set(policy, s, pairs, width),
-                                 "logits": logits_bytes(policy, s, pairs * s.response, grad=False)}
+                                 "logits": logits_bytes(policy, s, pairs * s.response)}
     if s.stage in ON_POLICY:
         queries = max(1, s.generation // s.samples)
         sampled = queries * s.samples
@@ -342,7 +342,7 @@ def phases(s: Settings, policy: Shape, reward: Shape) -> dict[str, dict[str, int
         widest = max((m.shape for m in models), key=lambda sh: forward_working_set(sh, s, s.forward, width))
         out["scoring"] = {"weights": weights_bytes(models, s, [biggest]), "optimizer state": optimizer,
                           "activations": forward_working_set(widest, s, s.forward, width),
-                          "logits": logits_bytes(policy, s, s.forward * s.response, grad=False)}
+                          "logits": logits_bytes(policy, s, s.forward * s.response)}
     return {name: {c: parts.get(c, 0) for c in COMPONENTS} for name, parts in out.items()}
 
 
@@ -447,13 +447,9 @@ def as_json(p: Plan) -> dict[str, Any]:
     }
 
 
-PHASE_ABOUT = {
-    "update": "forward and backward of one micro-batch",
-    "optimizer step": "AdamW step after the backward passes",
-    "generation": "sampling with the KV cache",
-    "scoring": "no-grad forward passes over the rollout",
-    "reference pass": "the frozen reference's log-probabilities",
-}
+PHASE_ABOUT = {"update": "forward and backward of one micro-batch", "optimizer step": "AdamW step after the backward passes",
+               "generation": "sampling with the KV cache", "scoring": "no-grad forward passes over the rollout",
+               "reference pass": "the frozen reference's log-probabilities"}
 
 
 def as_table(p: Plan) -> str:
