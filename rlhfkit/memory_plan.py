@@ -478,7 +478,7 @@ def as_table(p: Plan) -> str:
         lines.append(f"does not fit ({gib(p.peak - p.usable):.2f} GiB over)")
         if p.suggestions:
             lines.append("changes that fit (each re-planned):")
-            lines += [f"  {describe_change(change):<48} {gib(trial.peak):>8.2f} GiB at {trial.peak_phase}" for change, trial in p.suggestions]
+            lines += [f"  {describe_change(change):<60} {gib(trial.peak):>8.2f} GiB at {trial.peak_phase}" for change, trial in p.suggestions]
         else:
             lines.append("no combination of LoRA, fsdp2, smaller batches and activation checkpointing fits: more devices or memory")
     return "\n".join(lines)
