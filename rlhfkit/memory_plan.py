@@ -53,9 +53,10 @@ COMPONENTS = ("weights", "gradients", "optimizer state", "activations", "KV cach
 STAGE_CONFIGS = {"sft": SFTConfig, "rm": RMConfig, "dpo": DPOConfig, "ppo": PPOConfig, "grpo": GRPOConfig, "rloo": RLOOConfig}
 ON_POLICY = ("ppo", "grpo", "rloo")
 # published config.json files shipped with rlhfkit (rlhfkit/model_configs), read without network
-SHIPPED = {"meta-llama/llama-3.2-1b": "llama-3.2-1b", "huggingfacetb/smollm2-135m": "smollm2-135m",
-           # the embedded SmolLM2-135M-Instruct has the base model's shapes
-           "smollm2-135m": "smollm2-135m"} | {f"eleutherai/pythia-{size}-deduped": f"pythia-{size}-deduped" for size in ("1b", "2.8b", "6.9b")}
+SHIPPED_IDS = {"meta-llama/Llama-3.2-1B": "llama-3.2-1b", "HuggingFaceTB/SmolLM2-135M": "smollm2-135m"} | {
+    f"EleutherAI/pythia-{size}-deduped": f"pythia-{size}-deduped" for size in ("1b", "2.8b", "6.9b")}
+# looked up case-insensitively; the embedded SmolLM2-135M-Instruct has the base model's shapes
+SHIPPED = {k.lower(): v for k, v in SHIPPED_IDS.items()} | {"smollm2-135m": "smollm2-135m"}
 
 
 def shipped_config(name: str) -> dict[str, Any]:
@@ -88,7 +89,7 @@ def model_config(source: str, key: str = "model"):
         raise
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"{key}={source}: cannot read its config ({first_line(e)}); shipped configs: "
-                          f"{', '.join(k for k in SHIPPED if '/' in k)}") from None
+                          f"{', '.join(SHIPPED_IDS)}; without network, HF_HUB_OFFLINE=1 skips the retries") from None
 
 
 @dataclass(frozen=True)
