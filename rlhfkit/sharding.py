@@ -8,6 +8,13 @@ optimizer state keyed by parameter name, which resume splits again over however 
 it has. accelerate only offers FSDP on GPUs; its FSDP2 code runs unchanged over gloo on CPU
 processes (checked with torch 2.13), so the tests use it there too.
 
+The on-policy stages (PPO, GRPO, RLOO) shard all their models with `fully_shard` directly
+(`shard_on_policy`): the policy and value model like the supervised model, and the frozen reference
+and reward model too, so that no process holds a whole copy of any of the four. Sampling runs on the
+gathered policy (`gathered_for_generation`: one all-gather per rollout, then no collective while
+decoding, so processes may decode different numbers of steps); every other forward pass gathers one
+block at a time, and every process runs the same number of them (`update.micro_batch_plan`).
+
 DeepSpeed ZeRO (`zero2`, `zero3`) is refused in one line: it cannot run on CPU processes over gloo,
 and no GPU was available to verify it; fsdp2 shards like ZeRO-3.
 """
@@ -15,6 +22,8 @@ and no GPU was available to verify it; fsdp2 shards like ZeRO-3.
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +34,7 @@ from .models import ScalarModel, decoder_layers
 
 SHARDED = ("fsdp2",)
 SUPERVISED = ("sft", "rm", "dpo")
+ON_POLICY = ("ppo", "grpo", "rloo")
 
 
 def check_sharding(cfg: Any, stage: str, on_cpu: bool) -> None:
@@ -36,9 +46,11 @@ def check_sharding(cfg: Any, stage: str, on_cpu: bool) -> None:
                           "optimizer state like ZeRO-3")
     if cfg.sharding == "none":
         return
-    if stage not in SUPERVISED:
-        raise ConfigError(f"sharding={cfg.sharding} is not supported by {stage} yet (only {', '.join(SUPERVISED)}); "
-                          "use lora_rank=16 to fit a larger policy, or sharding=none")
+    if stage not in SUPERVISED + ON_POLICY:
+        raise ConfigError(f"sharding={cfg.sharding} is for training stages ({', '.join(SUPERVISED + ON_POLICY)}), not {stage}")
+    if getattr(cfg, "frozen_device", ""):
+        raise ConfigError(f"sharding={cfg.sharding} with frozen_device={cfg.frozen_device}: a sharded reference and reward "
+                          "model live on every process's own device; leave frozen_device empty")
     if cfg.lora_rank > 0:
         raise ConfigError(f"sharding={cfg.sharding} with lora_rank={cfg.lora_rank}: choose one (LoRA already keeps gradients "
                           "and optimizer state small; sharding splits full fine-tuning)")
@@ -101,6 +113,74 @@ class ShardedRun:
 
     def optimizer_state(self) -> ShardedOptimizerState:
         return ShardedOptimizerState(self.model, self.optimizer)
+
+
+def shard_groups(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules sharded one by one, innermost first: each decoder block, then a causal LM whole; a
+    scalar model's backbone and each head apart, because its value and score paths call them directly
+    (`per_token_scores`), never through the scalar model's own forward."""
+    if isinstance(model, ScalarModel):
+        heads = [h for h in (model.head, model.length_head) if h is not None]
+        return [*decoder_layers(model.backbone)[1], model.backbone, *heads]
+    return [*decoder_layers(getattr(model, model.base_model_prefix))[1], model]
+
+
+def shard_in_place(model: torch.nn.Module, device: torch.device, trained: bool) -> None:
+    """Split `model`'s parameters over every process of the launch. A trained model's gradients are
+    summed across processes, not averaged: each process's loss is already weighted by its share of
+    the whole minibatch (`update.update_on_rollout`)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
+    for module in shard_groups(model):
+        fully_shard(module, mesh=mesh, reshard_after_forward=True)
+        if trained:  # a plain sum: gloo has no pre-scaled sum, which a divide factor would otherwise ask for
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+
+
+def shard_on_policy(models: Any, device: torch.device, is_main: bool) -> dict[str, torch.nn.Module | None]:
+    """Shard an on-policy stage's four models (`OnPolicyModels`) over the launch's processes; return
+    process 0's unsharded copies of the trained ones ("policy", "value"), kept on the host, which
+    checkpoints and the final model are gathered into."""
+    trained = {"policy": models.policy, "value": models.value}
+    copies = {name: ShardedRun.keep_copy(model, is_main) for name, model in trained.items() if model is not None}
+    for model in models.trained():
+        shard_in_place(model, device, trained=True)
+    for model in (models.reference, models.reward):
+        shard_in_place(model, device, trained=False)
+    return copies
+
+
+def fsdp_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+@contextmanager
+def gathered_for_generation(model: torch.nn.Module) -> Iterator[None]:
+    """The whole of a sharded `model` on every process while it samples (a collective on entry and
+    exit; nothing for a model that is not sharded). Decoding then needs no collective per token, so
+    processes may stop at different lengths without waiting for each other (the hang of TRL #3858)."""
+    groups = fsdp_modules(model)
+    for module in groups:
+        module.unshard()
+        module.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield
+    finally:
+        for module in groups:
+            module.reshard()
+            module.set_reshard_after_forward(True, recurse=False)
+
+
+def full_number(value: torch.Tensor) -> torch.Tensor:
+    """A sharded model's reduction (a gradient norm) as a plain tensor."""
+    from torch.distributed.tensor import DTensor
+
+    return value.full_tensor() if isinstance(value, DTensor) else value
 
 
 @dataclass

@@ -22,6 +22,7 @@ from transformers import PreTrainedTokenizerBase
 from ..data.collate import left_pad_queries
 from ..devices import model_device
 from ..generation import SamplingParams, generate
+from ..sharding import gathered_for_generation
 
 
 @dataclass
@@ -130,12 +131,13 @@ def sample_responses(
     order = sorted(range(len(queries)), key=lambda i: -len(queries[i]))
     per_chunk = max(1, batch_size // group)
     chunks = []
-    for start in tqdm(range(0, len(order), per_chunk), desc=desc or "sampling", unit="batch", leave=False, disable=not desc):
-        picked = torch.tensor(order[start : start + per_chunk], device=device)
-        ids, mask = trim_left_padding(query_ids[picked], query_mask[picked])
-        out = generate(policy, ids, mask, params, tokenizer.eos_token_id, tokenizer.pad_token_id, generator_for(order[start]), group)
-        rows = (picked.unsqueeze(1) * group + torch.arange(group, device=device)).reshape(-1)
-        chunks.append((rows, out))
+    with gathered_for_generation(policy):
+        for start in tqdm(range(0, len(order), per_chunk), desc=desc or "sampling", unit="batch", leave=False, disable=not desc):
+            picked = torch.tensor(order[start : start + per_chunk], device=device)
+            ids, mask = trim_left_padding(query_ids[picked], query_mask[picked])
+            out = generate(policy, ids, mask, params, tokenizer.eos_token_id, tokenizer.pad_token_id, generator_for(order[start]), group)
+            rows = (picked.unsqueeze(1) * group + torch.arange(group, device=device)).reshape(-1)
+            chunks.append((rows, out))
     total = len(queries) * group
     width = max(out.responses.size(1) for _, out in chunks)
     responses = torch.full((total, width), tokenizer.pad_token_id, dtype=torch.long, device=device)

@@ -12,6 +12,7 @@ the same weights throughout; process 0 writes checkpoints, metrics, samples and 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from ..models import (
 )
 from ..ops import adaptive_kl_coef
 from ..preemption import resume_command
+from ..sharding import SavedState, ShardedOptimizerState, ShardedRun, shard_on_policy
 from ..tracking import append_jsonl, drop_rows_after, write_jsonl
 from ..trainers.engine import accelerator_for, autocast_precision, save_final_model, start_run
 from ..trainers.loop import Show, run_loop
@@ -210,6 +212,7 @@ class OnPolicySteps:
     total: int
     kl_coef: float
     precision: str
+    sharded: dict[str, ShardedRun] = dataclasses.field(default_factory=dict)  # "policy", "value": sharding=fsdp2
     unit: str = "update"
     comparison: tuple[dict[str, float], list[dict]] = ({}, [])  # the final evaluation's metrics and rows
 
@@ -246,36 +249,51 @@ class OnPolicySteps:
             append_jsonl(self.run_dir / SAMPLES_FILE, extreme_samples(batch, self.models.tokenizer, done, self.cfg.log_samples))
         return metrics
 
+    def evaluates_here(self) -> bool:
+        """Held-out evaluations run on process 0 (the others go on to the next update and wait for it
+        there), or on every process when the models are sharded: their forward passes are collectives."""
+        return bool(self.held_out) and (self.accelerator.is_main_process or bool(self.sharded))
+
     def evaluate(self, done: int) -> dict[str, float]:
-        """Held-out prompts summarised by the current policy, on process 0 (the others go on to the
-        next update and wait for it there)."""
-        if not (self.held_out and self.accelerator.is_main_process):
+        """Held-out prompts summarised by the current policy."""
+        if not self.evaluates_here():
             return {}
-        return policy_summary(summarise_and_score(self.models.policy, self.models, self.held_out, self.cfg, f"update {done}"), "policy")
+        rows = summarise_and_score(self.models.policy, self.models, self.held_out, self.cfg, f"update {done}")
+        return policy_summary(rows, "policy") if self.accelerator.is_main_process else {}
+
+    def trained_models(self) -> dict[str, torch.nn.Module]:
+        """The policy (and value model) as saved: sharded ones gathered into process 0's copies, a
+        collective every process joins."""
+        if self.sharded:
+            return {name: run.gather() for name, run in self.sharded.items()}
+        return {"policy": self.models.policy} | ({"value": self.models.value} if self.models.value is not None else {})
 
     def save(self, done: int) -> None:
         self.accelerator.wait_for_everyone()
+        trained = self.trained_models()
+        optimizer, extra_states = optimizer_states(self.optimizers, self.sharded)
+        if self.sharded:  # full state dicts, gathered by every process
+            optimizer = SavedState(optimizer.state_dict())
+            extra_states = {k: SavedState(v.state_dict()) if isinstance(v, ShardedOptimizerState) else v for k, v in extra_states.items()}
         if self.accelerator.is_main_process:
-            extra_models = {"value": self.models.value} if self.models.value is not None else {}
             state = {"episodes": done * self.cfg.total_batch_size, "kl_coef": self.kl_coef}
-            save_checkpoint(self.run_dir, done, self.models.policy, self.models.tokenizer, self.optimizers.policy,
-                            self.optimizers.policy_schedule, state, self.cfg.keep_checkpoints, extra_models=extra_models,
-                            extra_states=self.optimizers.named_extra_states())
+            save_checkpoint(self.run_dir, done, trained["policy"], self.models.tokenizer, optimizer, self.optimizers.policy_schedule,
+                            state, self.cfg.keep_checkpoints, extra_models={k: v for k, v in trained.items() if k != "policy"},
+                            extra_states=extra_states)
         self.accelerator.wait_for_everyone()
 
     def finish(self) -> dict[str, float]:
-        """The trained models as `save_pretrained` folders, then the final held-out evaluation (process 0):
-        the SFT and trained policies compared (`comparison`), whose trained-policy numbers also end the
+        """The trained models as `save_pretrained` folders, then the final held-out evaluation: the SFT
+        and trained policies compared (`comparison`), whose trained-policy numbers also end the
         periodic evaluation's curves."""
-        if not self.accelerator.is_main_process:
-            return {}
-        save_final_model(self.models.policy, self.models.tokenizer, self.run_dir)
-        if self.models.value is not None:
-            save_final_model(self.models.value, self.models.tokenizer, self.run_dir, "value")
-        if not self.held_out:
+        trained = self.trained_models()
+        if self.accelerator.is_main_process:
+            for name, model in trained.items():
+                save_final_model(model, self.models.tokenizer, self.run_dir, "model" if name == "policy" else name)
+        if not self.evaluates_here():
             return {}
         self.comparison = compare_policies(self.models, self.held_out, self.cfg, self.name)
-        if not self.cfg.eval_every:
+        if not (self.cfg.eval_every and self.accelerator.is_main_process):
             return {}
         metrics = self.comparison[0]
         return {f"eval/policy_{name}": metrics[f"eval/{self.name}_{name}"] for name, _ in SUMMARY}
@@ -283,6 +301,20 @@ class OnPolicySteps:
     def postfix(self, metrics: dict[str, float]) -> dict[str, str]:
         return {"score": f"{metrics['objective/scores']:.3f}", "kl": f"{metrics['objective/kl']:.3f}",
                 "len": f"{metrics['response/length_mean']:.1f}"}
+
+
+def shards(cfg: OnPolicyConfig, accelerator) -> bool:
+    """sharding=fsdp2 splits the models over the launch's processes; on one process it changes nothing."""
+    return cfg.sharding == "fsdp2" and accelerator.num_processes > 1
+
+
+def optimizer_states(optimizers: Optimizers, sharded: dict[str, ShardedRun]) -> tuple[Any, dict[str, Any]]:
+    """The policy optimizer and the other training states as checkpoints hold them; a sharded
+    optimizer as its full, name-keyed state (reading or writing it is a collective)."""
+    if not sharded:
+        return optimizers.policy, optimizers.named_extra_states()
+    extra = {"value_optimizer": sharded["value"].optimizer_state(), "value_scheduler": optimizers.value_schedule} if "value" in sharded else {}
+    return sharded["policy"].optimizer_state(), extra
 
 
 def train_on_policy(models: OnPolicyModels, prompts: list[list[int]], cfg: OnPolicyConfig, run_dir: Path, checkpoint: Path | None = None,
@@ -294,15 +326,21 @@ def train_on_policy(models: OnPolicyModels, prompts: list[list[int]], cfg: OnPol
     accelerator = accelerator or accelerator_for(cfg)
     num_updates = planned_updates(cfg, accelerator.num_processes)
     prepare_for_training(models, cfg)
+    copies = shard_on_policy(models, accelerator.device, accelerator.is_main_process) if shards(cfg, accelerator) else {}
     optimizers = build_optimizers(models, cfg, num_updates)
+    sharded = {name: ShardedRun(model, optimizer, copies[name]) for name, model, optimizer in
+               (("policy", models.policy, optimizers.policy), ("value", models.value, optimizers.value)) if name in copies}
+    if sharded and accelerator.is_main_process:
+        print(sharded["policy"].describe(accelerator.num_processes))
     kl_coef, start = cfg.kl_coef, 0
     if checkpoint is not None:
-        state = load_training_state(checkpoint, optimizers.policy, optimizers.policy_schedule, optimizers.named_extra_states())
+        optimizer, extra_states = optimizer_states(optimizers, sharded)
+        state = load_training_state(checkpoint, optimizer, optimizers.policy_schedule, extra_states)
         start, kl_coef = state["step"], state["kl_coef"]
     if accelerator.is_main_process:
         drop_rows_after(run_dir / SAMPLES_FILE, start)
     steps = OnPolicySteps(algorithm, cfg, run_dir, accelerator, models, optimizers, prompts, held_out or [], num_updates, kl_coef,
-                          autocast_precision(cfg))
+                          autocast_precision(cfg), sharded)
     run_loop(steps, cfg, run_dir, start, accelerator, resume_command(algorithm.name, run_dir, accelerator.num_processes))
     return steps
 
@@ -313,7 +351,8 @@ def run(cfg: OnPolicyConfig) -> int:
     run_dir, checkpoint = start_run(cfg, name)
     accelerator = accelerator_for(cfg)
     planned_updates(cfg, accelerator.num_processes)  # a batch that does not split fails before any model loads
-    models = load_models(cfg, checkpoint, accelerator.device)
+    # sharded models load on the host and move to the device one shard at a time
+    models = load_models(cfg, checkpoint, torch.device("cpu") if shards(cfg, accelerator) else accelerator.device)
     train, held_out, notes = split_posts(cfg, models.tokenizer)
     if accelerator.is_main_process:
         print("\n".join(notes))

@@ -32,6 +32,7 @@ from ..distributed import ONE_PROCESS
 from ..generation import response_logprobs
 from ..models import ScalarModel
 from ..scoring import scores_at_eos
+from ..sharding import fsdp_modules, full_number
 from ..trainers.engine import build_optimizer, check_finite
 from .algorithms import Algorithm, ValueOptions, algorithm_of
 from .rollout import RolloutBatch, process_share
@@ -134,10 +135,13 @@ def compute_advantages(batch: RolloutBatch, cfg: OnPolicyConfig, kl_coef: float)
 def sum_gradients_across_processes(models: list[torch.nn.Module], accelerator) -> None:
     """Each process holds the gradient of its rows' share of the minibatch loss; their sum is the
     gradient of the whole minibatch. One all-reduce over all gradients, flattened; a process whose
-    rows took no part in this minibatch contributes zeros."""
+    rows took no part in this minibatch contributes zeros. A sharded model's gradients were already
+    summed into their shards during the backward pass."""
     if accelerator.num_processes == 1:
         return
-    params = [p for model in models for p in model.parameters() if p.requires_grad]
+    params = [p for model in models if not fsdp_modules(model) for p in model.parameters() if p.requires_grad]
+    if not params:
+        return
     flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
     torch.distributed.all_reduce(flat)
     offset = 0
@@ -163,7 +167,7 @@ class Optimizers:
         for name, model, optimizer in pairs:
             if optimizer is None:
                 continue
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm if max_grad_norm > 0 else float("inf"))
+            norm = full_number(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm if max_grad_norm > 0 else float("inf")))
             check_finite(step_label, f"{name} gradient norm", norm)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -219,28 +223,44 @@ def update_on_rollout(
     reference (kl_placement=loss), minus entropy_coef x entropy."""
     algorithm = algorithm_of(cfg)
     device = batch.responses.device
-    mine = process_share(batch.size, accelerator.process_index, accelerator.num_processes)
     rng = np.random.default_rng([cfg.seed, update, 11])
     minibatch = batch.size // cfg.num_minibatches
     units = loss_units(algorithm, batch.mask)
     value_options = algorithm.value(cfg) if algorithm.value else None
     stats = Averages()
     grad_norms = Averages()
+    lockstep = bool(fsdp_modules(models.policy))
     for _ in range(cfg.update_epochs):
         order = rng.permutation(batch.size)
         for start in range(0, batch.size, minibatch):
             rows = order[start : start + minibatch]
             minibatch_units = float(units[rows].sum().clamp(min=1))
-            own = rows[(rows >= mine.start) & (rows < mine.stop)]
-            for micro_start in range(0, len(own), cfg.micro_batch_size):
-                picked = torch.as_tensor(own[micro_start : micro_start + cfg.micro_batch_size], device=device)
-                weight = float(units[picked].sum()) / minibatch_units
+            for own, counts in micro_batch_plan(rows, batch.size, cfg.micro_batch_size, accelerator, lockstep):
+                picked = torch.as_tensor(own, device=device)
+                weight = float(units[picked].sum()) / minibatch_units if counts else 0.0
                 micro_loss(models, batch.select(picked), cfg, value_options, precision, kl_coef, update, weight, stats)
             for key, norm in optimizers.step(models, cfg.max_grad_norm, update, accelerator).items():
                 grad_norms.add(key, norm, 1.0)
     means = stats.means(accelerator) | grad_norms.means()
     means["val/ratio_var"] = max(0.0, means.pop("ratio_squared") - means["val/ratio"] ** 2)
     return means
+
+
+def micro_batch_plan(rows: np.ndarray, batch_size: int, size: int, accelerator, lockstep: bool) -> list[tuple[np.ndarray, bool]]:
+    """This process's rows of a minibatch in micro-batches of `size`, each with whether it counts.
+    Processes hold different numbers of a shuffled minibatch's rows; with `lockstep` (sharded models,
+    whose every forward and backward pass is a collective) each runs as many micro-batches as the
+    busiest one, the extra ones on a row of the minibatch with weight 0."""
+    def own_rows(process: int) -> np.ndarray:
+        share = process_share(batch_size, process, accelerator.num_processes)
+        return rows[(rows >= share.start) & (rows < share.stop)]
+
+    own = own_rows(accelerator.process_index)
+    plan = [(own[i : i + size], True) for i in range(0, len(own), size)]
+    if lockstep:
+        busiest = max(-(-len(own_rows(p)) // size) for p in range(accelerator.num_processes))
+        plan += [(rows[:1], False)] * (busiest - len(plan))
+    return plan
 
 
 def micro_loss(models: OnPolicyModels, micro: RolloutBatch, cfg: OnPolicyConfig, value_options: ValueOptions | None, precision: str,
