@@ -6,7 +6,8 @@ The arithmetic follows what rlhfkit runs (docs/memory.md has the derivation and 
 
     weights     4 B x parameters of every model held (fp32 as loaded; bf16 is autocast over them);
                 fsdp2/zero3: / N, plus the gathered units (the non-decoder parameters and two decoder
-                layers of each model the phase runs)
+                layers of each model the phase runs); on-policy generation: the whole policy, which
+                is gathered once per rollout (sharding.gathered_for_generation)
     gradients   4 B x trained parameters (/ N when sharded); replicated on N > 1: a second copy
                 (DDP's buckets for sft/rm/dpo; the flattened all-reduce at the on-policy step)
     optimizer   AdamW: 8 B x trained parameters (/ N when sharded); at the step + 4 B x trained
@@ -338,7 +339,8 @@ def phases(s: Settings, policy: Shape, reward: Shape) -> dict[str, dict[str, int
         queries = max(1, s.generation // s.samples)
         sampled = queries * s.samples
         kv = policy.layers * policy.kv_dim * (sampled * (s.query + s.response) * 2 * 4 + queries * s.query * (4 + s.act_bytes))
-        out["generation"] = {"weights": weights_bytes(models, s, [models[0]]), "optimizer state": optimizer, "KV cache": kv,
+        gathered_policy = 4 * models[0].params - 4 * models[0].params // s.weight_shards
+        out["generation"] = {"weights": weights_bytes(models, s, []) + gathered_policy, "optimizer state": optimizer, "KV cache": kv,
                              "activations": forward_working_set(policy, s, queries, s.query), "logits": 12 * sampled * policy.vocab}
         widest = max((m.shape for m in models), key=lambda sh: forward_working_set(sh, s, s.forward, width))
         out["scoring"] = {"weights": weights_bytes(models, s, [biggest]), "optimizer state": optimizer,

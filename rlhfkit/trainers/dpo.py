@@ -206,9 +206,13 @@ def run(cfg: DPOConfig) -> int:
 
     stage = Stage("dpo", policy.to(device), tokenizer, train_examples, lambda b: collate_dpo(b, pad_id), make_dpo_loss(cfg.beta), evaluate,
                   length=lambda example: example.width())
+    sharded = cfg.sharding == "fsdp2" and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if sharded:  # its log-probabilities are cached: off the device while the sharded policy trains
+        reference.to("cpu")
     result = train(cfg, stage, run_dir, checkpoint)
     if not is_main_process():
         return 0
+    reference.to(device)
     final = result["model"]
     save_final_model(final, tokenizer, run_dir)
     reference_path = Path(reference_name).resolve() if Path(reference_name).is_dir() else reference_name
