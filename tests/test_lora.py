@@ -142,7 +142,11 @@ def test_rm_with_lora_and_frozen_layers_is_refused_in_one_line(ppo_dirs, tmp_pat
     assert "trainable_layers" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("stage, preset", [("sft", "tldr-sft"), ("rm", "tldr-rm"), ("dpo", "tldr-dpo"), ("ppo", "tldr-ppo")])
+FAULTS = pytest.mark.faults  # SIGKILL and resume: the fault-injection suite keeps the default run short
+
+
+@pytest.mark.parametrize("stage, preset", [("sft", "tldr-sft"), pytest.param("rm", "tldr-rm", marks=FAULTS),
+                                           pytest.param("dpo", "tldr-dpo", marks=FAULTS), pytest.param("ppo", "tldr-ppo", marks=FAULTS)])
 def test_lora_run_checkpoints_hold_the_adapter_resume_bit_identically_and_finish_merged(stage, preset, ppo_dirs, tmp_path):
     args = stage_args(stage, ppo_dirs, tmp_path, max_steps=3, **LORA)
     straight, killed = straight_and_resumed(stage, preset, args, tmp_path, kill_at=1)

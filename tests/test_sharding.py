@@ -53,6 +53,7 @@ def test_fsdp2_on_two_processes_trains_like_one_unsharded_process(stage, ppo_dir
     assert "model.layers.0.self_attn.q_proj.weight" in optimizer["state"]  # full state, keyed by parameter name
 
 
+@pytest.mark.faults  # SIGKILL and resume: the fault-injection suite
 def test_fsdp2_run_sigkilled_and_resumed_ends_bit_identical_to_an_uninterrupted_one(ppo_dirs, tmp_path):
     args = stage_args("sft", ppo_dirs, tmp_path / "straight", max_steps=8, sharding="fsdp2", **EXACT)
     straight, killed = launched_straight_and_resumed("sft", args, tmp_path, kill_after=3)
@@ -99,6 +100,7 @@ def test_fsdp2_on_two_processes_makes_the_on_policy_update_of_one_unsharded_proc
         assert "backbone.layers.0.self_attn.q_proj.weight" in state["value_optimizer"]["state"]
 
 
+@pytest.mark.faults  # SIGKILL and resume: the fault-injection suite
 def test_fsdp2_ppo_sigkilled_and_resumed_ends_bit_identical_to_an_uninterrupted_one(ppo_dirs, tmp_path):
     args = on_policy_args("ppo", ppo_dirs, tmp_path / "straight", sharding="fsdp2") | {"max_steps": 3}
     straight, killed = launched_straight_and_resumed("ppo", args, tmp_path, kill_after=2)
