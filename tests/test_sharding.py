@@ -1,4 +1,4 @@
-"""Sharded training (issue 22): FSDP2 over 2 CPU processes and gloo trains SFT, DPO, PPO, GRPO and RLOO
+"""Sharded training (issue 22): FSDP2 over 2 CPU processes and gloo trains SFT, RM, DPO, PPO, GRPO and RLOO
 like one unsharded process, holds about half the parameters per process, checkpoints full weights and
 a full optimizer state, and resumes bit-identically after a SIGKILL; choices that cannot run are
 refused in one line.
@@ -51,6 +51,25 @@ def test_fsdp2_on_two_processes_trains_like_one_unsharded_process(stage, ppo_dir
     assert load_file(checkpoint / "model" / "model.safetensors").keys() == a.keys()  # full weights, not shards
     optimizer = torch.load(checkpoint / "state.pt", weights_only=True)["optimizer"]
     assert "model.layers.0.self_attn.q_proj.weight" in optimizer["state"]  # full state, keyed by parameter name
+
+
+def test_fsdp2_reward_model_on_two_processes_trains_like_one_unsharded_process(ppo_dirs, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    args = {"max_steps": 2, "eval_pairs": 0, **EXACT}
+    single = launch("rm", stage_args("rm", ppo_dirs, one, **args), 1)
+    assert single.returncode == 0, single.stderr[-3000:]
+    sharded = launch("rm", stage_args("rm", ppo_dirs, two, sharding="fsdp2", **args), 2)
+    assert sharded.returncode == 0, sharded.stderr[-3000:]
+    held, total = held_share(sharded.stdout)
+    assert total / 2 <= held < total * 0.55
+    for name in ("model.safetensors", "scalar_head.safetensors"):
+        a, b = load_file(one / "model" / name), load_file(two / "model" / name)
+        assert a.keys() == b.keys()
+        for key in a:
+            torch.testing.assert_close(b[key], a[key], atol=2e-6, rtol=1e-4, msg=(name, key))
+    start = load_file(ppo_dirs["policy"] / "model.safetensors")  # the backbone trained from the policy's weights
+    trained = load_file(one / "model" / "model.safetensors")
+    assert max(float((trained[k] - start[f"model.{k}"]).abs().max()) for k in trained) > 1e-4
 
 
 @pytest.mark.faults  # SIGKILL and resume: the fault-injection suite
