@@ -26,6 +26,7 @@ from .ops import (
     position_ids_from_mask,
     truncate_after_eos,
 )
+from .sharding import is_deepspeed_engine
 
 
 @dataclass
@@ -157,8 +158,10 @@ def plain_lm_head(model: torch.nn.Module) -> torch.nn.Linear | None:
     unknown transform falls back to the slower exact path instead of giving wrong log-probabilities."""
     from torch.distributed.fsdp import FSDPModule
 
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel | FSDPModule):
-        return None  # calling the backbone directly would bypass DDP's gradient sync, or FSDP's gathering of the root's weights
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel | FSDPModule) or is_deepspeed_engine(model):
+        # calling the backbone directly would bypass DDP's gradient sync, FSDP's gathering of the root's
+        # weights, or DeepSpeed's (the engine's forward also drives ZeRO-3's gathering)
+        return None
     head = model.get_output_embeddings()
     if not isinstance(head, torch.nn.Linear) or any(getattr(model.config, key, None) not in (None, 0) for key in LOGIT_TRANSFORMS):
         return None

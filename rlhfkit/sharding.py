@@ -15,13 +15,18 @@ gathered policy (`gathered_for_generation`: one all-gather per rollout, then no 
 decoding, so processes may decode different numbers of steps); every other forward pass gathers one
 block at a time, and every process runs the same number of them (`update.micro_batch_plan`).
 
-DeepSpeed ZeRO (`zero2`, `zero3`) is refused in one line: it cannot run on CPU processes over gloo,
-and no GPU was available to verify it; fsdp2 shards like ZeRO-3.
+DeepSpeed ZeRO (`zero2`: gradients and optimizer state split; `zero3`: parameters too) runs the
+supervised stages through accelerate's DeepSpeed plugin, an optional extra (`rlhfkit[deepspeed]`).
+accelerate offers it only on GPUs; DeepSpeed's engines run unchanged on CPU processes over gloo, so a
+CPU launch is switched to it as for FSDP2. Checkpoints are the same as FSDP2's: the full model in
+process 0's copy, the full optimizer state keyed by parameter name (`ZeroOptimizerState`). The
+on-policy stages refuse ZeRO in one line naming fsdp2.
 """
 
 from __future__ import annotations
 
 import copy
+import importlib.util
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,20 +37,26 @@ import torch
 from .errors import ConfigError
 from .models import ScalarModel, decoder_layers
 
-SHARDED = ("fsdp2",)
+SHARDED = ("fsdp2", "zero2", "zero3")
+ZERO_STAGES = {"zero2": 2, "zero3": 3}
 SUPERVISED = ("sft", "rm", "dpo")
 ON_POLICY = ("ppo", "grpo", "rloo")
 
 
-def check_sharding(cfg: Any, stage: str, on_cpu: bool) -> None:
+def deepspeed_installed() -> bool:
+    return importlib.util.find_spec("deepspeed") is not None
+
+
+def check_sharding(cfg: Any, stage: str) -> None:
     """Refuse, in one line naming what to use instead, a sharding choice this stage or machine cannot run."""
-    if cfg.sharding in ("zero2", "zero3"):
-        where = ("DeepSpeed ZeRO cannot run on CPU processes over gloo" if on_cpu
-                 else "DeepSpeed ZeRO is not wired in yet (no GPU was available to verify it)")
-        raise ConfigError(f"sharding={cfg.sharding}: {where}; use sharding=fsdp2, which shards parameters, gradients and "
-                          "optimizer state like ZeRO-3")
     if cfg.sharding == "none":
         return
+    if cfg.sharding in ZERO_STAGES:
+        if stage not in SUPERVISED:
+            raise ConfigError(f"sharding={cfg.sharding} is for {', '.join(SUPERVISED)}; for {stage} use sharding=fsdp2, which "
+                              "shards all four models and gathers the policy for sampling")
+        if not deepspeed_installed():
+            raise ConfigError(f"sharding={cfg.sharding} needs DeepSpeed: pip install 'rlhfkit[deepspeed]' (or use sharding=fsdp2)")
     if stage not in SUPERVISED + ON_POLICY:
         raise ConfigError(f"sharding={cfg.sharding} is for training stages ({', '.join(SUPERVISED + ON_POLICY)}), not {stage}")
     if getattr(cfg, "frozen_device", ""):
@@ -78,6 +89,53 @@ def use_fsdp_on_cpu(accelerator, plugin) -> None:
 
     accelerator.state.distributed_type = DistributedType.FSDP
     accelerator.state.fsdp_plugin = plugin
+
+
+def deepspeed_plugin(cfg: Any):
+    """ZeRO stage 2 or 3 at this run's micro-batch and gradient clipping. One DeepSpeed step per
+    optimizer step: the engine steps when the last micro-batch's backward pass ends (`engine.run_step`
+    marks it), its loss already normalised by rlhfkit, so DeepSpeed's own accumulation stays at 1."""
+    from accelerate.utils import DeepSpeedPlugin
+
+    plugin = DeepSpeedPlugin(zero_stage=ZERO_STAGES[cfg.sharding], gradient_accumulation_steps=1, zero3_save_16bit_model=True,
+                             zero3_init_flag=False)
+    plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = cfg.micro_batch_size
+    plugin.deepspeed_config["gradient_clipping"] = cfg.max_grad_norm if cfg.max_grad_norm > 0 else 0.0
+    return plugin
+
+
+def use_deepspeed_on_cpu(accelerator, plugin, precision: str) -> None:
+    """accelerate sets up DeepSpeed only on GPUs; DeepSpeed's ZeRO engines run over gloo on CPU processes."""
+    from accelerate.utils import DistributedType
+
+    plugin.set_mixed_precision(precision)
+    plugin.select(_from_accelerator_state=True)
+    accelerator.state.deepspeed_plugins = plugin
+    accelerator.state.distributed_type = DistributedType.DEEPSPEED
+
+
+def is_deepspeed_engine(model: Any) -> bool:
+    return type(model).__name__ == "DeepSpeedEngine"
+
+
+def backward(accelerator, model: Any, loss: torch.Tensor, last: bool) -> None:
+    """The backward pass of one micro-batch; a DeepSpeed engine reduces, clips and steps after the
+    last one of the optimizer step. The engine is driven directly: accelerate dispatches on its
+    distributed type, which `prepare` sets back to MULTI_CPU on CPU processes."""
+    if not is_deepspeed_engine(model):
+        accelerator.backward(loss)
+        return
+    model.set_gradient_accumulation_boundary(last)
+    model.backward(loss)
+    if last:
+        model.step()
+
+
+def clipped_grad_norm(accelerator, model: Any, max_norm: float) -> torch.Tensor:
+    """The step's gradient norm before clipping (a DeepSpeed engine clipped it inside its step)."""
+    if is_deepspeed_engine(model):
+        return torch.as_tensor(float(model.get_global_grad_norm()))
+    return accelerator.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else float("inf"))
 
 
 @dataclass
@@ -113,6 +171,84 @@ class ShardedRun:
 
     def optimizer_state(self) -> ShardedOptimizerState:
         return ShardedOptimizerState(self.model, self.optimizer)
+
+
+@dataclass
+class ZeroRun:
+    """`ShardedRun` for a DeepSpeed engine (`model`) prepared by `accelerator`."""
+
+    accelerator: Any
+    model: Any
+    gathered: torch.nn.Module | None  # process 0 only
+    stage: int
+
+    def gather(self) -> torch.nn.Module | None:
+        """The full weights in process 0's copy (a collective under ZeRO-3)."""
+        full = self.model._zero3_consolidated_16bit_state_dict() if self.stage == 3 else self.model.module.state_dict()
+        if self.gathered is not None:
+            self.gathered.load_state_dict(full, strict=False)  # a tied LM head is the embedding, saved once
+        return self.gathered
+
+    def describe(self, processes: int) -> str:
+        if self.stage == 3:
+            params = list(self.model.module.parameters())
+            local, total = sum(p.ds_tensor.numel() for p in params), sum(p.ds_numel for p in params)
+            return f"sharding: zero3 over {processes} processes; this process holds {local:,} of {total:,} parameter values"
+        partitions = self.model.optimizer.single_partition_of_fp32_groups
+        local, total = sum(p.numel() for p in partitions), sum(p.numel() for p in self.model.module.parameters() if p.requires_grad)
+        return (f"sharding: zero2 over {processes} processes; parameters whole on each, this process holds {local:,} of {total:,} "
+                "optimizer-state values")
+
+    def optimizer_state(self) -> ZeroOptimizerState:
+        return ZeroOptimizerState(self.model)
+
+
+@dataclass
+class ZeroOptimizerState:
+    """A DeepSpeed ZeRO optimizer's AdamW state as one full dict keyed by parameter name, the layout
+    `ShardedOptimizerState` writes (`state_dict`, a collective), and back into this launch's partitions."""
+
+    engine: Any
+
+    def named(self) -> list[tuple[str, torch.nn.Parameter]]:
+        return [(n, p) for n, p in self.engine.module.named_parameters() if p.requires_grad]
+
+    def flat_partitions(self) -> list[torch.Tensor]:
+        """This process's flat fp32 partitions, the tensors AdamW's state is keyed by (ZeRO-3, ZeRO-2)."""
+        zero = self.engine.optimizer
+        return list(getattr(zero, "fp32_partitioned_groups_flat", None) or zero.single_partition_of_fp32_groups)
+
+    def inner(self) -> torch.optim.Optimizer:
+        return self.engine.optimizer.optimizer  # the torch AdamW stepping ZeRO's flat partitions
+
+    def state_dict(self) -> dict[str, Any]:
+        from deepspeed.utils import safe_get_full_optimizer_state
+
+        steps = [s["step"] for s in self.inner().state.values() if "step" in s]
+        step = steps[0].clone() if steps else torch.tensor(0.0)
+        state = {name: {"step": step.clone(), "exp_avg": safe_get_full_optimizer_state(p, "exp_avg"),
+                        "exp_avg_sq": safe_get_full_optimizer_state(p, "exp_avg_sq")} for name, p in self.named()}
+        groups = [{k: v for k, v in g.items() if k != "params"} | {"params": [n for n, _ in self.named()]}
+                  for g in self.inner().param_groups[:1]]
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from deepspeed.utils import safe_set_full_optimizer_state
+
+        inner = self.inner()
+        step = next(iter(state["state"].values()))["step"]
+        for group in inner.param_groups:  # the learning rate the schedule had reached, among others
+            group.update({k: v for k, v in state["param_groups"][0].items() if k != "params"})
+        for flat in self.flat_partitions():  # AdamW creates its state lazily, at the first step
+            inner.state.setdefault(flat, {"exp_avg": torch.zeros_like(flat), "exp_avg_sq": torch.zeros_like(flat)})
+            inner.state[flat]["step"] = step.clone().float()
+        # ZeRO-2 links each parameter to its slice of that state after its first step; link it now
+        link = getattr(self.engine.optimizer, "_lazy_init_hp_params_optimizer_state", None)
+        if link is not None:
+            link()
+        for name, p in self.named():
+            for key in ("exp_avg", "exp_avg_sq"):
+                safe_set_full_optimizer_state(p, state["state"][name][key], key)
 
 
 def shard_groups(model: torch.nn.Module) -> list[torch.nn.Module]:

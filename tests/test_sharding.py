@@ -9,6 +9,7 @@ is the order of floating-point sums (micro-batches holding other rows, gradients
 instead of accumulated in one process), within 1e-5 for weights trained at learning rate 1e-3."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -28,20 +29,22 @@ from .helpers import (
 EXACT = {"mixed_precision": "no"}  # bf16 rounds differently for other batch shapes
 
 
-def held_share(log: str) -> tuple[int, int]:
-    line = next(line for line in log.splitlines() if line.startswith("sharding: fsdp2"))
-    held, total = line.split("holds ")[1].split(" parameter")[0].split(" of ")
+def held_share(log: str, sharding: str = "fsdp2") -> tuple[int, int]:
+    """(values this process holds, values in all) from the run log's sharding line."""
+    line = next(line for line in log.splitlines() if line.startswith(f"sharding: {sharding}"))
+    held, total = re.search(r"holds ([\d,]+) of ([\d,]+)", line).groups()
     return int(held.replace(",", "")), int(total.replace(",", ""))
 
 
-@pytest.mark.parametrize("stage", ["sft", "dpo"])
-def test_fsdp2_on_two_processes_trains_like_one_unsharded_process(stage, ppo_dirs, tmp_path):
+# DeepSpeed ZeRO-2 splits the optimizer state (its log line counts that), ZeRO-3 and FSDP2 the parameters too
+@pytest.mark.parametrize("stage, sharding", [("sft", "fsdp2"), ("dpo", "fsdp2"), ("sft", "zero2"), ("sft", "zero3"), ("dpo", "zero3")])
+def test_sharded_on_two_processes_trains_like_one_unsharded_process(stage, sharding, ppo_dirs, tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     single = launch(stage, stage_args(stage, ppo_dirs, one, max_steps=2, **EXACT), 1)
     assert single.returncode == 0, single.stderr[-3000:]
-    sharded = launch(stage, stage_args(stage, ppo_dirs, two, max_steps=2, sharding="fsdp2", save_every=1, **EXACT), 2)
+    sharded = launch(stage, stage_args(stage, ppo_dirs, two, max_steps=2, sharding=sharding, save_every=1, **EXACT), 2)
     assert sharded.returncode == 0, sharded.stderr[-3000:]
-    held, total = held_share(sharded.stdout)
+    held, total = held_share(sharded.stdout, sharding)
     assert total / 2 <= held < total * 0.55  # each process holds its half (blocks split unevenly by a row at most)
     start, a, b = (load_file(path / "model.safetensors") for path in (ppo_dirs["policy"], one / "model", two / "model"))
     assert max(float((a[k] - start[k]).abs().max()) for k in a) > 1e-4  # far beyond the tolerance below
@@ -73,8 +76,9 @@ def test_fsdp2_reward_model_on_two_processes_trains_like_one_unsharded_process(p
 
 
 @pytest.mark.faults  # SIGKILL and resume: the fault-injection suite
-def test_fsdp2_run_sigkilled_and_resumed_ends_bit_identical_to_an_uninterrupted_one(ppo_dirs, tmp_path):
-    args = stage_args("sft", ppo_dirs, tmp_path / "straight", max_steps=8, sharding="fsdp2", **EXACT)
+@pytest.mark.parametrize("sharding", ["fsdp2", "zero2", "zero3"])
+def test_sharded_run_sigkilled_and_resumed_ends_bit_identical_to_an_uninterrupted_one(sharding, ppo_dirs, tmp_path):
+    args = stage_args("sft", ppo_dirs, tmp_path / "straight", max_steps=8, sharding=sharding, **EXACT)
     straight, killed = launched_straight_and_resumed("sft", args, tmp_path, kill_after=3)
     assert_same_files(straight, killed, ["model/model.safetensors"])
     assert_same_metrics(straight, killed, 8)
@@ -128,7 +132,7 @@ def test_fsdp2_ppo_sigkilled_and_resumed_ends_bit_identical_to_an_uninterrupted_
 
 
 @pytest.mark.parametrize("stage, extra, message", [
-    ("sft", {"sharding": "zero2"}, "sharding=zero2: DeepSpeed ZeRO cannot run on CPU processes over gloo; use sharding=fsdp2"),
+    ("ppo", {"sharding": "zero3"}, "sharding=zero3 is for sft, rm, dpo; for ppo use sharding=fsdp2"),
     ("ppo", {"sharding": "fsdp2", "frozen_device": "cpu"}, "sharding=fsdp2 with frozen_device=cpu: a sharded reference"),
     ("dpo", {"sharding": "fsdp2", "lora_rank": 8}, "sharding=fsdp2 with lora_rank=8: choose one"),
 ])
@@ -138,3 +142,14 @@ def test_sharding_that_cannot_run_is_refused_at_start_in_one_line(stage, extra, 
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_zero_without_deepspeed_installed_names_the_extra_to_install(monkeypatch):
+    from rlhfkit import config as cfgmod
+    from rlhfkit import sharding
+    from rlhfkit.errors import ConfigError
+
+    monkeypatch.setattr(sharding, "deepspeed_installed", lambda: False)
+    with pytest.raises(ConfigError, match=r"sharding=zero2 needs DeepSpeed: pip install 'rlhfkit\[deepspeed\]'"):
+        sharding.check_sharding(cfgmod.resolve("sft", None, None, {"sharding": "zero2"}), "sft")
+

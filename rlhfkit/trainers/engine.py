@@ -39,7 +39,20 @@ from ..launch import RUN_STAMP
 from ..models import enable_activation_checkpointing
 from ..preemption import resume_command
 from ..runlock import lock_run_dir
-from ..sharding import SavedState, ShardedRun, check_sharding, fsdp2_plugin, use_fsdp_on_cpu
+from ..sharding import (
+    ZERO_STAGES,
+    SavedState,
+    ShardedRun,
+    ZeroRun,
+    backward,
+    check_sharding,
+    clipped_grad_norm,
+    deepspeed_plugin,
+    fsdp2_plugin,
+    is_deepspeed_engine,
+    use_deepspeed_on_cpu,
+    use_fsdp_on_cpu,
+)
 from .loop import run_loop
 
 # loss_fn(model, batch) -> (loss summed over the batch's units, extra metrics summed the same way).
@@ -118,7 +131,7 @@ def make_run_dir(cfg: RunConfig, stage: str) -> Path:
 def start_run(cfg: RunConfig, stage: str) -> tuple[Path, Path | None]:
     """(run directory, checkpoint to resume or None), with every RNG seeded before any model is
     built, so `seed` also governs the reward head and the new [PAD] embedding row."""
-    check_sharding(cfg, stage, processes_need_cpu())
+    check_sharding(cfg, stage)
     checkpoint = resume_checkpoint(cfg)  # a bad resume path fails before any folder is made
     run_dir = make_run_dir(cfg, stage)
     if checkpoint is not None and is_main_process():
@@ -204,9 +217,14 @@ def accelerator_for(cfg: RunConfig, model: torch.nn.Module | None = None):
 
     AcceleratorState._reset_state()
     plugin = fsdp2_plugin(model) if model is not None and cfg.sharding == "fsdp2" else None
-    accelerator = Accelerator(cpu=processes_need_cpu(), mixed_precision=autocast_precision(cfg), fsdp_plugin=plugin)
-    if plugin is not None and processes_need_cpu() and accelerator.num_processes > 1:
+    zero = deepspeed_plugin(cfg) if model is not None and cfg.sharding in ZERO_STAGES else None
+    accelerator = Accelerator(cpu=processes_need_cpu(), mixed_precision=autocast_precision(cfg), fsdp_plugin=plugin,
+                              deepspeed_plugin=zero)
+    on_cpu_processes = processes_need_cpu() and accelerator.num_processes > 1
+    if plugin is not None and on_cpu_processes:
         use_fsdp_on_cpu(accelerator, plugin)
+    if zero is not None and on_cpu_processes:
+        use_deepspeed_on_cpu(accelerator, zero, autocast_precision(cfg))
     return accelerator
 
 
@@ -223,7 +241,7 @@ class SupervisedSteps:
     optimizer: torch.optim.Optimizer
     scheduler: Any
     lengths: Sequence[int] | None
-    sharded: ShardedRun | None = None
+    sharded: ShardedRun | ZeroRun | None = None
     unit: str = "step"
 
     @property
@@ -271,11 +289,13 @@ def train(cfg: TrainConfig, stage: Stage, run_dir: Path, checkpoint: Path | None
         enable_activation_checkpointing(model)
     optimizer, scheduler = build_optimizer(model, cfg, schedule.total_steps)
     fsdp = accelerator.is_fsdp2  # read before prepare, which may reset accelerate's view of it on CPU
-    gathered = ShardedRun.keep_copy(model, accelerator.is_main_process) if fsdp else None
+    zero = accelerator.state.deepspeed_plugin is not None
+    gathered = ShardedRun.keep_copy(model, accelerator.is_main_process) if fsdp or zero else None
     # a sharded optimizer's state loads after sharding, split over this launch's processes
-    start = load_training_state(checkpoint, None if fsdp else optimizer, scheduler)["step"] if checkpoint else 0
+    start = load_training_state(checkpoint, None if fsdp or zero else optimizer, scheduler)["step"] if checkpoint else 0
     model, optimizer = accelerator.prepare(model, optimizer)
-    sharded = ShardedRun(model, optimizer, gathered) if fsdp else None
+    sharded = (ShardedRun(model, optimizer, gathered) if fsdp else
+               ZeroRun(accelerator, model, gathered, ZERO_STAGES[cfg.sharding]) if zero else None)
     if sharded is not None and accelerator.is_main_process:
         print(sharded.describe(accelerator.num_processes))
     if sharded is not None and checkpoint:
@@ -301,16 +321,17 @@ def run_step(accelerator, model, stage: Stage, schedule: Schedule, cfg: TrainCon
     extra_total: dict[str, torch.Tensor] = {}
     for i, batch in enumerate(micro):
         # all-reduce gradients once per optimizer step, after the last micro-batch
-        sync = contextlib.nullcontext() if i == len(micro) - 1 else accelerator.no_sync(model)
+        last = i == len(micro) - 1
+        sync = contextlib.nullcontext() if last else accelerator.no_sync(model)
         with sync:
             with accelerator.autocast():
                 loss_sum, extra = stage.loss_fn(model, batch)
             check_finite(step + 1, "loss", loss_sum.detach())
-            accelerator.backward(loss_sum * accelerator.num_processes / units)
+            backward(accelerator, model, loss_sum * accelerator.num_processes / units, last)
         loss_total += loss_sum.detach().float()
         for key, value in extra.items():
             extra_total[key] = extra_total.get(key, 0) + value.detach().float()
-    grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf"))
+    grad_norm = clipped_grad_norm(accelerator, model, cfg.max_grad_norm)
     check_finite(step + 1, "gradient norm", torch.as_tensor(grad_norm))
     totals = accelerator.reduce(torch.stack([loss_total, *extra_total.values()]), "sum") / units
     metrics = {"train/loss": totals[0].item(), "train/grad_norm": float(grad_norm)}
@@ -327,15 +348,16 @@ def save_final_model(model, tokenizer, run_dir: Path, folder: str = "model") -> 
 def unwrap(accelerator, model):
     """The bare model, without DDP or the autocast wrapper: evaluation after training runs in fp32,
     exactly as a later `from_pretrained` load would. Removing the wrapper is permanent, so this is
-    only for the model training has finished with."""
-    return accelerator.unwrap_model(model, keep_fp32_wrapper=False)
+    only for the model training has finished with. A DeepSpeed engine stays as it is: its forward
+    gathers ZeRO-3's parameters, and it has no autocast wrapper."""
+    return model if is_deepspeed_engine(model) else accelerator.unwrap_model(model, keep_fp32_wrapper=False)
 
 
 def in_training(accelerator, model):
     """The model without DDP but with its autocast wrapper, for checkpoints and evaluations between
     steps: removing the wrapper there would train every later step in fp32, and a resumed run (which
-    wraps afresh) would then differ from an uninterrupted one."""
-    return accelerator.unwrap_model(model, keep_fp32_wrapper=True)
+    wraps afresh) would then differ from an uninterrupted one. A DeepSpeed engine stays (see `unwrap`)."""
+    return model if is_deepspeed_engine(model) else accelerator.unwrap_model(model, keep_fp32_wrapper=True)
 
 
 def save(accelerator, run_dir: Path, step: int, model, tokenizer, optimizer, scheduler, schedule: Schedule, keep: int) -> None:
