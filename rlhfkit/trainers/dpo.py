@@ -206,7 +206,7 @@ def run(cfg: DPOConfig) -> int:
 
     stage = Stage("dpo", policy.to(device), tokenizer, train_examples, lambda b: collate_dpo(b, pad_id), make_dpo_loss(cfg.beta), evaluate,
                   length=lambda example: example.width())
-    sharded = cfg.sharding == "fsdp2" and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    sharded = cfg.sharding != "none" and int(os.environ.get("WORLD_SIZE", "1")) > 1
     if sharded:  # its log-probabilities are cached: off the device while the sharded policy trains
         reference.to("cpu")
     result = train(cfg, stage, run_dir, checkpoint)
