@@ -56,14 +56,15 @@ def test_sharded_on_two_processes_trains_like_one_unsharded_process(stage, shard
     assert "model.layers.0.self_attn.q_proj.weight" in optimizer["state"]  # full state, keyed by parameter name
 
 
-def test_fsdp2_reward_model_on_two_processes_trains_like_one_unsharded_process(ppo_dirs, tmp_path):
+@pytest.mark.parametrize("sharding", ["fsdp2", pytest.param("zero3", marks=pytest.mark.slow)])
+def test_sharded_reward_model_on_two_processes_trains_like_one_unsharded_process(sharding, ppo_dirs, tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     args = {"max_steps": 2, "eval_pairs": 0, **EXACT}
     single = launch("rm", stage_args("rm", ppo_dirs, one, **args), 1)
     assert single.returncode == 0, single.stderr[-3000:]
-    sharded = launch("rm", stage_args("rm", ppo_dirs, two, sharding="fsdp2", **args), 2)
+    sharded = launch("rm", stage_args("rm", ppo_dirs, two, sharding=sharding, **args), 2)
     assert sharded.returncode == 0, sharded.stderr[-3000:]
-    held, total = held_share(sharded.stdout)
+    held, total = held_share(sharded.stdout, sharding)
     assert total / 2 <= held < total * 0.55
     for name in ("model.safetensors", "scalar_head.safetensors"):
         a, b = load_file(one / "model" / name), load_file(two / "model" / name)
