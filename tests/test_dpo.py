@@ -135,6 +135,7 @@ def test_rm_eval_refuses_a_plain_policy_without_reference_and_beta(tiny_model_di
     assert "Traceback" not in err
 
 
+@pytest.mark.faults  # SIGKILL and resume: the fault-injection suite keeps the default run short
 def test_resume_after_sigkill_is_identical(ppo_dirs, tmp_path):
     args = stage_args("dpo", ppo_dirs, tmp_path, max_steps=4, eval_samples=0, eval_every=2)
     straight, killed = straight_and_resumed("dpo", "tldr-dpo", args, tmp_path, kill_at=2)

@@ -37,7 +37,11 @@ def held_share(log: str, sharding: str = "fsdp2") -> tuple[int, int]:
 
 
 # DeepSpeed ZeRO-2 splits the optimizer state (its log line counts that), ZeRO-3 and FSDP2 the parameters too
-@pytest.mark.parametrize("stage, sharding", [("sft", "fsdp2"), ("dpo", "fsdp2"), ("sft", "zero2"), ("sft", "zero3"), ("dpo", "zero3")])
+SLOW = pytest.mark.slow  # CI runs these too (pytest -m slow); the default run stays under 15 minutes
+
+
+@pytest.mark.parametrize("stage, sharding", [("sft", "fsdp2"), ("dpo", "fsdp2"), ("sft", "zero2"), ("sft", "zero3"),
+                                             pytest.param("dpo", "zero3", marks=SLOW)])
 def test_sharded_on_two_processes_trains_like_one_unsharded_process(stage, sharding, ppo_dirs, tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     single = launch(stage, stage_args(stage, ppo_dirs, one, max_steps=2, **EXACT), 1)
@@ -56,7 +60,7 @@ def test_sharded_on_two_processes_trains_like_one_unsharded_process(stage, shard
     assert "model.layers.0.self_attn.q_proj.weight" in optimizer["state"]  # full state, keyed by parameter name
 
 
-@pytest.mark.parametrize("sharding", ["fsdp2", pytest.param("zero3", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("sharding", ["fsdp2", pytest.param("zero3", marks=SLOW)])
 def test_sharded_reward_model_on_two_processes_trains_like_one_unsharded_process(sharding, ppo_dirs, tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     args = {"max_steps": 2, "eval_pairs": 0, **EXACT}
@@ -95,7 +99,7 @@ def on_policy_args(stage, dirs, out, **extra):
                       **EXACT, **extra)
 
 
-@pytest.mark.parametrize("stage", ["ppo", "grpo", "rloo"])
+@pytest.mark.parametrize("stage", ["ppo", pytest.param("grpo", marks=SLOW), pytest.param("rloo", marks=SLOW)])
 def test_fsdp2_on_two_processes_makes_the_on_policy_update_of_one_unsharded_process(stage, ppo_dirs, tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     single = launch(stage, on_policy_args(stage, ppo_dirs, one), 1)
