@@ -155,7 +155,7 @@ def save_weights(model: torch.nn.Module, folder: Path) -> None:
     owner.save_pretrained(folder, safe_serialization=True, **extra)
 
 
-def save_final(model: torch.nn.Module, tokenizer: Any, run_dir: Path, folder: str = "model") -> Path:
+def save_final_model(model: torch.nn.Module, tokenizer: Any, run_dir: Path, folder: str = "model") -> Path:
     """The trained model as `run_dir/folder`, loadable by plain transformers: with an adapter, merged
     into the base weights, and the adapter alone beside it in `run_dir/adapter` (`value_adapter` for
     the folder `value`)."""

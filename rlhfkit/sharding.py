@@ -43,6 +43,11 @@ SUPERVISED = ("sft", "rm", "dpo")
 ON_POLICY = ("ppo", "grpo", "rloo")
 
 
+def splits_models(cfg: Any, processes: int) -> bool:
+    """Whether `sharding=` splits the models over this launch: on one process it changes nothing."""
+    return cfg.sharding != "none" and processes > 1
+
+
 def deepspeed_installed() -> bool:
     return importlib.util.find_spec("deepspeed") is not None
 

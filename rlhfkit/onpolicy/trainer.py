@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ..adapters import add_adapter, frozen_reference, lora_enabled, trained_policy
+from ..adapters import add_adapter, frozen_reference, lora_enabled, save_final_model, trained_policy
 from ..checkpoint import load_training_state, save_checkpoint
 from ..config import ConfigError, OnPolicyConfig
 from ..data.examples import SFTExample
@@ -39,9 +39,9 @@ from ..models import (
 )
 from ..ops import adaptive_kl_coef
 from ..preemption import resume_command
-from ..sharding import SavedState, ShardedOptimizerState, ShardedRun, shard_on_policy
+from ..sharding import SavedState, ShardedOptimizerState, ShardedRun, shard_on_policy, splits_models
 from ..tracking import append_jsonl, drop_rows_after, write_jsonl
-from ..trainers.engine import accelerator_for, autocast_precision, save_final_model, start_run
+from ..trainers.engine import accelerator_for, autocast_precision, start_run
 from ..trainers.loop import Show, run_loop
 from .algorithms import Algorithm, algorithm_of
 from .evaluation import (
@@ -303,11 +303,6 @@ class OnPolicySteps:
                 "len": f"{metrics['response/length_mean']:.1f}"}
 
 
-def shards(cfg: OnPolicyConfig, accelerator) -> bool:
-    """sharding=fsdp2 splits the models over the launch's processes; on one process it changes nothing."""
-    return cfg.sharding == "fsdp2" and accelerator.num_processes > 1
-
-
 def optimizer_states(optimizers: Optimizers, sharded: dict[str, ShardedRun]) -> tuple[Any, dict[str, Any]]:
     """The policy optimizer and the other training states as checkpoints hold them; a sharded
     optimizer as its full, name-keyed state (reading or writing it is a collective)."""
@@ -326,7 +321,7 @@ def train_on_policy(models: OnPolicyModels, prompts: list[list[int]], cfg: OnPol
     accelerator = accelerator or accelerator_for(cfg)
     num_updates = planned_updates(cfg, accelerator.num_processes)
     prepare_for_training(models, cfg)
-    copies = shard_on_policy(models, accelerator.device, accelerator.is_main_process) if shards(cfg, accelerator) else {}
+    copies = shard_on_policy(models, accelerator.device, accelerator.is_main_process) if splits_models(cfg, accelerator.num_processes) else {}
     optimizers = build_optimizers(models, cfg, num_updates)
     sharded = {name: ShardedRun(model, optimizer, copies[name]) for name, model, optimizer in
                (("policy", models.policy, optimizers.policy), ("value", models.value, optimizers.value)) if name in copies}
@@ -352,7 +347,7 @@ def run(cfg: OnPolicyConfig) -> int:
     accelerator = accelerator_for(cfg)
     planned_updates(cfg, accelerator.num_processes)  # a batch that does not split fails before any model loads
     # sharded models load on the host and move to the device one shard at a time
-    models = load_models(cfg, checkpoint, torch.device("cpu") if shards(cfg, accelerator) else accelerator.device)
+    models = load_models(cfg, checkpoint, torch.device("cpu") if splits_models(cfg, accelerator.num_processes) else accelerator.device)
     train, held_out, notes = split_posts(cfg, models.tokenizer)
     if accelerator.is_main_process:
         print("\n".join(notes))

@@ -23,7 +23,7 @@ import torch
 from tqdm import tqdm
 
 from .. import ops
-from ..adapters import frozen_reference, trained_policy
+from ..adapters import frozen_reference, save_final_model, trained_policy
 from ..config import DPOConfig
 from ..data.examples import PairExample, prepare_pairs, query_limits
 from ..data.split import split_comparisons
@@ -35,6 +35,7 @@ from ..generation import SamplingParams, generate_texts, sequence_logprobs
 from ..models import DPO_RECORD, ImplicitRewardModel
 from ..plots import plot_training_curves
 from ..scoring import collate_pairs
+from ..sharding import splits_models
 from ..tracking import read_metrics, write_jsonl
 from .engine import (
     Stage,
@@ -42,7 +43,6 @@ from .engine import (
     batch_indices,
     is_main_process,
     plan_schedule,
-    save_final_model,
     start_run,
     train,
 )
@@ -206,8 +206,8 @@ def run(cfg: DPOConfig) -> int:
 
     stage = Stage("dpo", policy.to(device), tokenizer, train_examples, lambda b: collate_dpo(b, pad_id), make_dpo_loss(cfg.beta), evaluate,
                   length=lambda example: example.width())
-    sharded = cfg.sharding != "none" and int(os.environ.get("WORLD_SIZE", "1")) > 1
-    if sharded:  # its log-probabilities are cached: off the device while the sharded policy trains
+    # its log-probabilities are cached: off the device while the sharded policy trains
+    if splits_models(cfg, int(os.environ.get("WORLD_SIZE", "1"))):
         reference.to("cpu")
     result = train(cfg, stage, run_dir, checkpoint)
     if not is_main_process():

@@ -24,7 +24,6 @@ import numpy as np
 import torch
 from transformers import get_scheduler
 
-from ..adapters import save_final
 from ..checkpoint import (
     find_checkpoint,
     load_optimizer_state,
@@ -337,12 +336,6 @@ def run_step(accelerator, model, stage: Stage, schedule: Schedule, cfg: TrainCon
     metrics = {"train/loss": totals[0].item(), "train/grad_norm": float(grad_norm)}
     metrics |= {key: totals[i + 1].item() for i, key in enumerate(extra_total)}
     return metrics, sum(count_tokens(b) for b in micro) * accelerator.num_processes
-
-
-def save_final_model(model, tokenizer, run_dir: Path, folder: str = "model") -> Path:
-    """The trained model and its tokenizer as one `save_pretrained` folder of the run directory (with
-    LoRA: merged, and the adapter beside it in `adapter/`)."""
-    return save_final(model, tokenizer, run_dir, folder)
 
 
 def unwrap(accelerator, model):

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
-from ..adapters import add_adapter, is_adapted, lora_enabled, trainable_summary
+from ..adapters import add_adapter, is_adapted, lora_enabled, save_final_model, trainable_summary
 from ..config import ConfigError, RMConfig
 from ..data import load_sft
 from ..data.examples import PairExample, length_balanced_indices, prepare_pairs, query_limits, tokenize_sft
@@ -29,7 +29,7 @@ from ..plots import plot_training_curves
 from ..reward_features import FeatureCache, collate_features
 from ..scoring import collate_packed_pairs, pair_scores, score_pairs, score_texts
 from ..tracking import read_metrics
-from .engine import Stage, autocast_precision, is_main_process, save_final_model, start_run, train
+from .engine import Stage, autocast_precision, is_main_process, start_run, train
 from .reward_cv import cross_validate, cross_validation_sections
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..adapters import trained_policy
+from ..adapters import save_final_model, trained_policy
 from ..config import ConfigError, GenerateConfig, SFTConfig
 from ..data import load_prompts, load_sft
 from ..data.collate import IGNORE_INDEX, right_pad_query_response
@@ -26,7 +26,7 @@ from ..generation import SamplingParams, generate_texts, target_logprobs
 from ..models import load_policy
 from ..plots import plot_curves
 from ..tracking import read_jsonl, read_metrics, write_jsonl
-from .engine import Stage, is_main_process, save_final_model, start_run, train
+from .engine import Stage, is_main_process, start_run, train
 
 
 def collate_sft(examples: list[SFTExample], pad_id: int, loss_on_query: bool) -> dict[str, torch.Tensor]:
