@@ -10,6 +10,7 @@ from pathlib import Path
 from . import config as cfgmod
 from .config import ConfigError
 from .errors import NonFiniteError, UserError
+from .presets import ABOUT
 from .stages import STAGES, Stage, multi_process_names
 
 
@@ -34,7 +35,7 @@ def command_help(cmd: Stage) -> str:
     if cmd.config is None:
         return f"{usage}{launcher}\n\n{cmd.about}"
     lines = [f"{usage} [--preset NAME | --config FILE] [key=value | --key value ...]{launcher}", "", cmd.about]
-    lines += [f"presets: {', '.join(cmd.presets)}"] if cmd.presets else []
+    lines += preset_lines(cmd.presets)
     lines += ["", "options (default; source):"]
     for name, default, help_text, source, type_text in cfgmod.field_info(cmd.config):
         shown = ",".join(map(str, default)) if isinstance(default, list) else default
@@ -42,6 +43,13 @@ def command_help(cmd: Stage) -> str:
         lines.append(f"  {name:<24} {help_text}{src}")
         lines.append(f"  {'':<24}   default: {shown!s}   type: {type_text}")
     return "\n".join(lines)
+
+
+def preset_lines(presets: tuple[str, ...]) -> list[str]:
+    """The presets a command takes, one line each with its description where it has one."""
+    if not presets:
+        return ["", "presets: none shipped for this command (--config FILE reads options from YAML)"]
+    return ["", "presets (--preset NAME):"] + [f"  {name:<24} {ABOUT.get(name, '')}".rstrip() for name in presets]
 
 
 @dataclass

@@ -58,7 +58,18 @@ class AnalyzeConfig:
 
 
 @dataclass
-class RunConfig:
+class DataFieldsConfig:
+    """Column names of data in the ecosystem's generic formats (docs/data-formats.md), for every stage that reads data."""
+
+    prompt_field: str = opt("", "generic formats: column of the prompt (empty: prompt)")
+    completion_field: str = opt("", "generic formats: column of the completion (empty: completion)")
+    chosen_field: str = opt("", "generic formats: column of the preferred response (empty: chosen)")
+    rejected_field: str = opt("", "generic formats: column of the rejected response (empty: rejected)")
+    text_field: str = opt("", "generic formats: column of language-modelling text or conversations (empty: text, or messages)")
+
+
+@dataclass
+class RunConfig(DataFieldsConfig):
     """Fields shared by every training stage."""
 
     model: str = opt("smollm2-135m", "starting model: embedded name, HF directory or hub id")
@@ -104,9 +115,12 @@ class TrainConfig(RunConfig):
 class SFTConfig(TrainConfig):
     data: list[str] = opt(
         ["vwxyzjn/summarize_from_feedback_tldr_3_filtered"],
-        "TL;DR SFT data: hub id or jsonl/jsonl.gz/parquet files",
+        "SFT data in data_format: hub id, files (jsonl, json, csv, parquet; gz too) or folders",
         "Detail 1",
     )
+    data_format: Literal["tldr-sft", "auto", "prompt-completion", "language-modeling"] = opt(
+        "tldr-sft", "format of `data`: TL;DR posts and summaries, auto (detected from the first record's columns), or a generic "
+        "format (docs/data-formats.md)")
     hf_split: str = opt("train", "split to read when `data` is a hub id")
     validation_posts: int = opt(300, "posts held out by post identity for validation (0: none)")
     loss_on_query: bool = opt(False, "also train on query tokens (default: response tokens only)")
@@ -120,10 +134,12 @@ class PairConfig(TrainConfig):
 
     data: list[str] = opt(
         ["openai/summarize_from_feedback"],
-        "comparisons: hub id or OpenAI JSON-lines / HH-RLHF jsonl.gz files",
+        "comparisons in data_format: hub id, files (OpenAI JSON lines, HH-RLHF jsonl.gz, any jsonl, json, csv, parquet) or folders",
         "Detail 1",
     )
-    data_format: Literal["tldr-comparisons", "hh"] = opt("tldr-comparisons", "format of `data`")
+    data_format: Literal["tldr-comparisons", "hh", "auto", "preference"] = opt(
+        "tldr-comparisons", "format of `data`: OpenAI comparisons, HH-RLHF, auto (detected from the first record's columns), or "
+        "preference data with an explicit or implicit prompt (docs/data-formats.md)")
     hf_split: str = opt("train", "split to read when `data` is a hub id")
     total_batch_size: int = opt(64, "pairs per optimizer step", minimum=1)
     micro_batch_size: int = opt(4, "pairs per forward pass on one process", minimum=1)
@@ -180,9 +196,20 @@ class OnPolicyConfig(RunConfig):
     """Fields of every on-policy stage: prompts, sampling, scoring, KL penalty, clipped updates."""
 
     model: str = opt("smollm2-135m", "SFT policy: starts the trained policy and is the frozen reference policy", "Section 7")
-    reward_model: str = opt("", "reward model folder written by `rlhfkit rm` (its model/ folder); frozen", "Section 7")
-    data: list[str] = sft_data_opt("prompts: TL;DR SFT data (their posts), or HH-RLHF comparisons (their dialogues) with prompt_format=hh")
-    prompt_format: Literal["tldr-sft", "hh"] = opt("tldr-sft", "format of `data`; for hh the chosen response is the reference the evaluation compares with")
+    reward_model: str = opt("", "frozen reward model: the model/ folder written by `rlhfkit rm`, or any AutoModelForSequenceClassification "
+                                "folder or hub id with one output (empty: reward functions alone)", "Section 7")
+    reward_functions: list[str] = opt([], "programmatic rewards (rlhfkit/rewards.py): built-ins gsm8k, format, length, or a callable as "
+                                          "module:function or file.py:function taking (prompts, completions, **columns)")
+    reward_weights: list[float] = opt([], "weight of each reward: one per reward function, then one for the reward model when there is "
+                                          "one (empty: all 1)", minimum=-math.inf)
+    reward_error_score: float = opt(-1.0, "reward of a row whose reward function raised or returned a non-finite value (each one is "
+                                          "reported and counted in rewards/<name>_errors)", minimum=-math.inf)
+    stop_on_reward_error: bool = opt(False, "stop the run at the first row a reward function fails on, instead of scoring it reward_error_score")
+    data: list[str] = sft_data_opt("prompts: TL;DR SFT data (their posts), HH-RLHF comparisons (their dialogues) with prompt_format=hh, "
+                                   "GSM8K problems with prompt_format=gsm8k")
+    prompt_format: Literal["tldr-sft", "hh", "gsm8k", "auto", "prompt-only"] = opt(
+        "tldr-sft", "format of `data`; for hh the chosen response is the reference the evaluation compares with, for gsm8k the "
+        "reference solution (its final number is the `answer` column the gsm8k reward reads)")
     hf_split: str = opt("train", "split to read when `data` is a hub id")
     validation_posts: int = opt(300, "posts held out by post identity, as `rlhfkit sft` splits them: never prompts; evaluation summarises them")
     eval_samples: int = opt(64, "held-out posts summarised by the SFT and trained policies at the end (0: none)")
@@ -252,10 +279,12 @@ class RLOOConfig(OnPolicyConfig):
 
 
 @dataclass
-class GenerateConfig:
+class GenerateConfig(DataFieldsConfig):
     model: str = opt("smollm2-135m", "policy to sample from: embedded name, HF directory or hub id")
-    data: list[str] = opt([], "TL;DR SFT data (hub id or files) whose posts are summarised, or HH-RLHF comparisons with prompt_format=hh")
-    prompt_format: Literal["tldr-sft", "hh"] = opt("tldr-sft", "format of `data`; for hh each distinct dialogue is answered and its chosen response is the reference")
+    data: list[str] = opt([], "prompts in prompt_format (hub id, files or folders): TL;DR SFT posts, HH-RLHF comparisons, prompt-only data")
+    prompt_format: Literal["tldr-sft", "hh", "auto", "prompt-only"] = opt(
+        "tldr-sft", "format of `data`; for hh each distinct dialogue is answered and its chosen response is the reference; "
+        "prompt-only: the `prompt` column, and a `completion` column, when there is one, as the reference (docs/data-formats.md)")
     prompt_suite: str = opt("", "answer a prompt suite instead of summarising posts: builtin-hh or a YAML file (see rlhfkit/prompts)", "seed 002")
     hf_split: str = opt("train", "split to read when `data` is a hub id (train: the one `rlhfkit sft` splits)")
     split: Literal["all", "train", "validation"] = opt("validation", "which side of the post split to use")
@@ -355,13 +384,25 @@ class JudgeEvalConfig(JudgeConfig):
 
 @dataclass
 class EvalConfig(JudgeConfig):
+    task: Literal["samples", "gsm8k"] = opt("samples", "samples: compare policies' samples (judges, RM scores, KL); gsm8k: accuracy of "
+                                            "`models` on the GSM8K problems in `data` (rlhfkit/eval/accuracy.py)")
     samples: list[str] = opt([], "name=path of each policy's samples, written by `rlhfkit generate` on the same posts")
+    data: list[str] = opt([], "task=gsm8k: problems (files or hub id), e.g. ../shared/data/gsm8k/test.jsonl.gz")
+    hf_split: str = opt("test", "task=gsm8k: split to read when `data` is a hub id")
+    pass_k: int = opt(0, "task=gsm8k: answers sampled per problem for sampled accuracy and pass@k (0: greedy only)")
+    temperature: float = opt(0.7, "task=gsm8k: sampling temperature of the pass@k answers", minimum=1e-6)
+    max_response_length: int = opt(256, "task=gsm8k: answer tokens generated", minimum=1)
+    max_query_length: int = opt(512, "task=gsm8k: prompt tokens", minimum=1)
+    generation_batch_size: int = opt(32, "task=gsm8k: answers per generation batch", minimum=1)
+    easy_steps: int = opt(2, "task=gsm8k: also report problems whose reference solution has at most this many calculator steps")
+    trust_remote_code: bool = remote_code_opt()
     rm_judge: str = opt("", "rm:<reward model folder>: its preference consistency with `judge` on the same pairs", "Detail 17")
     reward_model: str = opt("", "reward model folder: mean RM score of each policy's samples (-1 without EOS, Detail 23)")
     reference_model: str = opt("", "reference policy (the SFT model): token shift of every policy's samples, KL of those in `models`", "Appendix F.2")
-    models: list[str] = opt([], "name=folder of the policies behind the samples (same names), for their KL to reference_model")
+    models: list[str] = opt([], "name=folder of the policies behind the samples (same names), for their KL to reference_model; "
+                                "task=gsm8k: name=model of each policy evaluated, the first the baseline")
     shift_samples: int = opt(3, "samples per policy shown with their tokens coloured by shift in the report", "Table 8")
-    max_prompts: int = opt(0, "compare on at most this many common prompts (0: all)")
+    max_prompts: int = opt(0, "compare on at most this many common prompts (task=gsm8k: the first problems of `data`; 0: all)")
     out: str = opt("", "output folder (empty: runs/eval-<timestamp>)")
 
 

@@ -75,8 +75,9 @@ def prepare_embedded(name: str, force: bool = False) -> Path:
     force = force or target.exists()
     gguf = gguf_location(name)
     print(f"Converting {EMBEDDED[name]['about']} to {target} (once) ...", file=sys.stderr)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    with model_loading(str(gguf)):
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     config = loaded.config
     # The dequantised weights are plain fp32; without this the saved config claims GGUF
     # quantisation and every later save_pretrained refuses to serialise the model.
@@ -116,10 +117,27 @@ def ensure_pad_token(tokenizer: PreTrainedTokenizerBase) -> bool:
 
 
 @contextlib.contextmanager
-def model_loading(path: str):
-    """Turn transformers' OSError for a bad folder, a hub-id typo or no network into a ModelError."""
+def without_progress_bars():
+    """transformers draws a "Loading weights" bar on every load: a stage loads several models, and
+    each bar would land in its log. The switch is global, so the caller's setting comes back after."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
     try:
         yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
+def model_loading(path: str):
+    """Load quietly (no progress bars), and turn transformers' OSError for a bad folder, a hub-id typo
+    or no network into a ModelError."""
+    try:
+        with without_progress_bars():
+            yield
     except OSError as e:
         raise ModelError(
             f"cannot load {path!r}: {e}\nGive an embedded name ({', '.join(EMBEDDED)}), a folder with config.json "
@@ -453,10 +471,49 @@ class ScalarModel(torch.nn.Module):
         return model
 
 
+def classifier_architectures(source: str, trust_remote_code: bool) -> list[str]:
+    """The `ForSequenceClassification` architectures a folder's or hub id's config.json names."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError):
+        return []
+    return [a for a in (config.architectures or []) if a.endswith("ForSequenceClassification")]
+
+
+def from_sequence_classifier(source: str, trust_remote_code: bool = False) -> ScalarModel:
+    """A reward model trained elsewhere (TRL's RewardTrainer writes these): an
+    AutoModelForSequenceClassification with one output, as a ScalarModel whose eos-linear head is its
+    score layer, read at the response's EOS like rlhfkit's own (Detail 12)."""
+    from transformers import AutoModelForSequenceClassification
+
+    with model_loading(source):
+        classifier = AutoModelForSequenceClassification.from_pretrained(source, trust_remote_code=trust_remote_code, dtype=torch.float32)
+    if classifier.config.num_labels != 1:
+        raise ModelError(f"{source} is a sequence classifier with {classifier.config.num_labels} outputs; a reward model has one")
+    score = next((getattr(classifier, name) for name in ("score", "classifier") if isinstance(getattr(classifier, name, None), torch.nn.Linear)), None)
+    if score is None:
+        raise ModelError(f"{source}: its classification head is not one linear layer named score or classifier; rlhfkit cannot read it at EOS")
+    model = ScalarModel(disable_dropout(classifier.base_model), "eos-linear", classifier.config.pad_token_id)
+    with torch.no_grad():
+        model.head.weight.copy_(score.weight)
+        model.head.bias.copy_(score.bias if score.bias is not None else torch.zeros(1))
+    return model
+
+
 def load_reward_model(folder: str | Path, trust_remote_code: bool = False) -> tuple[ScalarModel, PreTrainedTokenizerBase]:
-    """A saved reward model and its tokenizer, in one call."""
-    model = ScalarModel.from_pretrained(folder, trust_remote_code)
-    return model.eval(), load_tokenizer(str(folder), trust_remote_code)
+    """A reward model and its tokenizer: a folder written by `rlhfkit rm`, or any
+    AutoModelForSequenceClassification folder or hub id with one output."""
+    source = resolve_model_path(str(folder))
+    if (Path(source) / SCALAR_CONFIG).is_file() or Path(source).is_dir() and not (Path(source) / "config.json").is_file():
+        model = ScalarModel.from_pretrained(source, trust_remote_code)
+    elif classifier_architectures(source, trust_remote_code):
+        model = from_sequence_classifier(source, trust_remote_code)
+    else:
+        raise ModelError(f"{folder} is not a reward model folder: it has no {SCALAR_CONFIG} (a model written by `rlhfkit rm`) and "
+                         "its config.json names no ForSequenceClassification architecture (a reward model trained elsewhere)")
+    return model.eval(), load_tokenizer(source, trust_remote_code)
 
 
 DPO_RECORD = "rlhfkit_dpo.json"  # written beside a DPO policy: its reference and beta

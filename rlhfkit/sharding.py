@@ -289,7 +289,7 @@ def shard_on_policy(models: Any, device: torch.device, is_main: bool) -> dict[st
     copies = {name: ShardedRun.keep_copy(model, is_main) for name, model in trained.items() if model is not None}
     for model in models.trained():
         shard_in_place(model, device, trained=True)
-    for model in (models.reference, models.reward):
+    for model in models.frozen():
         shard_in_place(model, device, trained=False)
     return copies
 

@@ -144,7 +144,9 @@ STAGES: dict[str, Stage] = {stage.name: stage for stage in (
           presets=("quickstart", "paper-pythia-1b", "paper-pythia-2.8b", "paper-pythia-6.9b", "seed002-gpt2-hh")),
     Stage(("report",), "several runs in one report.html: shared metrics on shared axes, last values and evaluations side by side",
           report_runner, RunsReportConfig),
-    Stage(("rm-eval",), "reward-model evaluation: accuracy by split/batch/confidence, calibration, length bias, probes",
+    Stage(("rm-eval",), "reward-model evaluation: accuracy by split/batch/confidence, each shown beside the "
+          "always-prefer-longer rule on the same pairs (always-longer) and the paired difference; calibration, "
+          "length bias, probes",
           rm_eval_runner, RMEvalConfig),
     Stage(("judge-eval",), "a judge's agreement with human labels and its position bias, beside the length baseline",
           judge_eval_runner, JudgeEvalConfig),

@@ -118,6 +118,7 @@ def test_group_stages_refuse_one_sample_per_prompt_and_any_estimator_but_their_o
             resolve(command, None, None, {"advantage_estimator": estimator})  # no stage runs another's algorithm under its name
 
 
+@pytest.mark.faults  # SIGKILL and resume: the fault-injection suite keeps the default run short
 @pytest.mark.parametrize("stage", ["grpo", "rloo"])
 def test_run_directory_and_resume_after_sigkill_are_identical(stage, ppo_dirs, tmp_path):
     updates = 3

@@ -92,6 +92,7 @@ def test_two_processes_make_the_update_one_process_makes_on_the_same_global_batc
     assert len((two / "metrics.jsonl").read_text().splitlines()) == UPDATES
 
 
+@pytest.mark.faults  # SIGKILL and resume: the fault-injection suite keeps the default run short
 def test_two_processes_sigkilled_and_resumed_end_bit_identical_to_an_uninterrupted_pair(ppo_dirs, tmp_path):
     stage = "grpo"
     args = stage_args(stage, ppo_dirs, tmp_path / "straight", max_steps=4, sample_every=1, eos_trick="false", mixed_precision="no")
@@ -115,6 +116,7 @@ def test_sigterm_to_one_process_stops_both_after_the_same_update_with_one_checkp
     assert json.loads((out / "checkpoints" / "latest").read_text())["step"] == int(update) < 50
 
 
+@pytest.mark.faults  # a process SIGKILLed under the launcher: the fault-injection suite
 def test_a_process_killed_ends_the_launch_non_zero_with_a_line_naming_it(ppo_dirs, tmp_path):
     stage, out, log = "grpo", tmp_path / "run", tmp_path / "run.log"
     with launched(stage, stage_args(stage, ppo_dirs, out, max_steps=200, mixed_precision="no"), log) as (proc, mark):

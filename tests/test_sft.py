@@ -101,6 +101,7 @@ def sft_command(options: dict) -> list[str]:
     return rlhfkit_command("sft", *cli_args(options))
 
 
+@pytest.mark.faults  # SIGKILL and resume: the fault-injection suite keeps the default run short
 def test_resume_after_sigkill_gives_bit_identical_weights(ppo_dirs, tmp_path):
     env = {**os.environ, "TQDM_DISABLE": "1"}
     steps = 8

@@ -1,18 +1,28 @@
-"""Data layer: upstream readers (TL;DR SFT, OpenAI comparisons, HH-RLHF), formats, padding, splits."""
+"""Data layer: upstream readers (TL;DR SFT, OpenAI comparisons, HH-RLHF, GSM8K), the ecosystem's generic
+formats (`generic`), formats, padding, splits.
+
+Each stage reads one role of data: SFT examples (`load_sft_data`), preference pairs (`load_pairs`) or
+prompts (`load_prompts`), in a format named by its `data_format` / `prompt_format` option: a seed's
+format (read as before), a generic kind, or `auto`, detected from the first record's columns. The
+format read is printed as one line; data in no format the role accepts fails naming its columns.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import generic
+from .formats import HH_TURN
+from .generic import FieldNames, field_names
+from .gsm8k import load_gsm8k
 from .hh import load_hh
-from .records import DataFormatError, SkipLog
+from .records import DataFormatError, Row, SkipLog, iter_rows
 from .tldr import Comparison, SFTRecord, load_comparisons, load_sft
 
-COMPARISON_LOADERS = {"tldr-comparisons": load_comparisons, "hh": load_hh}
-
-
-def load_pairs(data_format: str, paths: list[str], hf_split: str = "") -> tuple[list[Comparison], SkipLog]:
-    if data_format not in COMPARISON_LOADERS:
-        raise ValueError(f"unknown comparison format {data_format!r}; choose one of {', '.join(COMPARISON_LOADERS)}")
-    return COMPARISON_LOADERS[data_format](paths, hf_split)
+AUTO = "auto"
+STANDARD_NAMES = FieldNames()
 
 
 def hh_prompts(paths: list[str], hf_split: str = "") -> tuple[list[SFTRecord], SkipLog]:
@@ -23,14 +33,120 @@ def hh_prompts(paths: list[str], hf_split: str = "") -> tuple[list[SFTRecord], S
     return list(unique.values()), log
 
 
-PROMPT_LOADERS = {"tldr-sft": load_sft, "hh": hh_prompts}
+def is_hh_dialogue(record: dict[str, Any]) -> bool:
+    """HH-RLHF's chosen response is a whole dialogue; a generic implicit-prompt pair's is not in its form."""
+    return isinstance(record["chosen"], str) and record["chosen"].startswith(HH_TURN)
 
 
-def load_prompts(prompt_format: str, paths: list[str], hf_split: str = "") -> tuple[list[SFTRecord], SkipLog]:
-    """Prompts with a reference response: TL;DR posts with their summaries, or HH-RLHF dialogues."""
-    if prompt_format not in PROMPT_LOADERS:
-        raise ValueError(f"unknown prompt format {prompt_format!r}; choose one of {', '.join(PROMPT_LOADERS)}")
-    return PROMPT_LOADERS[prompt_format](paths, hf_split)
+@dataclass(frozen=True)
+class SeedFormat:
+    """One of the seeds' upstream formats: the columns that identify it and its loader."""
+
+    columns: tuple[str, ...]
+    load: Callable[[list[str], str], tuple[list, SkipLog]]
+    form: Callable[[dict[str, Any]], bool] = lambda record: True  # a check beyond the columns
+    form_note: str = ""  # that check, as a message says it
+
+    def fits(self, record: dict[str, Any]) -> bool:
+        return all(c in record for c in self.columns) and self.form(record)
+
+    def describe(self) -> str:
+        return ", ".join(self.columns) + (f": {self.form_note}" if self.form_note else "")
 
 
-__all__ = ["Comparison", "DataFormatError", "SFTRecord", "SkipLog", "load_comparisons", "hh_prompts", "load_hh", "load_pairs", "load_prompts", "load_sft"]
+TLDR_SFT = SeedFormat(("subreddit", "title", "post", "summary"), load_sft)
+HH_NOTE = "whole dialogues starting with \\n\\nHuman:"
+
+
+@dataclass(frozen=True)
+class Role:
+    """What a stage reads: the seeds' formats by name, and the order `auto` tries them and the generic kinds in."""
+
+    what: str  # in messages: "SFT", "comparison", "prompt"
+    option: str  # the config option naming the format
+    seeds: dict[str, SeedFormat]
+    detection_order: tuple[str, ...]
+
+    @property
+    def names(self) -> list[str]:
+        return [*self.seeds, AUTO, *(name for name in self.detection_order if name not in self.seeds)]
+
+
+# Generic kinds whose prompt column none of the seeds has come first; HH before implicit-prompt
+# preference, whose columns (chosen, rejected) it shares.
+SFT = Role("SFT", "data_format", {"tldr-sft": TLDR_SFT},
+           (generic.PROMPT_COMPLETION, "tldr-sft", generic.LANGUAGE_MODELING))
+PAIRS = Role("comparison", "data_format",
+             {"tldr-comparisons": SeedFormat(("info", "summaries", "choice"), load_comparisons),
+              "hh": SeedFormat(("chosen", "rejected"), load_hh, is_hh_dialogue, HH_NOTE)},
+             ("tldr-comparisons", "hh", generic.PREFERENCE))
+PROMPTS = Role("prompt", "prompt_format",
+               {"tldr-sft": TLDR_SFT, "hh": SeedFormat(("chosen", "rejected"), hh_prompts, is_hh_dialogue, HH_NOTE),
+                "gsm8k": SeedFormat(("question", "answer"), load_gsm8k)},
+               (generic.PROMPT_ONLY, "tldr-sft", "gsm8k", "hh"))
+
+
+def first_record(paths: list[str], hf_split: str) -> tuple[Row, dict[str, Any]]:
+    """The data's first record, whose columns name its format. It is read again with the rest: cheap for
+    JSON lines and the hub's cached datasets, a second parse of a JSON array or parquet file."""
+    row = next(iter_rows(paths, hf_split))
+    if not isinstance(row.data, dict):
+        raise DataFormatError(f"{row.where}: expected a record with named columns (a JSON object), got {type(row.data).__name__}")
+    return row, {k: v for k, v in row.data.items() if k != generic.HUB_SPLIT}
+
+
+def format_columns(role: Role, name: str, names: FieldNames) -> str:
+    return role.seeds[name].describe() if name in role.seeds else generic.kind_columns(name, names)
+
+
+def fits(role: Role, name: str, record: dict[str, Any], names: FieldNames) -> bool:
+    return role.seeds[name].fits(record) if name in role.seeds else generic.layout_for(name, record, names) is not None
+
+
+def detect(role: Role, row: Row, record: dict[str, Any], names: FieldNames) -> str:
+    """The first format in the role's detection order whose columns the record has."""
+    found = next((name for name in role.detection_order if fits(role, name, record, names)), None)
+    if found is None:
+        accepted = "; ".join(f"{name} ({format_columns(role, name, names)})" for name in role.detection_order)
+        raise DataFormatError(f"{row.where}: no {role.what} data format has the columns {', '.join(record) or '(none)'}; "
+                              f"accepted: {accepted} (see docs/data-formats.md)")
+    return found
+
+
+def load_role(role: Role, data_format: str, paths: list[str], hf_split: str, names: FieldNames) -> tuple[list, SkipLog]:
+    if data_format not in role.names:
+        raise ValueError(f"unknown {role.what} format {data_format!r}; choose one of {', '.join(role.names)}")
+    if data_format in role.seeds:  # named: read as it always was
+        return role.seeds[data_format].load(paths, hf_split)
+    row, record = first_record(paths, hf_split)
+    name = detect(role, row, record, names) if data_format == AUTO else data_format
+    how = "detected from" if data_format == AUTO else f"{role.option}={data_format},"
+    if name in role.seeds:
+        print(f"data format: {name} ({how} columns {format_columns(role, name, names)})")
+        return role.seeds[name].load(paths, hf_split)
+    layout = generic.layout_for(name, record, names)
+    if layout is None:
+        raise DataFormatError(f"{row.where}: {role.option}={name} reads the columns {format_columns(role, name, names)}; "
+                              f"the data has {', '.join(record) or '(none)'}")
+    print(f"data format: {layout.describe()} ({how} columns {', '.join(layout.read)})")
+    return generic.read_generic(layout, paths, hf_split)
+
+
+def load_sft_data(data_format: str, paths: list[str], hf_split: str = "", names: FieldNames = STANDARD_NAMES) -> tuple[list[SFTRecord], SkipLog]:
+    """Prompts with the completion SFT trains on: TL;DR posts and summaries, prompt-completion or language-modeling data."""
+    return load_role(SFT, data_format, paths, hf_split, names)
+
+
+def load_pairs(data_format: str, paths: list[str], hf_split: str = "", names: FieldNames = STANDARD_NAMES) -> tuple[list[Comparison], SkipLog]:
+    """Preference pairs: OpenAI's comparisons, HH-RLHF, or preference data with an explicit or implicit prompt."""
+    return load_role(PAIRS, data_format, paths, hf_split, names)
+
+
+def load_prompts(prompt_format: str, paths: list[str], hf_split: str = "", names: FieldNames = STANDARD_NAMES) -> tuple[list[SFTRecord], SkipLog]:
+    """Prompts with a reference response: TL;DR posts with their summaries, HH-RLHF dialogues, GSM8K problems,
+    prompt-only data (its completion column, when it has one, is the reference)."""
+    return load_role(PROMPTS, prompt_format, paths, hf_split, names)
+
+
+__all__ = ["AUTO", "Comparison", "DataFormatError", "FieldNames", "SFTRecord", "SkipLog", "field_names", "hh_prompts", "load_comparisons",
+           "load_gsm8k", "load_hh", "load_pairs", "load_prompts", "load_sft", "load_sft_data"]

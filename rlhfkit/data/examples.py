@@ -15,7 +15,7 @@ from .tldr import Comparison, SFTRecord
 class SFTExample:
     record: SFTRecord
     query: QueryTokens
-    response: list[int]  # leading space + summary + EOS
+    response: list[int]  # the completion + EOS (Detail 3: after a seed's prompt, a leading space first)
 
     def width(self) -> int:
         """Tokens in the row the collator pads."""
@@ -55,18 +55,22 @@ def tokenize_sft(
     log = SkipLog()
     out = []
     for r in records:
-        response = encode_completion(tokenizer, r.summary)
-        if len(response) > max_response_length:
+        response = encode_completion(tokenizer, r.summary, r.task)
+        query = encode_query(tokenizer, r.task, r.fields, max_query_length)
+        # a text without a prompt (language modelling) may use the query's budget too: its row is no wider than others
+        budget = max_response_length if query.ids else max_query_length + max_response_length
+        if len(response) > budget:
             log.skip("response_too_long", r.where)
             continue
-        out.append(SFTExample(r, encode_query(tokenizer, r.task, r.fields, max_query_length), response))
+        out.append(SFTExample(r, query, response))
     log.kept = len(out)
     return out, log
 
 
 def query_limits(max_query_length: int, max_article_query_length: int) -> dict[str, int]:
     """Query token budget per task: CNN/DM articles get their own, longer budget (Detail 5)."""
-    return {"tldr": max_query_length, "hh": max_query_length, "cnndm": max_article_query_length}
+    return {"tldr": max_query_length, "hh": max_query_length, "text": max_query_length, "chat": max_query_length,
+            "cnndm": max_article_query_length}
 
 
 def tokenize_pairs(
@@ -75,7 +79,7 @@ def tokenize_pairs(
     log = SkipLog()
     out = []
     for r in records:
-        chosen, rejected = encode_completion(tokenizer, r.chosen), encode_completion(tokenizer, r.rejected)
+        chosen, rejected = encode_completion(tokenizer, r.chosen, r.task), encode_completion(tokenizer, r.rejected, r.task)
         if max(len(chosen), len(rejected)) > max_response_length:
             log.skip("response_too_long", r.where)
             continue

@@ -4,10 +4,17 @@
   until the query fits; only a single paragraph that is still too long is cut by tokens, and
   that is reported (`QueryTokens.token_cut`).
 - Detail 3: a completion is a leading space, the text, then EOS; no trailing space after `TL;DR:`.
+
+Data in the ecosystem's generic formats uses two more tasks. `text`: the prompt string as it is,
+truncated by dropping its earliest lines; `chat`: a list of `{role, content}` messages rendered with
+the tokenizer's chat template and its generation prompt, truncated by dropping its earliest turns.
+Their completions are the text as it is, then EOS: no space is added, since neither prompt ends in a
+marker like `TL;DR:` (in a chat template the assistant's turn ends with the EOS token itself).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
@@ -33,7 +40,10 @@ QUERY_FORMATS = {
     "tldr": QueryFormat(TLDR_TEMPLATE, "post", "\n", "head"),
     "cnndm": QueryFormat(CNNDM_TEMPLATE, "article", "\n", "head"),
     "hh": QueryFormat("{dialogue}", "dialogue", HH_TURN, "tail"),
+    "text": QueryFormat("{prompt}", "prompt", "\n", "tail"),
 }
+CHAT = "chat"  # fields {"messages": JSON list of {role, content}}, rendered by the chat template
+SPACED_TASKS = ("tldr", "cnndm", "hh")  # Detail 3: completions after these prompts start with a space
 
 
 @dataclass
@@ -84,6 +94,8 @@ def cut_by_tokens(tokenizer: PreTrainedTokenizerBase, task: str, fields: dict[st
 
 def encode_query(tokenizer: PreTrainedTokenizerBase, task: str, fields: dict[str, str], max_length: int) -> QueryTokens:
     """Detail 2: format the query and truncate at paragraph boundaries until it fits `max_length` tokens."""
+    if task == CHAT:
+        return encode_chat_query(tokenizer, json.loads(fields["messages"]), max_length)
     fmt = QUERY_FORMATS[task]
     fields = dict(fields)
     ids = encode_text(tokenizer, format_query(task, fields))
@@ -102,6 +114,51 @@ def encode_query(tokenizer: PreTrainedTokenizerBase, task: str, fields: dict[str
     return QueryTokens(ids, format_query(task, fields), original_length, dropped, token_cut)
 
 
+def require_chat_template(tokenizer: PreTrainedTokenizerBase) -> None:
+    if not getattr(tokenizer, "chat_template", None):
+        raise ConfigError(f"the data is conversational (lists of {{role, content}} messages) but the tokenizer "
+                          f"{getattr(tokenizer, 'name_or_path', '')!r} has no chat template: use a model whose tokenizer has one "
+                          "(an instruct model), or give the data as plain text")
+
+
+def render_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    """Messages as the model's chat template writes them, ending (for a prompt) with the header of
+    the assistant's turn that the completion continues."""
+    require_chat_template(tokenizer)
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+
+
+def encode_rendered(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """A rendered chat to ids: the template's own special tokens (`<|im_start|>`) are read as such."""
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def encode_chat_query(tokenizer: PreTrainedTokenizerBase, messages: list[dict], max_length: int) -> QueryTokens:
+    """A conversation rendered with the generation prompt; while too long, its earliest turn after
+    any system message is dropped; a last turn that alone is too long is cut to its first tokens."""
+    ids = encode_rendered(tokenizer, render_chat(tokenizer, messages))
+    original_length, dropped, token_cut = len(ids), 0, False
+    system = 1 if messages and messages[0].get("role") == "system" else 0
+    while len(ids) > max_length and len(messages) > system + 1:
+        messages = messages[:system] + messages[system + 1 :]
+        dropped += 1
+        ids = encode_rendered(tokenizer, render_chat(tokenizer, messages))
+    if len(ids) > max_length:
+        last = messages[-1]
+        content = encode_text(tokenizer, last["content"])
+        keep = max(len(content) - (len(ids) - max_length), 0)
+        while True:
+            trial = messages[:-1] + [{**last, "content": tokenizer.decode(content[:keep])}]
+            ids = encode_rendered(tokenizer, render_chat(tokenizer, trial))
+            if len(ids) <= max_length or keep == 0:
+                break
+            keep -= 1
+        if len(ids) > max_length:
+            raise ConfigError(f"the chat template alone is longer than max_query_length={max_length} tokens; raise it")
+        messages, token_cut = trial, True
+    return QueryTokens(ids, render_chat(tokenizer, messages), original_length, dropped, token_cut)
+
+
 def completion_text(text: str) -> str:
     """Detail 3: exactly one leading space, so the query can end in `TL;DR:` with no trailing space.
 
@@ -111,6 +168,7 @@ def completion_text(text: str) -> str:
     return " " + text.strip()
 
 
-def encode_completion(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
-    """Detail 3: leading space + text + EOS."""
-    return encode_text(tokenizer, completion_text(text)) + [tokenizer.eos_token_id]
+def encode_completion(tokenizer: PreTrainedTokenizerBase, text: str, task: str = "tldr") -> list[int]:
+    """Detail 3: leading space + text + EOS after the seeds' prompts; text + EOS after generic ones."""
+    body = completion_text(text) if task in SPACED_TASKS else text
+    return encode_text(tokenizer, body) + [tokenizer.eos_token_id]

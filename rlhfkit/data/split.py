@@ -10,7 +10,7 @@ from typing import TypeVar
 
 from ..config import PairConfig
 from ..errors import ConfigError
-from . import load_pairs
+from . import field_names, load_pairs
 from .tldr import Comparison
 
 T = TypeVar("T")
@@ -65,7 +65,7 @@ def filter_comparisons(records: list[Comparison], splits: list[str], batches: li
 def split_comparisons(cfg: PairConfig) -> tuple[list[Comparison], list[Comparison], list[str]]:
     """(training comparisons, validation comparisons, notes): filters, then the split by prompt that
     `rlhfkit rm-eval side=validation` repeats, then at most max_pairs training pairs."""
-    records, load_log = load_pairs(cfg.data_format, cfg.data, cfg.hf_split)
+    records, load_log = load_pairs(cfg.data_format, cfg.data, cfg.hf_split, field_names(cfg))
     notes = [f"loaded: {load_log.summary('pairs')}"]
     if cfg.validation_splits:
         train_records, val_records, split_notes = split_by_upstream_split(cfg, filter_comparisons(records, [], cfg.batches))

@@ -24,11 +24,14 @@ def text_id(*parts: str) -> str:
 
 @dataclass
 class SFTRecord:
+    """A prompt with its reference completion (TL;DR: a post and its summary)."""
+
     prompt_id: str
-    fields: dict[str, str]  # subreddit, title, post
-    summary: str
+    fields: dict[str, str]  # the query template's fields (tldr: subreddit, title, post)
+    summary: str  # the reference completion
     where: str
     task: str = "tldr"
+    columns: dict[str, Any] = field(default_factory=dict)  # the record's other dataset columns, passed to reward functions
 
 
 @dataclass

@@ -166,6 +166,10 @@ class ModelStats:
 
 
 def run(cfg: EvalConfig) -> int:
+    if cfg.task == "gsm8k":
+        from .accuracy import run_accuracy
+
+        return run_accuracy(cfg)
     if not cfg.samples:
         raise ConfigError("eval needs samples=name=path[,name=path...] (files written by `rlhfkit generate`)")
     named = parse_named_paths(cfg.samples)

@@ -18,10 +18,11 @@ import torch
 
 from .. import ops
 from ..config import ConfigError, RMEvalConfig
-from ..data import load_pairs
+from ..data import field_names, load_pairs
 from ..data.examples import PairExample, prepare_pairs, query_limits
 from ..data.formats import encode_completion, encode_query
 from ..data.split import filter_comparisons, split_by_prompt
+from ..data.tldr import Comparison
 from ..models import DPO_RECORD, SCALAR_CONFIG, ScalarModel, load_implicit_reward_model, load_reward_model
 from ..reward_features import FeatureCache
 from ..scoring import collate_scored, response_lengths, score_pair_heads, score_texts
@@ -59,9 +60,9 @@ def score_probes(model: ScalarModel, tokenizer, probes_path: str, limits: dict[s
     return probe_table(probes, scores.tolist())
 
 
-def builtin_probes_for(data_format: str, probes: str) -> str:
-    """The shipped probes are TL;DR posts: they say nothing about an HH reward model."""
-    return "" if probes == "builtin" and data_format != "tldr-comparisons" else probes
+def builtin_probes_for(comparisons: list[Comparison], probes: str) -> str:
+    """The shipped probes are TL;DR posts: they say nothing about a reward model of other data."""
+    return "" if probes == "builtin" and not any(c.task == "tldr" for c in comparisons) else probes
 
 
 def evaluate_reward_model(
@@ -130,7 +131,7 @@ def run_eval(cfg: RMEvalConfig) -> int:
     model, tokenizer = load_pair_scorer(cfg)
     if torch.cuda.is_available():
         model = model.cuda()
-    records, log = load_pairs(cfg.data_format, cfg.data, cfg.hf_split)
+    records, log = load_pairs(cfg.data_format, cfg.data, cfg.hf_split, field_names(cfg))
     records = filter_comparisons(records, cfg.splits, cfg.batches)
     if cfg.side != "all":
         train_side, val_side = split_by_prompt(records, lambda r: r.prompt_id, validation_fraction=cfg.validation_fraction, seed=cfg.seed)
@@ -142,7 +143,7 @@ def run_eval(cfg: RMEvalConfig) -> int:
         raise ConfigError(f"no pairs left to evaluate (filters splits={cfg.splits} batches={cfg.batches} side={cfg.side})")
     out = Path(cfg.out) if cfg.out else Path("runs") / f"rm-eval-{datetime.now():%Y%m%d-%H%M%S}"
     limits = query_limits(cfg.max_query_length, cfg.max_article_query_length)
-    probes = builtin_probes_for(cfg.data_format, cfg.probes)
+    probes = builtin_probes_for(records, cfg.probes)
     result = evaluate_reward_model(model, tokenizer, examples, out, batch_size=cfg.batch_size, probes=probes, limits=limits,
                                    errors=cfg.errors, bins=cfg.calibration_bins, dump=cfg.dump_logits,
                                    length_penalty=cfg.length_penalty, seed=cfg.seed)

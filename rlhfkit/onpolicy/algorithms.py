@@ -52,7 +52,7 @@ def ppo_value_options(cfg: PPOConfig) -> ValueOptions:
 ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
     Algorithm("ppo", PPOConfig, ("tldr-ppo", "hh-ppo"), "PPO from the SFT policy against the reward model (Section 7, Details 20-25, Table 7)",
               "ppo-clip", "token-mean", value=ppo_value_options),
-    Algorithm("grpo", GRPOConfig, ("tldr-grpo", "hh-grpo"), "GRPO: G samples per prompt, group-normalised advantages, no value model (PPO's core)",
+    Algorithm("grpo", GRPOConfig, ("tldr-grpo", "hh-grpo", "gsm8k-grpo"), "GRPO: G samples per prompt, group-normalised advantages, no value model (PPO's core)",
               "ppo-clip", "token-mean"),
     Algorithm("rloo", RLOOConfig, ("tldr-rloo",), "RLOO: k samples per prompt, leave-one-out baseline, no value model (PPO's core)",
               "ppo-clip", "token-mean"),

@@ -19,8 +19,9 @@ from ..generation import SamplingParams
 from ..ops import eos_trick
 from ..plots import plot_curves
 from ..tracking import read_jsonl, read_metrics
+from .rewarding import PromptTexts
 from .rollout import EVALUATION_STREAM, chunk_generator, sample_responses
-from .update import OnPolicyModels, reward_scores
+from .update import OnPolicyModels, completion_texts, reward_components, reward_scores
 
 SAMPLES_FILE = "samples.jsonl"
 FIGURE_12 = ["objective/rlhf_reward", "objective/kl", "objective/scores", "response/length_mean", "response/eos_rate"]
@@ -44,24 +45,42 @@ def split_posts(cfg: OnPolicyConfig, tokenizer) -> tuple[list[SFTExample], list[
         raise ConfigError(f"no training prompts left in {', '.join(cfg.data)} after holding out {cfg.validation_posts} posts")
     return train, held_out, notes
 
+def model_scores(models: OnPolicyModels, batch, cfg: OnPolicyConfig) -> torch.Tensor | None:
+    """(B,) the reward model's scores of a sampled batch, or None without a reward model."""
+    if models.reward is None:
+        return None
+    scored = batch.to(model_device(models.reward))
+    return torch.cat([reward_scores(models.reward, scored.select(slice(i, i + cfg.forward_batch_size))).float().cpu()
+                      for i in range(0, batch.size, cfg.forward_batch_size)])
+
+
 @torch.no_grad()
 def summarise_and_score(policy, models: OnPolicyModels, examples: list[SFTExample], cfg: OnPolicyConfig, label: str) -> list[dict]:
-    """Summaries of `examples` by `policy` with their reward-model scores (EOS trick applied), length,
-    EOS and ROUGE-L against the reference summaries."""
+    """Responses to `examples` by `policy` with the score it is trained on (EOS trick applied), each
+    reward component, length, EOS and ROUGE-L against the reference completions."""
     params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.eval_temperature)
     device = model_device(policy)
     with evaluation_mode(policy):
         batch = sample_responses(policy, [e.query.ids for e in examples], params, models.tokenizer, cfg.generation_batch_size,
-                                 lambda i: chunk_generator(cfg.seed, 0, i, device, EVALUATION_STREAM), desc=f"summarising ({label})")
-    scored = batch.to(model_device(models.reward))
-    raw = torch.cat([reward_scores(models.reward, scored.select(slice(i, i + cfg.forward_batch_size))).float().cpu()
-                     for i in range(0, batch.size, cfg.forward_batch_size)])
-    scores = eos_trick(raw, batch.has_eos.cpu(), cfg.missing_eos_score) if cfg.eos_trick else raw
-    texts = [models.tokenizer.decode(batch.responses[i][batch.mask[i]].tolist(), skip_special_tokens=True).strip()
-             for i in range(batch.size)]
+                                 lambda i: chunk_generator(cfg.seed, 0, i, device, EVALUATION_STREAM), desc=f"answering ({label})")
+    batch = batch.to(torch.device("cpu"))
+    sources = models.reward_sources()
+    components, _ = reward_components(models, batch, model_scores(models, batch, cfg), PromptTexts.of(examples), cfg.max_response_length)
+    raw = sources.combine(components)
+    scores = eos_trick(raw, batch.has_eos, cfg.missing_eos_score) if cfg.eos_trick else raw
+    texts = [text.strip() for text in completion_texts(batch, models.tokenizer)]
     rouge = rouge_l(texts, [e.record.summary.strip() for e in examples])
-    return [{"text": texts[i], "tokens": int(batch.lengths[i]), "has_eos": bool(batch.has_eos[i]), "rm_score": float(scores[i]),
-             "raw_rm_score": float(raw[i]), "rouge_l": rouge[i]} for i in range(batch.size)]
+    rows = []
+    for i in range(batch.size):
+        row = {"text": texts[i], "tokens": int(batch.lengths[i]), "has_eos": bool(batch.has_eos[i]), "score": float(scores[i]),
+               "raw_score": float(raw[i]), "rouge_l": rouge[i]}
+        row |= {f"reward_{name}": float(components[i, c]) for c, name in enumerate(sources.functions.names)}
+        if sources.has_model:  # as the paper reports it: Detail 23's constant where there is no EOS
+            model_score = components[i, -1:]
+            row["rm_score"] = float(eos_trick(model_score, batch.has_eos[i : i + 1], cfg.missing_eos_score) if cfg.eos_trick else model_score)
+            row["raw_rm_score"] = float(model_score)
+        rows.append(row)
+    return rows
 
 
 def prompt_body(record: SFTRecord) -> str:
@@ -69,11 +88,17 @@ def prompt_body(record: SFTRecord) -> str:
     return record.fields.get("post") or "\n\n".join(record.fields.values())
 
 
-SUMMARY = (("rm_score", "rm_score"), ("length", "tokens"), ("eos_rate", "has_eos"), ("rouge_l", "rouge_l"))  # (metric, row key)
+SUMMARY = (("score", "score"), ("length", "tokens"), ("eos_rate", "has_eos"), ("rouge_l", "rouge_l"))  # (metric, row key)
+
+
+def summary_keys(rows: list[dict]) -> list[tuple[str, str]]:
+    """(metric, row key): the score, each reward component, length, EOS rate and ROUGE-L."""
+    components = [(key, key) for key in (rows[0] if rows else {}) if key == "rm_score" or key.startswith("reward_")]
+    return [SUMMARY[0], *components, *SUMMARY[1:]]
 
 
 def policy_summary(rows: list[dict], who: str) -> dict[str, float]:
-    return {f"eval/{who}_{name}": mean([float(r[key]) for r in rows]) for name, key in SUMMARY}
+    return {f"eval/{who}_{name}": mean([float(r[key]) for r in rows]) for name, key in summary_keys(rows)}
 
 
 def compare_policies(models: OnPolicyModels, examples: list[SFTExample], cfg: OnPolicyConfig, name: str) -> tuple[dict, list[dict]]:
@@ -81,13 +106,14 @@ def compare_policies(models: OnPolicyModels, examples: list[SFTExample], cfg: On
     sft_rows = summarise_and_score(models.reference, models, examples, cfg, "SFT policy")
     new_rows = summarise_and_score(models.policy, models, examples, cfg, f"{name} policy")
     metrics = {"eval/posts": len(examples)} | policy_summary(sft_rows, "sft") | policy_summary(new_rows, name)
-    metrics[f"eval/{name}_beats_sft_rm_score"] = mean([float(n["rm_score"] > s["rm_score"]) for n, s in zip(new_rows, sft_rows, strict=True)])
+    metrics[f"eval/{name}_beats_sft_score"] = mean([float(n["score"] > s["score"]) for n, s in zip(new_rows, sft_rows, strict=True)])
     rows = []
     for e, sft, new in zip(examples, sft_rows, new_rows, strict=True):
         row = {"prompt_id": e.record.prompt_id, "post": prompt_body(e.record), "reference": e.record.summary.strip()}
         for who, result in (("sft", sft), (name, new)):
-            row |= {who: result["text"], f"{who}_rm_score": result["rm_score"], f"{who}_tokens": result["tokens"],
+            row |= {who: result["text"], f"{who}_score": result["score"], f"{who}_tokens": result["tokens"],
                     f"{who}_rouge_l": result["rouge_l"]}
+            row |= {f"{who}_{key}": value for key, value in result.items() if key == "rm_score" or key.startswith("reward_")}
         rows.append(row)
     return metrics, rows
 
@@ -104,7 +130,7 @@ def write_onpolicy_report(run_dir: Path, name: str, notes: list[str], metrics: d
         if plot is not None:
             sections.append((title, image_html(plot)))
     if rows:
-        columns = ["post", "reference", "sft", name, "sft_rm_score", f"{name}_rm_score", "sft_tokens", f"{name}_tokens"]
+        columns = ["post", "reference", "sft", name, "sft_score", f"{name}_score", "sft_tokens", f"{name}_tokens"]
         sections.append(("Held-out samples", table_html(rows[:10], columns)))
     samples_path = run_dir / SAMPLES_FILE
     if samples_path.exists():

@@ -38,7 +38,9 @@ class RolloutBatch:
     logprobs: torch.Tensor | None = None  # (B, R) policy at sampling time (the "old" policy)
     ref_logprobs: torch.Tensor | None = None  # (B, R) frozen reference policy
     values: torch.Tensor | None = None  # (B, R) value model at sampling time
-    raw_scores: torch.Tensor | None = None  # (B,) reward model
+    reward_components: torch.Tensor | None = None  # (B, C) each reward function's score, then the reward model's
+    reward_failures: torch.Tensor | None = None  # (B, F) bool: the row a reward function failed on (scored reward_error_score)
+    raw_scores: torch.Tensor | None = None  # (B,) the components' weighted sum
     scores: torch.Tensor | None = None  # (B,) after the EOS trick
     kl: torch.Tensor | None = None  # (B, R) per-token KL estimate
     rewards: torch.Tensor | None = None  # (B, R) equation 3

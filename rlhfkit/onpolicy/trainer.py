@@ -46,13 +46,13 @@ from ..trainers.loop import Show, run_loop
 from .algorithms import Algorithm, algorithm_of
 from .evaluation import (
     SAMPLES_FILE,
-    SUMMARY,
     compare_policies,
     policy_summary,
     split_posts,
     summarise_and_score,
     write_onpolicy_report,
 )
+from .rewarding import PromptTexts, RewardSources, component_metrics
 from .rollout import (
     RolloutBatch,
     chunk_generator,
@@ -114,20 +114,26 @@ def load_value_model(source: str, tokenizer, policy_path: str, trust_remote_code
 
 def load_models(cfg: OnPolicyConfig, checkpoint: Path | None, device: torch.device) -> OnPolicyModels:
     """Policy (from the checkpoint when resuming), frozen reference (always the SFT model), frozen
-    reward model, and the value model when the algorithm has one (Detail 22: from the reward model
-    unless value_model is given)."""
+    reward model when one is given, the reward functions, and the value model when the algorithm has
+    one (Detail 22: from the reward model unless value_model is given)."""
     require_folder(cfg.model, "model", "give the SFT policy (the model/ folder written by `rlhfkit sft`)")
-    require_scalar_folder(cfg.reward_model, "reward_model")
+    sources = RewardSources.from_config(cfg)
     options = algorithm_of(cfg).value
+    value_source = options(cfg).source or cfg.reward_model if options is not None else ""
+    if options is not None and not value_source:
+        raise ConfigError(f"{algorithm_of(cfg).name} trains a value model, which starts from the reward model (Detail 22): give "
+                          "reward_model= or value_model=")
     frozen = torch.device(cfg.frozen_device) if cfg.frozen_device else device
     policy, tokenizer = trained_policy(cfg, checkpoint)
     reference = frozen_reference(cfg, policy, cfg.model)
-    reward, reward_tok = load_reward_model(cfg.reward_model, cfg.trust_remote_code)
-    check_same_tokenizer(tokenizer, reward_tok, cfg.model, f"the reward model ({cfg.reward_model})")
-    value = None
-    if options is not None:
-        value = trained_value_model(cfg, options(cfg).source or cfg.reward_model, checkpoint, tokenizer).to(device)
-    return OnPolicyModels(policy.to(device), reference.to(frozen), reward.to(frozen), value, tokenizer)
+    reward = None
+    if cfg.reward_model:
+        require_folder(cfg.reward_model, "reward_model", "give the model/ folder written by `rlhfkit rm`, or a sequence-classification model")
+        reward, reward_tok = load_reward_model(cfg.reward_model, cfg.trust_remote_code)
+        check_same_tokenizer(tokenizer, reward_tok, cfg.model, f"the reward model ({cfg.reward_model})")
+        reward = reward.to(frozen)
+    value = trained_value_model(cfg, value_source, checkpoint, tokenizer).to(device) if options is not None else None
+    return OnPolicyModels(policy.to(device), reference.to(frozen), reward, value, tokenizer, sources)
 
 
 def trained_value_model(cfg: OnPolicyConfig, source: str, checkpoint: Path | None, tokenizer) -> ScalarModel:
@@ -140,7 +146,7 @@ def trained_value_model(cfg: OnPolicyConfig, source: str, checkpoint: Path | Non
 
 
 def prepare_for_training(models: OnPolicyModels, cfg: OnPolicyConfig) -> None:
-    for frozen in (models.reference, models.reward):
+    for frozen in models.frozen():
         frozen.eval().requires_grad_(False)
     for trained in models.trained():
         trained.train()
@@ -172,9 +178,11 @@ def planned_updates(cfg: OnPolicyConfig, processes: int = 1) -> int:
 
 
 def collect(models: OnPolicyModels, prompts: list[list[int]], cfg: OnPolicyConfig, update: int, kl_coef: float, precision: str,
-            timings: dict[str, float], show: Show = lambda phase: None, accelerator=ONE_PROCESS) -> RolloutBatch:
+            timings: dict[str, float], show: Show = lambda phase: None, accelerator=ONE_PROCESS,
+            texts: PromptTexts | None = None) -> RolloutBatch:
     """Sample and score this process's share of update `update` (0-based), gather the whole update's
-    rollout and estimate its advantages; `show(phase)` reports progress."""
+    rollout and estimate its advantages; `show(phase)` reports progress. Reward functions read the
+    prompts' `texts` (query text, dataset columns)."""
     device = next(models.policy.parameters()).device
     per_update = prompts_per_update(cfg)
     picked = prompt_indices(len(prompts), per_update, cfg.seed, update * per_update)
@@ -192,7 +200,7 @@ def collect(models: OnPolicyModels, prompts: list[list[int]], cfg: OnPolicyConfi
     show("scoring")
     began = time.perf_counter()
     batch = widen_to_all_processes(batch, accelerator, models.tokenizer.pad_token_id)
-    batch = gather_rollout(score_rollout(models, batch, cfg, precision), accelerator)
+    batch = gather_rollout(score_rollout(models, batch, cfg, precision, texts), accelerator)
     timings["scoring"] = time.perf_counter() - began
     return compute_advantages(batch, cfg, kl_coef)
 
@@ -213,6 +221,7 @@ class OnPolicySteps:
     kl_coef: float
     precision: str
     sharded: dict[str, ShardedRun] = dataclasses.field(default_factory=dict)  # "policy", "value": sharding=fsdp2
+    texts: PromptTexts | None = None  # what reward functions read about each prompt
     unit: str = "update"
     comparison: tuple[dict[str, float], list[dict]] = ({}, [])  # the final evaluation's metrics and rows
 
@@ -223,8 +232,10 @@ class OnPolicySteps:
     def step(self, index: int, show: Show) -> dict[str, float]:
         began = time.perf_counter()
         timings: dict[str, float] = {}
-        batch = collect(self.models, self.prompts, self.cfg, index, self.kl_coef, self.precision, timings, show, self.accelerator)
+        batch = collect(self.models, self.prompts, self.cfg, index, self.kl_coef, self.precision, timings, show, self.accelerator,
+                        self.texts)
         metrics = rollout_metrics(batch, self.kl_coef)
+        metrics |= component_metrics(self.models.reward_sources().names, batch.reward_components, batch.reward_failures)
         show("updating")
         tick = time.perf_counter()
         metrics |= update_on_rollout(self.models, self.optimizers, batch, self.cfg, index + 1, self.precision, self.kl_coef,
@@ -296,7 +307,8 @@ class OnPolicySteps:
         if not (self.cfg.eval_every and self.accelerator.is_main_process):
             return {}
         metrics = self.comparison[0]
-        return {f"eval/policy_{name}": metrics[f"eval/{self.name}_{name}"] for name, _ in SUMMARY}
+        own = f"eval/{self.name}_"  # the trained policy's summary, without its comparison with the SFT policy
+        return {f"eval/policy_{k[len(own):]}": v for k, v in metrics.items() if k.startswith(own) and not k.startswith(own + "beats_")}
 
     def postfix(self, metrics: dict[str, float]) -> dict[str, str]:
         return {"score": f"{metrics['objective/scores']:.3f}", "kl": f"{metrics['objective/kl']:.3f}",
@@ -313,10 +325,10 @@ def optimizer_states(optimizers: Optimizers, sharded: dict[str, ShardedRun]) -> 
 
 
 def train_on_policy(models: OnPolicyModels, prompts: list[list[int]], cfg: OnPolicyConfig, run_dir: Path, checkpoint: Path | None = None,
-                    held_out: list[SFTExample] | None = None, accelerator=None) -> OnPolicySteps:
+                    held_out: list[SFTExample] | None = None, accelerator=None, texts: PromptTexts | None = None) -> OnPolicySteps:
     """Run every update of `cfg`'s algorithm on `models` (resuming from `checkpoint`), with the final
-    checkpoint and model folders; `held_out` prompts are summarised by the evaluations. Returns the
-    stage, whose `comparison` holds the final evaluation."""
+    checkpoint and model folders; `held_out` prompts are summarised by the evaluations, reward
+    functions read `texts` of `prompts`. Returns the stage, whose `comparison` holds the final evaluation."""
     algorithm = algorithm_of(cfg)
     accelerator = accelerator or accelerator_for(cfg)
     num_updates = planned_updates(cfg, accelerator.num_processes)
@@ -335,7 +347,7 @@ def train_on_policy(models: OnPolicyModels, prompts: list[list[int]], cfg: OnPol
     if accelerator.is_main_process:
         drop_rows_after(run_dir / SAMPLES_FILE, start)
     steps = OnPolicySteps(algorithm, cfg, run_dir, accelerator, models, optimizers, prompts, held_out or [], num_updates, kl_coef,
-                          autocast_precision(cfg), sharded)
+                          autocast_precision(cfg), sharded, texts)
     run_loop(steps, cfg, run_dir, start, accelerator, resume_command(algorithm.name, run_dir, accelerator.num_processes))
     return steps
 
@@ -351,7 +363,8 @@ def run(cfg: OnPolicyConfig) -> int:
     train, held_out, notes = split_posts(cfg, models.tokenizer)
     if accelerator.is_main_process:
         print("\n".join(notes))
-    steps = train_on_policy(models, [e.query.ids for e in train], cfg, run_dir, checkpoint, held_out[: cfg.eval_samples], accelerator)
+    steps = train_on_policy(models, [e.query.ids for e in train], cfg, run_dir, checkpoint, held_out[: cfg.eval_samples], accelerator,
+                            PromptTexts.of(train))
     if not accelerator.is_main_process:
         return 0
     metrics, rows = steps.comparison

@@ -1,6 +1,7 @@
 """Scoring a rollout, its advantages, and the clipped update on it (Section 7, Details 22-25, Table 7).
 
-    scores    = reward model at the EOS token; -1 when there is no EOS            (Details 12, 23)
+    scores    = reward model at the EOS token and/or reward functions, weighted;
+                -1 when there is no EOS                                             (Details 12, 23)
     rewards   = -beta * KL per token, plus the score at the EOS token itself      (Equation 3)
     advantages, returns = the algorithm's estimator (PPO: GAE with the value model) (Details 22, 25)
     K epochs x N minibatches of clipped policy (and value) updates                (Table 7)
@@ -35,6 +36,7 @@ from ..scoring import scores_at_eos
 from ..sharding import fsdp_modules, full_number
 from ..trainers.engine import build_optimizer, check_finite
 from .algorithms import Algorithm, ValueOptions, algorithm_of
+from .rewarding import PromptTexts, RewardSources
 from .rollout import RolloutBatch, process_share
 
 
@@ -42,12 +44,19 @@ from .rollout import RolloutBatch, process_share
 class OnPolicyModels:
     policy: torch.nn.Module  # trained
     reference: torch.nn.Module  # frozen copy of the starting (SFT) policy
-    reward: ScalarModel  # frozen
+    reward: ScalarModel | None  # frozen; None when reward functions alone score
     value: ScalarModel | None  # trained, when the algorithm has a critic (Detail 22: starts as the reward model)
     tokenizer: PreTrainedTokenizerBase
+    sources: RewardSources | None = None  # reward functions and weights (None: the reward model alone)
+
+    def reward_sources(self) -> RewardSources:
+        return self.sources or RewardSources.model_only()
 
     def trained(self) -> list[torch.nn.Module]:
         return [m for m in (self.policy, self.value) if m is not None]
+
+    def frozen(self) -> list[torch.nn.Module]:
+        return [m for m in (self.reference, self.reward) if m is not None]
 
 
 def policy_logprobs(policy, batch: RolloutBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,11 +75,35 @@ def reward_scores(reward: ScalarModel, batch: RolloutBatch) -> torch.Tensor:
     return scores_at_eos(reward, batch.input_ids(), batch.attention_mask(), batch.context_length, batch.lengths)
 
 
+def completion_texts(batch: RolloutBatch, tokenizer: PreTrainedTokenizerBase) -> list[str]:
+    return [tokenizer.decode(batch.responses[i][batch.mask[i]].tolist(), skip_special_tokens=True) for i in range(batch.size)]
+
+
+def reward_components(models: OnPolicyModels, batch: RolloutBatch, model_scores: torch.Tensor | None, prompts: PromptTexts | None,
+                      max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """((B, C) reward components: the functions' then the reward model's, (B, F) failed rows);
+    `batch.prompts` index `prompts`."""
+    sources = models.reward_sources()
+    columns, failed = [], torch.zeros(batch.size, 0, dtype=torch.bool)
+    if len(sources.functions):
+        if prompts is None:
+            raise ValueError("reward functions need the prompts' texts and columns")
+        scores, failed = sources.function_scores(prompts, batch.prompts.tolist(), completion_texts(batch, models.tokenizer),
+                                                 batch.lengths.tolist(), batch.has_eos.tolist(), max_length)
+        columns.append(scores)
+    if model_scores is not None:
+        columns.append(model_scores.float().cpu().unsqueeze(1))
+    device = batch.responses.device
+    return torch.cat(columns, dim=1).to(device), failed.to(device)
+
+
 @torch.no_grad()
-def score_rollout(models: OnPolicyModels, batch: RolloutBatch, cfg: OnPolicyConfig, precision: str) -> RolloutBatch:
+def score_rollout(models: OnPolicyModels, batch: RolloutBatch, cfg: OnPolicyConfig, precision: str,
+                  prompts: PromptTexts | None = None) -> RolloutBatch:
     """Fill in the sampling-time log-probabilities, reference log-probabilities, values and scores,
     `forward_batch_size` rows at a time. The old log-probabilities come from the same forward
-    function the update uses, so before any update the PPO ratio is exactly 1."""
+    function the update uses, so before any update the PPO ratio is exactly 1. Reward functions read
+    the texts and columns of `prompts`, which `batch.prompts` index."""
     device = batch.responses.device
     frozen = model_device(models.reference)
     parts: dict[str, list[torch.Tensor]] = defaultdict(list)
@@ -83,8 +116,13 @@ def score_rollout(models: OnPolicyModels, batch: RolloutBatch, cfg: OnPolicyConf
         with autocast(frozen, precision):
             remote = part.to(frozen)  # the reference and reward models share the frozen device
             parts["ref_logprobs"].append(policy_logprobs(models.reference, remote, cfg.temperature)[0].to(device))
-            parts["raw_scores"].append(reward_scores(models.reward, remote).float().to(device))
+            if models.reward is not None:
+                parts["model_scores"].append(reward_scores(models.reward, remote).float().to(device))
     filled = {k: torch.cat(v) for k, v in parts.items()}
+    components, failed = reward_components(models, batch, filled.pop("model_scores", None), prompts, cfg.max_response_length)
+    filled |= {"reward_components": components, "raw_scores": models.reward_sources().combine(components)}
+    if failed.numel():
+        filled["reward_failures"] = failed
     # Everything after EOS is masked out of every loss and metric; zero it here too so that no
     # stray number from a PAD position can leak into a sum.
     for key in ("logprobs", "ref_logprobs", "values"):

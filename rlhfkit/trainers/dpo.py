@@ -222,7 +222,7 @@ def run(cfg: DPOConfig) -> int:
     if val_pairs:
         implicit = ImplicitRewardModel(final, reference, cfg.beta)
         evaluation = evaluate_reward_model(implicit, tokenizer, val_pairs, run_dir / "rm_eval", batch_size=cfg.forward_batch_size,
-                                           probes=builtin_probes_for(cfg.data_format, "builtin"),
+                                           probes=builtin_probes_for(val_records, "builtin"),
                                            limits=query_limits(cfg.max_query_length, cfg.max_article_query_length))
         print(rm_report.headline(evaluation))
         samples = sample_comparison(final, reference, tokenizer, val_pairs[: cfg.eval_samples], cfg) if cfg.eval_samples else []

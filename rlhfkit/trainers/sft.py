@@ -1,9 +1,11 @@
-"""`rlhfkit sft`: supervised fine-tuning on TL;DR reference summaries (Section 5, Detail 9, Table 3).
+"""`rlhfkit sft`: supervised fine-tuning on TL;DR reference summaries (Section 5, Detail 9, Table 3), or on
+any prompt-completion or language-modelling data (docs/data-formats.md).
 
 Next-token loss on the response tokens (leading space + summary + EOS, Detail 3) of right-padded
 query+response rows (Detail 5), averaged over every response token of the effective batch.
-At the end the held-out posts are summarised by the starting model and the SFT model and both
-are scored with ROUGE-L against the references.
+At the end the held-out prompts are answered by the starting model and the SFT model and both
+are scored with ROUGE-L against the reference completions (a language-modelling text has no prompt
+to answer: only its validation loss is measured).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 
 from ..adapters import save_final_model, trained_policy
 from ..config import ConfigError, GenerateConfig, SFTConfig
-from ..data import load_prompts, load_sft
+from ..data import field_names, load_prompts, load_sft_data
 from ..data.collate import IGNORE_INDEX, right_pad_query_response
 from ..data.examples import SFTExample, tokenize_sft
 from ..data.split import split_by_prompt
@@ -58,7 +60,14 @@ def validation_loss(model: torch.nn.Module, examples: list[SFTExample], pad_id: 
 
 def summarise(model, tokenizer, examples: list[SFTExample], cfg: SFTConfig, label: str) -> list[dict]:
     params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.eval_temperature, seed=cfg.seed)
-    return generate_texts(model, tokenizer, [e.query.ids for e in examples], params, cfg.micro_batch_size, desc=f"summarising ({label})")
+    return generate_texts(model, tokenizer, [e.query.ids for e in examples], params, cfg.micro_batch_size, desc=f"answering ({label})")
+
+
+def prompt_cell(example: SFTExample) -> dict[str, str]:
+    """The prompt as the sample table shows it: a TL;DR post, else the query as the model read it."""
+    if "post" in example.record.fields:
+        return {"post": example.record.fields["post"]}
+    return {"prompt": example.query.text}
 
 
 def sample_rows(examples: list[SFTExample], base: list[dict] | None, tuned: list[dict]) -> list[dict[str, Any]]:
@@ -67,7 +76,7 @@ def sample_rows(examples: list[SFTExample], base: list[dict] | None, tuned: list
     base_rouge = rouge_l([b["text"] for b in base], refs) if base else [None] * len(refs)
     rows = []
     for i, e in enumerate(examples):
-        row = {"prompt_id": e.record.prompt_id, "post": e.record.fields["post"], "reference": refs[i]}
+        row = {"prompt_id": e.record.prompt_id, **prompt_cell(e), "reference": refs[i]}
         if base:
             row |= {"base": base[i]["text"], "base_has_eos": base[i]["has_eos"], "base_rouge_l": base_rouge[i]}
         row |= {"sft": tuned[i]["text"], "sft_has_eos": tuned[i]["has_eos"], "sft_rouge_l": tuned_rouge[i]}
@@ -87,37 +96,38 @@ def summary_metrics(rows: list[dict[str, Any]]) -> dict[str, float]:
 def write_sft_report(run_dir: Path, cfg: SFTConfig, metrics: dict[str, float], rows: list[dict], data_notes: list[str]) -> Path:
     history = read_metrics(run_dir)
     plot = plot_curves(history, ["train/loss", "val/loss", "train/lr", "perf/tokens_per_s"], run_dir / "plots" / "loss.png", "SFT")
-    columns = ["post", "reference", "base", "sft", "base_rouge_l", "sft_rouge_l"]
+    columns = ["post", "prompt", "reference", "base", "sft", "base_rouge_l", "sft_rouge_l"]
     sections = [
         ("Data", "<br>".join(data_notes)),
-        ("Evaluation (held-out posts)", table_html([{"metric": k, "value": v} for k, v in metrics.items()], ["metric", "value"])),
+        ("Evaluation (held-out prompts)", table_html([{"metric": k, "value": v} for k, v in metrics.items()], ["metric", "value"])),
     ]
     if plot is not None:
         sections.append(("Training curves", image_html(plot)))
-    sections.append(("Samples: post / reference / base model / SFT model", table_html(rows[:10], [c for c in columns if rows and c in rows[0]])))
+    sections.append(("Samples: prompt / reference / base model / SFT model", table_html(rows[:10], [c for c in columns if rows and c in rows[0]])))
     sections.append(("Resolved config", f"<pre>{(run_dir / 'config.yaml').read_text()}</pre>"))
     return write_report(run_dir, f"SFT run {run_dir.name}", sections)
 
 
 def run(cfg: SFTConfig) -> int:
     run_dir, checkpoint = start_run(cfg, "sft")
-    records, load_log = load_sft(cfg.data, cfg.hf_split)
+    records, load_log = load_sft_data(cfg.data_format, cfg.data, cfg.hf_split, field_names(cfg))
     train_records, val_records = split_by_prompt(records, lambda r: r.prompt_id, validation_size=cfg.validation_posts, seed=cfg.seed)
     model, tokenizer = trained_policy(cfg, checkpoint)
     train_examples, train_log = tokenize_sft(train_records, tokenizer, cfg.max_query_length, cfg.max_response_length)
     val_examples, val_log = tokenize_sft(val_records, tokenizer, cfg.max_query_length, cfg.max_response_length)
     notes = [
-        f"loaded: {load_log.summary('posts')}",
-        f"split by post: {len(train_records)} train, {len(val_records)} validation posts",
-        f"train tokenization: {train_log.summary('posts')}; queries truncated: {sum(e.query.truncated for e in train_examples)}",
-        f"validation tokenization: {val_log.summary('posts')}",
+        f"loaded: {load_log.summary('examples')}",
+        f"split by prompt: {len(train_records)} train, {len(val_records)} validation examples",
+        f"train tokenization: {train_log.summary('examples')}; queries truncated: {sum(e.query.truncated for e in train_examples)}",
+        f"validation tokenization: {val_log.summary('examples')}",
     ]
     print("\n".join(notes))
     eval_examples = val_examples[: cfg.eval_samples]
+    answered = [e for e in eval_examples if e.query.ids]  # a text without a prompt has nothing to answer
     base_path = run_dir / "samples_base.jsonl"
-    if eval_examples and not base_path.exists() and checkpoint is None and is_main_process():
+    if answered and not base_path.exists() and checkpoint is None and is_main_process():
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        write_jsonl(base_path, summarise(model.to(device), tokenizer, eval_examples, cfg, "base model"))
+        write_jsonl(base_path, summarise(model.to(device), tokenizer, answered, cfg, "base model"))
 
     def evaluate(current: torch.nn.Module, step: int) -> dict[str, float]:
         if not eval_examples:
@@ -141,9 +151,9 @@ def run(cfg: SFTConfig) -> int:
     save_final_model(final, tokenizer, run_dir)
     metrics = {k: v for k, v in result["last_metrics"].items() if k.startswith("val/")}
     rows: list[dict] = []
-    if eval_examples:
+    if answered:
         base = read_jsonl(base_path) if base_path.exists() else None
-        rows = sample_rows(eval_examples, base, summarise(final, tokenizer, eval_examples, cfg, "SFT model"))
+        rows = sample_rows(answered, base, summarise(final, tokenizer, answered, cfg, "SFT model"))
         write_jsonl(run_dir / "samples.jsonl", rows)
         metrics |= summary_metrics(rows)
     (run_dir / "eval.json").write_text(json.dumps(metrics, indent=2))
@@ -154,13 +164,13 @@ def run(cfg: SFTConfig) -> int:
 
 
 def run_generate(cfg: GenerateConfig) -> int:
-    """`rlhfkit generate`: summaries (and ROUGE-L against the references) for one side of the post split,
+    """`rlhfkit generate`: responses (and ROUGE-L against the references) for one side of the prompt split,
     or answers to a prompt suite."""
     if cfg.prompt_suite:
         return answer_prompt_suite(cfg)
     if not cfg.data:
-        raise ConfigError("generate needs data=... (TL;DR SFT or HH-RLHF hub id or files) or prompt_suite=...")
-    records, log = load_prompts(cfg.prompt_format, cfg.data, cfg.hf_split)
+        raise ConfigError("generate needs data=... (prompts: hub id, files or folders) or prompt_suite=...")
+    records, log = load_prompts(cfg.prompt_format, cfg.data, cfg.hf_split, field_names(cfg))
     if cfg.split != "all":
         train_records, val_records = split_by_prompt(records, lambda r: r.prompt_id, validation_size=cfg.validation_posts, seed=cfg.seed)
         records = val_records if cfg.split == "validation" else train_records
@@ -169,7 +179,7 @@ def run_generate(cfg: GenerateConfig) -> int:
     if torch.cuda.is_available():
         model = model.cuda()
     examples, tok_log = tokenize_sft(records, tokenizer, cfg.max_query_length, 10**9)
-    print(f"loaded: {log.summary('posts')}; generating for {len(examples)} posts")
+    print(f"loaded: {log.summary('prompts')}; generating for {len(examples)} prompts")
     params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed)
     outputs = generate_texts(model, tokenizer, [e.query.ids for e in examples], params, cfg.batch_size)
     scores = rouge_l([o["text"] for o in outputs], [e.record.summary.strip() for e in examples])

@@ -1,0 +1,193 @@
+"""`rlhfkit eval task=gsm8k`: accuracy of policies on problems with a verifiable answer.
+
+Per policy, on the same problems in file order (the first `max_prompts`):
+- greedy pass@1: one greedy answer per problem, its final number compared with the reference
+  (`rewards.is_correct`);
+- with `pass_k=k`: k sampled answers per problem at `temperature`: the mean accuracy of a sample
+  (sampled pass@1) and pass@k, the share of problems with at least one correct answer among k (the
+  base model's pass@k is best-of-k with a perfect verifier: what RL's extra samples could at most buy);
+- the share of answers in the format the prompt asks for (`rewards.answer_format`), response length,
+  the EOS rate and, with `reference_model=`, the KL of the sampled answers to the reference
+  (sum over tokens of log pi - log pi_ref, at the sampling temperature, averaged over answers).
+
+Every accuracy has a 95% percentile-bootstrap interval over problems, and every policy after the
+first its paired difference from the first, with the interval of the per-problem differences. The
+same table is given for the easy subset: problems whose reference solution has at most `easy_steps`
+calculator annotations (a rule fixed before any result is seen).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..config import ConfigError, EvalConfig
+from ..data.examples import SFTExample, tokenize_sft
+from ..data.gsm8k import load_gsm8k
+from ..devices import evaluation_mode, model_device
+from ..generation import SamplingParams, response_logprobs
+from ..models import load_policy
+from ..onpolicy.rollout import EVALUATION_STREAM, RolloutBatch, chunk_generator, sample_responses
+from ..onpolicy.update import completion_texts
+from ..rewards import answer_format, is_correct
+from ..tracking import write_jsonl
+from .report import table_html, write_report
+from .winrate import bootstrap_interval
+
+RESAMPLES = 2000
+
+
+def named_models(specs: list[str]) -> dict[str, str]:
+    """name=model pairs in order; a model is an embedded name, a folder or a hub id."""
+    named: dict[str, str] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise ConfigError(f"models entry {spec!r} must be name=model (e.g. base=smollm2-135m,grpo=runs/grpo/model)")
+        if name in named:
+            raise ConfigError(f"models: the name {name!r} is given twice")
+        named[name] = path
+    if not named:
+        raise ConfigError("eval task=gsm8k needs models=name=model[,name=model...]: the first is the baseline the others are compared with")
+    return named
+
+
+def interval(values: np.ndarray, seed: int) -> dict[str, float]:
+    low, high = bootstrap_interval(values, np.mean, RESAMPLES, 0.95, seed)
+    return {"mean": float(values.mean()), "low": low, "high": high}
+
+
+@torch.no_grad()
+def answer(policy, examples: list[SFTExample], tokenizer, cfg: EvalConfig, temperature: float, samples: int) -> RolloutBatch:
+    params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=temperature)
+    device = model_device(policy)
+    label = "greedy" if temperature == 0 else f"{samples} samples at T={temperature}"
+    with evaluation_mode(policy):
+        return sample_responses(policy, [e.query.ids for e in examples], params, tokenizer, cfg.generation_batch_size,
+                                lambda i: chunk_generator(cfg.seed, 0, i, device, EVALUATION_STREAM), desc=f"answering ({label})",
+                                samples_per_prompt=samples)
+
+
+@torch.no_grad()
+def sequence_logprobs_of(model, batch: RolloutBatch, temperature: float, rows: int) -> torch.Tensor:
+    """(B,) summed log-probabilities of each sampled answer under `model`."""
+    sums = []
+    for start in range(0, batch.size, rows):
+        part = batch.select(slice(start, start + rows)).to(model_device(model))
+        logprobs, _ = response_logprobs(model, part.input_ids(), part.attention_mask(), part.context_length, temperature)
+        sums.append((logprobs * part.mask).sum(-1).cpu())
+    return torch.cat(sums)
+
+
+def graded(batch: RolloutBatch, examples: list[SFTExample], tokenizer, samples: int) -> dict[str, np.ndarray]:
+    """Per answer: correct, in format, tokens, EOS; arrays of shape (problems, samples)."""
+    texts = completion_texts(batch, tokenizer)
+    answers = [e.record.columns["answer"] for e in examples for _ in range(samples)]
+    shape = (len(examples), samples)
+    return {
+        "texts": np.array(texts, dtype=object).reshape(shape),
+        "correct": np.array([is_correct(t, a) for t, a in zip(texts, answers, strict=True)], dtype=np.float64).reshape(shape),
+        "format": np.array(answer_format([], texts), dtype=np.float64).reshape(shape),
+        "tokens": batch.lengths.cpu().numpy().astype(np.float64).reshape(shape),
+        "eos": batch.has_eos.cpu().numpy().astype(np.float64).reshape(shape),
+    }
+
+
+def evaluate_policy(name: str, path: str, examples: list[SFTExample], cfg: EvalConfig, reference) -> dict[str, Any]:
+    policy, tokenizer = load_policy(path, cfg.trust_remote_code)
+    policy.eval()
+    result: dict[str, Any] = {"model": path, "greedy": graded(answer(policy, examples, tokenizer, cfg, 0.0, 1), examples, tokenizer, 1)}
+    if cfg.pass_k:
+        batch = answer(policy, examples, tokenizer, cfg, cfg.temperature, cfg.pass_k)
+        result["sampled"] = graded(batch, examples, tokenizer, cfg.pass_k)
+        if reference is not None:
+            rows = cfg.generation_batch_size
+            kl = sequence_logprobs_of(policy, batch, cfg.temperature, rows) - sequence_logprobs_of(reference, batch, cfg.temperature, rows)
+            result["kl"] = float(kl.mean())
+    print(f"{name}: greedy accuracy {result['greedy']['correct'].mean():.3f} on {len(examples)} problems")
+    return result
+
+
+def summary_table(results: dict[str, dict[str, Any]], subset: np.ndarray, seed: int) -> list[dict[str, Any]]:
+    """One row per policy on the problems selected by `subset`: accuracies with intervals, paired
+    differences from the first policy, format share, length, EOS rate, KL."""
+    rows, baseline = [], None
+    for name, result in results.items():
+        greedy = result["greedy"]["correct"][subset, 0]
+        row: dict[str, Any] = {"policy": name, "problems": int(subset.sum())}
+        row |= {f"greedy_accuracy{k if k != 'mean' else ''}": v for k, v in named_interval(greedy, seed).items()}
+        if baseline is None:
+            baseline = greedy
+        else:
+            row |= {f"greedy_minus_first{k if k != 'mean' else ''}": v for k, v in named_interval(greedy - baseline, seed).items()}
+        row |= {"format_share": float(result["greedy"]["format"][subset].mean()), "length": float(result["greedy"]["tokens"][subset].mean()),
+                "eos_rate": float(result["greedy"]["eos"][subset].mean())}
+        if "sampled" in result:
+            sampled = result["sampled"]["correct"][subset]
+            k = sampled.shape[1]
+            row |= {f"sampled_accuracy{s}": v for s, v in suffixed(interval(sampled.mean(1), seed)).items()}
+            row |= {f"pass@{k}{s}": v for s, v in suffixed(interval(sampled.max(1), seed)).items()}
+            row["sampled_format_share"] = float(result["sampled"]["format"][subset].mean())
+        if "kl" in result:
+            row["kl_to_reference"] = result["kl"]
+        rows.append(row)
+    return rows
+
+
+def suffixed(stats: dict[str, float]) -> dict[str, float]:
+    return {"" if k == "mean" else f"_{k}": v for k, v in stats.items()}
+
+
+def named_interval(values: np.ndarray, seed: int) -> dict[str, float]:
+    return suffixed(interval(values, seed)) if values.size else {}
+
+
+def select_problems(cfg: EvalConfig, tokenizer) -> list[SFTExample]:
+    records, log = load_gsm8k(cfg.data, cfg.hf_split)
+    if cfg.max_prompts:
+        records = records[: cfg.max_prompts]
+    examples, _ = tokenize_sft(records, tokenizer, cfg.max_query_length, 10**9)
+    print(f"loaded: {log.summary('problems')}; evaluating on the first {len(examples)}")
+    if not examples:
+        raise ConfigError(f"no GSM8K problems in {', '.join(cfg.data)}")
+    return examples
+
+
+def run_accuracy(cfg: EvalConfig) -> int:
+    named = named_models(cfg.models)
+    if not cfg.data:
+        raise ConfigError("eval task=gsm8k needs data= (GSM8K test problems, e.g. ../shared/data/gsm8k/test.jsonl.gz)")
+    reference = load_policy(cfg.reference_model, cfg.trust_remote_code)[0].eval() if cfg.reference_model and cfg.pass_k else None
+    first_tokenizer = load_policy(next(iter(named.values())), cfg.trust_remote_code)[1]
+    examples = select_problems(cfg, first_tokenizer)
+    steps = np.array([e.record.columns["calculator_steps"] for e in examples])
+    results = {name: evaluate_policy(name, path, examples, cfg, reference) for name, path in named.items()}
+    subsets = {"all": np.ones(len(examples), dtype=bool), f"easy (<= {cfg.easy_steps} calculator steps)": steps <= cfg.easy_steps}
+    tables = {label: summary_table(results, mask, cfg.seed) for label, mask in subsets.items()}
+    out = Path(cfg.out) if cfg.out else Path("runs") / f"eval-gsm8k-{datetime.now():%Y%m%d-%H%M%S}"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "accuracy.json").write_text(json.dumps({"problems": len(examples), "tables": tables}, indent=2))
+    write_jsonl(out / "answers.jsonl", answer_rows(examples, results))
+    columns = list(dict.fromkeys(k for table in tables.values() for row in table for k in row))
+    report = write_report(out, "GSM8K accuracy", [(f"Problems: {label}", table_html(rows, columns)) for label, rows in tables.items()])
+    print(json.dumps(tables, indent=2))
+    print(f"report: {report}")
+    return 0
+
+
+def answer_rows(examples: list[SFTExample], results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for i, e in enumerate(examples):
+        row = {"prompt_id": e.record.prompt_id, "where": e.record.where, "answer": e.record.columns["answer"],
+               "calculator_steps": e.record.columns["calculator_steps"]}
+        for name, result in results.items():
+            row |= {name: result["greedy"]["texts"][i, 0], f"{name}_correct": bool(result["greedy"]["correct"][i, 0])}
+            if "sampled" in result:
+                row[f"{name}_sampled_correct"] = int(result["sampled"]["correct"][i].sum())
+        rows.append(row)
+    return rows

@@ -1,0 +1,215 @@
+"""Reward functions: programmatic rewards beside (or instead of) a reward model in PPO, GRPO and RLOO.
+
+A reward function takes the batch's prompts and completions and returns one float per completion:
+
+    def my_reward(prompts: list[str], completions: list[str], **columns) -> list[float]
+
+- `prompts`: each query as the policy read it (for conversational data, the chat template's text);
+- `completions`: each sampled response, decoded without special tokens;
+- `columns`: every other column of the prompt's dataset record, one value per completion (GSM8K:
+  `answer`, `solution`, `calculator_steps`), plus `completion_lengths` (response tokens, EOS
+  included), `has_eos` (whether the response ended) and `max_completion_length` (the configured limit,
+  a single number). Accept `**columns` so that columns you do not use can be passed.
+
+`reward_functions=` names built-ins (`BUILTINS`) or a user's callable as `module:function` (a module
+importable from the working directory, or `path/to/file.py:function`). The score a policy is trained
+on is the weighted sum of the components (`reward_weights=`, one per function and then one for the
+reward model when there is one). A function that raises, returns the wrong number of values or a
+non-finite one is never turned into a silent zero: the row is reported (function, row, where it came
+from, what went wrong), counted in `rewards/<name>_errors`, and scored `reward_error_score`; with
+`stop_on_reward_error=true` the run stops at the first such row instead.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import math
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+RewardFunction = Callable[..., Sequence[float]]
+NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?")
+ANSWER_PHRASE = re.compile(r"(?:answer is|####|\\boxed\{)\s*:?\s*(-?\$?\d[\d,]*(?:\.\d+)?)", re.IGNORECASE)
+FINAL_LINE = re.compile(r"the answer is:?\s*\$?-?\d[\d,]*(?:\.\d+)?\s*\.?\s*$", re.IGNORECASE)
+
+
+def parse_number(text: str) -> float | None:
+    cleaned = text.replace(",", "").replace("$", "").rstrip(".")
+    try:
+        return float(cleaned)
+    except ValueError:
+        return None
+
+
+def extract_answer(completion: str) -> float | None:
+    """The completion's final answer: the number after its last "answer is" (or `####`, `\\boxed{`),
+    else the last number in it; None when it has no number."""
+    stated = ANSWER_PHRASE.findall(completion)
+    if stated:
+        return parse_number(stated[-1])
+    numbers = NUMBER.findall(completion)
+    return parse_number(numbers[-1]) if numbers else None
+
+
+def is_correct(completion: str, reference: Any) -> bool:
+    """Exact match of the extracted final number with the reference number (to within 1e-6)."""
+    predicted, expected = extract_answer(completion), parse_number(str(reference))
+    return predicted is not None and expected is not None and math.isclose(predicted, expected, rel_tol=0, abs_tol=1e-6)
+
+
+def gsm8k_exact_match(prompts: list[str], completions: list[str], answer: list[Any], **columns) -> list[float]:
+    """1.0 when the completion's final number equals the reference `answer` column, else 0.0."""
+    return [float(is_correct(c, a)) for c, a in zip(completions, answer, strict=True)]
+
+
+def answer_format(prompts: list[str], completions: list[str], **columns) -> list[float]:
+    """1.0 when the completion ends with a line "The answer is N." (N a number), the form GSM8K's
+    prompt asks for, else 0.0."""
+    return [float(bool(FINAL_LINE.search(c.strip()))) for c in completions]
+
+
+def length_penalty(prompts: list[str], completions: list[str], completion_lengths: list[int], max_completion_length: int,
+                   **columns) -> list[float]:
+    """-(response tokens / max_completion_length): from 0 (empty) down to -1 (the whole budget)."""
+    return [-float(n) / max_completion_length for n in completion_lengths]
+
+
+BUILTINS: dict[str, RewardFunction] = {"gsm8k": gsm8k_exact_match, "format": answer_format, "length": length_penalty}
+
+
+def load_callable(spec: str) -> RewardFunction:
+    """`module:function` or `path/to/file.py:function` to the function, or a one-line error."""
+    module_name, _, attribute = spec.rpartition(":")
+    if not module_name or not attribute:
+        raise ConfigError(f"reward_functions: {spec!r} is neither a built-in ({', '.join(BUILTINS)}) nor module:function")
+    try:
+        if module_name.endswith(".py"):
+            path = Path(module_name)
+            if not path.is_file():
+                raise ConfigError(f"reward_functions: {spec!r}: no such file {module_name}")
+            loader_spec = importlib.util.spec_from_file_location(path.stem, path)
+            module = importlib.util.module_from_spec(loader_spec)
+            loader_spec.loader.exec_module(module)
+        else:
+            if "" not in sys.path and str(Path.cwd()) not in sys.path:
+                sys.path.insert(0, str(Path.cwd()))
+            module = importlib.import_module(module_name)
+    except ConfigError:
+        raise
+    except Exception as e:
+        raise ConfigError(f"reward_functions: cannot import {module_name!r} for {spec!r} ({type(e).__name__}: {e})") from None
+    function = getattr(module, attribute, None)
+    if not callable(function):
+        raise ConfigError(f"reward_functions: {module_name} has no function {attribute!r}")
+    return function
+
+
+def resolve(spec: str) -> RewardFunction:
+    return BUILTINS[spec] if spec in BUILTINS else load_callable(spec)
+
+
+def component_name(spec: str) -> str:
+    return spec.rpartition(":")[2] if ":" in spec else spec
+
+
+@dataclass
+class RewardError:
+    function: str
+    row: int
+    where: str
+    problem: str
+
+    def line(self) -> str:
+        return f"reward function {self.function!r} failed on row {self.row} ({self.where}): {self.problem}"
+
+
+@dataclass
+class RewardFunctions:
+    """The configured functions, applied to a batch with every failure found, reported and counted."""
+
+    names: list[str]
+    functions: list[RewardFunction]
+    error_score: float = -1.0
+    stop_on_error: bool = False
+    errors: list[RewardError] = field(default_factory=list)
+
+    @classmethod
+    def from_specs(cls, specs: list[str], error_score: float = -1.0, stop_on_error: bool = False) -> RewardFunctions:
+        names = [component_name(s) for s in specs]
+        duplicated = {n for n in names if names.count(n) > 1}
+        if duplicated:
+            raise ConfigError(f"reward_functions: {', '.join(sorted(duplicated))} named twice")
+        return cls(names, [resolve(s) for s in specs], error_score, stop_on_error)
+
+    def __len__(self) -> int:
+        return len(self.functions)
+
+    def score(self, prompts: list[str], completions: list[str], columns: dict[str, Any], where: list[str]) -> list[list[float]]:
+        """(functions x rows) rewards; a failing row gets `error_score` and is recorded in `errors`.
+        `columns` holds lists (one value per row) and single values passed to every call alike."""
+        return [self.apply(name, fn, prompts, completions, columns, where) for name, fn in zip(self.names, self.functions, strict=True)]
+
+    def apply(self, name: str, fn: RewardFunction, prompts: list[str], completions: list[str], columns: dict[str, list[Any]],
+              where: list[str]) -> list[float]:
+        try:
+            values = list(call(fn, prompts, completions, columns))
+            if len(values) != len(completions):
+                raise ValueError(f"returned {len(values)} values for {len(completions)} completions")
+        except Exception:  # find the rows that fail, one at a time
+            values = [self.one_row(name, fn, prompts, completions, columns, where, i) for i in range(len(completions))]
+        return [self.checked(name, v, i, where) for i, v in enumerate(values)]
+
+    def one_row(self, name, fn, prompts, completions, columns, where, i) -> float:
+        try:
+            row_columns = {k: v[i : i + 1] if isinstance(v, list) else v for k, v in columns.items()}
+            values = list(call(fn, prompts[i : i + 1], completions[i : i + 1], row_columns))
+            if len(values) != 1:
+                raise ValueError(f"returned {len(values)} values for 1 completion")
+            return values[0]
+        except Exception as e:
+            return self.failed(name, i, where, f"raised {type(e).__name__}: {e}")
+
+    def checked(self, name: str, value: Any, row: int, where: list[str]) -> float:
+        if isinstance(value, RowFailure):
+            return self.error_score
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.failed(name, row, where, f"returned {value!r}, not a number")
+            return self.error_score
+        if not math.isfinite(number):
+            self.failed(name, row, where, f"returned {number}")
+            return self.error_score
+        return number
+
+    def failed(self, name: str, row: int, where: list[str], problem: str) -> RowFailure:
+        error = RewardError(name, row, where[row], problem)
+        if self.stop_on_error:
+            raise ConfigError(error.line() + " (stop_on_reward_error=true)")
+        self.errors.append(error)
+        return RowFailure()
+
+    def take_errors(self) -> list[RewardError]:
+        errors, self.errors = self.errors, []
+        return errors
+
+
+class RowFailure:
+    """The value of a row whose reward could not be computed (scored `error_score` once counted)."""
+
+
+def call(fn: RewardFunction, prompts: list[str], completions: list[str], columns: dict[str, list[Any]]) -> Sequence[float]:
+    """`fn(prompts, completions, **columns)`, passing only the columns a function without **kwargs names."""
+    parameters = inspect.signature(fn).parameters.values()
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        named = {p.name for p in parameters}
+        columns = {k: v for k, v in columns.items() if k in named}
+    return fn(prompts, completions, **columns)

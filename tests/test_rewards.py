@@ -1,0 +1,180 @@
+"""Reward functions beside reward models (issue 23): the built-ins against hand-written cases, user
+callables by `module:function`, failures reported with their row and counted (never a silent zero),
+the weighted sum the on-policy stages train on, sequence-classification reward models, GSM8K."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from rlhfkit.config import ConfigError, resolve
+from rlhfkit.data.gsm8k import calculator_steps, final_number, load_gsm8k
+from rlhfkit.models import ScalarModel, load_reward_model
+from rlhfkit.onpolicy import evaluation, trainer
+from rlhfkit.onpolicy.rewarding import PromptTexts
+from rlhfkit.rewards import RewardFunctions, answer_format, extract_answer, gsm8k_exact_match, length_penalty
+
+from .helpers import PRESETS, data_file, stage_args
+
+GSM8K_TEST = data_file("gsm8k", "test.jsonl.gz")
+
+
+@pytest.mark.parametrize("completion, reference, expected", [
+    ("5 + 7 = 12.\nThe answer is 12.", "12", 1.0),
+    ("So, the answer is 1,234.", "1234", 1.0),
+    ("She pays $18 in total.", "18", 1.0),  # no answer phrase: the last number
+    ("The answer is 12. Then 3 more people came.", "12", 1.0),  # the stated answer wins over later numbers
+    ("The answer is -3.5", "-3.5", 1.0),
+    ("12 apples and 13 pears", "12", 0.0),
+    ("I do not know.", "12", 0.0),
+    ("#### 72", "72", 1.0),
+])
+def test_gsm8k_exact_match_on_hand_written_cases(completion, reference, expected):
+    assert gsm8k_exact_match(["q"], [completion], answer=[reference]) == [expected]
+
+
+def test_answer_extraction_and_format_reward():
+    assert extract_answer("3 * 4 = 12, so the answer is 12.") == 12.0
+    assert extract_answer("no digits here") is None
+    assert answer_format([], ["Work.\nThe answer is 18.", "The answer is 18. Bye!", "18", "the answer is $1,000"]) == [1.0, 0.0, 0.0, 1.0]
+
+
+def test_length_penalty_is_minus_the_share_of_the_budget():
+    assert length_penalty(["a"] * 3, ["x"] * 3, completion_lengths=[0, 50, 100], max_completion_length=100) == [0.0, -0.5, -1.0]
+
+
+def test_user_callable_by_module_and_by_file(tmp_path, monkeypatch):
+    (tmp_path / "my_rewards.py").write_text(
+        "def shouting(prompts, completions, answer, **columns):\n"
+        "    return [float(c.isupper()) + float(a) for c, a in zip(completions, answer)]\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for spec in ("my_rewards:shouting", str(tmp_path / "my_rewards.py") + ":shouting"):
+        functions = RewardFunctions.from_specs([spec])
+        assert functions.names == ["shouting"]
+        scores = functions.score(["p", "p"], ["LOUD", "quiet"], {"answer": [1, 2], "unused": [0, 0]}, ["f:1", "f:2"])
+        assert scores == [[2.0, 2.0]]
+    with pytest.raises(ConfigError, match="has no function 'missing'"):
+        RewardFunctions.from_specs(["my_rewards:missing"])
+    with pytest.raises(ConfigError, match="cannot import 'no_such_module'"):
+        RewardFunctions.from_specs(["no_such_module:f"])
+    with pytest.raises(ConfigError, match="neither a built-in"):
+        RewardFunctions.from_specs(["gsm9k"])
+
+
+def fragile(prompts, completions, **columns):
+    out = []
+    for c in completions:
+        if "boom" in c:
+            raise ValueError("cannot parse")
+        out.append(math.nan if "nan" in c else 1.0)
+    return out
+
+
+def test_a_failing_row_is_reported_with_its_row_and_counted_never_zero(capsys):
+    functions = RewardFunctions(["fragile"], [fragile], error_score=-7.0)
+    scores = functions.score(["p"] * 4, ["fine", "boom", "nan", "fine"], {}, ["a.jsonl:1", "a.jsonl:2", "a.jsonl:3", "a.jsonl:4"])
+    assert scores == [[1.0, -7.0, -7.0, 1.0]]  # the good rows keep their value, the bad ones get error_score
+    errors = functions.take_errors()
+    assert [(e.row, e.where) for e in errors] == [(1, "a.jsonl:2"), (2, "a.jsonl:3")]
+    assert "raised ValueError: cannot parse" in errors[0].line() and "returned nan" in errors[1].line()
+    stopping = RewardFunctions(["fragile"], [fragile], stop_on_error=True)
+    with pytest.raises(ConfigError, match=r"failed on row 1 \(a.jsonl:2\): raised ValueError"):
+        stopping.score(["p"] * 2, ["fine", "boom"], {}, ["a.jsonl:1", "a.jsonl:2"])
+
+
+def test_wrong_count_of_values_is_a_failure_per_row():
+    functions = RewardFunctions(["short"], [lambda prompts, completions, **c: [1.0]], error_score=-1.0)
+    assert functions.score(["p"] * 2, ["a", "b"], {}, ["w1", "w2"]) == [[1.0, 1.0]]  # one row at a time: one value each
+    functions = RewardFunctions(["none"], [lambda prompts, completions, **c: [None] * len(completions)])
+    assert functions.score(["p"], ["a"], {}, ["w1"]) == [[-1.0]] and "not a number" in functions.take_errors()[0].problem
+
+
+def test_gsm8k_records_keep_the_final_number_and_count_steps(tmp_path):
+    assert final_number("48/2 = <<48/2=24>>24\n#### 1,024") == "1024" and final_number("no mark") is None
+    assert calculator_steps("a <<1+1=2>> b <<2*3=6>>") == 2
+    bad = tmp_path / "gsm.jsonl"
+    bad.write_text(json.dumps({"question": "How many?", "answer": "It is 3.\n#### 3"}) + "\n"
+                   + json.dumps({"question": "How many?", "answer": "no final line"}) + "\n"
+                   + json.dumps({"question": "", "answer": "#### 1"}) + "\n")
+    records, log = load_gsm8k([str(bad)])
+    assert [r.columns["answer"] for r in records] == ["3"] and records[0].task == "chat"
+    assert dict(log.counts) == {"no_final_answer": 1, "no_question": 1}
+    real, _ = load_gsm8k([str(GSM8K_TEST)])
+    assert len(real) == 1319 and real[0].columns["answer"] == "18"
+
+
+def on_policy_setup(stage, ppo_dirs, tmp_path, **extra):
+    cfg = resolve(stage, PRESETS[stage], None, stage_args(stage, ppo_dirs, tmp_path / "run", **extra))
+    models = trainer.load_models(cfg, None, torch.device("cpu"))
+    train, _, _ = evaluation.split_posts(cfg, models.tokenizer)
+    trainer.prepare_for_training(models, cfg)
+    return cfg, models, train
+
+
+def test_the_score_is_the_weighted_sum_of_functions_and_reward_model(ppo_dirs, tmp_path, monkeypatch):
+    (tmp_path / "toy_rewards.py").write_text(
+        "def vowels(prompts, completions, **columns):\n"
+        "    return [float(sum(ch in 'aeiou' for ch in c)) for c in completions]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg, models, train = on_policy_setup("grpo", ppo_dirs, tmp_path, reward_functions="toy_rewards:vowels,length",
+                                         reward_weights="0.5,2.0,3.0")
+    batch = trainer.collect(models, [e.query.ids for e in train], cfg, 0, cfg.kl_coef, "no", {},
+                            texts=PromptTexts.of(train))
+    vowels, length, rm = batch.reward_components.T
+    texts = [models.tokenizer.decode(batch.responses[i][batch.mask[i]].tolist(), skip_special_tokens=True) for i in range(batch.size)]
+    assert vowels.tolist() == [float(sum(ch in "aeiou" for ch in t)) for t in texts]
+    torch.testing.assert_close(length, -batch.lengths.float() / cfg.max_response_length)
+    torch.testing.assert_close(rm, models.reward(batch.input_ids(), batch.attention_mask(), context_length=batch.context_length,
+                                                 eos_index=batch.context_length + batch.lengths - 1))
+    torch.testing.assert_close(batch.raw_scores, 0.5 * vowels + 2.0 * length + 3.0 * rm)
+
+
+def test_reward_functions_alone_train_and_log_each_component(ppo_dirs, tmp_path, capsys):
+    from rlhfkit.cli import main as cli_main
+
+    (tmp_path / "picky.py").write_text(
+        "def picky(prompts, completions, **columns):\n"
+        "    if any('SUBREDDIT' in p for p in prompts):\n"
+        "        raise KeyError('no posts please')\n"
+        "    return [1.0] * len(completions)\n")
+    args = stage_args("grpo", ppo_dirs, tmp_path / "run", reward_model="", reward_functions=f"{tmp_path / 'picky.py'}:picky,length",
+                      max_steps=1, eval_samples=2, reward_error_score=-3.0)
+    assert cli_main(["grpo", *[f"{k}={v}" for k, v in args.items()]]) == 0
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert {"rewards/picky", "rewards/length", "rewards/picky_errors", "rewards/length_errors"} <= set(metrics[0])
+    assert metrics[0]["rewards/picky_errors"] == 8 and metrics[0]["rewards/picky"] == -3.0  # every row: TL;DR prompts
+    assert metrics[0]["rewards/length_errors"] == 0 and "rm_score" not in json.dumps(metrics)
+    err = capsys.readouterr().err
+    assert "reward function 'picky' failed on row 0 (" in err and "posts.jsonl:" in err and "raised KeyError" in err
+    evaluation_metrics = json.loads((tmp_path / "run" / "eval.json").read_text())
+    assert {"eval/grpo_score", "eval/grpo_reward_picky", "eval/grpo_reward_length"} <= set(evaluation_metrics)
+
+
+def test_nothing_to_optimise_and_mismatched_weights_fail_in_one_line(ppo_dirs, tmp_path):
+    with pytest.raises(ConfigError, match="nothing to optimise"):
+        on_policy_setup("grpo", ppo_dirs, tmp_path, reward_model="")
+    with pytest.raises(ConfigError, match=r"reward_weights has 1 values for 2 rewards \(length, reward_model\)"):
+        on_policy_setup("grpo", ppo_dirs, tmp_path, reward_functions="length", reward_weights="1.0")
+    with pytest.raises(ConfigError, match="value model"):
+        on_policy_setup("ppo", ppo_dirs, tmp_path, reward_model="", reward_functions="length")
+
+
+def test_a_sequence_classification_reward_model_scores_at_eos_like_its_own_head(tiny_model_dir, tmp_path):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    torch.manual_seed(3)
+    classifier = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=1)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    classifier.config.pad_token_id = tokenizer.pad_token_id
+    classifier.save_pretrained(tmp_path / "trl-rm")
+    tokenizer.save_pretrained(tmp_path / "trl-rm")
+    reward, _ = load_reward_model(tmp_path / "trl-rm")
+    assert isinstance(reward, ScalarModel)
+    ids = torch.tensor([[5, 6, 7, tokenizer.eos_token_id], [8, 9, tokenizer.eos_token_id, tokenizer.pad_token_id]])
+    mask = (ids != tokenizer.pad_token_id).long()
+    with torch.no_grad():
+        expected = classifier.eval()(input_ids=ids, attention_mask=mask).logits.squeeze(-1)
+        got = reward(ids, mask, eos_index=torch.tensor([3, 2]))
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
