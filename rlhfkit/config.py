@@ -282,7 +282,7 @@ class RLOOConfig(OnPolicyConfig):
 class GenerateConfig(DataFieldsConfig):
     model: str = opt("smollm2-135m", "policy to sample from: embedded name, HF directory or hub id")
     data: list[str] = opt([], "prompts in prompt_format (hub id, files or folders): TL;DR SFT posts, HH-RLHF comparisons, prompt-only data")
-    prompt_format: Literal["tldr-sft", "hh", "auto", "prompt-only"] = opt(
+    prompt_format: Literal["tldr-sft", "hh", "gsm8k", "auto", "prompt-only"] = opt(
         "tldr-sft", "format of `data`; for hh each distinct dialogue is answered and its chosen response is the reference; "
         "prompt-only: the `prompt` column, and a `completion` column, when there is one, as the reference (docs/data-formats.md)")
     prompt_suite: str = opt("", "answer a prompt suite instead of summarising posts: builtin-hh or a YAML file (see rlhfkit/prompts)", "seed 002")
@@ -302,12 +302,13 @@ class GenerateConfig(DataFieldsConfig):
 
 
 @dataclass
-class RMEvalConfig:
+class RMEvalConfig(DataFieldsConfig):
     model: str = opt("", "reward model folder written by `rlhfkit rm`, or a DPO policy (its implicit reward, equation 5)", "Detail 19")
     reference_model: str = opt("", "DPO only: the reference policy (empty: the one `rlhfkit dpo` recorded in the model folder)", "Appendix A")
     beta: float = opt(0.0, "DPO only: beta of the implicit reward (0: the one `rlhfkit dpo` recorded)", "Appendix A")
-    data: list[str] = opt([], "comparisons: hub id or OpenAI JSON-lines / HH-RLHF jsonl.gz files")
-    data_format: Literal["tldr-comparisons", "hh"] = opt("tldr-comparisons", "format of `data`")
+    data: list[str] = opt([], "comparisons: hub id or OpenAI JSON-lines / HH-RLHF jsonl.gz files, or preference data (docs/data-formats.md)")
+    data_format: Literal["tldr-comparisons", "hh", "auto", "preference"] = opt(
+        "tldr-comparisons", "format of `data` (auto: detected from the columns of its first record and logged)")
     hf_split: str = opt("validation", "split to read when `data` is a hub id")
     splits: list[str] = opt([], "keep only comparisons from these splits (empty: all)", "Detail 16")
     batches: list[str] = opt([], "keep only comparisons from these annotation batches (empty: all)", "Detail 16")

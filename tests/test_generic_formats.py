@@ -17,7 +17,7 @@ from rlhfkit.data.examples import tokenize_sft
 from rlhfkit.data.generic import split_common_prefix
 from rlhfkit.data.split import split_by_prompt, split_comparisons
 from rlhfkit.data.tldr import load_comparisons, load_sft
-from rlhfkit.onpolicy import evaluation
+from rlhfkit.onpolicy import evaluation, trainer
 from rlhfkit.trainers import dpo, reward, sft
 
 from .helpers import PRESETS, stage_args
@@ -155,6 +155,13 @@ def test_prompt_only_feeds_generate_and_the_on_policy_stages(form, posts, ppo_di
     assert f"data format: prompt-only, {form} (detected from columns prompt)" in capsys.readouterr().out
 
 
+def test_conversational_prompts_train_grpo(posts, ppo_dirs, tmp_path, capsys):
+    data = write_rows(tmp_path / "data.jsonl", [{"prompt": user(p)} for p, _ in posts])
+    run_stage("grpo", trainer, ppo_dirs, tmp_path / "run", data=str(data), prompt_format="auto", validation_posts=4)
+    assert "data format: prompt-only, conversational (detected from columns prompt)" in capsys.readouterr().out
+    assert [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()] == [1]
+
+
 def tokenizer_of(ppo_dirs):
     from rlhfkit.models import load_tokenizer
 
@@ -175,6 +182,14 @@ def test_implicit_prompt_is_the_common_prefix_cut_back_to_a_word_boundary():
         "Q: colour? A: The sky is", " blue.", " bright.")
     assert split_common_prefix("Answer:\n\nyes", "Answer:\n\nno") == ("Answer:", "\n\nyes", "\n\nno")
     assert split_common_prefix("It is yes", "It is yesterday") == ("It is", " yes", " yesterday")
+
+
+def test_a_string_prompt_beside_whole_conversations_is_a_copy_and_the_prompt_stays_implicit(tmp_path):
+    row = {"prompt": "Why is the sky blue?", "chosen": user("Why is the sky blue?") + assistant("Rayleigh scattering."),
+           "rejected": user("Why is the sky blue?") + assistant("Paint."), "score_chosen": 8.0}  # as ultrafeedback_binarized
+    [record], _ = load_pairs("auto", [str(write_rows(tmp_path / "data.jsonl", [row]))])
+    assert (record.task, json.loads(record.fields["messages"])) == ("chat", user("Why is the sky blue?"))
+    assert (record.chosen, record.rejected) == ("Rayleigh scattering.", "Paint.")
 
 
 def test_the_prompt_id_keeps_every_record_of_a_prompt_on_one_side_of_the_split(pairs, tmp_path):

@@ -5,11 +5,13 @@ the weighted sum the on-policy stages train on, sequence-classification reward m
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from rlhfkit.config import ConfigError, resolve
 from rlhfkit.data.gsm8k import calculator_steps, final_number, load_gsm8k
+from rlhfkit.eval import accuracy
 from rlhfkit.models import ScalarModel, load_reward_model
 from rlhfkit.onpolicy import evaluation, trainer
 from rlhfkit.onpolicy.rewarding import PromptTexts
@@ -178,3 +180,38 @@ def test_a_sequence_classification_reward_model_scores_at_eos_like_its_own_head(
         expected = classifier.eval()(input_ids=ids, attention_mask=mask).logits.squeeze(-1)
         got = reward(ids, mask, eos_index=torch.tensor([3, 2]))
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+
+
+def graded_answers(correct: list[list[int]]) -> dict:
+    values = np.array(correct, dtype=np.float64)
+    return {"correct": values, "format": np.ones_like(values), "tokens": np.full_like(values, 10.0), "eos": np.ones_like(values),
+            "texts": np.full(values.shape, "x", dtype=object)}
+
+
+def test_accuracy_table_pairs_every_policy_with_the_first():
+    results = {"base": {"greedy": graded_answers([[1], [0], [0], [1]]), "sampled": graded_answers([[1, 0], [0, 0], [0, 1], [0, 0]])},
+               "rl": {"greedy": graded_answers([[1], [1], [0], [1]]), "kl": 0.5}}
+    everything = np.ones(4, dtype=bool)
+    base, rl = accuracy.summary_table(results, everything, seed=0)
+    assert base["greedy_accuracy"] == 0.5 and "greedy_minus_first" not in base
+    assert base["sampled_accuracy"] == pytest.approx(0.25) and base["pass@2"] == 0.5
+    assert rl["greedy_accuracy"] == 0.75 and rl["greedy_minus_first"] == 0.25 and rl["kl_to_reference"] == 0.5
+    assert rl["greedy_minus_first_low"] == 0.0 and rl["greedy_minus_first_high"] <= 0.75
+    first_two = np.array([True, True, False, False])
+    _, rl_subset = accuracy.summary_table(results, first_two, seed=0)
+    assert rl_subset["problems"] == 2 and rl_subset["greedy_minus_first"] == 0.5
+
+
+def test_eval_task_gsm8k_end_to_end_on_the_tiny_model(tiny_model_dir, tmp_path):
+    from rlhfkit.cli import main as cli_main
+
+    out = tmp_path / "eval"
+    assert cli_main(["eval", "task=gsm8k", f"models=base={tiny_model_dir},same={tiny_model_dir}", f"data={GSM8K_TEST}",
+                     "max_prompts=6", "pass_k=2", "max_response_length=6", f"reference_model={tiny_model_dir}", f"out={out}"]) == 0
+    tables = json.loads((out / "accuracy.json").read_text())["tables"]
+    assert list(tables) == ["all", "easy (<= 2 calculator steps)"]
+    base, same = tables["all"]
+    assert base["problems"] == 6 and same["greedy_minus_first"] == 0.0  # greedy answers of one model are deterministic
+    assert same["kl_to_reference"] == pytest.approx(0.0, abs=1e-5) and "pass@2" in same
+    answers = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
+    assert len(answers) == 6 and answers[0]["answer"] == "18" and (out / "report.html").is_file()

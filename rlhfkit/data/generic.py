@@ -122,8 +122,11 @@ def language_modeling_layout(record: dict, names: FieldNames) -> Layout | None:
 def preference_layout(record: dict, names: FieldNames) -> Layout | None:
     if names.chosen not in record or names.rejected not in record:
         return None
-    prompt = names.prompt if names.prompt in record else None
-    return Layout(PREFERENCE, prompt, (names.chosen, names.rejected), is_conversation(record[names.chosen]))
+    conversational = is_conversation(record[names.chosen])
+    # TRL's rule: a prompt column in the other form is a copy of the prompt the responses already hold
+    # (HuggingFaceH4/ultrafeedback_binarized: a string beside whole conversations), so the prompt is implicit
+    explicit = names.prompt in record and is_conversation(record[names.prompt]) == conversational
+    return Layout(PREFERENCE, names.prompt if explicit else None, (names.chosen, names.rejected), conversational)
 
 
 LAYOUTS = {PROMPT_ONLY: prompt_only_layout, PROMPT_COMPLETION: prompt_completion_layout,

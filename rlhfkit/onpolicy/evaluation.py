@@ -11,6 +11,7 @@ import torch
 from ..config import ConfigError, OnPolicyConfig
 from ..data import SFTRecord, load_prompts
 from ..data.examples import SFTExample, tokenize_sft
+from ..data.generic import field_names
 from ..data.split import split_by_prompt
 from ..devices import evaluation_mode, model_device
 from ..eval.report import image_html, table_html, write_report
@@ -32,14 +33,14 @@ PERF_CURVES = ["perf/generation_s", "perf/scoring_s", "perf/update_s", "perf/gen
 
 def split_posts(cfg: OnPolicyConfig, tokenizer) -> tuple[list[SFTExample], list[SFTExample], list[str]]:
     """(prompts to train on, held-out prompts to evaluate on, notes): the post split of `rlhfkit sft`."""
-    records, log = load_prompts(cfg.prompt_format, cfg.data, cfg.hf_split)
+    records, log = load_prompts(cfg.prompt_format, cfg.data, cfg.hf_split, field_names(cfg))
     train_records, val_records = split_by_prompt(records, lambda r: r.prompt_id, validation_size=cfg.validation_posts, seed=cfg.seed)
     train, train_log = tokenize_sft(train_records, tokenizer, cfg.max_query_length, 10**9)
     held_out, _ = tokenize_sft(val_records, tokenizer, cfg.max_query_length, 10**9)
     notes = [
-        f"loaded: {log.summary('posts')}",
+        f"loaded: {log.summary('prompts')}",
         f"split by prompt (seed {cfg.seed}): {len(train)} training prompts, {len(held_out)} held-out prompts",
-        f"queries truncated at a paragraph to {cfg.max_query_length} tokens (Detail 2): {sum(e.query.truncated for e in train)}",
+        f"queries truncated at a paragraph or turn to {cfg.max_query_length} tokens (Detail 2): {sum(e.query.truncated for e in train)}",
     ]
     if not train:
         raise ConfigError(f"no training prompts left in {', '.join(cfg.data)} after holding out {cfg.validation_posts} posts")
@@ -123,7 +124,9 @@ def write_onpolicy_report(run_dir: Path, name: str, notes: list[str], metrics: d
     sections = [("Data", "<br>".join(notes))]
     if metrics:
         sections.append(("Held-out posts: SFT vs trained policy", table_html([{"metric": k, "value": v} for k, v in metrics.items()], ["metric", "value"])))
+    components = sorted({k for row in history for k in row if k.startswith("rewards/") and not k.endswith("_errors")})
     plots = [("Figure 12: RLHF reward, KL, RM score; length and EOS rate", FIGURE_12, "curves.png"),
+             ("Reward components (each reward function and the reward model, before weighting)", components, "rewards.png"),
              ("Update statistics", UPDATE_CURVES, "update.png"), ("Time per phase", PERF_CURVES, "perf.png")]
     for title, keys, file in plots:
         plot = plot_curves(history, keys, run_dir / "plots" / file, f"{name.upper()} {title.split(':')[0]}")
