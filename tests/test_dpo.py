@@ -162,7 +162,7 @@ def test_implicit_reward_accuracy_breaks_down_like_a_reward_models(tiny_model_di
     _, val_pairs = pairs_for(cfg, tok)
     examples = dpo.reference_logprobs(reference, "ref", val_pairs, tok.pad_token_id, cfg, tmp_path / "ref.pt")
     chosen, rejected = dpo.implicit_rewards(policy, examples, tok.pad_token_id, cfg)
-    from rlhfkit.models import ImplicitRewardModel
+    from rlhfkit.reward_models import ImplicitRewardModel
 
     result = evaluate_reward_model(ImplicitRewardModel(policy, reference, cfg.beta), tok, val_pairs, tmp_path / "eval",
                                    batch_size=4, probes="", limits={"tldr": 128, "hh": 128, "cnndm": 128})

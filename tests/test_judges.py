@@ -339,7 +339,7 @@ def reward_model_dir(tiny_model_dir, tmp_path_factory):
 
 def test_reward_model_judge_picks_the_higher_reward_and_ties_equal_ones(reward_model_dir, tmp_path):
     from rlhfkit.data.formats import encode_completion, encode_text
-    from rlhfkit.models import load_reward_model
+    from rlhfkit.reward_models import load_reward_model
     from rlhfkit.scoring import score_texts
 
     prompt = "SUBREDDIT: r/test\n\nTITLE: a title\n\nPOST: my landlord kept the deposit.\n\nTL;DR:"

@@ -36,6 +36,7 @@ from ..onpolicy.rollout import EVALUATION_STREAM, RolloutBatch, chunk_generator,
 from ..onpolicy.update import completion_texts
 from ..rewards import answer_format, is_correct
 from ..tracking import write_jsonl
+from .compare import parse_named
 from .report import table_html, write_report
 from .winrate import bootstrap_interval
 
@@ -44,14 +45,7 @@ RESAMPLES = 2000
 
 def named_models(specs: list[str]) -> dict[str, str]:
     """name=model pairs in order; a model is an embedded name, a folder or a hub id."""
-    named: dict[str, str] = {}
-    for spec in specs:
-        name, sep, path = spec.partition("=")
-        if not sep or not name or not path:
-            raise ConfigError(f"models entry {spec!r} must be name=model (e.g. base=smollm2-135m,grpo=runs/grpo/model)")
-        if name in named:
-            raise ConfigError(f"models: the name {name!r} is given twice")
-        named[name] = path
+    named = parse_named(specs, "models", "base=smollm2-135m,grpo=runs/grpo/model")
     if not named:
         raise ConfigError("eval task=gsm8k needs models=name=model[,name=model...]: the first is the baseline the others are compared with")
     return named

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError, EvalConfig
-from ..models import load_policy, load_reward_model
+from ..models import load_policy
+from ..reward_models import load_reward_model
 from ..scoring import score_texts
 from ..tracking import read_jsonl
 from . import policy_stats
@@ -35,14 +36,22 @@ SAMPLE_FIELDS = ("prompt_id", "query", "reference", "text")
 OUTCOME = {"A": "win", "B": "loss", "tie": "tie", "unparseable": "unparseable"}
 
 
-def parse_named_paths(specs: list[str], key: str = "samples", folders: bool = False) -> dict[str, Path]:
-    named = {}
+def parse_named(specs: list[str], key: str, example: str) -> dict[str, str]:
+    """`name=value` entries in order, each name once."""
+    named: dict[str, str] = {}
     for spec in specs:
-        name, sep, path = spec.partition("=")
-        if not sep or not name or not path:
-            raise ConfigError(f"{key} entry {spec!r} must be name=path (e.g. ppo=runs/ppo/{'model' if folders else 'samples.jsonl'})")
+        name, sep, value = spec.partition("=")
+        if not sep or not name or not value:
+            raise ConfigError(f"{key} entry {spec!r} must be name=path (e.g. {example})")
         if name in named:
             raise ConfigError(f"{key}: the name {name!r} is given twice")
+        named[name] = value
+    return named
+
+
+def parse_named_paths(specs: list[str], key: str = "samples", folders: bool = False) -> dict[str, Path]:
+    named = {}
+    for name, path in parse_named(specs, key, f"ppo=runs/ppo/{'model' if folders else 'samples.jsonl'}").items():
         exists = Path(path).is_dir() if folders else Path(path).is_file()
         if not exists:
             raise ConfigError(f"{key}: {path} (for {name}) does not exist" + ("" if folders else "; write it with `rlhfkit generate`"))

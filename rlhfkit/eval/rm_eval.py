@@ -23,8 +23,9 @@ from ..data.examples import PairExample, prepare_pairs, query_limits
 from ..data.formats import encode_completion, encode_query
 from ..data.split import filter_comparisons, split_by_prompt
 from ..data.tldr import Comparison
-from ..models import DPO_RECORD, SCALAR_CONFIG, ScalarModel, load_implicit_reward_model, load_reward_model
+from ..models import DPO_RECORD, SCALAR_CONFIG, ScalarModel
 from ..reward_features import FeatureCache
+from ..reward_models import load_implicit_reward_model, load_reward_model
 from ..scoring import collate_scored, response_lengths, score_pair_heads, score_texts
 from . import rm_metrics, rm_report
 from .plots import plot_reward_logits

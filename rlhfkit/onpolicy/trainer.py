@@ -34,11 +34,11 @@ from ..models import (
     SCALAR_CONFIG,
     ScalarModel,
     enable_activation_checkpointing,
-    load_reward_model,
     load_tokenizer,
 )
 from ..ops import adaptive_kl_coef
 from ..preemption import resume_command
+from ..reward_models import load_reward_model
 from ..sharding import SavedState, ShardedOptimizerState, ShardedRun, shard_on_policy, splits_models
 from ..tracking import append_jsonl, drop_rows_after, write_jsonl
 from ..trainers.engine import accelerator_for, autocast_precision, start_run

@@ -32,8 +32,9 @@ from ..eval import rm_metrics, rm_report
 from ..eval.report import table_html
 from ..eval.rm_eval import builtin_probes_for, evaluate_reward_model, write_rm_report
 from ..generation import SamplingParams, generate_texts, sequence_logprobs
-from ..models import DPO_RECORD, ImplicitRewardModel
+from ..models import DPO_RECORD
 from ..plots import plot_training_curves
+from ..reward_models import ImplicitRewardModel
 from ..scoring import collate_pairs
 from ..sharding import splits_models
 from ..tracking import read_metrics, write_jsonl

@@ -141,7 +141,7 @@ class RewardModelJudge(Judge):
     format and length the reward model was trained on (for TL;DR the truncated query)."""
 
     def __init__(self, folder: str, cache_dir: str | Path | None, seed: int, batch_size: int):
-        from ...models import load_reward_model
+        from ...reward_models import load_reward_model
 
         self.model, self.tokenizer = load_reward_model(folder)
         self.batch_size = batch_size

@@ -1,0 +1,104 @@
+"""Reward models as the stages load them: a folder written by `rlhfkit rm` (`ScalarModel`), a
+sequence classifier trained elsewhere (TRL's `RewardTrainer` writes these), or a DPO policy's implicit
+reward (Detail 19), each behind the reward model's interface."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from .errors import ModelError
+from .models import (
+    DPO_RECORD,
+    SCALAR_CONFIG,
+    ScalarModel,
+    disable_dropout,
+    load_policy,
+    load_tokenizer,
+    model_loading,
+    resolve_model_path,
+)
+
+
+def classifier_architectures(source: str, trust_remote_code: bool) -> list[str]:
+    """The `ForSequenceClassification` architectures a folder's or hub id's config.json names."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError):
+        return []
+    return [a for a in (config.architectures or []) if a.endswith("ForSequenceClassification")]
+
+
+def from_sequence_classifier(source: str, trust_remote_code: bool = False) -> ScalarModel:
+    """A reward model trained elsewhere (TRL's RewardTrainer writes these): an
+    AutoModelForSequenceClassification with one output, as a ScalarModel whose eos-linear head is its
+    score layer, read at the response's EOS like rlhfkit's own (Detail 12)."""
+    from transformers import AutoModelForSequenceClassification
+
+    with model_loading(source):
+        classifier = AutoModelForSequenceClassification.from_pretrained(source, trust_remote_code=trust_remote_code, dtype=torch.float32)
+    if classifier.config.num_labels != 1:
+        raise ModelError(f"{source} is a sequence classifier with {classifier.config.num_labels} outputs; a reward model has one")
+    score = next((getattr(classifier, name) for name in ("score", "classifier") if isinstance(getattr(classifier, name, None), torch.nn.Linear)), None)
+    if score is None:
+        raise ModelError(f"{source}: its classification head is not one linear layer named score or classifier; rlhfkit cannot read it at EOS")
+    model = ScalarModel(disable_dropout(classifier.base_model), "eos-linear", classifier.config.pad_token_id)
+    with torch.no_grad():
+        model.head.weight.copy_(score.weight)
+        model.head.bias.copy_(score.bias if score.bias is not None else torch.zeros(1))
+    return model
+
+
+def load_reward_model(folder: str | Path, trust_remote_code: bool = False) -> tuple[ScalarModel, PreTrainedTokenizerBase]:
+    """A reward model and its tokenizer: a folder written by `rlhfkit rm`, or any
+    AutoModelForSequenceClassification folder or hub id with one output."""
+    source = resolve_model_path(str(folder))
+    if (Path(source) / SCALAR_CONFIG).is_file() or Path(source).is_dir() and not (Path(source) / "config.json").is_file():
+        model = ScalarModel.from_pretrained(source, trust_remote_code)
+    elif classifier_architectures(source, trust_remote_code):
+        model = from_sequence_classifier(source, trust_remote_code)
+    else:
+        raise ModelError(f"{folder} is not a reward model folder: it has no {SCALAR_CONFIG} (a model written by `rlhfkit rm`) and "
+                         "its config.json names no ForSequenceClassification architecture (a reward model trained elsewhere)")
+    return model.eval(), load_tokenizer(source, trust_remote_code)
+
+
+
+class ImplicitRewardModel(torch.nn.Module):
+    """DPO's implicit reward (equation 5), beta * (log pi(y|x) - log pi_ref(y|x)), behind the reward
+    model's interface, so `rlhfkit rm-eval` scores a DPO policy exactly as it scores a reward model
+    (Detail 19)."""
+
+    head_type = "dpo-implicit"
+
+    def __init__(self, policy: torch.nn.Module, reference: torch.nn.Module, beta: float):
+        super().__init__()
+        self.policy, self.reference, self.beta = policy, reference, beta
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+        from .generation import sequence_logprobs
+
+        policy = sequence_logprobs(self.policy, input_ids, attention_mask, response_mask)
+        reference = sequence_logprobs(self.reference, input_ids, attention_mask, response_mask)
+        return (self.beta * (policy - reference)).float()
+
+
+def load_implicit_reward_model(folder: str | Path, reference: str, beta: float, trust_remote_code: bool = False
+                               ) -> tuple[ImplicitRewardModel, PreTrainedTokenizerBase]:
+    """A DPO policy as a reward model. `reference` and `beta` default to what `rlhfkit dpo` recorded
+    in the folder; a policy from elsewhere needs both given."""
+    record_path = Path(folder) / DPO_RECORD
+    record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    reference = reference or record.get("reference_model", "")
+    beta = beta or record.get("beta", 0.0)
+    if not reference or not beta:
+        raise ModelError(f"{folder} is neither a reward model ({SCALAR_CONFIG} missing) nor a DPO policy written by "
+                         f"`rlhfkit dpo` ({DPO_RECORD} missing): to score a policy's implicit reward give reference_model= and beta=")
+    policy, tokenizer = load_policy(str(folder), trust_remote_code)
+    reference_policy, _ = load_policy(reference, trust_remote_code)
+    return ImplicitRewardModel(policy, reference_policy, beta).eval(), tokenizer
