@@ -164,7 +164,7 @@ def test_nothing_to_optimise_and_mismatched_weights_fail_in_one_line(ppo_dirs, t
         on_policy_setup("ppo", ppo_dirs, tmp_path, reward_model="", reward_functions="length")
 
 
-def test_a_sequence_classification_reward_model_scores_at_eos_like_its_own_head(tiny_model_dir, tmp_path):
+def test_a_sequence_classification_reward_model_scores_at_eos_like_its_own_head(tiny_model_dir, ppo_dirs, tmp_path):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     torch.manual_seed(3)
@@ -181,6 +181,10 @@ def test_a_sequence_classification_reward_model_scores_at_eos_like_its_own_head(
         expected = classifier.eval()(input_ids=ids, attention_mask=mask).logits.squeeze(-1)
         got = reward(ids, mask, eos_index=torch.tensor([3, 2]))
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+    cfg, models, train = on_policy_setup("ppo", ppo_dirs, tmp_path, reward_model=str(tmp_path / "trl-rm"))
+    assert torch.equal(models.value.head.weight, models.reward.head.weight)  # Detail 22: the value model starts as it
+    batch = trainer.collect(models, [e.query.ids for e in train], cfg, 0, cfg.kl_coef, "no", {})
+    assert batch.reward_components.shape == (batch.size, 1)
 
 
 def graded_answers(correct: list[list[int]]) -> dict:

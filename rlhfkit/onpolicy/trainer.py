@@ -31,10 +31,8 @@ from ..errors import ModelError
 from ..generation import SamplingParams
 from ..models import (
     EMBEDDED,
-    SCALAR_CONFIG,
     ScalarModel,
     enable_activation_checkpointing,
-    load_tokenizer,
 )
 from ..ops import adaptive_kl_coef
 from ..preemption import resume_command
@@ -84,17 +82,6 @@ def require_folder(path: str, key: str, what: str) -> None:
         raise ModelError(f"{key}={path}: no such folder; {what}")
 
 
-def require_scalar_folder(path: str, key: str) -> None:
-    what = "give the model/ folder written by `rlhfkit rm`"
-    if not path:
-        raise ConfigError(f"{key} is required: {what}")
-    if not Path(path).is_dir():
-        raise ModelError(f"{key}={path}: no such folder; {what}")
-    if not (Path(path) / SCALAR_CONFIG).is_file():
-        raise ModelError(f"{key}={path} is not a reward model folder ({SCALAR_CONFIG} missing): it has no scalar head. "
-                         "Give the model/ folder written by `rlhfkit rm`.")
-
-
 def check_same_tokenizer(policy_tok, other_tok, policy_path: str, other_path: str) -> None:
     if policy_tok.get_vocab() != other_tok.get_vocab() or (policy_tok.pad_token_id, policy_tok.eos_token_id) != (
         other_tok.pad_token_id, other_tok.eos_token_id):
@@ -103,12 +90,13 @@ def check_same_tokenizer(policy_tok, other_tok, policy_path: str, other_path: st
 
 
 def load_value_model(source: str, tokenizer, policy_path: str, trust_remote_code: bool) -> ScalarModel:
-    require_scalar_folder(source, "value_model")
-    value = ScalarModel.from_pretrained(source, trust_remote_code)
+    """A value model from a reward model: rlhfkit's own or a sequence classifier trained elsewhere."""
+    require_folder(source, "value_model", "give the model/ folder written by `rlhfkit rm`, or a sequence-classification model")
+    value, value_tok = load_reward_model(source, trust_remote_code)
     if value.head_type != "eos-linear":
         raise ModelError(f"value_model={source} has a {value.head_type} head; a value model needs a per-token "
                          "(eos-linear) head: give value_model= an eos-linear reward model")
-    check_same_tokenizer(tokenizer, load_tokenizer(source), policy_path, f"the value model ({source})")
+    check_same_tokenizer(tokenizer, value_tok, policy_path, f"the value model ({source})")
     return value
 
 
