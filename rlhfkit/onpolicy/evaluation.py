@@ -68,7 +68,8 @@ def summarise_and_score(policy, models: OnPolicyModels, examples: list[SFTExampl
     sources = models.reward_sources()
     components, _ = reward_components(models, batch, model_scores(models, batch, cfg), PromptTexts.of(examples), cfg.max_response_length)
     raw = sources.combine(components)
-    scores = eos_trick(raw, batch.has_eos, cfg.missing_eos_score) if cfg.eos_trick else raw
+    scores = with_configured_eos_trick(raw, batch.has_eos, cfg)
+    rm_scores = with_configured_eos_trick(components[:, -1], batch.has_eos, cfg) if sources.has_model else None
     texts = [text.strip() for text in completion_texts(batch, models.tokenizer)]
     rouge = rouge_l(texts, [e.record.summary.strip() for e in examples])
     rows = []
@@ -76,12 +77,15 @@ def summarise_and_score(policy, models: OnPolicyModels, examples: list[SFTExampl
         row = {"text": texts[i], "tokens": int(batch.lengths[i]), "has_eos": bool(batch.has_eos[i]), "score": float(scores[i]),
                "raw_score": float(raw[i]), "rouge_l": rouge[i]}
         row |= {f"reward_{name}": float(components[i, c]) for c, name in enumerate(sources.functions.names)}
-        if sources.has_model:  # as the paper reports it: Detail 23's constant where there is no EOS
-            model_score = components[i, -1:]
-            row["rm_score"] = float(eos_trick(model_score, batch.has_eos[i : i + 1], cfg.missing_eos_score) if cfg.eos_trick else model_score)
-            row["raw_rm_score"] = float(model_score)
+        if rm_scores is not None:  # as the paper reports it: Detail 23's constant where there is no EOS
+            row |= {"rm_score": float(rm_scores[i]), "raw_rm_score": float(components[i, -1])}
         rows.append(row)
     return rows
+
+
+def with_configured_eos_trick(scores: torch.Tensor, has_eos: torch.Tensor, cfg: OnPolicyConfig) -> torch.Tensor:
+    """Detail 23 when the run applies it: `missing_eos_score` where the response has no EOS."""
+    return eos_trick(scores, has_eos, cfg.missing_eos_score) if cfg.eos_trick else scores
 
 
 def prompt_body(record: SFTRecord) -> str:
