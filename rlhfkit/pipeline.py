@@ -17,7 +17,9 @@ from typing import Any
 
 from .checkpoint import find_checkpoint
 from .config import ConfigError, PipelineConfig, resolve
-from .eval.report import format_cell, image_html, table_html, write_report
+from .eval.caveats import read_json
+from .eval.report import Report, format_value
+from .plots import metric_series
 from .stages import STAGES
 from .tracking import read_metrics
 
@@ -135,37 +137,37 @@ def eval_options(cfg: PipelineConfig, root: Path, samples: list[str]) -> dict[st
 def headline_numbers(stage: str, stage_dir: Path) -> dict[str, Any]:
     """The numbers a stage ends with, read from the files it wrote."""
     if stage == "sft":
-        return {k: v for row in read_metrics(stage_dir) for k, v in row.items() if k.startswith("val/")}
+        losses = metric_series(read_metrics(stage_dir), "train/loss")[1]
+        first_last = {"train/loss_first": losses[0], "train/loss_last": losses[-1]} if losses else {}
+        validation = {k: v for row in read_metrics(stage_dir) for k, v in row.items() if k.startswith("val/")}
+        return first_last | validation | (read_json(stage_dir / "eval.json") or {})
     if stage in ("rm", "dpo") and (stage_dir / "rm_eval" / "rm_eval.json").is_file():
         result = json.loads((stage_dir / "rm_eval" / "rm_eval.json").read_text())
         return {"validation_accuracy": result.get("accuracy"), "pairs": result.get("pairs"),
+                "always_longer_accuracy": result.get("breakdown", {}).get("overall", {}).get("length_rule"),
                 "humans_prefer_longer": result.get("length_bias", {}).get("humans_prefer_longer")}
-    if (stage_dir / "eval.json").is_file():
-        return json.loads((stage_dir / "eval.json").read_text())
-    return {}
-
-
-def scalar_items(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
-    """(path, number) for every number in nested headline dictionaries, e.g. ("policies/ppo/kl", 4.2)."""
-    if isinstance(value, dict):
-        return [item for key, inner in value.items() for item in scalar_items(inner, f"{prefix}{key}/")]
-    return [(prefix.rstrip("/"), value)] if isinstance(value, int | float) and not isinstance(value, bool) else []
+    return read_json(stage_dir / "eval.json") or {}
 
 
 def write_pipeline_report(root: Path, summary: dict[str, Any]) -> Path:
-    """`<output_dir>/report.html`: each stage's wall time, headline numbers and link to its own report,
-    then every plot the stages drew (training curves, RM evaluation, the eval stage's figures)."""
-    rows = [{"stage": stage, "seconds": info.get("seconds"),
-             "headline": "\n".join(f"{k}: {format_cell(v)}" for k, v in scalar_items(info["headline"].get("policies", info["headline"])))}
-            for stage, info in summary.items()]
-    links = "".join(f'<li><a href="{stage}/report.html">{stage}/report.html</a></li>' for stage in summary
-                    if (root / stage / "report.html").is_file())
-    sections = [("Stages", table_html(rows, ["stage", "seconds", "headline"])), ("Each stage's own report", f"<ul>{links}</ul>")]
+    """`<output_dir>/report.html`: every stage's headline numbers beside their baselines and its
+    caveats (gathered from the stage's own `report.json`), its wall time and report, then its plots."""
+    seconds = sum(float(info.get("seconds") or 0) for info in summary.values())
+    report = Report(f"Pipeline {root.name}", {"output folder": str(root), "stages": " -> ".join(summary),
+                                              "wall time (s)": round(seconds, 1)})
     for stage in summary:
-        plots = sorted((root / stage).glob("plots/*.png")) + sorted((root / stage).glob("rm_eval/*.png")) + sorted((root / stage).glob("*.png"))
-        if plots:
-            sections.append((f"{stage}: plots", "".join(image_html(p) for p in plots)))
-    return write_report(root, "Pipeline", sections)
+        report.gather(stage, read_json(root / stage / "report.json") or {})
+    links = "".join(f'<li><a href="{stage}/report.html">{stage}/report.html</a> ({format_value(info.get("seconds"))} s)</li>'
+                    for stage, info in summary.items() if (root / stage / "report.html").is_file())
+    report.sections.append(("Each stage's own report and wall time", f"<ul>{links}</ul>"))
+    for stage in summary:
+        for plot in stage_plots(root / stage):
+            report.figure(f"{stage}: {plot.stem.replace('_', ' ')}", plot)
+    return report.write(root)
+
+
+def stage_plots(stage_dir: Path) -> list[Path]:
+    return sorted(stage_dir.glob("plots/*.png")) + sorted(stage_dir.glob("rm_eval/*.png")) + sorted(stage_dir.glob("*.png"))
 
 
 def run(cfg: PipelineConfig) -> int:

@@ -2,7 +2,7 @@
 
 - `pyplot` (the one entry point to matplotlib, Agg backend) and `save`, which every figure ends with;
 - training curves: the 2x2 `rm_training.png` of the reward model and DPO from metrics.jsonl rows,
-  and `plot_curves`, one panel per metric, for SFT and the on-policy stages.
+  and `plot_curves`, one panel per metric (at most three a row), for SFT and the on-policy stages.
 
 The figures of an evaluation's results are in `rlhfkit/eval/plots.py`.
 """
@@ -96,25 +96,42 @@ def plot_training_curves(
         else:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
         ax.set(title=title, xlabel="step")
+        integer_steps(ax)
         ax.grid(alpha=0.3)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     return save(fig, out / "rm_training.png")
 
 
+PANELS_PER_ROW = 3  # wider rows cannot be read in a report 1400 px wide
+
+
+def integer_steps(ax: Any) -> None:
+    """Steps and episodes are counts: no tick at step 1.2."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def plot_curves(rows: list[dict[str, Any]], keys: list[str], out: Path, title: str) -> Path | None:
-    """One panel per metric key present in `rows` (from metrics.jsonl), against step."""
+    """One panel per metric key present in `rows` (from metrics.jsonl), against step, at most
+    PANELS_PER_ROW panels a row."""
     plt = pyplot()
 
     present = [k for k in keys if any(isinstance(r.get(k), int | float) for r in rows)]
     if not present:
         return None
-    fig, axes = plt.subplots(1, len(present), figsize=(4.5 * len(present), 3.4), squeeze=False)
-    for ax, key in zip(axes[0], present, strict=True):
-        pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), int | float)]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 40 else None)
+    columns = min(PANELS_PER_ROW, len(present))
+    rows_of_panels = math.ceil(len(present) / columns)
+    fig, axes = plt.subplots(rows_of_panels, columns, figsize=(4.6 * columns, 3.4 * rows_of_panels + 0.4), squeeze=False)
+    for ax, key in zip(axes.flat, present, strict=False):
+        steps, values = metric_series(rows, key)
+        ax.plot(steps, values, marker="." if len(values) < 40 else None)
         ax.set(title=key, xlabel="step")
+        integer_steps(ax)
         ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(present):]:
+        ax.set_visible(False)
     fig.suptitle(title)
     out.parent.mkdir(parents=True, exist_ok=True)
     return save(fig, out)

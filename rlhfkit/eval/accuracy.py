@@ -36,8 +36,9 @@ from ..onpolicy.rollout import EVALUATION_STREAM, RolloutBatch, chunk_generator,
 from ..onpolicy.update import completion_texts
 from ..rewards import answer_format, is_correct
 from ..tracking import write_jsonl
+from .caveats import fell_caveat, few_prompts_caveat
 from .compare import parse_named
-from .report import table_html, write_report
+from .report import Report, with_intervals
 from .winrate import bootstrap_interval
 
 RESAMPLES = 2000
@@ -167,11 +168,30 @@ def run_accuracy(cfg: EvalConfig) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "accuracy.json").write_text(json.dumps({"problems": len(examples), "tables": tables}, indent=2))
     write_jsonl(out / "answers.jsonl", answer_rows(examples, results))
-    columns = list(dict.fromkeys(k for table in tables.values() for row in table for k in row))
-    report = write_report(out, "GSM8K accuracy", [(f"Problems: {label}", table_html(rows, columns)) for label, rows in tables.items()])
+    report = write_accuracy_report(out, tables, cfg)
     print(json.dumps(tables, indent=2))
     print(f"report: {report}")
     return 0
+
+
+def write_accuracy_report(out: Path, tables: dict[str, list[dict[str, Any]]], cfg: EvalConfig) -> Path:
+    """Each policy's greedy accuracy beside the first policy's on the same problems, with the paired difference."""
+    report = Report("GSM8K accuracy", {"folder": str(out), "policies": ", ".join(cfg.models), "data": ", ".join(cfg.data)})
+    everything = next(iter(tables.values()))
+    first = everything[0]
+    report.caveat(few_prompts_caveat(first["problems"], "problems"))
+    for row in everything:
+        accuracy = (row["greedy_accuracy"], row["greedy_accuracy_low"], row["greedy_accuracy_high"])
+        if row is first:
+            report.number(f"{row['policy']}: greedy accuracy", accuracy)
+            continue
+        report.number(f"{row['policy']}: greedy accuracy", accuracy, first["greedy_accuracy"], first["policy"],
+                      fell_caveat("greedy accuracy", first["greedy_accuracy"], row["greedy_accuracy"], first["policy"]))
+        report.number(f"{row['policy']}: minus {first['policy']} (paired)",
+                      (row["greedy_minus_first"], row["greedy_minus_first_low"], row["greedy_minus_first_high"]), 0, "no difference")
+    for label, rows in tables.items():
+        report.table(f"Problems: {label}", [with_intervals(r) for r in rows])
+    return report.write(out)
 
 
 def answer_rows(examples: list[SFTExample], results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:

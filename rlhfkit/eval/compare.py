@@ -25,9 +25,9 @@ from ..scoring import score_texts
 from ..tracking import read_jsonl
 from . import policy_stats
 from .alarms import alarms, words
+from .eval_report import judge_agreement, write_eval_report
 from .judges import ApiOptions, Pair, Verdict, make_judge
 from .plots import plot_reward_vs_kl
-from .report import image_html, table_html, write_report
 from .rm_report import json_safe
 from .rouge import mean, rouge_l
 from .winrate import length_adjusted_win_rate, length_bins, win_rate
@@ -210,11 +210,11 @@ def run(cfg: EvalConfig) -> int:
     if judge is not None and len(named) > 1:
         result["head_to_head"] = head_to_head(judge, samples, ids, cfg.seed)
     if judge is not None:
-        result["judge"] = judge.describe() | {"stats": judge.stats.as_dict()}
+        result["judge"] = judge.describe() | {"stats": judge.stats.as_dict(), "agreement_with_humans": judge_agreement(cfg.judge, out)}
     if any("kl" in s and "rm_score" in s for s in result["policies"].values()):
         points = {n: (s["kl"], s["rm_score"]) for n, s in result["policies"].items() if "kl" in s and "rm_score" in s}
         plot_reward_vs_kl(points, out / "reward_vs_kl.png")
-    write_eval_report(out, result)
+    write_eval_report(out, result, cfg.reward_model)
     for summary in result["policies"].values():
         summary.pop("shift_html", None)  # HTML for the report, not data
     (out / "eval.json").write_text(json.dumps(json_safe(result), indent=2))
@@ -241,38 +241,3 @@ def headline(result: dict[str, Any]) -> str:
             line += f", alarms: {', '.join(s['alarms']['flags'])}"
         lines.append(line)
     return "\n".join(lines)
-
-
-def write_eval_report(out: Path, result: dict[str, Any]) -> Path:
-    rows = []
-    for name, s in result["policies"].items():
-        rate, adjusted = s.get("win_rate", {}), s.get("length_adjusted", {})
-        rows.append({"policy": name, "ROUGE-L": s.get("rouge_l"), "words": s["words"], "EOS rate": s["eos_rate"],
-                     "win rate vs references": rate.get("rate"), "interval": (rate.get("low"), rate.get("high")),
-                     "at equal length": adjusted.get("win_rate_at_equal_length"), "alarms": ", ".join(s["alarms"]["flags"]) or "none"})
-    sections = [("Policies", table_html(rows, list(rows[0])))]
-    categories = [{"policy": n, "category": c, **v} for n, s in result["policies"].items() for c, v in s.get("by_category", {}).items()]
-    if categories:
-        sections.append(("Prompt suite by category", table_html(categories, ["policy", "category", "prompts", "capability_pass_rate", "rm_score"])))
-    shift = [{"policy": n, **s["token_shift"], "KL to reference": s.get("kl"), "RM score": s.get("rm_score")}
-             for n, s in result["policies"].items() if "token_shift" in s]
-    if shift:
-        sections.append(("Token shift against the reference (Appendix F.2), KL and RM score",
-                         table_html(shift, ["policy", "unshifted", "marginal", "shifted", "KL to reference", "RM score"])))
-        for name, s in result["policies"].items():
-            coloured = "".join(f"<p>{h}</p>" for h in s.get("shift_html", []))
-            if coloured:
-                sections.append((f"{name}: tokens the reference ranks 1st (blue), 2nd-3rd (yellow), lower (red)", coloured))
-    if (out / "reward_vs_kl.png").is_file():
-        sections.append(("RM score against KL to the reference", image_html(out / "reward_vs_kl.png")))
-    for name, s in result["policies"].items():
-        if "length_bins" in s:
-            sections.append((f"{name}: win rate by log(length / reference length) (Figure 8)",
-                             table_html(s["length_bins"], ["low", "high", "pairs", "votes", "win_rate"])))
-    if "head_to_head" in result:
-        names = list(result["head_to_head"])
-        matrix = [{"row beats column": a} | {b: result["head_to_head"][a].get(b, {}).get("rate", "") for b in names} for a in names]
-        sections.append(("Head to head", table_html(matrix, ["row beats column", *names])))
-    if "judge" in result:
-        sections.append(("Judge", f"<pre>{json.dumps(json_safe(result['judge']), indent=2)}</pre>"))
-    return write_report(out, "Policy evaluation", sections)

@@ -25,8 +25,9 @@ from ..data import load_pairs
 from ..data.split import filter_comparisons
 from ..data.tldr import Comparison
 from . import rm_metrics
+from .caveats import judge_caveat
 from .judges import ApiOptions, Pair, Verdict, make_judge
-from .report import table_html, write_report
+from .report import Report, key_values
 from .rm_report import json_safe
 from .winrate import bootstrap_interval
 
@@ -182,13 +183,21 @@ def run(cfg: JudgeEvalConfig) -> int:
 
 
 def write_judge_report(out: Path, summary: dict[str, Any]) -> Path:
-    overview = {"agreement with humans": summary["agreement"]["agreement"], "interval": (summary["agreement"]["low"], summary["agreement"]["high"]),
-                "always prefer the longer": summary["longer_baseline"]["agreement"]} | summary["position_bias"]
-    sections = [("Judge", f"<pre>{json.dumps(summary['judge'], indent=2)}</pre>"),
-                ("Agreement and position bias", table_html([{"metric": k, "value": v} for k, v in overview.items()], ["metric", "value"]))]
+    spec, agreement = summary["judge"]["judge"], summary["agreement"]
+    measured = {**agreement, "pairs": summary["pairs"], "source": "this judge-eval"}
+    report = Report(f"Judge evaluation: {spec}", {"folder": str(out), "judge": spec, "data": summary.get("data"),
+                                                   "pairs": summary["pairs"], "verdicts": summary["verdicts"],
+                                                   "unparseable verdicts": summary["unparseable"], "ties": summary["ties"]})
+    report.number("agreement with humans (both orders)", (agreement["agreement"], agreement["low"], agreement["high"]),
+                  summary["longer_baseline"]["agreement"], "always prefer the longer response", judge_caveat(spec, measured))
+    report.number("agreement with humans, against chance", agreement["agreement"], 0.5, "chance (a coin)")
+    bias, length = summary["position_bias"], summary["length_preference"]
+    report.number("votes for the response shown first", bias["first_position_share"], 0.5, "a judge blind to position")
+    report.number("same pick in both orders", bias["consistent_share"], 1.0, "a judge blind to position")
+    report.number("votes for the longer response", length["judge_picks_longer"], length["humans_pick_longer"], "humans on the same pairs")
     for name in ("split", "batch", "confidence", "task"):
         groups = summary.get("breakdown", {}).get(name, {})
-        if groups:
-            sections.append((f"Agreement by {name}", table_html([{name: g, **s} for g, s in groups.items()], [name, "accuracy", "count", "stderr"])))
-    sections.append(("Calls and cost", f"<pre>{json.dumps(summary['stats'], indent=2)}</pre>"))
-    return write_report(out, f"Judge evaluation: {summary['judge']['judge']}", sections)
+        report.table(f"Agreement by {name}", [{name: g, **s} for g, s in groups.items()], [name, "accuracy", "count", "stderr"])
+    report.table("Judge", key_values(summary["judge"]), ["key", "value"])
+    report.table("Calls and cost", key_values(summary["stats"]), ["key", "value"])
+    return report.write(out)

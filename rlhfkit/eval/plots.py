@@ -42,14 +42,7 @@ def plot_calibration(calib: dict[str, Any], path: Path) -> Path:
         capsize=3,
         label="reward model",
     )
-    for b in bins:
-        ax.annotate(
-            f"n={b['count']}",
-            (b["mean_margin"], b["accuracy"]),
-            textcoords="offset points",
-            xytext=(4, -10),
-            fontsize=7,
-        )
+    label_bin_counts(ax, [(b["mean_margin"], b["accuracy"], b["count"]) for b in bins], float(grid[-1]))
     ax.set(
         title=f"RM calibration (ECE {calib['ece']:.3f})",
         xlabel="|score difference| $\\Delta$",
@@ -60,6 +53,17 @@ def plot_calibration(calib: dict[str, Any], path: Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
     return save(fig, path)
+
+
+def label_bin_counts(ax: Any, points: list[tuple[float, float, int]], x_span: float) -> None:
+    """`n=` beside each bin, skipping a bin too close to the last labelled one and alternating above
+    and below, so that neighbouring labels never overlap."""
+    last_x, above = None, True
+    for x, y, count in sorted(points):
+        if last_x is not None and x - last_x < 0.09 * x_span:
+            continue
+        ax.annotate(f"n={count}", (x, y), textcoords="offset points", xytext=(4, 8 if above else -14), fontsize=7)
+        last_x, above = x, not above
 
 
 def plot_length_bias(

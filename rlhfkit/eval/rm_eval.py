@@ -10,6 +10,8 @@ pairs, and `write_rm_report` puts their run in report.html.
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -27,10 +29,12 @@ from ..models import DPO_RECORD, SCALAR_CONFIG, ScalarModel
 from ..reward_features import FeatureCache
 from ..reward_models import load_implicit_reward_model, load_reward_model
 from ..scoring import collate_scored, response_lengths, score_pair_heads, score_texts
+from ..tracking import read_metrics
 from . import rm_metrics, rm_report
+from .caveats import budget_caveat, few_prompts_caveat, read_json, reward_model_caveat
 from .plots import plot_reward_logits
 from .probes import DEFAULT_PROBES, load_probes, probe_items, probe_table
-from .report import image_html, table_html, write_report
+from .report import Report, Table, config_text, trained_amount, training_summary
 
 
 def dump_reward_logits(model: ScalarModel, tokenizer, examples: list[PairExample], out: Path) -> list[dict[str, Any]]:
@@ -95,27 +99,46 @@ def evaluate_reward_model(
     return result
 
 
-def write_rm_report(run_dir: Path, notes: list[str], evaluation: dict[str, Any], eval_dir: Path, title: str = "Reward model",
-                    extra_sections: list[tuple[str, str]] = ()) -> Path:
-    """report.html of a reward-model or DPO run: its data notes, validation accuracy by group, plots and probes."""
-    cells: dict[str, Any] = {}
+def write_rm_report(run_dir: Path, stage: str, cfg: Any, notes: list[str], evaluation: dict[str, Any], eval_dir: Path,
+                    title: str = "Reward model", extra: Sequence[Table] = ()) -> Path:
+    """report.html of a reward-model or DPO run: validation accuracy beside the always-longer rule,
+    accuracy by group, calibration bins, plots and probes."""
+    history = read_metrics(run_dir)
+    report = Report(f"{title} run {run_dir.name}", training_summary(run_dir, cfg.model, notes, history, cfg.total_batch_size, "pairs"),
+                    config=config_text(run_dir))
+    report.caveat(budget_caveat(stage, trained_amount(history, cfg.total_batch_size)))
     if "breakdown" in evaluation:
-        cells = rm_report.accuracy_cells(evaluation["breakdown"]["overall"])
-        cells["intervals"] = rm_report.protocol_note(evaluation)
-    overview = table_html([{"metric": k, "value": v} for k, v in cells.items()], ["metric", "value"])
-    sections = [("Data", "<br>".join(notes)), ("Validation accuracy", overview)]
-    for name in ("confidence", "batch", "split", "task"):
-        groups = evaluation.get("breakdown", {}).get(name, {})
-        if groups:
-            rows = [{name: g, **rm_report.accuracy_cells(stats)} for g, stats in groups.items()]
-            sections.append((f"Accuracy by {name} (Detail 16)", table_html(rows, list(rows[0]))))
+        accuracy_numbers(report, evaluation)
+        for name in ("confidence", "batch", "split", "task"):
+            groups = evaluation["breakdown"].get(name, {})
+            report.table(f"Accuracy by {name} (Detail 16)", [{name: g, **rm_report.accuracy_cells(stats)} for g, stats in groups.items()])
+        report.table("Calibration bins (Figure 5 right)", [{"mean |margin|": b["mean_margin"], "accuracy": b["accuracy"], "stderr": b["stderr"],
+                                                            "pairs": b["count"]} for b in evaluation["calibration"]["bins"]])
+    report.tables += list(extra)
     for png in sorted([*(run_dir / "plots").glob("*.png"), *eval_dir.glob("*.png")]):
-        sections.append((png.stem.replace("_", " "), image_html(png)))
-    if (eval_dir / "probes.md").exists():
-        sections.append(("Probes", f"<pre>{(eval_dir / 'probes.md').read_text()}</pre>"))
-    sections += list(extra_sections)
-    sections.append(("Resolved config", f"<pre>{(run_dir / 'config.yaml').read_text()}</pre>"))
-    return write_report(run_dir, f"{title} run {run_dir.name}", sections)
+        report.figure(png.stem.replace("_", " "), png)
+    probes = (read_json(eval_dir / "rm_eval.json") or {}).get("probes", {}).get("checks", [])
+    report.table("Probes: scores along quality and length ladders", [
+        {"probe": c["probe"], "ladder": c["ladder"], "scores": [round(x, 3) for x in c["scores"]], "Spearman": c["spearman"],
+         "verdict": c["verdict"]} for c in probes])
+    return report.write(run_dir)
+
+
+def accuracy_numbers(report: Report, evaluation: dict[str, Any]) -> None:
+    overall = evaluation["breakdown"]["overall"]
+    report.number("held-out accuracy", (overall["accuracy"], overall["low"], overall["high"]),
+                  (overall["length_rule"], overall["length_rule_low"], overall["length_rule_high"]), "always prefer the longer response",
+                  reward_model_caveat(overall["accuracy"], overall["length_rule"], overall["model_minus_rule_high"]))
+    report.number("accuracy minus always-longer (paired)", (overall["model_minus_rule"], overall["model_minus_rule_low"],
+                                                             overall["model_minus_rule_high"]), 0, "no difference",
+                  rm_report.versus_length_rule(overall))
+    report.number(f"accuracy where humans chose the shorter ({overall['chosen_shorter_count']} pairs)",
+                  (overall["chosen_shorter_accuracy"], overall["chosen_shorter_low"], overall["chosen_shorter_high"]), 0,
+                  "always prefer the longer response")
+    report.number("validation loss", evaluation.get("loss"), math.log(2), "a constant score (ln 2)")
+    report.number("calibration error (ECE)", evaluation["calibration"]["ece"])
+    report.caveat(few_prompts_caveat(overall["count"], "held-out pairs"))
+    report.summary["intervals"] = rm_report.protocol_note(evaluation)
 
 
 def load_pair_scorer(cfg: RMEvalConfig) -> tuple[torch.nn.Module, Any]:

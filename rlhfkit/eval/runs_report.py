@@ -15,9 +15,10 @@ from typing import Any
 import yaml
 
 from ..config import ConfigError, RunsReportConfig
-from ..plots import pyplot, save
+from ..plots import integer_steps, pyplot, save
 from ..tracking import read_metrics
-from .report import image_html, table_html, write_report
+from .caveats import budget_caveat
+from .report import Report, scalar_items, trained_amount
 
 HEADLINE = ["objective/scores", "objective/kl", "response/length_mean", "response/eos_rate", "val/accuracy", "val/loss",
             "train/loss", "train/margin"]
@@ -48,13 +49,14 @@ def x_axis(runs: list[dict[str, Any]]) -> str:
 
 def plot_metric(runs: list[dict[str, Any]], key: str, axis: str, path: Path) -> Path:
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    fig, ax = plt.subplots(figsize=(6.5, 4))
     for run in runs:
         points = [(r[axis], r[key]) for r in run["rows"] if isinstance(r.get(key), int | float) and axis in r]
         if points:
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 40 else None,
                     label=f"{run['name']} ({run['stage']})")
     ax.set(title=key, xlabel=axis)
+    integer_steps(ax)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     return save(fig, path)
@@ -84,14 +86,18 @@ def run(cfg: RunsReportConfig) -> int:
     (out / "plots").mkdir(parents=True, exist_ok=True)
     keys = shared_metrics(runs)
     axis = x_axis(runs)
-    sections = [("Runs (last logged values)", table_html(summary_rows(runs, [k for k in HEADLINE if k in keys]),
-                                                          ["run", "stage", "learning rate", "steps", "episodes", *[k for k in HEADLINE if k in keys]]))]
-    evaluated = [{"run": r["name"], **{k: v for k, v in r["eval"].items() if isinstance(v, int | float)}} for r in runs if r["eval"]]
-    if evaluated:
-        columns = ["run", *sorted({k for row in evaluated for k in row if k != "run"})]
-        sections.append(("Held-out evaluation (eval.json)", table_html(evaluated, columns)))
+    report = Report(f"{len(runs)} runs: {', '.join(r['name'] for r in runs)}",
+                    {"runs": "\n".join(f"{r['name']} ({r['stage']}): {folder}" for r, folder in zip(runs, cfg.runs, strict=True)),
+                     "x axis": axis, "metrics logged by at least two runs": len(keys)})
+    for r in runs:
+        line = budget_caveat(r["stage"], trained_amount(r["rows"], int(r["config"].get("total_batch_size") or 0)))
+        report.caveat(f"{r['name']}: {line}" if line else "")
+    headline = [k for k in HEADLINE if k in keys]
+    report.table("Runs (last logged values)", summary_rows(runs, headline), ["run", "stage", "learning rate", "steps", "episodes", *headline])
+    evaluated = [{"run": r["name"], **dict(scalar_items(r["eval"]))} for r in runs if r["eval"]]
+    report.table("Held-out evaluation (eval.json)", evaluated, ["run", *sorted({k for row in evaluated for k in row if k != "run"})])
     for key in keys[: cfg.max_plots]:
-        sections.append((key, image_html(plot_metric(runs, key, axis, out / "plots" / (key.replace("/", "_") + ".png")))))
-    report = write_report(out, f"{len(runs)} runs: {', '.join(r['name'] for r in runs)}", sections)
-    print(f"report: {report} ({len(keys)} shared metrics against {axis})")
+        report.figure(key, plot_metric(runs, key, axis, out / "plots" / (key.replace("/", "_") + ".png")))
+    path = report.write(out)
+    print(f"report: {path} ({len(keys)} shared metrics against {axis})")
     return 0

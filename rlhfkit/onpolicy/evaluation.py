@@ -14,11 +14,12 @@ from ..data.examples import SFTExample, tokenize_sft
 from ..data.generic import field_names
 from ..data.split import split_by_prompt
 from ..devices import evaluation_mode, model_device
-from ..eval.report import image_html, table_html, write_report
+from ..eval.caveats import budget_caveat, fell_caveat, few_prompts_caveat, reward_model_caveat_of
+from ..eval.report import Report, config_text, trained_amount, training_summary
 from ..eval.rouge import mean, rouge_l
 from ..generation import SamplingParams
 from ..ops import eos_trick
-from ..plots import plot_curves
+from ..plots import metric_series, plot_curves
 from ..tracking import read_jsonl, read_metrics
 from .rewarding import PromptTexts
 from .rollout import EVALUATION_STREAM, chunk_generator, sample_responses
@@ -123,27 +124,47 @@ def compare_policies(models: OnPolicyModels, examples: list[SFTExample], cfg: On
     return metrics, rows
 
 
-def write_onpolicy_report(run_dir: Path, name: str, notes: list[str], metrics: dict[str, float], rows: list[dict]) -> Path:
+def write_onpolicy_report(run_dir: Path, cfg: OnPolicyConfig, name: str, notes: list[str], metrics: dict[str, float], rows: list[dict]) -> Path:
     history = read_metrics(run_dir)
-    sections = [("Data", "<br>".join(notes))]
-    if metrics:
-        sections.append(("Held-out posts: SFT vs trained policy", table_html([{"metric": k, "value": v} for k, v in metrics.items()], ["metric", "value"])))
+    report = Report(f"{name.upper()} run {run_dir.name}", training_summary(run_dir, cfg.model, notes, history, cfg.total_batch_size, "episodes"),
+                    config=config_text(run_dir))
+    report.caveat(budget_caveat(name, trained_amount(history, cfg.total_batch_size)))
+    if cfg.reward_model:
+        report.caveat(reward_model_caveat_of(Path(cfg.reward_model)))
+    held_out_numbers(report, name, metrics)
+    scores = metric_series(history, "objective/scores")[1]
+    if scores:
+        report.number("RM score of training rollouts, last update", scores[-1], scores[0], "first update",
+                      fell_caveat("the rollouts' score", scores[0], scores[-1], "first update"))
     components = sorted({k for row in history for k in row if k.startswith("rewards/") and not k.endswith("_errors")})
     plots = [("Figure 12: RLHF reward, KL, RM score; length and EOS rate", FIGURE_12, "curves.png"),
              ("Reward components (each reward function and the reward model, before weighting)", components, "rewards.png"),
              ("Update statistics", UPDATE_CURVES, "update.png"), ("Time per phase", PERF_CURVES, "perf.png")]
     for title, keys, file in plots:
-        plot = plot_curves(history, keys, run_dir / "plots" / file, f"{name.upper()} {title.split(':')[0]}")
-        if plot is not None:
-            sections.append((title, image_html(plot)))
-    if rows:
-        columns = ["post", "reference", "sft", name, "sft_score", f"{name}_score", "sft_tokens", f"{name}_tokens"]
-        sections.append(("Held-out samples", table_html(rows[:10], columns)))
+        report.figure(title, plot_curves(history, keys, run_dir / "plots" / file, f"{name.upper()} {title.split(':')[0]}"))
+    columns = ["post", "reference", "sft", name, "sft_score", f"{name}_score", "sft_tokens", f"{name}_tokens"]
+    report.sample_table("Held-out samples", rows[:10], columns)
     samples_path = run_dir / SAMPLES_FILE
     if samples_path.exists():
         logged = read_jsonl(samples_path)
         last = max(r["step"] for r in logged) if logged else 0
-        sections.append((f"Highest- and lowest-scored training samples (update {last})",
-                         table_html([r for r in logged if r["step"] == last], ["rank", "score", "kl", "advantage", "length", "has_eos", "response"])))
-    sections.append(("Resolved config", f"<pre>{(run_dir / 'config.yaml').read_text()}</pre>"))
-    return write_report(run_dir, f"{name.upper()} run {run_dir.name}", sections)
+        report.sample_table(f"Highest- and lowest-scored training samples (update {last})", [r for r in logged if r["step"] == last],
+                            ["rank", "score", "kl", "advantage", "length", "has_eos", "response"])
+    return report.write(run_dir)
+
+
+def held_out_numbers(report: Report, name: str, metrics: dict[str, float]) -> None:
+    """The trained policy beside the SFT policy it started from, on the same held-out prompts."""
+    if not metrics:
+        return
+    report.caveat(few_prompts_caveat(int(metrics["eval/posts"]), "held-out prompts"))
+    for key, label in (("score", "score"), ("rm_score", "RM score"), ("eos_rate", "EOS rate"), ("length", "length (tokens)"),
+                       ("rouge_l", "ROUGE-L")):
+        after, before = metrics.get(f"eval/{name}_{key}"), metrics.get(f"eval/sft_{key}")
+        if after is None or (key == "rm_score" and metrics.get(f"eval/{name}_score") == after):
+            continue  # the score is the RM score when the reward model is the only reward
+        caveat = "" if key in ("length", "rouge_l") else fell_caveat(f"held-out {label}", before, after, "SFT policy")
+        report.number(f"held-out {label}", after, before, "SFT policy (the start)", caveat)
+    beats = metrics.get(f"eval/{name}_beats_sft_score")
+    if beats is not None:
+        report.number(f"share of held-out prompts where {name} outscores SFT", beats, 0.5, "chance")

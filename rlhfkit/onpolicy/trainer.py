@@ -358,7 +358,7 @@ def run(cfg: OnPolicyConfig) -> int:
     metrics, rows = steps.comparison
     write_jsonl(run_dir / "eval_samples.jsonl", rows)
     (run_dir / "eval.json").write_text(json.dumps(metrics, indent=2))
-    report = write_onpolicy_report(run_dir, name, notes, metrics, rows)
+    report = write_onpolicy_report(run_dir, cfg, name, notes, metrics, rows)
     print(json.dumps(metrics | {"updates": steps.total}, indent=2))
     print(f"model: {run_dir / 'model'}\nreport: {report}")
     return 0

@@ -29,7 +29,7 @@ from ..data.examples import PairExample, prepare_pairs, query_limits
 from ..data.split import split_comparisons
 from ..devices import autocast, evaluation_mode, model_device
 from ..eval import rm_metrics, rm_report
-from ..eval.report import table_html
+from ..eval.report import Table
 from ..eval.rm_eval import builtin_probes_for, evaluate_reward_model, write_rm_report
 from ..generation import SamplingParams, generate_texts, sequence_logprobs
 from ..models import DPO_RECORD
@@ -219,7 +219,7 @@ def run(cfg: DPOConfig) -> int:
     reference_path = Path(reference_name).resolve() if Path(reference_name).is_dir() else reference_name
     (run_dir / "model" / DPO_RECORD).write_text(json.dumps({"reference_model": str(reference_path), "beta": cfg.beta}, indent=2))
     evaluation: dict[str, Any] = {}
-    extra_sections = []
+    extra: list[Table] = []
     if val_pairs:
         implicit = ImplicitRewardModel(final, reference, cfg.beta)
         evaluation = evaluate_reward_model(implicit, tokenizer, val_pairs, run_dir / "rm_eval", batch_size=cfg.forward_batch_size,
@@ -230,10 +230,10 @@ def run(cfg: DPOConfig) -> int:
         write_jsonl(run_dir / "eval_samples.jsonl", samples)
         if samples:
             lengths = {who: float(np.mean([s[f"{who}_tokens"] for s in samples])) for who in ("reference", "dpo")}
-            extra_sections.append((f"Greedy responses to {len(samples)} validation prompts (mean tokens: reference "
-                                   f"{lengths['reference']:.1f}, DPO {lengths['dpo']:.1f})",
-                                   table_html(samples[:10], ["prompt", "human_chosen", "reference", "dpo", "reference_tokens", "dpo_tokens"])))
+            extra.append(Table(f"Greedy responses to {len(samples)} validation prompts (mean tokens: reference "
+                               f"{lengths['reference']:.1f}, DPO {lengths['dpo']:.1f})", samples[:10],
+                               ["prompt", "human_chosen", "reference", "dpo", "reference_tokens", "dpo_tokens"]))
     plot_training_curves(read_metrics(run_dir), run_dir / "plots")
-    write_rm_report(run_dir, notes, evaluation, run_dir / "rm_eval", "DPO (implicit reward, equation 5)", extra_sections)
+    write_rm_report(run_dir, "dpo", cfg, notes, evaluation, run_dir / "rm_eval", "DPO (implicit reward, equation 5)", extra)
     print(f"model: {run_dir / 'model'}\nreport: {run_dir / 'report.html'}")
     return 0

@@ -31,7 +31,7 @@ from ..reward_models import load_reward_model
 from ..scoring import collate_packed_pairs, pair_scores, score_pairs, score_texts
 from ..tracking import read_metrics
 from .engine import Stage, autocast_precision, is_main_process, start_run, train
-from .reward_cv import cross_validate, cross_validation_sections
+from .reward_cv import cross_validate, cross_validation_tables
 
 
 def pair_metrics(margin: torch.Tensor, chosen: torch.Tensor, rejected: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -180,7 +180,7 @@ def run(cfg: RMConfig) -> int:
     else:
         notes.append("no validation pairs (validation_fraction=0): evaluate with `rlhfkit rm-eval`")
     plot_training_curves(read_metrics(run_dir), run_dir / "plots")
-    write_rm_report(run_dir, notes, evaluation, run_dir / "rm_eval", extra_sections=cross_validation_sections(run_dir))
+    write_rm_report(run_dir, "rm", cfg, notes, evaluation, run_dir / "rm_eval", extra=cross_validation_tables(run_dir))
     print(f"model: {run_dir / 'model'}\nreport: {run_dir / 'report.html'}")
     return 0
 

@@ -30,7 +30,7 @@ from ..config import ConfigError, RMConfig
 from ..data.examples import PairExample, length_balanced_indices, response_length_columns
 from ..data.split import prompt_folds
 from ..eval import rm_metrics, rm_report
-from ..eval.report import table_html
+from ..eval.report import Table
 from ..models import ScalarModel
 from .engine import Stage, train
 
@@ -122,13 +122,12 @@ def cross_validate(cfg: RMConfig, initial: ScalarModel, make_stage: StageFactory
     return result
 
 
-def cross_validation_sections(run_dir: Path) -> list[tuple[str, str]]:
+def cross_validation_tables(run_dir: Path) -> list[Table]:
     """The report's cross-validation table, when the run cross-validated (in this process or an earlier one)."""
     path = run_dir / "cross_validation" / "rm_eval.json"
     if not path.is_file():
         return []
     result = json.loads(path.read_text())
     cells = rm_report.accuracy_cells(result["breakdown"]["overall"]) | {"protocol": result["protocol"]}
-    rows = [{"metric": k, "value": v} for k, v in cells.items()]
-    return [("Cross-validation (every training pair, scored by a fold model that never saw its prompt)",
-             table_html(rows, ["metric", "value"]) + "<br>" + "<br>".join(result["folds"]))]
+    rows = [{"metric": k, "value": v} for k, v in cells.items()] + [{"metric": f"fold {i}", "value": fold} for i, fold in enumerate(result["folds"])]
+    return [Table("Cross-validation (every training pair, scored by a fold model that never saw its prompt)", rows, ["metric", "value"])]

@@ -22,11 +22,12 @@ from ..data import field_names, load_prompts, load_sft_data
 from ..data.collate import IGNORE_INDEX, right_pad_query_response
 from ..data.examples import SFTExample, tokenize_sft
 from ..data.split import split_by_prompt
-from ..eval.report import image_html, table_html, write_report
+from ..eval.caveats import budget_caveat, fell_caveat, few_prompts_caveat
+from ..eval.report import Report, config_text, trained_amount, training_summary
 from ..eval.rouge import mean, rouge_l
 from ..generation import SamplingParams, generate_texts, target_logprobs
 from ..models import load_policy
-from ..plots import plot_curves
+from ..plots import metric_series, plot_curves
 from ..tracking import read_jsonl, read_metrics, write_jsonl
 from .engine import Stage, is_main_process, start_run, train
 
@@ -95,17 +96,25 @@ def summary_metrics(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 def write_sft_report(run_dir: Path, cfg: SFTConfig, metrics: dict[str, float], rows: list[dict], data_notes: list[str]) -> Path:
     history = read_metrics(run_dir)
-    plot = plot_curves(history, ["train/loss", "val/loss", "train/lr", "perf/tokens_per_s"], run_dir / "plots" / "loss.png", "SFT")
+    report = Report(f"SFT run {run_dir.name}", training_summary(run_dir, cfg.model, data_notes, history, cfg.total_batch_size, "examples"),
+                    config=config_text(run_dir))
+    report.caveat(budget_caveat("sft", trained_amount(history, cfg.total_batch_size)))
+    losses = metric_series(history, "train/loss")[1]
+    if losses:
+        report.number("training loss, last step", losses[-1], losses[0], "first step")
+    if "val/loss" in metrics:
+        report.number("validation loss", metrics["val/loss"])
+    for metric, name in (("rouge_l", "ROUGE-L against the references"), ("eos_rate", "EOS rate")):
+        if f"eval/sft_{metric}" in metrics:
+            base = metrics.get(f"eval/base_{metric}")
+            report.number(f"{name} (SFT model)", metrics[f"eval/sft_{metric}"], base, "the starting model" if base is not None else "",
+                          fell_caveat(name, base, metrics[f"eval/sft_{metric}"], "starting model"))
+    report.caveat(few_prompts_caveat(int(metrics["eval/posts"]), "held-out prompts") if "eval/posts" in metrics else "")
+    report.figure("Training curves", plot_curves(history, ["train/loss", "val/loss", "train/lr", "perf/tokens_per_s"],
+                                                 run_dir / "plots" / "loss.png", "SFT"))
     columns = ["post", "prompt", "reference", "base", "sft", "base_rouge_l", "sft_rouge_l"]
-    sections = [
-        ("Data", "<br>".join(data_notes)),
-        ("Evaluation (held-out prompts)", table_html([{"metric": k, "value": v} for k, v in metrics.items()], ["metric", "value"])),
-    ]
-    if plot is not None:
-        sections.append(("Training curves", image_html(plot)))
-    sections.append(("Samples: prompt / reference / base model / SFT model", table_html(rows[:10], [c for c in columns if rows and c in rows[0]])))
-    sections.append(("Resolved config", f"<pre>{(run_dir / 'config.yaml').read_text()}</pre>"))
-    return write_report(run_dir, f"SFT run {run_dir.name}", sections)
+    report.sample_table("Samples: prompt / reference / base model / SFT model", rows[:10], columns)
+    return report.write(run_dir)
 
 
 def run(cfg: SFTConfig) -> int:
