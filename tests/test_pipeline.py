@@ -7,6 +7,7 @@ import pytest
 from rlhfkit.cli import main as cli_main
 from rlhfkit.config import ConfigError, resolve
 from rlhfkit.pipeline import check_order
+from rlhfkit.tracking import read_metrics
 
 from .helpers import cli_args, first_lines, stage_args
 
@@ -40,7 +41,8 @@ def test_pipeline_runs_every_stage_then_skips_finished_ones_and_resumes_an_inter
     summary = json.loads((out / "pipeline.json").read_text())
     assert list(summary) == ["sft", "rm", "ppo", "eval"] and "validation_accuracy" in summary["rm"]["headline"]
     report = (out / "report.html").read_text()  # one page: every stage's numbers, link and plots
-    assert all(f'href="{stage}/report.html"' in report for stage in summary) and "ppo/kl: " in report
+    assert all(f'href="{stage}/report.html"' in report for stage in summary) and "ppo: held-out score" in report
+    assert_caveats_follow_the_numbers(out)
     pngs = [p for stage in summary for p in (out / stage).glob("**/*.png") if p.parent.name in ("plots", "rm_eval", stage)]
     assert len(pngs) >= 5 and report.count("<img") == len(pngs)
     capsys.readouterr()
@@ -53,6 +55,20 @@ def test_pipeline_runs_every_stage_then_skips_finished_ones_and_resumes_an_inter
     assert cli_main(["pipeline", "--preset", "quickstart", *args]) == 0
     assert (out / "ppo" / "metrics.jsonl").read_text() == before  # nothing retrained: the last checkpoint was the end
     assert "resume:" in (out / "ppo" / "config.yaml").read_text()
+
+
+def assert_caveats_follow_the_numbers(out):
+    """The pipeline report's caveats are its stages' own numbers read through the caveat rules."""
+    caveat_lines = json.loads((out / "report.json").read_text())["caveats"]
+    rm = json.loads((out / "rm" / "rm_eval" / "rm_eval.json").read_text())["breakdown"]["overall"]
+    flagged = any("at or below always-prefer-longer" in line for line in caveat_lines)
+    assert flagged == (rm["accuracy"] <= rm["length_rule"]), caveat_lines
+    ppo = json.loads((out / "ppo" / "eval.json").read_text())
+    fell = any(line.startswith("ppo: held-out score") and "fell from" in line for line in caveat_lines)
+    assert fell == (ppo["eval/ppo_score"] < ppo["eval/sft_score"]), caveat_lines
+    episodes = max(r.get("episodes", 0) for r in read_metrics(out / "ppo"))
+    assert f"ppo: trained on {episodes} episodes" in "\n".join(caveat_lines)
+    assert f"ppo: evaluated on {ppo['eval/posts']} held-out prompts" in "\n".join(caveat_lines)
 
 
 def hh_pipeline_args(tiny_model_dir, data, out):

@@ -24,7 +24,7 @@ def test_on_policy_runs_line_up_by_episodes_and_last_values_are_tabled(tmp_path,
     assert (out / "plots" / "objective_scores.png").is_file()
     assert not (out / "plots" / "loss_kl_avg.png").exists()  # logged by one run only
     html = (out / "report.html").read_text()
-    assert "<td>ppo</td><td>ppo</td>" in html and "<td>-0.2000</td>" in html and "<td>64</td>" in html
+    assert "<td>ppo</td><td>ppo</td>" in html and "<td>-0.200</td>" in html and "<td>64</td>" in html
     assert "eval/ppo_rm_score" in html
 
 

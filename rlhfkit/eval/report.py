@@ -25,6 +25,7 @@ from typing import Any
 
 PREVIEW_LINES, PREVIEW_CHARS = 3, 240  # a longer cell (a whole post) is collapsed behind its start
 MISSING, NOT_A_NUMBER = "-", "n/a"
+NON_NUMBERS = {"None", "nan", "NaN", "inf", "-inf", "+inf", "Infinity", "-Infinity"}  # Python's and JSON's spellings
 
 
 @dataclass
@@ -190,7 +191,7 @@ def format_value(value: Any) -> str:
     if isinstance(value, list):
         return ", ".join(format_value(v) for v in value) or MISSING
     text = str(value)
-    return NOT_A_NUMBER if text.strip().lower() in ("nan", "inf", "-inf", "+inf", "none", "null") else text
+    return NOT_A_NUMBER if text.strip() in NON_NUMBERS else text
 
 
 def table_html(rows: list[dict[str, Any]], columns: list[str]) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from ..config import ConfigError, OnPolicyConfig
-from ..data import SFTRecord, load_prompts
+from ..data import SFTRecord, load_prompts, usable
 from ..data.examples import SFTExample, tokenize_sft
 from ..data.generic import field_names
 from ..data.split import split_by_prompt
@@ -34,7 +34,8 @@ PERF_CURVES = ["perf/generation_s", "perf/scoring_s", "perf/update_s", "perf/gen
 
 def split_posts(cfg: OnPolicyConfig, tokenizer) -> tuple[list[SFTExample], list[SFTExample], list[str]]:
     """(prompts to train on, held-out prompts to evaluate on, notes): the post split of `rlhfkit sft`."""
-    records, log = load_prompts(cfg.prompt_format, cfg.data, cfg.hf_split, field_names(cfg))
+    records, log = usable(load_prompts(cfg.prompt_format, cfg.data, cfg.hf_split, field_names(cfg)), cfg.data, "prompts",
+                          f"prompt_format={cfg.prompt_format}")
     train_records, val_records = split_by_prompt(records, lambda r: r.prompt_id, validation_size=cfg.validation_posts, seed=cfg.seed)
     train, train_log = tokenize_sft(train_records, tokenizer, cfg.max_query_length, 10**9)
     held_out, _ = tokenize_sft(val_records, tokenizer, cfg.max_query_length, 10**9)
@@ -44,7 +45,8 @@ def split_posts(cfg: OnPolicyConfig, tokenizer) -> tuple[list[SFTExample], list[
         f"queries truncated at a paragraph or turn to {cfg.max_query_length} tokens (Detail 2): {sum(e.query.truncated for e in train)}",
     ]
     if not train:
-        raise ConfigError(f"no training prompts left in {', '.join(cfg.data)} after holding out {cfg.validation_posts} posts")
+        raise ConfigError(f"no training prompts left in {', '.join(cfg.data)} after holding out validation_posts={cfg.validation_posts} "
+                          f"(loaded: {log.summary('prompts')})")
     return train, held_out, notes
 
 def model_scores(models: OnPolicyModels, batch, cfg: OnPolicyConfig) -> torch.Tensor | None:
@@ -132,16 +134,18 @@ def write_onpolicy_report(run_dir: Path, cfg: OnPolicyConfig, name: str, notes: 
     if cfg.reward_model:
         report.caveat(reward_model_caveat_of(Path(cfg.reward_model)))
     held_out_numbers(report, name, metrics)
-    scores = metric_series(history, "objective/scores")[1]
-    if scores:
-        report.number("RM score of training rollouts, last update", scores[-1], scores[0], "first update",
-                      fell_caveat("the rollouts' score", scores[0], scores[-1], "first update"))
+    for key, label in (("objective/scores", "RM score"), ("response/eos_rate", "EOS rate")):
+        values = metric_series(history, key)[1]
+        if values:
+            report.number(f"{label} of training rollouts, last update", values[-1], values[0], "first update",
+                          fell_caveat(f"the rollouts' {label}", values[0], values[-1], "first update"))
     components = sorted({k for row in history for k in row if k.startswith("rewards/") and not k.endswith("_errors")})
-    plots = [("Figure 12: RLHF reward, KL, RM score; length and EOS rate", FIGURE_12, "curves.png"),
-             ("Reward components (each reward function and the reward model, before weighting)", components, "rewards.png"),
-             ("Update statistics", UPDATE_CURVES, "update.png"), ("Time per phase", PERF_CURVES, "perf.png")]
-    for title, keys, file in plots:
-        report.figure(title, plot_curves(history, keys, run_dir / "plots" / file, f"{name.upper()} {title.split(':')[0]}"))
+    plots = [("Figure 12: RLHF reward, KL, RM score; length and EOS rate", FIGURE_12, "curves.png", "Figure 12"),
+             ("Reward components (each reward function and the reward model, before weighting)", components, "rewards.png",
+              "reward components"),
+             ("Update statistics", UPDATE_CURVES, "update.png", "update statistics"), ("Time per phase", PERF_CURVES, "perf.png", "time per phase")]
+    for title, keys, file, short in plots:
+        report.figure(title, plot_curves(history, keys, run_dir / "plots" / file, f"{name.upper()} {short}"))
     columns = ["post", "reference", "sft", name, "sft_score", f"{name}_score", "sft_tokens", f"{name}_tokens"]
     report.sample_table("Held-out samples", rows[:10], columns)
     samples_path = run_dir / SAMPLES_FILE
