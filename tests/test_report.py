@@ -22,6 +22,7 @@ def test_long_cells_are_collapsed_behind_their_first_lines_and_everything_is_esc
     (87.8, "87.8"), (23.5, "23.5"), (0.48034, "0.480"), (-0.0963, "-0.096"), (1.2345, "1.23"), (12.0, "12"), (123456.0, "123,456"),
     (True, "yes"), ((0.48, 0.41, 0.55), "0.480 [0.410, 0.550]"), ((-0.009, -0.025, 0.006), "-0.009 [-0.025, +0.006]"),
     ((0.625, 0.25, 1.0), "0.625 [0.250, 1.000]"), ((0.5, None, None), "0.500"), ({"a": 1.5, "b": None}, "a 1.50; b -"),
+    ([0.1, -0.2, 0.3], "0.100, -0.200, 0.300"),  # a list of scores, not an interval
 ])
 def test_cells_are_rounded_to_what_they_carry_and_never_show_none_or_inf(value, shown):
     assert format_value(value) == shown
@@ -63,6 +64,11 @@ def test_the_pipeline_gathers_each_stage_record_once_under_its_stage_name(tmp_pa
     pipeline = Report("pipeline")
     pipeline.gather("rm", json.loads((tmp_path / "rm" / "report.json").read_text()))
     assert pipeline.all_caveats() == ["rm: trained on 16 pairs", "rm: accuracy: below the length rule"]
+    stage.number("held-out accuracy", (0.48, 0.41, 0.55))
+    stage.write(tmp_path / "rm")
+    again = Report("pipeline")
+    again.gather("rm", json.loads((tmp_path / "rm" / "report.json").read_text()))
+    assert format_value(again.numbers[-1].value) == "0.480 [0.410, 0.550]"  # still an interval after JSON
 
 
 def test_the_judge_caveat_fires_for_agreement_near_or_below_chance_and_names_its_source(tmp_path):

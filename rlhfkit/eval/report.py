@@ -30,7 +30,7 @@ NON_NUMBERS = {"None", "nan", "NaN", "inf", "-inf", "+inf", "Infinity", "-Infini
 
 @dataclass
 class Number:
-    """A headline number: `value` is a number, a (value, low, high) interval or text; `baseline` the
+    """A headline number: `value` is a number, a (value, low, high) tuple (an interval) or text; `baseline` the
     trivial rule's value under the name `baseline_name`; `caveat` one line shown beside it."""
 
     metric: str
@@ -121,7 +121,8 @@ class Report:
     def gather(self, stage: str, record: dict[str, Any]) -> None:
         """Another report's numbers and caveats (its `report.json`), each named after `stage`."""
         for n in record.get("numbers", []):
-            self.numbers.append(Number(f"{stage}: {n['metric']}", n["value"], n.get("baseline"), n.get("baseline_name", ""), n.get("caveat", "")))
+            value, baseline = (tuple(v) if isinstance(v, list) else v for v in (n["value"], n.get("baseline")))  # JSON lost the tuples
+            self.numbers.append(Number(f"{stage}: {n['metric']}", value, baseline, n.get("baseline_name", ""), n.get("caveat", "")))
         for line in record.get("caveats", []):
             if not any(n.caveat and line.endswith(n.caveat) for n in self.numbers):
                 self.caveat(f"{stage}: {line}")
@@ -182,7 +183,7 @@ def format_value(value: Any) -> str:
         return "yes" if value else "no"
     if isinstance(value, int | float):
         return format_number(float(value))
-    if isinstance(value, tuple | list) and len(value) == 3 and isinstance(value[0], int | float | None):
+    if isinstance(value, tuple) and len(value) == 3 and isinstance(value[0], int | float | None):
         return format_interval(*value)
     if isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, int | float | None) for v in value):
         return MISSING if None in value else f"[{format_number(value[0])}, {format_number(value[1])}]"
