@@ -265,10 +265,11 @@ def trained_amount(history: list[dict[str, Any]], per_step: int) -> int:
 
 def training_summary(run_dir: Path, model: str, notes: list[str], history: list[dict[str, Any]], per_step: int,
                      unit: str) -> dict[str, Any]:
-    seconds = sum(float(r[k]) for r in history for k in ("perf/step_s", "perf/update_total_s") if isinstance(r.get(k), int | float))
+    # metrics are logged every log_every steps: a mean of the logged steps, not a sum
+    seconds = [float(r[k]) for r in history for k in ("perf/step_s", "perf/update_total_s") if isinstance(r.get(k), int | float)]
     return {"run folder": str(run_dir), "model": model, "optimizer steps": last_step(history),
-            f"{unit} trained on": trained_amount(history, per_step), "training seconds": seconds or None,
-            "data": "\n".join(notes)}
+            f"{unit} trained on": trained_amount(history, per_step),
+            "seconds per step (mean of the logged ones)": sum(seconds) / len(seconds) if seconds else None, "data": "\n".join(notes)}
 
 
 def finite(value: Any) -> Any:
