@@ -11,6 +11,7 @@ from . import config as cfgmod
 from .config import ConfigError
 from .errors import NonFiniteError, UserError
 from .presets import ABOUT
+from .run_folder import require_resume_path, unstarted_runs_taken_back
 from .stages import STAGES, Stage, multi_process_names
 
 
@@ -125,6 +126,7 @@ def resumed_run_config(parsed: Parsed) -> str | None:
     resume = (parsed.overrides or {}).get("resume")
     if not resume or parsed.preset:
         return None
+    require_resume_path(resume)
     checkpoint = find_checkpoint(resume)
     candidates = [Path(resume) / "config.yaml"] + ([checkpoint.parents[1] / "config.yaml"] if checkpoint else [])
     return next((str(c) for c in candidates if c.is_file()), None)
@@ -175,40 +177,49 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_command(argv: list[str]) -> int:
     try:
-        if not argv or argv[0] in ("-h", "--help"):
-            print(overview())
-            return 0
-        cmd, rest = find_command(argv)
-        parsed = parse_args(cmd, rest)
-        if parsed.help:
-            print(command_help(cmd))
-            return 0
-        from .launch import inside_launcher, relaunch
-
-        config_file = parsed.config_file or resumed_run_config(parsed)
-        # a command without a config class is given its positional argument (None without one)
-        argument = cfgmod.resolve(cmd.name, parsed.preset, config_file, parsed.overrides) if cmd.config else parsed.positional
-        if parsed.num_processes > 1 and not inside_launcher():
-            if not cmd.multi_process:
-                raise ConfigError(f"{' '.join(cmd.words)} runs in one process; --num-processes is for {multi_process_names()}")
-            return relaunch([*cmd.words, *strip_launcher_flag(rest)], parsed.num_processes)
-        if not inside_launcher():
-            return int(cmd.runner()(argument) or 0)
-        from .distributed import leave_process_group
-
-        try:
-            code = int(cmd.runner()(argument) or 0)
-        except SystemExit:  # a stop all processes agreed on (preemption): they leave together
-            leave_process_group()
-            raise
-        leave_process_group()
-        return code
+        with unstarted_runs_taken_back():
+            return run_stage(argv)
     except NonFiniteError as e:
         print(f"rlhfkit: stopped: {e}", file=sys.stderr)
         return 3
     except UserError as e:  # the message names what to fix: one line, no traceback
         print(f"rlhfkit: error: {e}", file=sys.stderr)
         return 2
+
+
+def run_stage(argv: list[str]) -> int:
+    """Run the command `argv` names, in this process or, under --num-processes N, in N launched ones."""
+    if not argv or argv[0] in ("-h", "--help"):
+        print(overview())
+        return 0
+    cmd, rest = find_command(argv)
+    parsed = parse_args(cmd, rest)
+    if parsed.help:
+        print(command_help(cmd))
+        return 0
+    from .launch import inside_launcher, relaunch
+
+    config_file = parsed.config_file or resumed_run_config(parsed)
+    if config_file and not parsed.config_file:  # the run's own options: its first start may have moved another run aside
+        parsed.overrides.setdefault("overwrite", "false")
+    # a command without a config class is given its positional argument (None without one)
+    argument = (cfgmod.resolve(cmd.name, parsed.preset, config_file, parsed.overrides, parsed.num_processes) if cmd.config
+                else parsed.positional)
+    if parsed.num_processes > 1 and not inside_launcher():
+        if not cmd.multi_process:
+            raise ConfigError(f"{' '.join(cmd.words)} runs in one process; --num-processes is for {multi_process_names()}")
+        return relaunch([*cmd.words, *strip_launcher_flag(rest)], parsed.num_processes)
+    if not inside_launcher():
+        return int(cmd.runner()(argument) or 0)
+    from .distributed import leave_process_group
+
+    try:
+        code = int(cmd.runner()(argument) or 0)
+    except SystemExit:  # a stop all processes agreed on (preemption): they leave together
+        leave_process_group()
+        raise
+    leave_process_group()
+    return code
 
 
 if __name__ == "__main__":

@@ -102,6 +102,7 @@ class RunConfig(DataFieldsConfig):
     log_every: int = opt(1, "log metrics every N optimizer steps", minimum=1)
     report_to: list[Literal["tensorboard", "wandb"]] = opt(["tensorboard"], "trackers besides metrics.jsonl (wandb needs the wandb extra)")
     resume: str = opt("", "run directory or checkpoint folder to resume from")
+    overwrite: bool = opt(False, "start afresh in an output_dir that holds another run: move that run aside to <output_dir>.old-<time>")
 
 
 @dataclass
@@ -187,10 +188,6 @@ class DPOConfig(PairConfig):
     eval_samples: int = opt(16, "validation prompts answered greedily by the reference and the DPO policy at the end (0: none)")
 
 
-def sft_data_opt(help_text: str) -> Any:
-    return opt(["vwxyzjn/summarize_from_feedback_tldr_3_filtered"], help_text, "Detail 1")
-
-
 @dataclass
 class OnPolicyConfig(RunConfig):
     """Fields of every on-policy stage: prompts, sampling, scoring, KL penalty, clipped updates."""
@@ -205,8 +202,8 @@ class OnPolicyConfig(RunConfig):
     reward_error_score: float = opt(-1.0, "reward of a row whose reward function raised or returned a non-finite value (each one is "
                                           "reported and counted in rewards/<name>_errors)", minimum=-math.inf)
     stop_on_reward_error: bool = opt(False, "stop the run at the first row a reward function fails on, instead of scoring it reward_error_score")
-    data: list[str] = sft_data_opt("prompts: TL;DR SFT data (their posts), HH-RLHF comparisons (their dialogues) with prompt_format=hh, "
-                                   "GSM8K problems with prompt_format=gsm8k")
+    data: list[str] = opt(["vwxyzjn/summarize_from_feedback_tldr_3_filtered"], "prompts: TL;DR SFT data (their posts), HH-RLHF comparisons "
+                          "(their dialogues) with prompt_format=hh, GSM8K problems with prompt_format=gsm8k", "Detail 1")
     prompt_format: Literal["tldr-sft", "hh", "gsm8k", "auto", "prompt-only"] = opt(
         "tldr-sft", "format of `data`; for hh the chosen response is the reference the evaluation compares with, for gsm8k the "
         "reference solution (its final number is the `answer` column the gsm8k reward reads)")
@@ -470,9 +467,10 @@ def read_config_file(path: str) -> tuple[dict[str, Any], str]:
     return read_yaml_text(p.read_text(), str(p)), str(p)
 
 
-def resolve(stage: str, preset: str | None, config_file: str | None, overrides: dict[str, Any]) -> Any:
-    """Build the config of `stage` from defaults, a preset or file, and overrides."""
-    from .stages import STAGES  # the registry imports this module's config classes: read it once they exist
+def resolve(stage: str, preset: str | None, config_file: str | None, overrides: dict[str, Any], processes: int = 1) -> Any:
+    """Build the config of `stage` from defaults, a preset or file, and overrides, checked for `processes` processes."""
+    from .config_checks import check_config, launched_processes
+    from .stages import STAGES  # these import the config classes above: read them once they exist
 
     cls = STAGES[stage].config
     cfg = cls()
@@ -491,7 +489,7 @@ def resolve(stage: str, preset: str | None, config_file: str | None, overrides: 
                 raise ConfigError(f"{where} starts from {preset_where}, which is for stage {preset_stage!r}, not {stage!r}")
             cfg = apply(cls, preset_values, preset_where, cfg)
         cfg = apply(cls, values, where, cfg)
-    return apply(cls, overrides, "command-line arguments", cfg)
+    return check_config(apply(cls, overrides, "command-line arguments", cfg), launched_processes(processes))
 
 
 def to_yaml(cfg: Any, stage: str) -> str:

@@ -106,6 +106,28 @@ def resolve_model_path(name_or_path: str) -> str:
     return name_or_path
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
+
+
+def check_model_source(name_or_path: str, key: str | None = None) -> None:
+    """Fail in one line, naming `key=`, on a local model that cannot load: a path that does not exist, or a
+    folder without any tokenizer file (`save_pretrained` writes one). Other names are hub ids, left to the hub."""
+    where, folder = f"{key}={name_or_path}" if key else name_or_path, Path(name_or_path).expanduser()
+    if name_or_path in EMBEDDED or not folder.is_dir() and not looks_like_path(name_or_path):
+        return
+    if not folder.is_dir():
+        raise ModelError(f"{where}: no such folder; give a model folder, an embedded name ({', '.join(EMBEDDED)}) or a hub id (org/name)")
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelError(f"{where}: the folder has no tokenizer files ({', '.join(TOKENIZER_FILES)}); save the model's tokenizer "
+                         f"there (tokenizer.save_pretrained('{name_or_path}')) or give a folder that has one")
+
+
+def looks_like_path(text: str) -> bool:
+    """Meant as a local path, not a hub id (org/name): it starts like one, has 2+ separators, or its first part exists here."""
+    parts = Path(text).parts
+    return text.startswith((".", "/", "~")) or len(parts) > 2 or len(parts) == 2 and Path(parts[0]).exists()
+
+
 def ensure_pad_token(tokenizer: PreTrainedTokenizerBase) -> bool:
     """Detail 3: give the tokenizer a [PAD] distinct from EOS; return True when a token was added."""
     if tokenizer.eos_token_id is None:
@@ -140,12 +162,13 @@ def model_loading(path: str):
             yield
     except OSError as e:
         raise ModelError(
-            f"cannot load {path!r}: {e}\nGive an embedded name ({', '.join(EMBEDDED)}), a folder with config.json "
-            "and *.safetensors, or a hub id (needs network access or the local HF cache)."
+            f"cannot load {path!r}: {' '.join(str(e).split())} Give an embedded name ({', '.join(EMBEDDED)}), a folder with "
+            "config.json and *.safetensors, or a hub id (needs network access or the local HF cache)."
         ) from None
 
 
 def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    check_model_source(name_or_path)
     path = resolve_model_path(name_or_path)
     with model_loading(path):
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)

@@ -10,16 +10,18 @@ posts with the SFT policy and every trained policy (`rlhfkit generate`), then co
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
 from typing import Any
 
 from .checkpoint import find_checkpoint
-from .config import ConfigError, PipelineConfig, resolve
+from .config import ConfigError, PipelineConfig, resolve, to_yaml
 from .eval.caveats import read_json
 from .eval.report import Report, format_value
 from .plots import metric_series
+from .run_folder import holds_other_run
 from .stages import STAGES
 from .tracking import read_metrics
 
@@ -71,12 +73,18 @@ def check_order(stages: list[str], task: str = "tldr") -> None:
 
 
 def stage_config(stage: str, cfg: PipelineConfig, root: Path) -> Any:
+    """A stage's options: its preset, the pipeline's options for it and the wiring. An unfinished stage
+    resumes from its checkpoint; one that saved none starts again in its folder, where an interrupted
+    attempt with other options (the pipeline's were changed since) is first moved aside (overwrite)."""
     options = dict(getattr(cfg, stage))
     preset = options.pop("preset", None)
     overrides = options | wiring(stage, cfg, root)
     if find_checkpoint(str(root / stage)) is not None:
         overrides["resume"] = str(root / stage)
-    return resolve(stage, preset, None, overrides)
+    stage_cfg = resolve(stage, preset, None, overrides)
+    if not stage_cfg.resume and holds_other_run(root / stage, to_yaml(stage_cfg, stage)):
+        return dataclasses.replace(stage_cfg, overwrite=True)
+    return stage_cfg
 
 
 def call(stage: str, stage_cfg: Any) -> None:
@@ -173,6 +181,8 @@ def stage_plots(stage_dir: Path) -> list[Path]:
 def run(cfg: PipelineConfig) -> int:
     check_order(list(cfg.stages), cfg.task)
     root = Path(cfg.output_dir)
+    for stage in (s for s in cfg.stages if s != "eval"):
+        stage_config(stage, cfg, root)  # every stage's options are checked before the first stage runs
     root.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {}
     for stage in cfg.stages:

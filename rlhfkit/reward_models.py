@@ -15,6 +15,7 @@ from .models import (
     DPO_RECORD,
     SCALAR_CONFIG,
     ScalarModel,
+    check_model_source,
     disable_dropout,
     load_policy,
     load_tokenizer,
@@ -57,6 +58,7 @@ def from_sequence_classifier(source: str, trust_remote_code: bool = False) -> Sc
 def load_reward_model(folder: str | Path, trust_remote_code: bool = False) -> tuple[ScalarModel, PreTrainedTokenizerBase]:
     """A reward model and its tokenizer: a folder written by `rlhfkit rm`, or any
     AutoModelForSequenceClassification folder or hub id with one output."""
+    check_model_source(str(folder))
     source = resolve_model_path(str(folder))
     if (Path(source) / SCALAR_CONFIG).is_file() or Path(source).is_dir() and not (Path(source) / "config.json").is_file():
         model = ScalarModel.from_pretrained(source, trust_remote_code)

@@ -51,6 +51,14 @@ def lock_run_dir(run_dir: Path) -> None:
     release_on_sigterm()
 
 
+def release_run_dir(run_dir: Path) -> None:
+    """Give `run_dir` back before this process exits: it will not run there after all."""
+    path = (run_dir / LOCK_FILE).resolve()
+    if path in HELD:
+        HELD.discard(path)
+        path.unlink(missing_ok=True)
+
+
 def holder_record(pid: int) -> dict[str, Any]:
     return {"pid": pid, "host": socket.gethostname(), "process_start": process_start(pid),
             "started": datetime.now().isoformat(timespec="seconds")}

@@ -19,7 +19,9 @@ class Tracker:
         if "tensorboard" in report_to:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(log_dir=str(run_dir / "tb"), purge_step=resume_step + 1 if resume_step else None)
+            # TensorBoard hides the events of earlier files from purge_step on: those after the checkpoint
+            # resumed, or at a fresh start all an earlier start of the same run left in tb/
+            self.tb = SummaryWriter(log_dir=str(run_dir / "tb"), purge_step=resume_step + 1 if resume_step else 0)
         if "wandb" in report_to:
             try:
                 import wandb

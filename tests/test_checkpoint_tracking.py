@@ -87,12 +87,14 @@ def test_length_bucketed_micro_batches_hold_the_same_examples_with_less_padding(
         assert padded(bucketed) <= padded(plain)
 
 
-def test_schedule_rejects_a_batch_that_does_not_divide():
+def test_a_batch_that_does_not_divide_is_refused_with_the_config_and_by_the_schedule_on_more_processes():
     from rlhfkit.config import ConfigError
 
-    cfg = resolve("sft", None, None, {"total_batch_size": 6, "micro_batch_size": 4})
     with pytest.raises(ConfigError, match="total_batch_size=6"):
-        plan_schedule(cfg, examples=100, processes=1)
+        resolve("sft", None, None, {"total_batch_size": 6, "micro_batch_size": 4})
+    cfg = resolve("sft", None, None, {"total_batch_size": 6, "micro_batch_size": 2})
+    with pytest.raises(ConfigError, match="total_batch_size=6"):
+        plan_schedule(cfg, examples=100, processes=2)
 
 
 def test_tracker_writes_jsonl_and_tensorboard_and_forgets_metrics_after_resume_step(tmp_path):

@@ -152,8 +152,8 @@ def test_seed_governs_the_reward_head_initialisation(tmp_path):
     from rlhfkit.trainers.engine import start_run
 
     heads = []
-    for seed in (1, 1, 2):
-        start_run(resolve("rm", None, None, {"seed": seed, "output_dir": str(tmp_path / "r")}), "rm")
+    for i, seed in enumerate((1, 1, 2)):
+        start_run(resolve("rm", None, None, {"seed": seed, "output_dir": str(tmp_path / f"r{i}")}), "rm")
         heads.append(linear_head(16).weight.detach().clone())
     assert torch.equal(heads[0], heads[1]) and not torch.equal(heads[0], heads[2])
 
@@ -177,7 +177,7 @@ def test_mean_mlp_head_pools_exactly_the_response_and_ignores_query_padding(tiny
 def test_missing_model_or_probe_file_is_a_user_error(tmp_path):
     from rlhfkit.models import ModelError, load_policy
 
-    with pytest.raises(ModelError, match="cannot load"):
+    with pytest.raises(ModelError, match="no-such-model: no such folder"):
         load_policy(str(tmp_path / "no-such-model"))
     from rlhfkit.errors import UserError
     from rlhfkit.eval.probes import load_probes

@@ -1,6 +1,7 @@
 """Post-disjoint K-fold cross-validation of reward models (`rlhfkit rm cross_validation_folds=K`)."""
 
 import json
+import shutil
 from collections import Counter
 
 import pytest
@@ -35,6 +36,12 @@ def rm_args(model_dir, out, **extra) -> list[str]:
     options = {"max_steps": 2, "max_query_length": 96, "max_response_length": 48, "max_pairs": 36, "eval_pairs": 8,
                "cross_validation_folds": 3} | extra
     return ["rm", "--preset", "tldr-rm", *cli_args(stage_args("rm", {"policy": model_dir, "pairs": DATA}, out, **options))]
+
+
+def interrupt_during_cross_validation(out) -> None:
+    """Leave `out` as a run stopped while cross-validating leaves it: no final model, no checkpoint."""
+    for folder in ("model", "checkpoints"):
+        shutil.rmtree(out / folder)
 
 
 @pytest.fixture
@@ -73,6 +80,7 @@ def test_cross_validation_scores_every_pair_once_with_a_model_that_never_saw_its
     assert "Cross-validation" in (out / "report.html").read_text()
 
     first = json.loads((out / "cross_validation" / "fold-1.json").read_text())
+    interrupt_during_cross_validation(out)
     (out / "cross_validation" / "fold-1.json").unlink()
     recorded.clear()
     assert cli_main([*rm_args(tiny_model_dir, out, validation_fraction=0.2)]) == 0
@@ -90,8 +98,10 @@ def test_cross_validation_balances_only_the_fold_training_pairs_and_refuses_a_fo
     evaluation = json.loads((out / "cross_validation" / "rm_eval.json").read_text())
     assert evaluation["pairs"] == recorded[0]["pairs"]  # but every pair is scored
     recorded.clear()
-    assert cli_main([*args, "learning_rate=5e-4"]) == 0
-    assert [c["fold"] for c in recorded] == ["fold-0", "fold-1", "fold-2"]  # other options: no fold file is reused
+    assert cli_main([*args, "learning_rate=5e-4"]) == 2  # other options: the finished run is not written over
+    assert cli_main([*args, "learning_rate=5e-4", "overwrite=true"]) == 0
+    assert [c["fold"] for c in recorded] == ["fold-0", "fold-1", "fold-2"]  # no fold file of the run moved aside is reused
+    interrupt_during_cross_validation(out)
     fold = json.loads((out / "cross_validation" / "fold-0.json").read_text())
     fold["indices"] = fold["indices"][1:]
     (out / "cross_validation" / "fold-0.json").write_text(json.dumps(fold))

@@ -216,6 +216,9 @@ def test_bad_resume_path_fails_before_creating_a_run_directory(tmp_path, monkeyp
 
     monkeypatch.chdir(tmp_path)
     assert main(["sft", "resume=nowhere"]) == 2
+    assert "resume=nowhere: no such run folder or checkpoint" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["sft", "resume=empty"]) == 2
     assert "no complete checkpoint" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
 

@@ -148,5 +148,15 @@ def load_prompts(prompt_format: str, paths: list[str], hf_split: str = "", names
     return load_role(PROMPTS, prompt_format, paths, hf_split, names)
 
 
+def usable(loaded: tuple[list, SkipLog], paths: list[str], what: str, option: str) -> tuple[list, SkipLog]:
+    """`loaded` (records and their skip log) as a stage reads it; when every record was skipped, an error
+    naming the data with the skip counts that say why (most often `option`, the format read, is not the data's)."""
+    records, log = loaded
+    if not records:
+        raise DataFormatError(f"{', '.join(map(str, paths))}: no usable {what} ({log.summary(what)}); does {option} fit this data? "
+                              "(docs/data-formats.md)")
+    return loaded
+
+
 __all__ = ["AUTO", "Comparison", "DataFormatError", "FieldNames", "SFTRecord", "SkipLog", "field_names", "hh_prompts", "load_comparisons",
-           "load_gsm8k", "load_hh", "load_pairs", "load_prompts", "load_sft", "load_sft_data"]
+           "load_gsm8k", "load_hh", "load_pairs", "load_prompts", "load_sft", "load_sft_data", "usable"]

@@ -18,7 +18,7 @@ from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from ..plots import pyplot, save
-from . import load_pairs
+from . import load_pairs, usable
 from .examples import query_limits, tokenize_pairs, tokenize_sft
 from .records import SkipLog
 from .tldr import load_sft
@@ -85,7 +85,7 @@ def edge_cases(raw_total: int, ties: int, chosen: list[int], rejected: list[int]
 
 
 def analyze_sft(paths: list[str], tokenizer: PreTrainedTokenizerBase, max_query_length: int, hf_split: str = "") -> dict:
-    records, log = load_sft(paths, hf_split)
+    records, log = usable(load_sft(paths, hf_split), paths, "examples", "dataset=tldr-sft")
     examples, _ = tokenize_sft(tqdm(records, desc="tokenizing", unit="post"), tokenizer, max_query_length, NO_LENGTH_LIMIT)
     return {
         "records": log.to_dict(),
@@ -103,7 +103,7 @@ def analyze_sft(paths: list[str], tokenizer: PreTrainedTokenizerBase, max_query_
 def analyze_pairs(
     paths: list[str], tokenizer: PreTrainedTokenizerBase, limits: dict[str, int], fmt: str, hf_split: str = ""
 ) -> dict:
-    records, log = load_pairs(fmt, paths, hf_split)
+    records, log = usable(load_pairs(fmt, paths, hf_split), paths, "pairs", f"dataset={fmt}")
     examples, _ = tokenize_pairs(tqdm(records, desc="tokenizing", unit="pair"), tokenizer, limits, NO_LENGTH_LIMIT)
     chosen = [len(e.chosen) - 1 for e in examples]
     rejected = [len(e.rejected) - 1 for e in examples]

@@ -10,7 +10,7 @@ from typing import TypeVar
 
 from ..config import PairConfig
 from ..errors import ConfigError
-from . import field_names, load_pairs
+from . import field_names, load_pairs, usable
 from .tldr import Comparison
 
 T = TypeVar("T")
@@ -65,7 +65,8 @@ def filter_comparisons(records: list[Comparison], splits: list[str], batches: li
 def split_comparisons(cfg: PairConfig) -> tuple[list[Comparison], list[Comparison], list[str]]:
     """(training comparisons, validation comparisons, notes): filters, then the split by prompt that
     `rlhfkit rm-eval side=validation` repeats, then at most max_pairs training pairs."""
-    records, load_log = load_pairs(cfg.data_format, cfg.data, cfg.hf_split, field_names(cfg))
+    loaded = load_pairs(cfg.data_format, cfg.data, cfg.hf_split, field_names(cfg))
+    records, load_log = usable(loaded, cfg.data, "pairs", f"data_format={cfg.data_format}")
     notes = [f"loaded: {load_log.summary('pairs')}"]
     if cfg.validation_splits:
         train_records, val_records, split_notes = split_by_upstream_split(cfg, filter_comparisons(records, [], cfg.batches))
@@ -73,7 +74,7 @@ def split_comparisons(cfg: PairConfig) -> tuple[list[Comparison], list[Compariso
     else:
         records = filter_comparisons(records, cfg.splits, cfg.batches)
         if not records:
-            raise ConfigError(f"no comparisons left after splits={cfg.splits} batches={cfg.batches}")
+            raise ConfigError(f"no comparisons left after splits={cfg.splits} batches={cfg.batches} (loaded: {load_log.summary('pairs')})")
         train_records, val_records = split_by_prompt(records, lambda r: r.prompt_id, validation_fraction=cfg.validation_fraction, seed=cfg.seed)
         notes += [
             f"after split/batch filters: {len(records)} pairs",

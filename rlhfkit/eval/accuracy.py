@@ -149,7 +149,7 @@ def select_problems(cfg: EvalConfig, tokenizer) -> list[SFTExample]:
     examples, _ = tokenize_sft(records, tokenizer, cfg.max_query_length, 10**9)
     print(f"loaded: {log.summary('problems')}; evaluating on the first {len(examples)}")
     if not examples:
-        raise ConfigError(f"no GSM8K problems in {', '.join(cfg.data)}")
+        raise ConfigError(f"no GSM8K problems in {', '.join(cfg.data)} ({log.summary('problems')})")
     return examples
 
 

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError, EvalConfig
+from ..data.records import DataFormatError, decode_json, open_text, reading
 from ..models import load_policy
 from ..reward_models import load_reward_model
 from ..scoring import score_texts
-from ..tracking import read_jsonl
 from . import policy_stats
 from .alarms import alarms, words
 from .eval_report import judge_agreement, write_eval_report
@@ -60,12 +60,28 @@ def parse_named_paths(specs: list[str], key: str = "samples", folders: bool = Fa
 
 
 def read_samples(path: Path) -> dict[str, dict[str, Any]]:
-    rows = read_jsonl(path)
-    for number, row in enumerate(rows, 1):
-        missing = [f for f in SAMPLE_FIELDS if f not in row]
-        if missing:
-            raise ConfigError(f"{path}:{number} lacks {', '.join(missing)}; give a file written by `rlhfkit generate`")
-    return {str(row["prompt_id"]): row for row in rows}
+    """A policy's samples by prompt id, from the JSON lines `rlhfkit generate` writes; any other file fails
+    in one line naming it and the line."""
+    rows = {}
+    with reading(str(path)), open_text(str(path), newline="\n") as f:
+        for number, line in enumerate(f, 1):
+            if line.strip():
+                row = sample_row(line, f"{path}:{number}")
+                rows[str(row["prompt_id"])] = row
+    return rows
+
+
+def sample_row(line: str, where: str) -> dict[str, Any]:
+    try:
+        row = decode_json(line)
+    except json.JSONDecodeError as e:
+        raise DataFormatError(f"{where}: not JSON lines ({e.msg}); give the JSON-lines file `rlhfkit generate` writes") from None
+    if not isinstance(row, dict):
+        raise DataFormatError(f"{where}: a JSON {type(row).__name__}, not a sample; give the JSON-lines file `rlhfkit generate` writes")
+    missing = [f for f in SAMPLE_FIELDS if f not in row]
+    if missing:
+        raise ConfigError(f"{where} lacks {', '.join(missing)}; give a file written by `rlhfkit generate`")
+    return row
 
 
 def common_prompts(samples: dict[str, dict[str, dict[str, Any]]], limit: int) -> list[str]:

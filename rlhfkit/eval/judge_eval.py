@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..config import ConfigError, JudgeEvalConfig
-from ..data import load_pairs
+from ..data import load_pairs, usable
 from ..data.split import filter_comparisons
 from ..data.tldr import Comparison
 from . import rm_metrics
@@ -151,10 +151,11 @@ def headline(summary: dict[str, Any], judge: str) -> str:
 
 
 def load_comparisons(cfg: JudgeEvalConfig) -> tuple[list[Comparison], str]:
-    records, log = load_pairs(cfg.data_format, cfg.data, cfg.hf_split)
+    records, log = usable(load_pairs(cfg.data_format, cfg.data, cfg.hf_split), cfg.data, "pairs", f"data_format={cfg.data_format}")
     records = filter_comparisons(records, cfg.splits, cfg.batches)
     if not records:
-        raise ConfigError(f"no comparisons left in {', '.join(cfg.data)} after splits={cfg.splits} batches={cfg.batches}")
+        raise ConfigError(f"no comparisons left in {', '.join(cfg.data)} after splits={cfg.splits} batches={cfg.batches} "
+                          f"(loaded: {log.summary('pairs')})")
     # a seeded sample rather than the first pairs: files are often sorted by batch or policy
     order = np.random.default_rng(cfg.seed).permutation(len(records))
     picked = [records[i] for i in sorted(order[: cfg.max_pairs])] if cfg.max_pairs else records
@@ -165,8 +166,8 @@ def run(cfg: JudgeEvalConfig) -> int:
     if not cfg.judge or not cfg.data:
         raise ConfigError("judge-eval needs judge=<spec> (e.g. hf:smollm2-135m, openai:gpt-4o-mini, rm:<folder>) and data=<comparisons>")
     out = Path(cfg.out) if cfg.out else Path("runs") / f"judge-eval-{datetime.now():%Y%m%d-%H%M%S}"
-    out.mkdir(parents=True, exist_ok=True)
     comparisons, note = load_comparisons(cfg)
+    out.mkdir(parents=True, exist_ok=True)
     print(f"loaded: {note}; judging {len(comparisons)} pairs in both orders")
     options = ApiOptions(concurrency=cfg.concurrency, timeout=cfg.timeout, input_price=cfg.input_price, output_price=cfg.output_price)
     judge = make_judge(cfg.judge, template=cfg.template or None, cache_dir=cfg.cache_dir, seed=cfg.seed, options=options,

@@ -20,7 +20,7 @@ import torch
 
 from .. import ops
 from ..config import ConfigError, RMEvalConfig
-from ..data import field_names, load_pairs
+from ..data import field_names, load_pairs, usable
 from ..data.examples import PairExample, prepare_pairs, query_limits
 from ..data.formats import encode_completion, encode_query
 from ..data.split import filter_comparisons, split_by_prompt
@@ -155,7 +155,8 @@ def run_eval(cfg: RMEvalConfig) -> int:
     model, tokenizer = load_pair_scorer(cfg)
     if torch.cuda.is_available():
         model = model.cuda()
-    records, log = load_pairs(cfg.data_format, cfg.data, cfg.hf_split, field_names(cfg))
+    loaded = load_pairs(cfg.data_format, cfg.data, cfg.hf_split, field_names(cfg))
+    records, log = usable(loaded, cfg.data, "pairs", f"data_format={cfg.data_format}")
     records = filter_comparisons(records, cfg.splits, cfg.batches)
     if cfg.side != "all":
         train_side, val_side = split_by_prompt(records, lambda r: r.prompt_id, validation_fraction=cfg.validation_fraction, seed=cfg.seed)
@@ -164,7 +165,8 @@ def run_eval(cfg: RMEvalConfig) -> int:
     examples, note = prepare_pairs(cfg, tokenizer, records)
     print(f"loaded: {log.summary('pairs')}; scoring: {note}")
     if not examples:
-        raise ConfigError(f"no pairs left to evaluate (filters splits={cfg.splits} batches={cfg.batches} side={cfg.side})")
+        raise ConfigError(f"no pairs left to evaluate (filters splits={cfg.splits} batches={cfg.batches} side={cfg.side}; "
+                          f"loaded: {log.summary('pairs')}; scoring: {note})")
     out = Path(cfg.out) if cfg.out else Path("runs") / f"rm-eval-{datetime.now():%Y%m%d-%H%M%S}"
     limits = query_limits(cfg.max_query_length, cfg.max_article_query_length)
     probes = builtin_probes_for(records, cfg.probes)

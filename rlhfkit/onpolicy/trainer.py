@@ -24,14 +24,15 @@ import torch
 from ..adapters import add_adapter, frozen_reference, lora_enabled, save_final_model, trained_policy
 from ..checkpoint import load_training_state, save_checkpoint
 from ..config import ConfigError, OnPolicyConfig
+from ..config_checks import check_update_split
 from ..data.examples import SFTExample
 from ..devices import autocast, evaluation_mode
 from ..distributed import ONE_PROCESS
 from ..errors import ModelError
 from ..generation import SamplingParams
 from ..models import (
-    EMBEDDED,
     ScalarModel,
+    check_model_source,
     enable_activation_checkpointing,
 )
 from ..ops import adaptive_kl_coef
@@ -73,13 +74,10 @@ from .update import (
 
 
 def require_folder(path: str, key: str, what: str) -> None:
-    """Fail at start, naming the key, when a model path is neither an embedded name, a folder, nor
-    shaped like a hub id (`org/name`)."""
+    """Fail at start, naming the key, when a model is not given or is a local folder that cannot load."""
     if not path:
         raise ConfigError(f"{key} is required: {what}")
-    hub_id = path.count("/") == 1 and not path.startswith((".", "/", "~"))
-    if path not in EMBEDDED and not Path(path).is_dir() and not hub_id:
-        raise ModelError(f"{key}={path}: no such folder; {what}")
+    check_model_source(path, key)
 
 
 def check_same_tokenizer(policy_tok, other_tok, policy_path: str, other_path: str) -> None:
@@ -150,19 +148,10 @@ def prompts_per_update(cfg: OnPolicyConfig) -> int:
 
 
 def planned_updates(cfg: OnPolicyConfig, processes: int = 1) -> int:
-    """Updates in the run, after checking that an update's batch splits into groups, minibatches and
-    processes (each process samples whole groups of the same number of prompts)."""
-    if cfg.total_batch_size % cfg.samples_per_prompt:
-        raise ConfigError(f"total_batch_size={cfg.total_batch_size} must be a multiple of samples_per_prompt={cfg.samples_per_prompt}")
-    if cfg.total_batch_size % cfg.num_minibatches:
-        raise ConfigError(f"total_batch_size={cfg.total_batch_size} must be a multiple of num_minibatches={cfg.num_minibatches}")
-    if prompts_per_update(cfg) % processes:
-        raise ConfigError(f"total_batch_size / samples_per_prompt = {prompts_per_update(cfg)} prompts per update must be a multiple "
-                          f"of the {processes} processes: each samples the same number of whole groups")
-    updates = cfg.max_steps or cfg.total_episodes // cfg.total_batch_size
-    if updates < 1:
-        raise ConfigError(f"total_episodes={cfg.total_episodes} is less than one update of total_batch_size={cfg.total_batch_size}")
-    return updates
+    """Updates in the run, after checking that an update's batch splits on the processes the run has,
+    as the config was checked (`config_checks.check_update_split`)."""
+    check_update_split(cfg, processes)
+    return cfg.max_steps or cfg.total_episodes // cfg.total_batch_size
 
 
 def collect(models: OnPolicyModels, prompts: list[list[int]], cfg: OnPolicyConfig, update: int, kl_coef: float, precision: str,

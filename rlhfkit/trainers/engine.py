@@ -32,12 +32,13 @@ from ..checkpoint import (
     seed_everything,
 )
 from ..config import ConfigError, RunConfig, TrainConfig, to_yaml
+from ..config_checks import check_batch_split
 from ..distributed import processes_need_cpu
 from ..errors import NonFiniteError
 from ..launch import RUN_STAMP
-from ..models import enable_activation_checkpointing
+from ..models import check_model_source, enable_activation_checkpointing
 from ..preemption import resume_command
-from ..runlock import lock_run_dir
+from ..run_folder import open_run_folder, require_resume_path
 from ..sharding import (
     ZERO_STAGES,
     SavedState,
@@ -57,6 +58,7 @@ from .loop import run_loop
 # loss_fn(model, batch) -> (loss summed over the batch's units, extra metrics summed the same way).
 # A collated batch carries `loss_units` (per row: tokens for SFT, 1 per pair for the RM).
 LossFn = Callable[[torch.nn.Module, dict[str, torch.Tensor]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+MODEL_OPTIONS = ("model", "reference_model", "reward_model", "value_model")  # the options of a stage that name a model
 
 
 
@@ -76,12 +78,7 @@ class Schedule:
 
 
 def plan_schedule(cfg: TrainConfig, examples: int, processes: int) -> Schedule:
-    per_step = cfg.micro_batch_size * processes
-    if cfg.total_batch_size % per_step:
-        raise ConfigError(
-            f"total_batch_size={cfg.total_batch_size} must be a multiple of micro_batch_size x processes = "
-            f"{cfg.micro_batch_size} x {processes}; change total_batch_size or micro_batch_size"
-        )
+    check_batch_split(cfg, processes)  # as the config was checked, now on the processes the run has
     steps_per_epoch = examples // cfg.total_batch_size
     if steps_per_epoch == 0:
         raise ConfigError(f"only {examples} training examples, fewer than total_batch_size={cfg.total_batch_size}")
@@ -112,27 +109,35 @@ def is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def make_run_dir(cfg: RunConfig, stage: str) -> Path:
+def make_run_dir(cfg: RunConfig, stage: str, checkpoint: Path | None) -> Path:
     if cfg.output_dir:
         run_dir = Path(cfg.output_dir)
-    elif cfg.resume and find_checkpoint(cfg.resume) is not None:
-        run_dir = find_checkpoint(cfg.resume).parents[1]
+    elif checkpoint is not None:
+        run_dir = checkpoint.parents[1]
     else:
         # one stamp for every process of a launch: their clocks may cross a second apart
         run_dir = Path("runs") / f"{stage}-{os.environ.get(RUN_STAMP) or format(datetime.now(), '%Y%m%d-%H%M%S')}"
     if is_main_process():
-        run_dir.mkdir(parents=True, exist_ok=True)
-        lock_run_dir(run_dir)  # before config.yaml, which must stay the running run's
-        (run_dir / "config.yaml").write_text(to_yaml(cfg, stage))
+        continuing = checkpoint is not None and checkpoint.parents[1].resolve() == run_dir.resolve()
+        open_run_folder(run_dir, to_yaml(cfg, stage), cfg.overwrite, continuing)
     return run_dir
+
+
+def check_model_sources(cfg: RunConfig) -> None:
+    """Every model the run reads can load, as far as can be told without loading it."""
+    for key in MODEL_OPTIONS:
+        if getattr(cfg, key, ""):
+            check_model_source(getattr(cfg, key), key)
 
 
 def start_run(cfg: RunConfig, stage: str) -> tuple[Path, Path | None]:
     """(run directory, checkpoint to resume or None), with every RNG seeded before any model is
     built, so `seed` also governs the reward head and the new [PAD] embedding row."""
     check_sharding(cfg, stage)
-    checkpoint = resume_checkpoint(cfg)  # a bad resume path fails before any folder is made
-    run_dir = make_run_dir(cfg, stage)
+    # a bad resume path or model fails before any folder is made
+    checkpoint = resume_checkpoint(cfg)
+    check_model_sources(cfg)
+    run_dir = make_run_dir(cfg, stage, checkpoint)
     if checkpoint is not None and is_main_process():
         carry_history(checkpoint.parents[1], run_dir)
     seed_everything(cfg.seed)
@@ -150,6 +155,7 @@ def carry_history(source: Path, run_dir: Path) -> None:
 def resume_checkpoint(cfg: RunConfig) -> Path | None:
     if not cfg.resume:
         return None
+    require_resume_path(cfg.resume)
     ckpt = find_checkpoint(cfg.resume)
     if ckpt is None:
         raise ConfigError(f"resume={cfg.resume}: no complete checkpoint there (looked for checkpoints/latest)")

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from .. import ops
 from ..adapters import add_adapter, is_adapted, lora_enabled, save_final_model, trainable_summary
 from ..config import ConfigError, RMConfig
-from ..data import AUTO, field_names, load_sft_data
+from ..data import AUTO, field_names, load_sft_data, usable
 from ..data.examples import PairExample, length_balanced_indices, prepare_pairs, query_limits, tokenize_sft
 from ..data.split import split_comparisons
 from ..eval import rm_metrics, rm_report
@@ -81,7 +81,7 @@ pairwise_loss_fn = make_pair_loss()
 @torch.no_grad()
 def normalize_to_references(model: ScalarModel, tokenizer, sft_data: list[str], cfg: RMConfig) -> dict[str, float]:
     """Detail 15: shift the head bias so the SFT reference summaries (any SFT data format) average a reward of 0."""
-    records, log = load_sft_data(AUTO, sft_data, "train", field_names(cfg))
+    records, log = usable(load_sft_data(AUTO, sft_data, "train", field_names(cfg)), sft_data, "reference summaries", "sft_data (SFT data, its format detected)")
     examples, _ = tokenize_sft(records[: cfg.normalization_samples], tokenizer, cfg.max_query_length, cfg.max_response_length)
     rewards = score_texts(model, tokenizer.pad_token_id, [e.query.ids for e in examples], [e.response for e in examples],
                           cfg.micro_batch_size * 2, "normalising (Detail 15)")

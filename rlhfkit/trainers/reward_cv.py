@@ -44,7 +44,7 @@ def rerun_command(run_dir: Path) -> str:
 
 
 # options that change neither a fold model nor its scores: a fold file written under other values still holds
-OUTSIDE_THE_FOLDS = {"output_dir", "resume", "report_to", "save_every", "eval_every", "eval_pairs", "keep_checkpoints", "log_every",
+OUTSIDE_THE_FOLDS = {"output_dir", "resume", "overwrite", "report_to", "save_every", "eval_every", "eval_pairs", "keep_checkpoints", "log_every",
                      "sft_data", "normalization_samples"}
 
 

@@ -18,7 +18,7 @@ import torch
 
 from ..adapters import save_final_model, trained_policy
 from ..config import ConfigError, GenerateConfig, SFTConfig
-from ..data import field_names, load_prompts, load_sft_data
+from ..data import field_names, load_prompts, load_sft_data, usable
 from ..data.collate import IGNORE_INDEX, right_pad_query_response
 from ..data.examples import SFTExample, tokenize_sft
 from ..data.split import split_by_prompt
@@ -119,7 +119,8 @@ def write_sft_report(run_dir: Path, cfg: SFTConfig, metrics: dict[str, float], r
 
 def run(cfg: SFTConfig) -> int:
     run_dir, checkpoint = start_run(cfg, "sft")
-    records, load_log = load_sft_data(cfg.data_format, cfg.data, cfg.hf_split, field_names(cfg))
+    loaded = load_sft_data(cfg.data_format, cfg.data, cfg.hf_split, field_names(cfg))
+    records, load_log = usable(loaded, cfg.data, "examples", f"data_format={cfg.data_format}")
     train_records, val_records = split_by_prompt(records, lambda r: r.prompt_id, validation_size=cfg.validation_posts, seed=cfg.seed)
     model, tokenizer = trained_policy(cfg, checkpoint)
     train_examples, train_log = tokenize_sft(train_records, tokenizer, cfg.max_query_length, cfg.max_response_length)
@@ -179,7 +180,8 @@ def run_generate(cfg: GenerateConfig) -> int:
         return answer_prompt_suite(cfg)
     if not cfg.data:
         raise ConfigError("generate needs data=... (prompts: hub id, files or folders) or prompt_suite=...")
-    records, log = load_prompts(cfg.prompt_format, cfg.data, cfg.hf_split, field_names(cfg))
+    records, log = usable(load_prompts(cfg.prompt_format, cfg.data, cfg.hf_split, field_names(cfg)), cfg.data, "prompts",
+                          f"prompt_format={cfg.prompt_format}")
     if cfg.split != "all":
         train_records, val_records = split_by_prompt(records, lambda r: r.prompt_id, validation_size=cfg.validation_posts, seed=cfg.seed)
         records = val_records if cfg.split == "validation" else train_records

@@ -1,0 +1,59 @@
+"""Checks across a stage's options, run as its config is resolved: a mistake that needs no data and no
+model to see (a batch that does not split, nothing to train, two options that exclude each other)
+fails before anything is loaded or any folder is made. The trainers call the batch checks again with
+the processes they actually run on."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .config import OnPolicyConfig, RunConfig, TrainConfig
+from .errors import ConfigError
+
+
+def launched_processes(requested: int = 1) -> int:
+    """Processes a stage will run on: those of the launch it runs in, or those `--num-processes` asks for."""
+    return max(requested, int(os.environ.get("WORLD_SIZE", "1")))
+
+
+def check_config(cfg: Any, processes: int = 1) -> Any:
+    """`cfg`, once its options agree with each other on `processes` processes."""
+    if isinstance(cfg, RunConfig) and cfg.resume and cfg.overwrite:
+        raise ConfigError(f"resume={cfg.resume} continues a run and overwrite=true moves the run in output_dir aside: give one of them")
+    if isinstance(cfg, TrainConfig):
+        check_training_length(cfg)
+        check_batch_split(cfg, processes)
+    if isinstance(cfg, OnPolicyConfig):
+        check_update_split(cfg, processes)
+    return cfg
+
+
+def check_training_length(cfg: TrainConfig) -> None:
+    if not cfg.max_steps and not cfg.num_epochs:
+        raise ConfigError("max_steps=0 and num_epochs=0 leave nothing to train: set max_steps (optimizer steps) or num_epochs "
+                          "(passes over the data) above 0")
+
+
+def check_batch_split(cfg: TrainConfig, processes: int) -> None:
+    """A supervised step's batch splits into micro-batches on every process alike."""
+    if cfg.total_batch_size % (cfg.micro_batch_size * processes):
+        raise ConfigError(
+            f"total_batch_size={cfg.total_batch_size} must be a multiple of micro_batch_size x processes = "
+            f"{cfg.micro_batch_size} x {processes}; change total_batch_size or micro_batch_size"
+        )
+
+
+def check_update_split(cfg: OnPolicyConfig, processes: int) -> None:
+    """An update's batch splits into groups, minibatches and processes (each process samples whole groups
+    of the same number of prompts), and the run holds at least one update."""
+    if cfg.total_batch_size % cfg.samples_per_prompt:
+        raise ConfigError(f"total_batch_size={cfg.total_batch_size} must be a multiple of samples_per_prompt={cfg.samples_per_prompt}")
+    if cfg.total_batch_size % cfg.num_minibatches:
+        raise ConfigError(f"total_batch_size={cfg.total_batch_size} must be a multiple of num_minibatches={cfg.num_minibatches}")
+    prompts = cfg.total_batch_size // cfg.samples_per_prompt
+    if prompts % processes:
+        raise ConfigError(f"total_batch_size / samples_per_prompt = {prompts} prompts per update must be a multiple "
+                          f"of the {processes} processes: each samples the same number of whole groups")
+    if not cfg.max_steps and cfg.total_episodes < cfg.total_batch_size:
+        raise ConfigError(f"total_episodes={cfg.total_episodes} is less than one update of total_batch_size={cfg.total_batch_size}")

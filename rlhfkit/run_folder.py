@@ -1,0 +1,161 @@
+"""The folder a training run writes: never another run's, and left as it was found when the run fails
+on a user error before it started.
+
+A folder holding a run (its config.yaml) takes a new run only in three cases: the new run continues
+it (`resume=`); it is the same run (the same options) that stopped before it saved a checkpoint or a
+model, which starts again in place (reading back what it had cached, its curves starting afresh); or
+`overwrite=true`, which first moves the old run aside to `<folder>.old-<time>`, so none of its files
+is overwritten and no TensorBoard event file mixes with the new run's. A finished run, a run with
+checkpoints to resume, or a run with other options is refused in one line. Kept free of torch: the
+command line reads it to check `resume=` before anything loads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import yaml
+
+from .errors import ConfigError, UserError
+from .runlock import LOCK_FILE, lock_run_dir, release_run_dir
+
+CONFIG_FILE = "config.yaml"
+IGNORED_OPTIONS = ("output_dir", "resume", "overwrite")  # where and how a run was started, not what it runs
+
+
+@dataclass
+class OpenedRun:
+    """A run folder this process opened: what it held before, the folders made for it (innermost first),
+    and where the run it held was moved aside to."""
+
+    folder: Path
+    found: set[str]
+    created: list[Path]
+    aside: Path | None
+
+
+OPENED: list[OpenedRun] = []
+
+
+def require_resume_path(resume: str) -> None:
+    """`resume=` names something on disk (what it holds is checked when its checkpoint is looked for)."""
+    if not Path(resume).exists():
+        raise ConfigError(f"resume={resume}: no such run folder or checkpoint; give the output_dir of an earlier run "
+                          "(or one of its checkpoints/step-N folders)")
+
+
+def open_run_folder(run_dir: Path, config_text: str, overwrite: bool, continuing: bool) -> None:
+    """Make or reuse `run_dir` for a run whose resolved options are `config_text`, lock it and write its
+    config.yaml; `continuing`: the run resumes from a checkpoint of this folder."""
+    created = [p for p in (run_dir, *run_dir.parents) if not p.exists()]
+    with writing(run_dir, "create"):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        lock_run_dir(run_dir)  # first: a folder another process runs in is refused as such
+    aside = make_room(run_dir, config_text, overwrite) if not continuing and (run_dir / CONFIG_FILE).is_file() else None
+    found = set(os.listdir(run_dir))
+    with writing(run_dir, "write in"):
+        (run_dir / CONFIG_FILE).write_text(config_text)
+    OPENED.append(OpenedRun(run_dir, found, created, aside))
+
+
+def make_room(run_dir: Path, config_text: str, overwrite: bool) -> Path | None:
+    """With `overwrite`, move the run in `run_dir` aside and return where; else refuse in one line a run the
+    new one must not replace. The same run, stopped before it saved anything, starts again in place (None)."""
+    refusal = kept_run(run_dir, config_text)
+    if not (refusal or overwrite):
+        return None
+    release_run_dir(run_dir)
+    if not overwrite:
+        raise ConfigError(refusal)
+    aside = free_name(run_dir.with_name(f"{run_dir.name}.old-{datetime.now():%Y%m%d-%H%M%S}"))
+    with writing(run_dir, "move aside the run in"):
+        run_dir.rename(aside)
+        run_dir.mkdir()
+        lock_run_dir(run_dir)
+    print(f"rlhfkit: overwrite=true: moved the run in {run_dir} aside to {aside}")
+    return aside
+
+
+def free_name(path: Path) -> Path:
+    """`path`, or `path-2`, `path-3`, ... whichever does not exist yet."""
+    candidates = itertools.chain([path], (path.with_name(f"{path.name}-{n}") for n in itertools.count(2)))
+    return next(p for p in candidates if not p.exists())
+
+
+def holds_other_run(run_dir: Path, config_text: str) -> bool:
+    """Whether `run_dir` holds a run that a new run with `config_text` must not replace (see `kept_run`)."""
+    return (run_dir / CONFIG_FILE).is_file() and kept_run(run_dir, config_text) is not None
+
+
+def kept_run(run_dir: Path, config_text: str) -> str | None:
+    """Why the run in `run_dir` must not be replaced by a new run with `config_text` (None: it may)."""
+    resumable = any((run_dir / "checkpoints").glob("step-*"))
+    if (run_dir / "model").exists():
+        held = "a finished run"
+    elif resumable:
+        held = "an unfinished run with checkpoints"
+    elif changed := changed_options((run_dir / CONFIG_FILE).read_text(), config_text):
+        held = f"another run (its config.yaml differs in {', '.join(changed)})"
+    else:
+        return None
+    resume = f"pass resume={run_dir} to continue it, " if resumable else ""
+    return f"output_dir={run_dir} holds {held}; {resume}choose a new output_dir, or set overwrite=true to move it aside"
+
+
+def changed_options(old_text: str, new_text: str) -> list[str]:
+    """The options two config.yaml texts set differently (a few named, the rest counted)."""
+    try:
+        old = yaml.safe_load(old_text)
+    except yaml.YAMLError:
+        old = None
+    if not isinstance(old, dict):
+        return ["all options: it is not an rlhfkit config"]
+    new = yaml.safe_load(new_text)
+    changed = [key for key in {**old, **new} if key not in IGNORED_OPTIONS and old.get(key) != new.get(key)]
+    return changed[:4] + ([f"{len(changed) - 4} more"] if len(changed) > 4 else [])
+
+
+@contextlib.contextmanager
+def writing(run_dir: Path, action: str) -> Iterator[None]:
+    """An OS refusal (read-only file system, a path through a file, no permission) as one line naming the folder."""
+    try:
+        yield
+    except OSError as e:
+        raise ConfigError(f"cannot {action} output_dir={run_dir}: {e.strerror or e}; choose a writable folder") from None
+
+
+@contextlib.contextmanager
+def unstarted_runs_taken_back() -> Iterator[None]:
+    """A run opened in the block that fails with a user error (bad data, a model that cannot load) before
+    it wrote anything but its config.yaml leaves its folder as it found it."""
+    first = len(OPENED)
+    try:
+        yield
+    except UserError:
+        for run in reversed(OPENED[first:]):
+            take_back(run)
+        raise
+    finally:
+        del OPENED[first:]
+
+
+def take_back(run: OpenedRun) -> None:
+    """`run`'s folder as it was before the run, unless the run wrote more than its config.yaml there."""
+    if not run.folder.is_dir() or set(os.listdir(run.folder)) - run.found - {CONFIG_FILE, LOCK_FILE}:
+        return  # the run had begun writing: what it wrote stays
+    release_run_dir(run.folder)
+    if CONFIG_FILE not in run.found:
+        (run.folder / CONFIG_FILE).unlink(missing_ok=True)
+    if run.aside is not None:  # the run moved aside comes back
+        run.folder.rmdir()
+        run.aside.rename(run.folder)
+        print(f"rlhfkit: moved {run.aside} back to {run.folder}")
+    for folder in run.created:
+        with contextlib.suppress(OSError):  # one that is not empty holds something else: it stays
+            folder.rmdir()
