@@ -10,6 +10,7 @@ entropies) the way the trainers do.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -60,14 +61,26 @@ def pick_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Gen
 
 
 class OneDtypeStaticLayer(StaticLayer):
-    """A preallocated layer that stores keys and values in one dtype. Under autocast the keys come
-    out of the rotary embedding in fp32 while the values stay bf16, and a preallocated buffer, unlike
-    a growing one, must take both in its own dtype."""
+    """A preallocated layer that stores keys and values in one dtype (`cache_dtype`). Under autocast the
+    keys come out of the rotary embedding in fp32 while the values stay bf16, and a preallocated
+    buffer, unlike a growing one, must take both in its own dtype."""
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         if self.is_initialized:
             key_states, value_states = key_states.to(self.keys.dtype), value_states.to(self.values.dtype)
         return super().update(key_states, value_states, *args, **kwargs)
+
+
+def cache_dtype(keys: torch.Tensor, values: torch.Tensor) -> torch.dtype:
+    """The dtype of the preallocated cache: under autocast, the one attention computes in, else the
+    wider of the keys' and values'. Autocast casts the keys and values to its dtype in every attention
+    call, so a buffer kept in fp32 would be cast whole, in every layer, at every decoded token, for the
+    same values it holds in autocast's dtype: the same tokens, a slower decode (docs/performance.md,
+    "Generation under bf16 autocast") and twice the cache memory."""
+    device = keys.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return torch.promote_types(keys.dtype, values.dtype)
 
 
 def static_decode_cache(model: torch.nn.Module, prefill: Cache, repeats: int, max_length: int) -> Cache | None:
@@ -82,9 +95,29 @@ def static_decode_cache(model: torch.nn.Module, prefill: Cache, repeats: int, ma
         return None
     static = Cache(layers=[OneDtypeStaticLayer(max_cache_len=max_length) for _ in prefill.layers])
     for source, target in zip(prefill.layers, static.layers, strict=True):
-        dtype = torch.promote_types(source.keys.dtype, source.values.dtype)
+        dtype = cache_dtype(source.keys, source.values)
         target.update(source.keys.to(dtype).repeat_interleave(repeats, dim=0), source.values.to(dtype).repeat_interleave(repeats, dim=0))
     return static
+
+
+@contextlib.contextmanager
+def frozen_weights_cast_once(model: torch.nn.Module, device: torch.device):
+    """Under autocast with grad mode off, the model's frozen fp32 weights marked as requiring grad for
+    the block, and frozen again after it. Autocast keeps its low-precision copy of a weight for the rest
+    of its context only when the weight requires grad; frozen weights (LoRA's base weights, a
+    reference) were cast afresh at every forward, that is at every decoded token: SmolLM2-135M then
+    decoded 1.5x slower than in fp32, and 2x slower than with each weight cast once (docs/performance.md,
+    "Generation under bf16 autocast"). With grad mode off nothing is recorded, so the flag changes nothing else."""
+    frozen = []
+    if torch.is_autocast_enabled(device.type) and not torch.is_grad_enabled():
+        frozen = [p for p in model.parameters() if not p.requires_grad and p.dtype == torch.float32]
+    for parameter in frozen:
+        parameter.requires_grad_(True)
+    try:
+        yield
+    finally:
+        for parameter in frozen:
+            parameter.requires_grad_(False)
 
 
 @torch.no_grad()
@@ -107,6 +140,14 @@ def generate(
     device = query_ids.device
     if generator is None:
         generator = torch.Generator(device=device).manual_seed(params.seed)
+    with frozen_weights_cast_once(model, device):
+        return prefill_and_decode(model, query_ids, query_mask, params, eos_id, pad_id, generator, samples_per_prompt)
+
+
+def prefill_and_decode(model: torch.nn.Module, query_ids: torch.Tensor, query_mask: torch.Tensor, params: SamplingParams,
+                       eos_id: int, pad_id: int, generator: torch.Generator, samples_per_prompt: int) -> Rollout:
+    """`generate`'s prefill and decoding loop."""
+    device = query_ids.device
     # logits_to_keep=1: only the last position's logits are needed, not (B, Q, vocab)
     out = model(input_ids=query_ids, attention_mask=query_mask, position_ids=position_ids_from_mask(query_mask),
                 use_cache=True, logits_to_keep=1)

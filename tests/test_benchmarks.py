@@ -25,6 +25,18 @@ def test_generation_benchmark_compares_with_transformers_generate_and_checks_gre
         assert row["ours_decoded_positions"] <= 6 and row["peak_memory_bytes"] > 0
 
 
+def test_generation_precision_benchmark_times_fp32_and_bf16_autocast_before_and_after_issue_24():
+    rows = run_benchmark("generation_precision.py", "--models", "tiny", "--prompts", "2", "--batch", "2", "--new-tokens", "4",
+                         "--query-length", "64", "--repeats", "1", "--frozen")
+    modes = {row["mode"]: row for row in rows}
+    assert list(modes) == ["fp32", "bf16_before", "bf16", "bf16_frozen_before", "bf16_frozen"]
+    assert all(row["s"] > 0 and row["decode_s"] > 0 and row["ratio_to_fp32"] > 0 for row in rows) and modes["fp32"]["ratio_to_fp32"] == 1
+    # bf16 now: the same tokens and log-probabilities as before, without casting the cache or a frozen weight at each token
+    assert modes["bf16"]["identical_to"] == modes["bf16_frozen"]["identical_to"] == "bf16_before"
+    assert modes["bf16_before"]["cache_casts"] > 0 and modes["bf16"]["cache_casts"] == modes["bf16_frozen"]["cache_casts"] == 0
+    assert modes["bf16_frozen_before"]["weight_casts"] > modes["bf16_frozen"]["weight_casts"] == modes["bf16"]["weight_casts"] > 0
+
+
 def test_matmul_peak_probe_reports_fp32_and_bf16():
     rows = run_benchmark("matmul_peak.py", "--sizes", "128,256", "--seconds", "0.05")
     assert [r["precision"] for r in rows] == ["fp32", "bf16"]

@@ -1,4 +1,5 @@
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from rlhfkit.data.collate import left_pad_queries
 from rlhfkit.generation import SamplingParams, generate, generate_texts
@@ -118,7 +119,8 @@ def test_prompt_cache_is_laid_out_once_with_each_row_repeated_for_its_group(tiny
 
 
 def test_decoding_under_bf16_autocast_stores_fp32_keys_and_bf16_values_in_one_buffer(tiny_model, monkeypatch):
-    """Autocast hands the cache fp32 keys (after RoPE) and bf16 values; greedy tokens match the growing cache's."""
+    """Autocast hands the cache fp32 keys (after RoPE) and bf16 values, which the preallocated buffer
+    takes in bf16; greedy tokens match the growing cache's, which keeps each as it came."""
     import rlhfkit.generation as rollout
 
     model, tok = tiny_model
@@ -133,3 +135,49 @@ def test_decoding_under_bf16_autocast_stores_fp32_keys_and_bf16_values_in_one_bu
             runs.append(generate(model, batch["input_ids"], batch["attention_mask"], params, 10**9, -1))
     assert runs[0].responses.tolist() == runs[1].responses.tolist()
     torch.testing.assert_close(runs[0].logprobs, runs[1].logprobs, atol=2e-2, rtol=2e-2)
+
+
+class Casts(TorchDispatchMode):
+    """The weights (by data pointer) and the tensors shaped like a whole layer cache that are cast."""
+
+    def __init__(self, model, cache_length):
+        super().__init__()
+        self.weights, self.cache_length = {p.data_ptr() for p in model.parameters()}, cache_length
+        self.weight_casts, self.cache_casts = [], 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._to_copy.default:
+            if args[0].data_ptr() in self.weights:
+                self.weight_casts.append(args[0].data_ptr())
+            self.cache_casts += args[0].dim() == 4 and args[0].size(2) == self.cache_length
+        return func(*args, **(kwargs or {}))
+
+
+def test_bf16_autocast_decoding_casts_no_weight_twice_and_never_the_cache(tiny_model, monkeypatch):
+    """Issue 24: under autocast every decoded token used to cast every layer's whole fp32 cache to bf16
+    for attention, and every frozen weight (autocast caches only weights that require grad) again. Now
+    the cache is held in bf16 and each weight, frozen or not, is cast once per call, with the flags put
+    back; tokens and log-probabilities are bit for bit those of the fp32 cache."""
+    import rlhfkit.generation as rollout
+
+    model, tok = tiny_model
+    model.eval()
+    batch = left_pad_queries([encode(tok, "one two three four"), encode(tok, "five six")], tok.pad_token_id)
+    params = SamplingParams(max_new_tokens=6, temperature=0)
+    runs = {}
+    for frozen in (False, True):
+        model.requires_grad_(not frozen)
+        with torch.autocast("cpu", dtype=torch.bfloat16), Casts(model, batch["input_ids"].size(1) + 6) as casts:
+            runs[frozen] = generate(model, batch["input_ids"], batch["attention_mask"], params, 10**9, -1)
+        assert casts.cache_casts == 0
+        assert casts.weight_casts and len(casts.weight_casts) == len(set(casts.weight_casts)), frozen
+        assert all(p.requires_grad is not frozen for p in model.parameters())
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        prefill = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=True).past_key_values
+        static = rollout.static_decode_cache(model, prefill, 1, batch["input_ids"].size(1) + 6)
+    assert {layer.keys.dtype for layer in static.layers} == {layer.values.dtype for layer in static.layers} == {torch.bfloat16}
+    monkeypatch.setattr(rollout, "cache_dtype", lambda keys, values: torch.promote_types(keys.dtype, values.dtype))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fp32_cache = generate(model, batch["input_ids"], batch["attention_mask"], params, 10**9, -1)
+    for run in runs.values():
+        assert torch.equal(run.responses, fp32_cache.responses) and torch.equal(run.logprobs, fp32_cache.logprobs)
