@@ -177,6 +177,7 @@ def test_a_model_that_is_the_length_rule_differs_from_it_by_exactly_zero():
 
 
 def test_headline_and_report_show_the_length_rule_and_the_intervals(tmp_path):
+    from rlhfkit.config import RMConfig
     from rlhfkit.eval.rm_eval import write_rm_report
 
     result = rm.evaluate_rewards(*five_pairs(), resamples=200)
@@ -189,8 +190,9 @@ def test_headline_and_report_show_the_length_rule_and_the_intervals(tmp_path):
     assert f"chosen-shorter pairs (2): 0.500 [{overall['chosen_shorter_low']:.3f}," in text
     assert "not distinguishable from always-longer" in text and "lengths in tokens" in text
     (tmp_path / "config.yaml").write_text("seed: 0\n")
-    page = write_rm_report(tmp_path, ["five pairs"], result, tmp_path / "rm_eval").read_text()
+    page = write_rm_report(tmp_path, "rm", RMConfig(), ["five pairs"], result, tmp_path / "rm_eval").read_text()
     assert "always-longer" in page and "chosen-shorter accuracy" in page and "model - longer" in page
+    assert "reward model accuracy 0.400 is at or below always-prefer-longer (0.500)" in page  # the caveat, from the numbers
     assert f"0.667 [{result['breakdown']['split']['valid1']['low']:.3f}, 1.000]" in page
 
 
