@@ -92,7 +92,8 @@ def test_a_judge_eval_run_overrides_the_shipped_figure(tmp_path):
 
 def test_reward_model_score_alarm_and_budget_caveats_fire_only_when_their_numbers_say_so():
     assert "at or below always-prefer-longer (0.647)" in caveats.reward_model_caveat(0.48, 0.647, -0.05)
-    assert caveats.reward_model_caveat(0.70, 0.60, 0.15) == ""
+    assert caveats.reward_model_caveat(0.70, 0.60, 0.05) == ""  # beats the rule by more than its interval
+    assert "not distinguishable" in caveats.reward_model_caveat(0.62, 0.60, -0.03)
     assert caveats.fell_caveat("RM score", -0.096, -0.556, "SFT policy") == "RM score fell from -0.096 (SFT policy) to -0.556"
     assert caveats.fell_caveat("RM score", -0.5, -0.1, "SFT policy") == ""
     assert "eos_rate 0.625" in caveats.alarm_caveat("ppo", {"flags": ["eos_rate"], "eos_rate": 0.625})

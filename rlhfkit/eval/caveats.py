@@ -72,16 +72,17 @@ def judge_caveat(spec: str, measured: dict[str, Any] | None) -> str:
             f"({measured['source']}), {where} chance: its win rates measure the judge, not the policies")
 
 
-def reward_model_caveat(accuracy: float | None, length_rule: float | None, difference_high: float | None = None) -> str:
-    """An RM whose accuracy is at or below the always-longer rule (or whose paired difference from it
-    cannot exclude 0) gives scores that a policy can raise by writing longer, not better."""
+def reward_model_caveat(accuracy: float | None, length_rule: float | None, difference_low: float | None = None) -> str:
+    """An RM whose accuracy is at or below the always-longer rule, or whose paired difference from it
+    cannot exclude 0, gives scores that a policy can raise by writing longer, not better."""
     if accuracy is None or length_rule is None:
         return ""
     if accuracy <= length_rule:
         return (f"reward model accuracy {accuracy:.3f} is at or below always-prefer-longer ({length_rule:.3f}): "
                 f"its scores do not show quality beyond length")
-    if difference_high is not None and difference_high >= 0 and accuracy - length_rule < 0.02:
-        return f"reward model accuracy {accuracy:.3f} is not distinguishable from always-prefer-longer ({length_rule:.3f})"
+    if difference_low is not None and difference_low <= 0:
+        return (f"reward model accuracy {accuracy:.3f} is not distinguishable from always-prefer-longer ({length_rule:.3f}): "
+                f"the paired interval of the difference includes 0")
     return ""
 
 
@@ -122,4 +123,4 @@ def reward_model_caveat_of(folder: Path) -> str:
     overall = (result or {}).get("breakdown", {}).get("overall")
     if not overall:
         return ""
-    return reward_model_caveat(overall.get("accuracy"), overall.get("length_rule"), overall.get("model_minus_rule_high"))
+    return reward_model_caveat(overall.get("accuracy"), overall.get("length_rule"), overall.get("model_minus_rule_low"))

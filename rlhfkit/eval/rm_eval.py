@@ -128,10 +128,9 @@ def accuracy_numbers(report: Report, evaluation: dict[str, Any]) -> None:
     overall = evaluation["breakdown"]["overall"]
     report.number("held-out accuracy", (overall["accuracy"], overall["low"], overall["high"]),
                   (overall["length_rule"], overall["length_rule_low"], overall["length_rule_high"]), "always prefer the longer response",
-                  reward_model_caveat(overall["accuracy"], overall["length_rule"], overall["model_minus_rule_high"]))
-    report.number("accuracy minus always-longer (paired)", (overall["model_minus_rule"], overall["model_minus_rule_low"],
-                                                             overall["model_minus_rule_high"]), 0, "no difference",
-                  rm_report.versus_length_rule(overall))
+                  reward_model_caveat(overall["accuracy"], overall["length_rule"], overall["model_minus_rule_low"]))
+    report.number(f"accuracy minus always-longer (paired): {rm_report.versus_length_rule(overall)}",
+                  (overall["model_minus_rule"], overall["model_minus_rule_low"], overall["model_minus_rule_high"]), 0, "no difference")
     report.number(f"accuracy where humans chose the shorter ({overall['chosen_shorter_count']} pairs)",
                   (overall["chosen_shorter_accuracy"], overall["chosen_shorter_low"], overall["chosen_shorter_high"]), 0,
                   "always prefer the longer response")
