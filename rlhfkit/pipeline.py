@@ -145,9 +145,10 @@ def eval_options(cfg: PipelineConfig, root: Path, samples: list[str]) -> dict[st
 def headline_numbers(stage: str, stage_dir: Path) -> dict[str, Any]:
     """The numbers a stage ends with, read from the files it wrote."""
     if stage == "sft":
-        losses = metric_series(read_metrics(stage_dir), "train/loss")[1]
+        history = read_metrics(stage_dir)
+        losses = metric_series(history, "train/loss")[1]
         first_last = {"train/loss_first": losses[0], "train/loss_last": losses[-1]} if losses else {}
-        validation = {k: v for row in read_metrics(stage_dir) for k, v in row.items() if k.startswith("val/")}
+        validation = {k: v for row in history for k, v in row.items() if k.startswith("val/")}
         return first_last | validation | (read_json(stage_dir / "eval.json") or {})
     if stage in ("rm", "dpo") and (stage_dir / "rm_eval" / "rm_eval.json").is_file():
         result = json.loads((stage_dir / "rm_eval" / "rm_eval.json").read_text())
