@@ -197,7 +197,7 @@ def on_policy_steps(folder: Path, opts: dict, rng) -> None:
     (on the rollout's first two micro-batches: an update's peak is one micro-batch's)."""
     import torch
 
-    from rlhfkit.config import GRPOConfig, PPOConfig
+    from rlhfkit.config_onpolicy import GRPOConfig, PPOConfig
     from rlhfkit.generation import SamplingParams
     from rlhfkit.onpolicy.rollout import sample_responses
     from rlhfkit.onpolicy.update import (

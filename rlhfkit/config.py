@@ -9,7 +9,6 @@ Every field carries its help text and, where the value comes from the paper, its
 from __future__ import annotations
 
 import dataclasses
-import math
 import typing
 from dataclasses import dataclass, field
 from importlib import resources
@@ -186,93 +185,6 @@ class DPOConfig(PairConfig):
     lr_scheduler: Literal["cosine", "linear", "constant"] = opt("cosine", "learning-rate schedule", "Table 6")
     forward_batch_size: int = opt(8, "pairs per no-grad forward pass (reference log-probabilities, validation)", minimum=1)
     eval_samples: int = opt(16, "validation prompts answered greedily by the reference and the DPO policy at the end (0: none)")
-
-
-@dataclass
-class OnPolicyConfig(RunConfig):
-    """Fields of every on-policy stage: prompts, sampling, scoring, KL penalty, clipped updates."""
-
-    model: str = opt("smollm2-135m", "SFT policy: starts the trained policy and is the frozen reference policy", "Section 7")
-    reward_model: str = opt("", "frozen reward model: the model/ folder written by `rlhfkit rm`, or any AutoModelForSequenceClassification "
-                                "folder or hub id with one output (empty: reward functions alone)", "Section 7")
-    reward_functions: list[str] = opt([], "programmatic rewards (rlhfkit/rewards.py): built-ins gsm8k, format, length, or a callable as "
-                                          "module:function or file.py:function taking (prompts, completions, **columns)")
-    reward_weights: list[float] = opt([], "weight of each reward: one per reward function, then one for the reward model when there is "
-                                          "one (empty: all 1)", minimum=-math.inf)
-    reward_error_score: float = opt(-1.0, "reward of a row whose reward function raised or returned a non-finite value (each one is "
-                                          "reported and counted in rewards/<name>_errors)", minimum=-math.inf)
-    stop_on_reward_error: bool = opt(False, "stop the run at the first row a reward function fails on, instead of scoring it reward_error_score")
-    data: list[str] = opt(["vwxyzjn/summarize_from_feedback_tldr_3_filtered"], "prompts: TL;DR SFT data (their posts), HH-RLHF comparisons "
-                          "(their dialogues) with prompt_format=hh, GSM8K problems with prompt_format=gsm8k", "Detail 1")
-    prompt_format: Literal["tldr-sft", "hh", "gsm8k", "auto", "prompt-only"] = opt(
-        "tldr-sft", "format of `data`; for hh the chosen response is the reference the evaluation compares with, for gsm8k the "
-        "reference solution (its final number is the `answer` column the gsm8k reward reads)")
-    hf_split: str = opt("train", "split to read when `data` is a hub id")
-    validation_posts: int = opt(300, "posts held out by post identity, as `rlhfkit sft` splits them: never prompts; evaluation summarises them")
-    eval_samples: int = opt(64, "held-out posts summarised by the SFT and trained policies at the end (0: none)")
-    eval_temperature: float = opt(0.0, "temperature of the evaluation summaries (0: greedy)")
-    learning_rate: float = opt(3e-6, "AdamW learning rate", "Table 7")
-    adam_eps: float = opt(1e-5, "AdamW epsilon", "Table 7")
-    lr_scheduler: Literal["cosine", "linear", "constant"] = opt("linear", "learning-rate schedule over the updates", "Table 7")
-    total_episodes: int = opt(1_000_000, "episodes (sampled responses) in the whole run", "Table 7, Detail 21", minimum=1)
-    total_batch_size: int = opt(512, "episodes per update (rollout batch)", "Table 7", minimum=1)
-    max_steps: int = opt(0, "stop after this many updates (0: total_episodes / total_batch_size)")
-    num_minibatches: int = opt(1, "minibatches per update epoch; one optimizer step each", "Table 7 (N_mb)", minimum=1)
-    update_epochs: int = opt(4, "passes over each rollout batch", "Table 7 (K)", minimum=1)
-    micro_batch_size: int = opt(8, "rows per forward/backward pass in the update (gradient accumulation)", minimum=1)
-    generation_batch_size: int = opt(64, "queries per generation batch", minimum=1)
-    forward_batch_size: int = opt(16, "rows per no-grad forward pass over the rollout (policy, reference, value, reward)", minimum=1)
-    samples_per_prompt: int = opt(1, "responses sampled per prompt (1 for PPO; group methods use more)", minimum=1)
-    max_response_length: int = opt(53, "response tokens sampled; the response is cut after its first EOS", "Detail 23", minimum=1)
-    temperature: float = opt(0.7, "sampling temperature, also applied in every forward pass that computes logprobs", "Table 7")
-    missing_eos_score: float = opt(-1.0, "score of a response without EOS (the EOS trick)", "Detail 23", minimum=-math.inf)
-    eos_trick: bool = opt(True, "replace the score of responses without EOS by missing_eos_score", "Detail 23")
-    reward_length_penalty: float = opt(0.0, "subtract this x response tokens from each reward-model score (a length-penalised reward)",
-                                       minimum=0.0)
-    kl_coef: float = opt(0.05, "KL penalty coefficient beta of equation 3", "Table 7")
-    kl_estimator: Literal["k1", "k2", "k3"] = opt("k1", "per-token KL estimator in the penalty (k1: log ratio, the paper's)", "Equation 3")
-    adaptive_kl: bool = opt(False, "adapt kl_coef toward kl_target (Ziegler et al. 2019)")
-    kl_target: float = opt(6.0, "target KL (sum over tokens) of the adaptive controller", minimum=1e-9)
-    kl_horizon: float = opt(10000.0, "horizon in episodes of the adaptive controller", minimum=1)
-    whiten_rewards: bool = opt(False, "whiten the per-token rewards of each rollout batch, keeping their mean", "Detail 24")
-    whiten_advantages: bool = opt(True, "whiten the advantages over valid tokens", "Detail 25")
-    gamma: float = opt(1.0, "discount factor", "Table 7")
-    lam: float = opt(0.95, "GAE lambda", "Table 7")
-    clip_range: float = opt(0.2, "policy ratio clipping epsilon (0: no clipping)", "Table 7")
-    frozen_device: str = opt("", "device of the frozen reference and reward models (empty: the policy's; e.g. cpu, cuda:1)")
-    kl_placement: Literal["reward", "loss"] = opt("reward", "where the KL to the reference enters: a per-token penalty in the reward (equation 3) or a term of the loss (GRPO)", "Equation 3")
-    entropy_coef: float = opt(0.0, "entropy bonus coefficient in the policy loss (seed 002's PPO: 0.01)")
-    sample_every: int = opt(10, "log the highest- and lowest-scored samples every N updates (0: never)")
-    log_samples: int = opt(2, "samples logged at each end (highest and lowest scored)", minimum=1)
-
-
-@dataclass
-class PPOConfig(OnPolicyConfig):
-    advantage_estimator: Literal["gae"] = opt("gae", "advantage estimator (onpolicy/algorithms.py): GAE over per-token rewards with the value model", "Section 7")
-    value_model: str = opt("", "value model folder (empty: initialise it from the reward model)", "Detail 22")
-    vf_coef: float = opt(0.1, "value loss coefficient c1", "Table 7")
-    value_clip_range: float = opt(0.2, "value clipping epsilon (0: no value loss clipping)", "Table 7")
-
-
-@dataclass
-class GRPOConfig(OnPolicyConfig):
-    """GRPO (Shao et al. 2024): G samples per prompt, group-normalised advantages, no value model."""
-
-    samples_per_prompt: int = opt(4, "G: responses sampled per prompt; the prompt is encoded once per group", "seed 002", minimum=2)
-    advantage_estimator: Literal["grpo"] = opt("grpo", "advantage estimator (onpolicy/algorithms.py): the group's mean as baseline")
-    scale_rewards: bool = opt(True, "divide by the group's standard deviation (false: Dr. GRPO, mean-centred only)")
-    kl_placement: Literal["reward", "loss"] = opt("loss", "where the KL to the reference enters: a term of the loss (GRPO) or a per-token penalty in the reward", "Equation 3")
-    kl_estimator: Literal["k1", "k2", "k3"] = opt("k3", "per-token KL estimator (k3: GRPO's, never negative)")
-    whiten_advantages: bool = opt(False, "also whiten the advantages over the whole batch", "Detail 25")
-
-
-@dataclass
-class RLOOConfig(OnPolicyConfig):
-    """RLOO (Ahmadian et al. 2024): k samples per prompt, each baselined by the mean of the others."""
-
-    samples_per_prompt: int = opt(4, "k: responses sampled per prompt; the prompt is encoded once per group", minimum=2)
-    advantage_estimator: Literal["rloo"] = opt("rloo", "advantage estimator (onpolicy/algorithms.py): the mean of the other samples as baseline")
-    whiten_advantages: bool = opt(False, "also whiten the advantages over the whole batch", "Detail 25")
 
 
 @dataclass

@@ -8,7 +8,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .config import OnPolicyConfig, RunConfig, TrainConfig
+from .config import RunConfig, TrainConfig
+from .config_onpolicy import OnPolicyConfig
 from .errors import ConfigError
 
 

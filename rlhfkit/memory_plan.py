@@ -45,7 +45,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .config import DPOConfig, GRPOConfig, PlanConfig, PPOConfig, RLOOConfig, RMConfig, SFTConfig
+from .config import DPOConfig, PlanConfig, RMConfig, SFTConfig
+from .config_onpolicy import GRPOConfig, PPOConfig, RLOOConfig
 from .errors import ConfigError
 
 GIB = 1024**3

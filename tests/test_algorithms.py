@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from rlhfkit import ops
-from rlhfkit.config import PPOConfig, resolve
+from rlhfkit.config import resolve
+from rlhfkit.config_onpolicy import PPOConfig
 from rlhfkit.onpolicy.algorithms import ALGORITHMS, algorithm_of
 from rlhfkit.onpolicy.update import ESTIMATORS, loss_units
 from rlhfkit.stages import STAGES

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from rlhfkit import cli
-from rlhfkit.config import ConfigError, PlanConfig, PPOConfig, SFTConfig, resolve
+from rlhfkit.config import ConfigError, PlanConfig, SFTConfig, resolve
+from rlhfkit.config_onpolicy import PPOConfig
 from rlhfkit.memory_plan import GIB, SHIPPED, estimate, plan, read_shape
 
 ROOT = Path(__file__).resolve().parents[1]

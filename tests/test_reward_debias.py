@@ -9,7 +9,8 @@ import torch
 
 from rlhfkit import ops
 from rlhfkit.cli import main as cli_main
-from rlhfkit.config import PPOConfig, RMConfig
+from rlhfkit.config import RMConfig
+from rlhfkit.config_onpolicy import PPOConfig
 from rlhfkit.data import load_pairs
 from rlhfkit.data.examples import length_balanced_indices, query_limits, tokenize_pairs
 from rlhfkit.data.split import split_by_upstream_split

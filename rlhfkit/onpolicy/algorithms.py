@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from ..config import GRPOConfig, OnPolicyConfig, PPOConfig, RLOOConfig
+from ..config_onpolicy import GRPOConfig, OnPolicyConfig, PPOConfig, RLOOConfig
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch
 
-from ..config import ConfigError, OnPolicyConfig
+from ..config import ConfigError
+from ..config_onpolicy import OnPolicyConfig
 from ..data import SFTRecord, load_prompts, usable
 from ..data.examples import SFTExample, tokenize_sft
 from ..data.generic import field_names

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import ConfigError, OnPolicyConfig
+from ..config import ConfigError
+from ..config_onpolicy import OnPolicyConfig
 from ..data.examples import SFTExample
 from ..rewards import RewardError, RewardFunctions
 

@@ -23,8 +23,9 @@ import torch
 
 from ..adapters import add_adapter, frozen_reference, lora_enabled, save_final_model, trained_policy
 from ..checkpoint import load_training_state, save_checkpoint
-from ..config import ConfigError, OnPolicyConfig
+from ..config import ConfigError
 from ..config_checks import check_update_split
+from ..config_onpolicy import OnPolicyConfig
 from ..data.examples import SFTExample
 from ..devices import autocast, evaluation_mode
 from ..distributed import ONE_PROCESS
