@@ -27,6 +27,7 @@ def check_config(cfg: Any, processes: int = 1) -> Any:
         check_batch_split(cfg, processes)
     if isinstance(cfg, OnPolicyConfig):
         check_update_split(cfg, processes)
+        check_objective(cfg)
     return cfg
 
 
@@ -58,3 +59,18 @@ def check_update_split(cfg: OnPolicyConfig, processes: int) -> None:
                           f"of the {processes} processes: each samples the same number of whole groups")
     if not cfg.max_steps and cfg.total_episodes < cfg.total_batch_size:
         raise ConfigError(f"total_episodes={cfg.total_episodes} is less than one update of total_batch_size={cfg.total_batch_size}")
+
+
+def check_objective(cfg: OnPolicyConfig) -> None:
+    """The objective's options agree: bounds that exist, groups where a method compares within them."""
+    if cfg.clip_range_high and not cfg.clip_range:
+        raise ConfigError(f"clip_range_high={cfg.clip_range_high} needs clipping: set clip_range above 0 (the lower bound)")
+    if cfg.dual_clip and cfg.dual_clip <= 1:
+        raise ConfigError(f"dual_clip={cfg.dual_clip} must be above 1 (Ye et al. 2020: 3), or 0 to turn it off")
+    if cfg.overlong_buffer >= cfg.max_response_length:
+        raise ConfigError(f"overlong_buffer={cfg.overlong_buffer} must be below max_response_length={cfg.max_response_length}: "
+                          "it is the last part of the allowed length (DAPO: 4,096 of 20,480)")
+    for needs_groups, what in ((cfg.dynamic_sampling, "dynamic_sampling=true"),
+                               (cfg.advantage_estimator == "reinforce-pp-baseline", "advantage_estimator=reinforce-pp-baseline")):
+        if needs_groups and cfg.samples_per_prompt < 2:
+            raise ConfigError(f"{what} compares the samples of a prompt: set samples_per_prompt to 2 or more")

@@ -61,7 +61,31 @@ class OnPolicyConfig(RunConfig):
     whiten_advantages: bool = opt(True, "whiten the advantages over valid tokens", "Detail 25")
     gamma: float = opt(1.0, "discount factor", "Table 7")
     lam: float = opt(0.95, "GAE lambda", "Table 7")
-    clip_range: float = opt(0.2, "policy ratio clipping epsilon (0: no clipping)", "Table 7")
+    clip_range: float = opt(0.2, "policy ratio clipping epsilon, below (and above unless clip_range_high is set; 0: no clipping)", "Table 7")
+    clip_range_high: float = opt(0.0, "upper clipping epsilon: the ratio is kept within [1 - clip_range, 1 + clip_range_high] (0: "
+                                      "clip_range; DAPO's clip-higher: 0.28)")
+    dual_clip: float = opt(0.0, "dual clip c > 1: the loss of a token with a negative advantage is at most -c x advantage, however large "
+                                "its ratio (Ye et al. 2020: 3; 0: off)")
+    policy_loss: Literal["ppo-clip", "gspo", "gspo-token", "cispo"] = opt(
+        "ppo-clip", "policy loss (docs/algorithms.md): ppo-clip (token ratios), gspo (one length-normalised ratio per sequence), "
+        "gspo-token (its per-token-advantage variant), cispo (REINFORCE weighted by the clipped, detached token ratio)")
+    loss_aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = opt(
+        "token-mean", "a minibatch's loss from its tokens' losses: the mean over all its tokens (DAPO), the mean over sequences of "
+        "each one's token mean (GRPO, GSPO), or the mean over sequences of each one's token sum / loss_normaliser (Dr. GRPO); "
+        "normalisers are counted over the whole minibatch, so the split into micro-batches and processes never changes the update")
+    loss_normaliser: float = opt(0.0, "seq-mean-token-sum-norm's constant divisor of each sequence's token sum (0: max_response_length)")
+    dynamic_sampling: bool = opt(False, "DAPO: drop the groups whose scores do not differ (all their advantages are 0) and refill the "
+                                        "update from the prompt stream")
+    dynamic_sampling_min_spread: float = opt(0.0, "a group is dropped when the max - min of its scores is at or below this (0: only "
+                                                  "identical scores, as with verifiable rewards; reward-model scores never tie exactly, "
+                                                  "so give them a spread in the score's units)")
+    dynamic_sampling_max_draws: int = opt(4, "draws of prompts per update at most; past it the update is filled with dropped groups, "
+                                             "counted in sampling/filled_groups (DAPO's max_num_gen_batches)", minimum=1)
+    overlong_buffer: int = opt(0, "DAPO's soft overlong punishment: responses longer than max_response_length - overlong_buffer "
+                                  "tokens lose up to overlong_penalty, linearly (0: off)")
+    overlong_penalty: float = opt(1.0, "the overlong punishment at max_response_length", minimum=0.0)
+    mask_truncated: bool = opt(False, "DAPO's overlong filtering: responses cut at max_response_length without EOS take no part in "
+                                      "the loss (their scores still count in their group's baseline)")
     frozen_device: str = opt("", "device of the frozen reference and reward models (empty: the policy's; e.g. cpu, cuda:1)")
     kl_placement: Literal["reward", "loss"] = opt("reward", "where the KL to the reference enters: a per-token penalty in the reward (equation 3) or a term of the loss (GRPO)", "Equation 3")
     entropy_coef: float = opt(0.0, "entropy bonus coefficient in the policy loss (seed 002's PPO: 0.01)")
@@ -87,6 +111,10 @@ class GRPOConfig(OnPolicyConfig):
     kl_placement: Literal["reward", "loss"] = opt("loss", "where the KL to the reference enters: a term of the loss (GRPO) or a per-token penalty in the reward", "Equation 3")
     kl_estimator: Literal["k1", "k2", "k3"] = opt("k3", "per-token KL estimator (k3: GRPO's, never negative)")
     whiten_advantages: bool = opt(False, "also whiten the advantages over the whole batch", "Detail 25")
+    loss_aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = opt(
+        "seq-mean-token-mean", "a minibatch's loss from its tokens' losses: the mean over sequences of each one's token mean (GRPO), "
+        "the mean over all tokens (DAPO), or over sequences of each one's token sum / loss_normaliser (Dr. GRPO); normalisers are "
+        "counted over the whole minibatch, so the split into micro-batches and processes never changes the update")
 
 
 @dataclass
@@ -96,3 +124,16 @@ class RLOOConfig(OnPolicyConfig):
     samples_per_prompt: int = opt(4, "k: responses sampled per prompt; the prompt is encoded once per group", minimum=2)
     advantage_estimator: Literal["rloo"] = opt("rloo", "advantage estimator (onpolicy/algorithms.py): the mean of the other samples as baseline")
     whiten_advantages: bool = opt(False, "also whiten the advantages over the whole batch", "Detail 25")
+
+
+@dataclass
+class ReinforceConfig(OnPolicyConfig):
+    """REINFORCE-style methods without a value model: REINFORCE++ (one sample, global normalisation),
+    REINFORCE++-baseline (a group's mean, then global normalisation) and ReMax (a greedy baseline)."""
+
+    samples_per_prompt: int = opt(1, "responses sampled per prompt (reinforce-pp-baseline needs 2 or more)", minimum=1)
+    advantage_estimator: Literal["reinforce-pp", "reinforce-pp-baseline", "remax"] = opt(
+        "reinforce-pp", "reinforce-pp: each token's return, normalised over the whole batch (Hu et al. 2025); reinforce-pp-baseline: "
+        "the score minus its group's mean, normalised over the whole batch; remax: the return minus the score of the prompt's "
+        "greedy response (Li et al. 2023)")
+    whiten_advantages: bool = opt(False, "also whiten the advantages over the whole batch (REINFORCE++ normalises them already)", "Detail 25")

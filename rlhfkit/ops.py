@@ -124,10 +124,13 @@ def logprobs_entropy_of_chunk(
 
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "k1") -> torch.Tensor:
-    """Per-token KL estimate between the policy and the reference from sampled-token log-probabilities.
+    """Per-token KL(pi || pi_ref) estimate from sampled-token log-probabilities (Schulman 2020), L = log(pi/pi_ref):
+    k1 = L (the paper's; unbiased, can be negative); k2 = L^2 / 2 (biased, low variance);
+    k3 = pi_ref/pi - 1 - log(pi_ref/pi) (unbiased and never negative).
 
-    k1 = log(pi/pi_ref) (the paper's, unbiased, can be negative); k2 = (log(pi/pi_ref))^2 / 2;
-    k3 = pi_ref/pi - 1 - log(pi_ref/pi) (unbiased and never negative; Schulman 2020).
+    These are values. As a reward (equation 3, kl_placement=reward) the policy gradient multiplies the
+    reward by grad log pi, and only k1 then gives the gradient of KL(pi || pi_ref); as a loss term use
+    `kl_loss`, whose forms are chosen for their gradients. docs/algorithms.md has the derivations.
     """
     log_ratio = logprobs - ref_logprobs
     if kind == "k1":
@@ -137,6 +140,22 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "
     if kind == "k3":
         return torch.expm1(-log_ratio) + log_ratio
     raise ValueError(f"unknown KL estimator {kind!r}; choose k1, k2 or k3")
+
+
+def kl_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) -> torch.Tensor:
+    """(B, T) per-token KL loss terms (kl_placement=loss) whose gradient, in expectation over tokens
+    sampled from the rollout policy pi_old, is the gradient of KL(pi || pi_ref) = E_pi[L], L = log(pi/pi_ref):
+
+        k1: r * L            grad = r (L + 1) grad log pi; the +1 term has mean 0 under pi
+        k2: sg(r) * L^2 / 2  grad = sg(r) L grad log pi
+        k3: r * k3           grad = r L grad log pi (DeepSeek-V3.2's correction; TRL #4637)
+
+    with r = pi / pi_old, 1 in value before the first step. GRPO's plain k3 term, without r, has
+    gradient (1 - pi_ref/pi) grad log pi: the gradient of the forward KL(pi_ref || pi), not the reverse
+    one, and plain k1 has a gradient of mean 0 (it regularises nothing)."""
+    ratio = torch.exp(logprobs - old_logprobs)
+    value = kl_penalty(logprobs, ref_logprobs, kind)
+    return (ratio.detach() if kind == "k2" else ratio) * value
 
 
 def eos_trick(scores: torch.Tensor, has_eos: torch.Tensor, missing_eos_score: float) -> torch.Tensor:
@@ -175,29 +194,6 @@ def gae(
         running = delta + gamma * lam * running
         advantages[:, t] = running
     return advantages, advantages + values
-
-
-class PolicyLoss(typing.NamedTuple):
-    loss: torch.Tensor  # scalar, mean over unmasked tokens
-    clip_fraction: torch.Tensor  # share of tokens where the clipped objective was the active one
-    approx_kl: torch.Tensor  # mean of (log ratio)^2 / 2, the old-to-new policy KL estimate
-
-
-def ppo_policy_loss(
-    new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, clip: float | None
-) -> PolicyLoss:
-    """PPO's clipped surrogate (Table 7: clip 0.2) over unmasked tokens; `clip=None` turns clipping off."""
-    log_ratio = new_logprobs - old_logprobs
-    ratio = torch.exp(log_ratio)
-    unclipped = -advantages * ratio
-    if clip is None:
-        losses, clip_fraction = unclipped, torch.zeros((), device=ratio.device)
-    else:
-        clipped = -advantages * torch.clamp(ratio, 1.0 - clip, 1.0 + clip)
-        losses = torch.maximum(unclipped, clipped)
-        clip_fraction = masked_mean((clipped > unclipped).float(), mask)
-    approx_kl = 0.5 * masked_mean(log_ratio.detach() ** 2, mask)
-    return PolicyLoss(masked_mean(losses, mask), clip_fraction.detach(), approx_kl)
 
 
 def ppo_value_loss(
@@ -304,6 +300,37 @@ def sequence_advantages(advantages: torch.Tensor, mask: torch.Tensor) -> tuple[t
 def leave_one_out_advantages(scores: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
     """RLOO: each sequence's score minus the mean score of the other samples of its prompt."""
     return scores - leave_one_out_baseline(scores, groups)
+
+
+def returns_to_go(rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
+    """(B, T) the discounted sum of each token's reward and every later one's within its row:
+    REINFORCE's return, the advantage of REINFORCE++ and ReMax before their baselines."""
+    rewards = rewards * mask.to(rewards.dtype)
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(rewards.size(1))):
+        running = rewards[:, t] + gamma * running
+        returns[:, t] = running
+    return returns * mask.to(rewards.dtype)
+
+
+def overlong_penalty(lengths: torch.Tensor, max_length: int, buffer: int, factor: float = 1.0) -> torch.Tensor:
+    """DAPO's soft overlong punishment (Yu et al. 2025, equation 13), (B,): 0 up to max_length - buffer
+    tokens, then falling linearly to -factor at max_length, and -factor beyond it."""
+    if buffer <= 0:
+        return torch.zeros_like(lengths, dtype=torch.float32)
+    excess = (lengths.float() - (max_length - buffer)).clamp(min=0)
+    return -factor * torch.clamp(excess / buffer, max=1.0)
+
+
+def group_spread(scores: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """(B,) max - min of the scores of each row's group (DAPO's dynamic sampling drops groups at 0: all
+    their advantages are 0 and they teach nothing)."""
+    _, inverse = torch.unique(groups, return_inverse=True)
+    count = int(inverse.max()) + 1
+    highest = torch.full((count,), float("-inf"), dtype=scores.dtype, device=scores.device).scatter_reduce(0, inverse, scores, "amax")
+    lowest = torch.full((count,), float("inf"), dtype=scores.dtype, device=scores.device).scatter_reduce(0, inverse, scores, "amin")
+    return (highest - lowest)[inverse]
 
 
 def length_penalised_scores(scores: torch.Tensor, lengths: torch.Tensor, alpha: float) -> torch.Tensor:

@@ -57,13 +57,13 @@ def write_sft_csv(path: Path, rows: list[dict]) -> Path:
 # ---------------------------------------------------------------- every stage's tiny options
 
 PRESETS = {"sft": "tldr-sft", "rm": "tldr-rm", "dpo": "tldr-dpo", "ppo": "tldr-ppo", "grpo": "tldr-grpo", "rloo": "tldr-rloo",
-           "pipeline": "quickstart"}
+           "reinforce": "tldr-reinforce-pp", "pipeline": "quickstart"}
 
 # which entry of a test's inputs (the `ppo_dirs` fixture: policy, rm, posts, pairs) each stage option reads
 ON_POLICY_INPUTS = {"model": "policy", "reward_model": "rm", "data": "posts"}
 INPUTS = {"sft": {"model": "policy", "data": "posts"}, "rm": {"model": "policy", "data": "pairs"},
           "dpo": {"model": "policy", "data": "pairs"}, "ppo": ON_POLICY_INPUTS, "grpo": ON_POLICY_INPUTS,
-          "rloo": ON_POLICY_INPUTS, "pipeline": {"model": "policy", "sft_data": "posts", "comparisons": "pairs"}}
+          "rloo": ON_POLICY_INPUTS, "reinforce": ON_POLICY_INPUTS, "pipeline": {"model": "policy", "sft_data": "posts", "comparisons": "pairs"}}
 
 # a few rows per step on 2-layer d=64 models at a learning rate that moves them, nothing else logged
 TINY_COMMON = {"max_query_length": 128, "learning_rate": 1e-3, "report_to": ""}
@@ -80,6 +80,7 @@ TINY = {
     "ppo": TINY_ON_POLICY,
     "grpo": TINY_ON_POLICY | {"samples_per_prompt": 4},
     "rloo": TINY_ON_POLICY | {"samples_per_prompt": 4},
+    "reinforce": TINY_ON_POLICY,
     "pipeline": {
         "eval_posts": 4,
         "sft": TINY_PIPELINE_STAGE | {"validation_posts": 8, "eval_samples": 0, "total_batch_size": 4, "micro_batch_size": 4,

@@ -1,4 +1,5 @@
-"""The on-policy algorithm declarations: each stage runs its own algorithm, read through typed fields."""
+"""The on-policy declarations: each command runs its own algorithm, and each published method's presets
+set the options that make it."""
 
 import dataclasses
 
@@ -8,8 +9,9 @@ import torch
 from rlhfkit import ops
 from rlhfkit.config import resolve
 from rlhfkit.config_onpolicy import PPOConfig
-from rlhfkit.onpolicy.algorithms import ALGORITHMS, algorithm_of
-from rlhfkit.onpolicy.update import ESTIMATORS, loss_units
+from rlhfkit.onpolicy.algorithms import ALGORITHMS, METHODS, algorithm_of
+from rlhfkit.onpolicy.rollout import RolloutBatch
+from rlhfkit.onpolicy.update import ESTIMATORS, Objective
 from rlhfkit.stages import STAGES
 
 
@@ -36,16 +38,40 @@ def test_estimators_read_their_settings_from_the_config():
     values = torch.tensor([[0.5, 0.4, 0.3], [0.2, 0.1, 0.0]])
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
     cfg = dataclasses.replace(PPOConfig(), gamma=0.9, lam=0.8)
-    for got, want in zip(ESTIMATORS["gae"](cfg, rewards, mask, values, None), ops.gae(rewards, values, mask, 0.9, 0.8), strict=True):
+    batch = RolloutBatch(None, None, None, None, mask.bool(), None, values=values)
+    for got, want in zip(ESTIMATORS["gae"](cfg, rewards, mask, batch, None), ops.gae(rewards, values, mask, 0.9, 0.8), strict=True):
         torch.testing.assert_close(got, want)
     groups = torch.tensor([0, 0])
     for scale in (True, False):
         grpo = dataclasses.replace(resolve("grpo", None, None, {}), scale_rewards=scale)
-        advantages, _ = ESTIMATORS["grpo"](grpo, rewards, mask, None, groups)
+        advantages, _ = ESTIMATORS["grpo"](grpo, rewards, mask, batch, groups)
         per_row = ops.group_relative_advantages(rewards.sum(-1), groups, scale)
         torch.testing.assert_close(advantages, per_row.unsqueeze(1) * mask)
 
 
-def test_token_mean_aggregation_weighs_each_row_by_its_response_tokens():
-    mask = torch.tensor([[1, 1, 1], [1, 0, 0]], dtype=torch.bool)
-    assert loss_units(ALGORITHMS["grpo"], mask).tolist() == [3.0, 1.0]
+def test_the_objective_counts_tokens_or_sequences_and_drops_truncated_rows_when_asked():
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0]], dtype=torch.bool)
+    batch = RolloutBatch(None, None, None, torch.zeros(3, 3), mask, torch.tensor([True, True, False]))
+    ppo, grpo = resolve("ppo", None, None, {}), resolve("grpo", None, None, {})
+    assert Objective.of(ppo).units(batch).tolist() == [3.0, 1.0, 2.0]  # token-mean: each row's tokens
+    assert Objective.of(grpo).units(batch).tolist() == [1.0, 1.0, 1.0]  # GRPO's sequence mean: one each
+    dapo = resolve("grpo", "tldr-dapo", None, {})
+    assert Objective.of(dapo).units(batch).tolist() == [3.0, 1.0, 0.0]  # the row cut without EOS takes no part
+    assert Objective.of(resolve("grpo", "tldr-dr-grpo", None, {})).constant == 53.0  # max_response_length
+
+
+@pytest.mark.parametrize("method", METHODS, ids=lambda m: m.name)
+def test_every_method_preset_sets_the_options_that_make_the_method(method):
+    assert method.command in ALGORITHMS and method.citation and method.changes
+    for preset in method.presets:
+        assert preset in ALGORITHMS[method.command].presets
+        cfg = resolve(method.command, preset, None, {})
+        assert {k: getattr(cfg, k) for k in method.options} == method.options, preset
+    if not method.presets:  # a method without a preset still resolves from its options
+        cfg = resolve(method.command, None, None, {k: str(v).lower() for k, v in method.options.items()})
+        assert {k: getattr(cfg, k) for k in method.options} == method.options
+
+
+def test_every_shipped_on_policy_preset_belongs_to_a_declared_method():
+    presets = {p for a in ALGORITHMS.values() for p in a.presets}
+    assert presets == {p for m in METHODS for p in m.presets}

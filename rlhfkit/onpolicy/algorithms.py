@@ -1,9 +1,15 @@
-"""Each on-policy algorithm declared once: what differs between PPO, GRPO and RLOO is written here
-and nowhere else, and the shared core reads it through these typed fields.
+"""Each on-policy command and each published method declared once.
 
-A new algorithm is a new `Algorithm` (with its config class in `config.py` and its presets in
-`presets/`); the stage registry (`stages.py`) makes each one a command; a new advantage estimator is a function in `update.ESTIMATORS` named in the config
-class's `advantage_estimator` choices. Kept free of torch so that the command line starts fast.
+An `Algorithm` is a command (ppo, grpo, rloo, reinforce): its config class, its presets and its value
+model. A `Method` is a published recipe run by one of those commands: the options that make it (its
+policy loss, loss aggregation, estimator, clipping, KL...), its presets and its citation; `METHODS`
+is the table docs/algorithms.md lists, and a test checks that every method's presets set its options.
+
+A new algorithm is a new `Algorithm` (with its config class in `config_onpolicy.py` and its presets in
+`presets/`); the stage registry (`stages.py`) makes each one a command; a new advantage estimator is a
+function in `update.ESTIMATORS` named in the config class's `advantage_estimator` choices; a new policy
+loss is a function in `policy_losses.POLICY_LOSSES` named in `policy_loss`'s choices. Kept free of
+torch so that the command line starts fast.
 """
 
 from __future__ import annotations
@@ -11,9 +17,9 @@ from __future__ import annotations
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any
 
-from ..config_onpolicy import GRPOConfig, OnPolicyConfig, PPOConfig, RLOOConfig
+from ..config_onpolicy import GRPOConfig, OnPolicyConfig, PPOConfig, ReinforceConfig, RLOOConfig
 
 
 @dataclass(frozen=True)
@@ -31,8 +37,6 @@ class Algorithm:
     config: type[OnPolicyConfig]
     presets: tuple[str, ...]  # shipped presets with published settings, TL;DR first
     about: str
-    policy_loss: Literal["ppo-clip"]  # the clipped surrogate of Schulman et al. 2017 (clip_range 0: unclipped)
-    loss_aggregation: Literal["token-mean"]  # the loss of a minibatch: the mean over all its response tokens
     value: Callable[[typing.Any], ValueOptions] | None = None  # reads the critic's options from the config
 
     @property
@@ -51,14 +55,55 @@ def ppo_value_options(cfg: PPOConfig) -> ValueOptions:
 
 ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
     Algorithm("ppo", PPOConfig, ("tldr-ppo", "hh-ppo"), "PPO from the SFT policy against the reward model (Section 7, Details 20-25, Table 7)",
-              "ppo-clip", "token-mean", value=ppo_value_options),
-    Algorithm("grpo", GRPOConfig, ("tldr-grpo", "hh-grpo", "gsm8k-grpo"), "GRPO: G samples per prompt, group-normalised advantages, no value model (PPO's core)",
-              "ppo-clip", "token-mean"),
-    Algorithm("rloo", RLOOConfig, ("tldr-rloo",), "RLOO: k samples per prompt, leave-one-out baseline, no value model (PPO's core)",
-              "ppo-clip", "token-mean"),
+              value=ppo_value_options),
+    Algorithm("grpo", GRPOConfig, ("tldr-grpo", "hh-grpo", "gsm8k-grpo", "tldr-dr-grpo", "gsm8k-dr-grpo", "tldr-dapo", "gsm8k-dapo",
+                                   "tldr-gspo", "gsm8k-gspo"),
+              "GRPO and its successors (Dr. GRPO, DAPO, GSPO, CISPO): G samples per prompt, group-relative advantages, no value model"),
+    Algorithm("rloo", RLOOConfig, ("tldr-rloo",), "RLOO: k samples per prompt, leave-one-out baseline, no value model (PPO's core)"),
+    Algorithm("reinforce", ReinforceConfig, ("tldr-reinforce-pp", "gsm8k-reinforce-pp"),
+              "REINFORCE++, REINFORCE++-baseline and ReMax: batch-normalised or greedy baselines, no value model"),
 )}
 
 
 def algorithm_of(cfg: OnPolicyConfig) -> Algorithm:
     """The declaration whose config class `cfg` is (a PPO config runs PPO, never another algorithm)."""
     return next(a for a in ALGORITHMS.values() if type(cfg) is a.config)
+
+
+@dataclass(frozen=True)
+class Method:
+    """A published on-policy recipe: the options that make it, set on top of its command's defaults."""
+
+    name: str
+    command: str  # the `Algorithm` that runs it
+    options: dict[str, Any]  # what it changes; every preset of the method sets each of these
+    presets: tuple[str, ...]
+    changes: str  # what it changes relative to PPO/GRPO, in a few words
+    citation: str
+
+
+METHODS: tuple[Method, ...] = (
+    Method("ppo", "ppo", {"advantage_estimator": "gae", "policy_loss": "ppo-clip", "loss_aggregation": "token-mean"},
+           ("tldr-ppo", "hh-ppo"), "the baseline: GAE with a value model, token-level clipped ratio", "Schulman et al. 2017; Huang et al. 2024"),
+    Method("grpo", "grpo", {"scale_rewards": True, "loss_aggregation": "seq-mean-token-mean", "kl_placement": "loss", "kl_estimator": "k3"},
+           ("tldr-grpo", "hh-grpo", "gsm8k-grpo"), "no value model; (R - group mean) / group std; per-sequence token mean; k3 KL in the loss",
+           "Shao et al. 2024"),
+    Method("dr-grpo", "grpo", {"scale_rewards": False, "loss_aggregation": "seq-mean-token-sum-norm"}, ("tldr-dr-grpo", "gsm8k-dr-grpo"),
+           "no division by the group std; token sums over a constant, not each response's length", "Liu et al. 2025"),
+    Method("dapo", "grpo", {"clip_range": 0.2, "clip_range_high": 0.28, "loss_aggregation": "token-mean", "dynamic_sampling": True,
+                            "mask_truncated": True, "kl_coef": 0.0}, ("tldr-dapo", "gsm8k-dapo"),
+           "clip-higher; token mean over the batch; dynamic sampling; overlong shaping and filtering; no KL", "Yu et al. 2025"),
+    Method("gspo", "grpo", {"policy_loss": "gspo", "clip_range": 3e-4, "clip_range_high": 4e-4, "loss_aggregation": "seq-mean-token-mean"},
+           ("tldr-gspo", "gsm8k-gspo"), "one length-normalised ratio per sequence, clipped at 3e-4 / 4e-4", "Zheng et al. 2025"),
+    Method("cispo", "grpo", {"policy_loss": "cispo", "loss_aggregation": "token-mean"}, (),
+           "REINFORCE weighted by the clipped, detached token ratio: no token loses its gradient", "MiniMax 2025"),
+    Method("rloo", "rloo", {"advantage_estimator": "rloo"}, ("tldr-rloo",), "baseline: the mean of the other k-1 samples",
+           "Ahmadian et al. 2024"),
+    Method("reinforce-pp", "reinforce", {"advantage_estimator": "reinforce-pp", "kl_placement": "reward", "kl_estimator": "k1"},
+           ("tldr-reinforce-pp",), "one sample; token returns with a k1 KL reward, normalised over the whole batch", "Hu et al. 2025"),
+    Method("reinforce-pp-baseline", "reinforce", {"advantage_estimator": "reinforce-pp-baseline", "kl_placement": "loss",
+                                                  "kl_estimator": "k2"}, ("gsm8k-reinforce-pp",),
+           "group mean subtracted, then normalised over the whole batch; k2 KL in the loss", "Hu et al. 2025"),
+    Method("remax", "reinforce", {"advantage_estimator": "remax"}, (), "baseline: the score of the prompt's greedy response",
+           "Li et al. 2023"),
+)

@@ -46,6 +46,7 @@ class RolloutBatch:
     rewards: torch.Tensor | None = None  # (B, R) equation 3
     advantages: torch.Tensor | None = None  # (B, R)
     returns: torch.Tensor | None = None  # (B, R)
+    baseline_scores: torch.Tensor | None = None  # (B,) ReMax: the shaped score of the row's prompt's greedy response
 
     @property
     def size(self) -> int:

@@ -27,10 +27,7 @@ from ..config import ConfigError
 from ..config_checks import check_update_split
 from ..config_onpolicy import OnPolicyConfig
 from ..data.examples import SFTExample
-from ..devices import autocast, evaluation_mode
-from ..distributed import ONE_PROCESS
 from ..errors import ModelError
-from ..generation import SamplingParams
 from ..models import (
     ScalarModel,
     check_model_source,
@@ -44,6 +41,7 @@ from ..tracking import append_jsonl, drop_rows_after, write_jsonl
 from ..trainers.engine import accelerator_for, autocast_precision, start_run
 from ..trainers.loop import Show, run_loop
 from .algorithms import Algorithm, algorithm_of
+from .collect import PromptStream, collect, prompts_per_update
 from .evaluation import (
     SAMPLES_FILE,
     compare_policies,
@@ -53,23 +51,12 @@ from .evaluation import (
     write_onpolicy_report,
 )
 from .rewarding import PromptTexts, RewardSources, component_metrics
-from .rollout import (
-    RolloutBatch,
-    chunk_generator,
-    gather_rollout,
-    process_share,
-    prompt_indices,
-    sample_responses,
-    widen_to_all_processes,
-)
 from .update import (
     OnPolicyModels,
     Optimizers,
     build_optimizers,
-    compute_advantages,
     extreme_samples,
     rollout_metrics,
-    score_rollout,
     update_on_rollout,
 )
 
@@ -144,43 +131,11 @@ def prepare_for_training(models: OnPolicyModels, cfg: OnPolicyConfig) -> None:
                 enable_activation_checkpointing(trained)
 
 
-def prompts_per_update(cfg: OnPolicyConfig) -> int:
-    return cfg.total_batch_size // cfg.samples_per_prompt
-
-
 def planned_updates(cfg: OnPolicyConfig, processes: int = 1) -> int:
     """Updates in the run, after checking that an update's batch splits on the processes the run has,
     as the config was checked (`config_checks.check_update_split`)."""
     check_update_split(cfg, processes)
     return cfg.max_steps or cfg.total_episodes // cfg.total_batch_size
-
-
-def collect(models: OnPolicyModels, prompts: list[list[int]], cfg: OnPolicyConfig, update: int, kl_coef: float, precision: str,
-            timings: dict[str, float], show: Show = lambda phase: None, accelerator=ONE_PROCESS,
-            texts: PromptTexts | None = None) -> RolloutBatch:
-    """Sample and score this process's share of update `update` (0-based), gather the whole update's
-    rollout and estimate its advantages; `show(phase)` reports progress. Reward functions read the
-    prompts' `texts` (query text, dataset columns)."""
-    device = next(models.policy.parameters()).device
-    per_update = prompts_per_update(cfg)
-    picked = prompt_indices(len(prompts), per_update, cfg.seed, update * per_update)
-    share = process_share(per_update, accelerator.process_index, accelerator.num_processes)
-    params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.temperature)
-    show("sampling")
-    began = time.perf_counter()
-    # eval mode: with activation checkpointing on, a model in train mode refuses the KV cache
-    with autocast(device, precision), evaluation_mode(models.policy):
-        batch = sample_responses(models.policy, [prompts[i] for i in picked[share]], params, models.tokenizer,
-                                 cfg.generation_batch_size, lambda i: chunk_generator(cfg.seed, update, share.start + i, device),
-                                 samples_per_prompt=cfg.samples_per_prompt)
-    batch.prompts = torch.as_tensor(picked[share], device=device).repeat_interleave(cfg.samples_per_prompt)
-    timings["generation"] = time.perf_counter() - began
-    show("scoring")
-    began = time.perf_counter()
-    batch = widen_to_all_processes(batch, accelerator, models.tokenizer.pad_token_id)
-    batch = gather_rollout(score_rollout(models, batch, cfg, precision, texts), accelerator)
-    timings["scoring"] = time.perf_counter() - began
-    return compute_advantages(batch, cfg, kl_coef)
 
 
 @dataclass
@@ -200,6 +155,7 @@ class OnPolicySteps:
     precision: str
     sharded: dict[str, ShardedRun] = dataclasses.field(default_factory=dict)  # "policy", "value": sharding=fsdp2
     texts: PromptTexts | None = None  # what reward functions read about each prompt
+    stream: PromptStream = dataclasses.field(default_factory=PromptStream)  # how far the prompt stream has been read
     unit: str = "update"
     comparison: tuple[dict[str, float], list[dict]] = ({}, [])  # the final evaluation's metrics and rows
 
@@ -210,9 +166,10 @@ class OnPolicySteps:
     def step(self, index: int, show: Show) -> dict[str, float]:
         began = time.perf_counter()
         timings: dict[str, float] = {}
+        metrics: dict[str, float] = {}
         batch = collect(self.models, self.prompts, self.cfg, index, self.kl_coef, self.precision, timings, show, self.accelerator,
-                        self.texts)
-        metrics = rollout_metrics(batch, self.kl_coef)
+                        self.texts, self.stream, metrics)
+        metrics |= rollout_metrics(batch, self.kl_coef)
         metrics |= component_metrics(self.models.reward_sources().names, batch.reward_components, batch.reward_failures)
         show("updating")
         tick = time.perf_counter()
@@ -265,7 +222,7 @@ class OnPolicySteps:
             optimizer = SavedState(optimizer.state_dict())
             extra_states = {k: SavedState(v.state_dict()) if isinstance(v, ShardedOptimizerState) else v for k, v in extra_states.items()}
         if self.accelerator.is_main_process:
-            state = {"episodes": done * self.cfg.total_batch_size, "kl_coef": self.kl_coef}
+            state = {"episodes": done * self.cfg.total_batch_size, "kl_coef": self.kl_coef, "prompts_drawn": self.stream.position}
             save_checkpoint(self.run_dir, done, trained["policy"], self.models.tokenizer, optimizer, self.optimizers.policy_schedule,
                             state, self.cfg.keep_checkpoints, extra_models={k: v for k, v in trained.items() if k != "policy"},
                             extra_states=extra_states)
@@ -317,15 +274,16 @@ def train_on_policy(models: OnPolicyModels, prompts: list[list[int]], cfg: OnPol
                (("policy", models.policy, optimizers.policy), ("value", models.value, optimizers.value)) if name in copies}
     if sharded and accelerator.is_main_process:
         print(sharded["policy"].describe(accelerator.num_processes))
-    kl_coef, start = cfg.kl_coef, 0
+    kl_coef, start, drawn = cfg.kl_coef, 0, 0
     if checkpoint is not None:
         optimizer, extra_states = optimizer_states(optimizers, sharded)
         state = load_training_state(checkpoint, optimizer, optimizers.policy_schedule, extra_states)
         start, kl_coef = state["step"], state["kl_coef"]
+        drawn = state.get("prompts_drawn", start * prompts_per_update(cfg))  # checkpoints before dynamic sampling drew one per update
     if accelerator.is_main_process:
         drop_rows_after(run_dir / SAMPLES_FILE, start)
     steps = OnPolicySteps(algorithm, cfg, run_dir, accelerator, models, optimizers, prompts, held_out or [], num_updates, kl_coef,
-                          autocast_precision(cfg), sharded, texts)
+                          autocast_precision(cfg), sharded, texts, PromptStream(drawn))
     run_loop(steps, cfg, run_dir, start, accelerator, resume_command(algorithm.name, run_dir, accelerator.num_processes))
     return steps
 

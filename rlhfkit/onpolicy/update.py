@@ -27,15 +27,16 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from .. import ops
-from ..config_onpolicy import GRPOConfig, OnPolicyConfig, PPOConfig, RLOOConfig
+from ..config_onpolicy import GRPOConfig, OnPolicyConfig, PPOConfig, ReinforceConfig, RLOOConfig
 from ..devices import autocast, model_device
 from ..distributed import ONE_PROCESS
 from ..generation import response_logprobs
 from ..models import ScalarModel
+from ..policy_losses import POLICY_LOSSES, ClipRange, aggregate, loss_units
 from ..scoring import scores_at_eos
 from ..sharding import fsdp_modules, full_number
 from ..trainers.engine import build_optimizer, check_finite
-from .algorithms import Algorithm, ValueOptions, algorithm_of
+from .algorithms import ValueOptions, algorithm_of
 from .rewarding import PromptTexts, RewardSources
 from .rollout import RolloutBatch, process_share
 
@@ -131,25 +132,59 @@ def score_rollout(models: OnPolicyModels, batch: RolloutBatch, cfg: OnPolicyConf
     return dataclasses.replace(batch, **filled)
 
 
-Estimator = Callable[[Any, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+Estimator = Callable[[Any, torch.Tensor, torch.Tensor, RolloutBatch, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
-def gae_advantages(cfg: PPOConfig, rewards, mask, values, _groups):
+def gae_advantages(cfg: PPOConfig, rewards, mask, batch, _groups):
     """PPO: GAE over the per-token rewards with the value model (Table 7: gamma 1, lambda 0.95)."""
-    return ops.gae(rewards, values, mask, cfg.gamma, cfg.lam)
+    return ops.gae(rewards, batch.values, mask, cfg.gamma, cfg.lam)
 
 
-def grpo_advantages(cfg: GRPOConfig, rewards, mask, _values, groups):
+def grpo_advantages(cfg: GRPOConfig, rewards, mask, _batch, groups):
     """GRPO: the sequence reward minus its group's mean, over the group's std unless scale_rewards=false."""
     return ops.sequence_advantages(ops.group_relative_advantages(rewards.sum(-1), groups, cfg.scale_rewards), mask)
 
 
-def rloo_advantages(_cfg: RLOOConfig, rewards, mask, _values, groups):
+def rloo_advantages(_cfg: RLOOConfig, rewards, mask, _batch, groups):
     """RLOO: the sequence reward minus the mean reward of the other samples of its prompt."""
     return ops.sequence_advantages(ops.leave_one_out_advantages(rewards.sum(-1), groups), mask)
 
 
-ESTIMATORS: dict[str, Estimator] = {"gae": gae_advantages, "grpo": grpo_advantages, "rloo": rloo_advantages}
+def reinforce_pp_advantages(cfg: ReinforceConfig, rewards, mask, _batch, _groups):
+    """REINFORCE++: each token's return (its reward and every later one's), whitened over the whole batch's tokens."""
+    returns = ops.returns_to_go(rewards, mask, cfg.gamma)
+    return ops.masked_whiten(returns, mask), returns
+
+
+def reinforce_pp_baseline_advantages(_cfg: ReinforceConfig, rewards, mask, _batch, groups):
+    """REINFORCE++-baseline: the sequence reward minus its group's mean, whitened over the whole batch's tokens."""
+    centred, _ = ops.sequence_advantages(ops.group_relative_advantages(rewards.sum(-1), groups, scale_by_std=False), mask)
+    return ops.masked_whiten(centred, mask), centred
+
+
+def remax_advantages(cfg: ReinforceConfig, rewards, mask, batch, _groups):
+    """ReMax: each token's return minus the score of its prompt's greedy response."""
+    returns = ops.returns_to_go(rewards, mask, cfg.gamma)
+    return (returns - batch.baseline_scores.unsqueeze(1)) * mask, returns
+
+
+ESTIMATORS: dict[str, Estimator] = {
+    "gae": gae_advantages, "grpo": grpo_advantages, "rloo": rloo_advantages, "reinforce-pp": reinforce_pp_advantages,
+    "reinforce-pp-baseline": reinforce_pp_baseline_advantages, "remax": remax_advantages,
+}
+
+
+def shaped_scores(cfg: OnPolicyConfig, raw: torch.Tensor, lengths: torch.Tensor, has_eos: torch.Tensor) -> torch.Tensor:
+    """(B,) what the advantages see of each response: its raw score minus the length penalty, the EOS
+    trick (Detail 23), plus DAPO's overlong punishment."""
+    scores = ops.length_penalised_scores(raw, lengths, cfg.reward_length_penalty)
+    scores = ops.eos_trick(scores, has_eos, cfg.missing_eos_score) if cfg.eos_trick else scores
+    return scores + ops.overlong_penalty(lengths, cfg.max_response_length, cfg.overlong_buffer, cfg.overlong_penalty).to(scores.device)
+
+
+def row_groups(batch: RolloutBatch, cfg: OnPolicyConfig) -> torch.Tensor:
+    """(B,) the group of each row: rows come in groups of samples_per_prompt (sample_responses)."""
+    return torch.arange(batch.size, device=batch.mask.device) // cfg.samples_per_prompt
 
 
 def compute_advantages(batch: RolloutBatch, cfg: OnPolicyConfig, kl_coef: float) -> RolloutBatch:
@@ -157,14 +192,12 @@ def compute_advantages(batch: RolloutBatch, cfg: OnPolicyConfig, kl_coef: float)
     on the whole update's rollout. With kl_placement=loss the rewards carry the score alone and the KL
     enters the update's loss."""
     mask = batch.mask
-    raw = ops.length_penalised_scores(batch.raw_scores, batch.lengths, cfg.reward_length_penalty)
-    scores = ops.eos_trick(raw, batch.has_eos, cfg.missing_eos_score) if cfg.eos_trick else raw
+    scores = shaped_scores(cfg, batch.raw_scores, batch.lengths, batch.has_eos)
     kl = ops.kl_penalty(batch.logprobs, batch.ref_logprobs, cfg.kl_estimator) * mask
     rewards, _ = ops.rlhf_rewards(scores, kl, mask, kl_coef if cfg.kl_placement == "reward" else 0.0)
     if cfg.whiten_rewards:  # Detail 24
         rewards = ops.masked_whiten(rewards, mask, shift_mean=False)
-    groups = torch.arange(batch.size, device=mask.device) // cfg.samples_per_prompt  # rows come in groups (sample_responses)
-    advantages, returns = ESTIMATORS[cfg.advantage_estimator](cfg, rewards, mask, batch.values, groups)
+    advantages, returns = ESTIMATORS[cfg.advantage_estimator](cfg, rewards, mask, batch, row_groups(batch, cfg))
     if cfg.whiten_advantages:  # Detail 25
         advantages = ops.masked_whiten(advantages, mask)
     return dataclasses.replace(batch, scores=scores, kl=kl, rewards=rewards, advantages=advantages, returns=returns)
@@ -245,10 +278,34 @@ class Averages:
         return {k: float(totals[0, i] / totals[1, i]) for i, k in enumerate(keys) if totals[1, i] > 0}
 
 
-def loss_units(algorithm: Algorithm, mask: torch.Tensor) -> torch.Tensor:
-    """(B,) what each row weighs in its minibatch's loss under the algorithm's loss aggregation;
-    token-mean: its response tokens, so the loss is the mean over the minibatch's tokens."""
-    return {"token-mean": mask.sum(-1)}[algorithm.loss_aggregation].float()
+@dataclass(frozen=True)
+class Objective:
+    """What the update minimises, read from the config once: the policy loss and its clipping, how
+    token losses aggregate (the KL and entropy terms aggregate alike), and which tokens count."""
+
+    policy_loss: str
+    clip: ClipRange | None
+    dual_clip: float
+    aggregation: str
+    constant: float  # seq-mean-token-sum-norm's divisor
+    mask_truncated: bool
+
+    @classmethod
+    def of(cls, cfg: OnPolicyConfig) -> Objective:
+        return cls(cfg.policy_loss, ClipRange.of(cfg.clip_range, cfg.clip_range_high), cfg.dual_clip, cfg.loss_aggregation,
+                   cfg.loss_normaliser or float(cfg.max_response_length), cfg.mask_truncated)
+
+    def loss_mask(self, batch: RolloutBatch) -> torch.Tensor:
+        """(B, R) the tokens whose losses count: every valid token, or with mask_truncated (DAPO's
+        overlong filtering) none of a response cut before its EOS."""
+        return batch.mask & batch.has_eos.unsqueeze(1) if self.mask_truncated else batch.mask
+
+    def units(self, batch: RolloutBatch) -> torch.Tensor:
+        """(B,) each row's share of its minibatch's normaliser (`policy_losses.loss_units`)."""
+        return loss_units(self.loss_mask(batch), self.aggregation)
+
+    def aggregate(self, per_token: torch.Tensor, mask: torch.Tensor, normaliser: float) -> torch.Tensor:
+        return aggregate(per_token, mask, self.aggregation, normaliser, self.constant)
 
 
 def update_on_rollout(
@@ -257,13 +314,16 @@ def update_on_rollout(
 ) -> dict[str, float]:
     """K epochs (Table 7: 4) over the whole update's rollout `batch` in N minibatches (Table 7: 1), one
     optimizer step per minibatch; this process runs the micro-batches of its own rows of each
-    minibatch. The loss: clipped surrogate, plus vf_coef x value loss (PPO), plus kl_coef x KL to the
-    reference (kl_placement=loss), minus entropy_coef x entropy."""
+    minibatch. The loss: the policy loss, plus kl_coef x KL to the reference (kl_placement=loss), minus
+    entropy_coef x entropy, each aggregated over the minibatch as `loss_aggregation` says, plus
+    vf_coef x value loss (PPO; a mean over the minibatch's tokens). Every normaliser is counted over
+    the whole minibatch before it is split, so each micro-batch's loss is its exact share."""
     algorithm = algorithm_of(cfg)
+    objective = Objective.of(cfg)
     device = batch.responses.device
     rng = np.random.default_rng([cfg.seed, update, 11])
     minibatch = batch.size // cfg.num_minibatches
-    units = loss_units(algorithm, batch.mask)
+    units, tokens = objective.units(batch), batch.mask.sum(-1).float()
     value_options = algorithm.value(cfg) if algorithm.value else None
     stats = Averages()
     grad_norms = Averages()
@@ -272,16 +332,29 @@ def update_on_rollout(
         order = rng.permutation(batch.size)
         for start in range(0, batch.size, minibatch):
             rows = order[start : start + minibatch]
-            minibatch_units = float(units[rows].sum().clamp(min=1))
+            normalisers = Normalisers(float(units[rows].sum()), float(tokens[rows].sum()))
             for own, counts in micro_batch_plan(rows, batch.size, cfg.micro_batch_size, accelerator, lockstep):
                 picked = torch.as_tensor(own, device=device)
-                weight = float(units[picked].sum()) / minibatch_units if counts else 0.0
-                micro_loss(models, batch.select(picked), cfg, value_options, precision, kl_coef, update, weight, stats)
+                share = normalisers.share(units[picked], tokens[picked]) if counts else None
+                micro_loss(models, batch.select(picked), cfg, objective, value_options, precision, kl_coef, update, share, normalisers,
+                           stats)
             for key, norm in optimizers.step(models, cfg.max_grad_norm, update, accelerator).items():
                 grad_norms.add(key, norm, 1.0)
     means = stats.means(accelerator) | grad_norms.means()
     means["val/ratio_var"] = max(0.0, means.pop("ratio_squared") - means["val/ratio"] ** 2)
     return means
+
+
+@dataclass(frozen=True)
+class Normalisers:
+    """A minibatch's normalisers, counted over all of it: the policy loss's units and the value loss's tokens."""
+
+    units: float
+    tokens: float
+
+    def share(self, units: torch.Tensor, tokens: torch.Tensor) -> tuple[float, float]:
+        """(policy, value) weights of a micro-batch with these rows in the minibatch's logged means."""
+        return float(units.sum()) / max(self.units, 1e-8), float(tokens.sum()) / max(self.tokens, 1e-8)
 
 
 def micro_batch_plan(rows: np.ndarray, batch_size: int, size: int, accelerator, lockstep: bool) -> list[tuple[np.ndarray, bool]]:
@@ -301,35 +374,50 @@ def micro_batch_plan(rows: np.ndarray, batch_size: int, size: int, accelerator, 
     return plan
 
 
-def micro_loss(models: OnPolicyModels, micro: RolloutBatch, cfg: OnPolicyConfig, value_options: ValueOptions | None, precision: str,
-               kl_coef: float, update: int, weight: float, stats: Averages) -> None:
-    """Forward and backward of one micro-batch, its loss scaled by its `weight` in the minibatch."""
+def micro_loss(models: OnPolicyModels, micro: RolloutBatch, cfg: OnPolicyConfig, objective: Objective,
+               value_options: ValueOptions | None, precision: str, kl_coef: float, update: int, share: tuple[float, float] | None,
+               normalisers: Normalisers, stats: Averages) -> None:
+    """Forward and backward of one micro-batch: its exact share of the minibatch's loss. `share`: its
+    weights in the logged means (None: a lockstep pass whose rows belong to another micro-batch, which
+    adds nothing)."""
+    counts = share is not None
+    loss_mask = objective.loss_mask(micro) if counts else torch.zeros_like(micro.mask)
     with autocast(micro.responses.device, precision):
         logprobs, entropy = policy_logprobs(models.policy, micro, cfg.temperature)
-        policy_loss = ops.ppo_policy_loss(logprobs, micro.logprobs, micro.advantages, micro.mask, cfg.clip_range or None)
-        loss = policy_loss.loss
+        policy = POLICY_LOSSES[objective.policy_loss](logprobs, micro.logprobs, micro.advantages, micro.mask, objective.clip,
+                                                      objective.dual_clip)
+        terms = {"loss/policy": objective.aggregate(policy.per_token, loss_mask, normalisers.units)}
         if cfg.kl_placement == "loss":
-            kl_term = ops.masked_mean(ops.kl_penalty(logprobs, micro.ref_logprobs, cfg.kl_estimator), micro.mask)
-            loss = loss + kl_coef * kl_term
-            stats.add("loss/kl_avg", kl_term.detach(), weight)
+            terms["loss/kl"] = kl_coef * objective.aggregate(ops.kl_loss(logprobs, micro.logprobs, micro.ref_logprobs, cfg.kl_estimator),
+                                                             loss_mask, normalisers.units)
         if cfg.entropy_coef:
-            loss = loss - cfg.entropy_coef * ops.masked_mean(entropy, micro.mask)
+            terms["loss/entropy"] = -cfg.entropy_coef * objective.aggregate(entropy, loss_mask, normalisers.units)
         if value_options is not None:
             new_values = value_estimates(models.value, micro).float()
             value_loss, value_clipfrac = ops.ppo_value_loss(new_values, micro.values, micro.returns, micro.mask,
                                                             value_options.clip_range or None)
-            loss = loss + value_options.coef * value_loss
-            stats.add("loss/value_avg", value_loss.detach(), weight)
-            stats.add("val/clipfrac_avg", value_clipfrac, weight)
+            value_tokens = float(micro.mask.sum()) if counts else 0.0  # value_loss is a mean over this micro-batch's tokens
+            terms["loss/value"] = value_options.coef * value_loss * value_tokens / max(normalisers.tokens, 1e-8)
+    loss = sum(terms.values())
     check_finite(update, "loss", loss.detach())
-    (loss * weight).backward()
+    loss.backward()
+    if not counts:
+        return
+    weight, value_weight = share
     ratio = torch.exp(logprobs.detach() - micro.logprobs)
-    stats.add("loss/policy_avg", policy_loss.loss.detach(), weight)
-    stats.add("policy/clipfrac_avg", policy_loss.clip_fraction, weight)
-    stats.add("policy/approxkl_avg", policy_loss.approx_kl, weight)
-    stats.add("policy/entropy_avg", ops.masked_mean(entropy.detach(), micro.mask), weight)
-    stats.add("val/ratio", ops.masked_mean(ratio, micro.mask), weight)
-    stats.add("ratio_squared", ops.masked_mean(ratio**2, micro.mask), weight)
+    if value_options is not None:
+        stats.add("loss/value_avg", value_loss.detach(), value_weight)
+        stats.add("val/clipfrac_avg", value_clipfrac, value_weight)
+    if "loss/kl" in terms:
+        stats.add("loss/kl_avg", ops.masked_mean(ops.kl_penalty(logprobs.detach(), micro.ref_logprobs, cfg.kl_estimator), micro.mask),
+                  value_weight)
+    # the policy loss as a mean per unit of this micro-batch: summed with its weights, the minibatch's loss
+    stats.add("loss/policy_avg", terms["loss/policy"].detach() / max(weight, 1e-12), weight)
+    stats.add("policy/clipfrac_avg", policy.clip_fraction, value_weight)
+    stats.add("policy/approxkl_avg", policy.approx_kl, value_weight)
+    stats.add("policy/entropy_avg", ops.masked_mean(entropy.detach(), micro.mask), value_weight)
+    stats.add("val/ratio", ops.masked_mean(ratio, micro.mask), value_weight)
+    stats.add("ratio_squared", ops.masked_mean(ratio**2, micro.mask), value_weight)
 
 
 def rollout_metrics(batch: RolloutBatch, kl_coef: float) -> dict[str, float]:
