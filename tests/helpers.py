@@ -400,3 +400,92 @@ def launched_straight_and_resumed(stage: str, args: dict[str, Any], tmp_path: Pa
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     return straight, killed
 
+
+
+# ---------------------------------------------------------------- one update's gradient, however the batch is split
+
+
+class GlooProcesses:
+    """What the on-policy update asks of an accelerator, over an initialised gloo process group."""
+
+    device = torch.device("cpu")
+
+    def __init__(self) -> None:
+        self.process_index, self.num_processes = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        self.is_main_process = self.process_index == 0
+
+    def reduce(self, tensor: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
+        out = tensor.clone()
+        torch.distributed.all_reduce(out, torch.distributed.ReduceOp.MAX if reduction == "max" else torch.distributed.ReduceOp.SUM)
+        return out
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        parts = [torch.empty_like(tensor) for _ in range(self.num_processes)]
+        torch.distributed.all_gather(parts, tensor)
+        return torch.cat(parts)
+
+    def wait_for_everyone(self) -> None:
+        torch.distributed.barrier()
+
+
+def synthetic_rollout(policy, pad_id: int, temperature: float, seed: int = 0):
+    """8 episodes with responses of 1 to 6 tokens (three cut at 6 without EOS), a left-padded query,
+    rollout log-probabilities a little off the policy's (ratios != 1, some clipped), a reference
+    further off, and per-sequence advantages with per-token noise."""
+    from rlhfkit.onpolicy.rollout import RolloutBatch
+    from rlhfkit.onpolicy.update import policy_logprobs
+
+    g = torch.Generator().manual_seed(seed)
+    rows, width = 8, 6
+    lengths = torch.tensor([6, 1, 3, 6, 2, 5, 4, 6])
+    query_ids = torch.randint(10, policy.config.vocab_size - 1, (rows, 4), generator=g)
+    query_mask = torch.ones(rows, 4, dtype=torch.long)
+    query_mask[0, :2] = 0
+    query_ids[0, :2] = pad_id
+    mask = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
+    responses = torch.randint(10, policy.config.vocab_size - 1, (rows, width), generator=g).masked_fill(~mask, pad_id)
+    batch = RolloutBatch(torch.arange(rows) // 2, query_ids, query_mask, responses, mask, lengths < width)
+    with torch.no_grad():
+        current = policy_logprobs(policy, batch, temperature)[0]
+    noise = lambda scale: scale * torch.randn(rows, width, generator=g)  # noqa: E731
+    advantages = torch.randn(rows, 1, generator=g) + noise(0.3)
+    batch.logprobs = (current + noise(0.15)) * mask
+    batch.ref_logprobs = (current + noise(0.3)) * mask
+    batch.advantages = advantages * mask
+    return batch
+
+
+def one_update_gradient(model_dir: Path, options: dict[str, Any], micro_batch_size: int, accelerator=None) -> dict[str, torch.Tensor]:
+    """The gradient of one update's loss on `synthetic_rollout` under the GRPO config with `options`:
+    the weights' change under SGD at learning rate 1, with `micro_batch_size` rows per pass and the
+    rows of the processes of `accelerator` (None: one process)."""
+    import dataclasses
+
+    from rlhfkit.config_onpolicy import GRPOConfig
+    from rlhfkit.distributed import ONE_PROCESS
+    from rlhfkit.models import load_policy
+    from rlhfkit.onpolicy.update import OnPolicyModels, Optimizers, update_on_rollout
+
+    cfg = dataclasses.replace(GRPOConfig(), num_minibatches=1, update_epochs=1, micro_batch_size=micro_batch_size, kl_coef=0.1,
+                              kl_placement="loss", entropy_coef=0.01, max_response_length=6, **options)
+    policy, tokenizer = load_policy(str(model_dir))
+    policy.train()
+    batch = synthetic_rollout(policy, tokenizer.pad_token_id, cfg.temperature)
+    before = {k: v.detach().clone() for k, v in policy.named_parameters()}
+    optimizers = Optimizers(torch.optim.SGD(policy.parameters(), lr=1.0), None, None, None)
+    models = OnPolicyModels(policy, policy, None, None, tokenizer)
+    update_on_rollout(models, optimizers, batch, cfg, 1, "no", cfg.kl_coef, accelerator or ONE_PROCESS)
+    return {k: before[k] - v.detach() for k, v in policy.named_parameters()}
+
+
+def split_invariance_worker(rank: int, world: int, port: int, model_dir: str, cases: list[dict[str, Any]], micro: int, out: str) -> None:
+    """A gloo process of `world`: the gradient of every case in `cases`; process 0 saves them to `out`."""
+    os.environ |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        gradients = [one_update_gradient(Path(model_dir), case, micro, GlooProcesses()) for case in cases]
+        if rank == 0:
+            torch.save(gradients, out)
+    finally:
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
