@@ -35,7 +35,11 @@ from .helpers import (
 
 UPDATES = 3
 WEIGHTS = {"ppo": ["model/model.safetensors", "value/model.safetensors", "value/scalar_head.safetensors"],
-           "grpo": ["model/model.safetensors"], "rloo": ["model/model.safetensors"]}
+           "grpo": ["model/model.safetensors"], "rloo": ["model/model.safetensors"], "reinforce": ["model/model.safetensors"]}
+# the new paths across processes: ReMax's greedy baseline sampled per process; DAPO's dynamic sampling
+# deciding on the gathered scores (a spread of 1.0 drops some groups of the tiny reward model's scores, which span about 2.5)
+CASES = {"ppo": ("ppo", {}), "grpo": ("grpo", {}), "rloo": ("rloo", {}), "remax": ("reinforce", {"advantage_estimator": "remax"}),
+         "dapo": ("grpo", {"dynamic_sampling": "true", "dynamic_sampling_min_spread": 1.0, "clip_range_high": 0.28})}
 STOPPED = re.compile(r"^rlhfkit: stopped by (\w+) after update (\d+); checkpoint written to (.+); resume with: (.+)$", re.M)
 DIED = re.compile(r"^rlhfkit: process (\d) \(pid (\d+)\) died without exiting", re.M)
 
@@ -43,7 +47,7 @@ DIED = re.compile(r"^rlhfkit: process (\d) \(pid (\d+)\) died without exiting", 
 def comparable_args(stage, dirs, out, **extra):
     """Every episode logged (samples.jsonl then holds each response and its score), a reward that
     varies (a tiny random model rarely emits EOS), fp32, and one prompt per generation chunk."""
-    group = 1 if stage == "ppo" else 4
+    group = 1 if stage in ("ppo", "reinforce") else 4
     return stage_args(stage, dirs, out, max_steps=UPDATES, sample_every=1, log_samples=4, eos_trick="false", mixed_precision="no",
                       generation_batch_size=group, **extra)
 
@@ -60,11 +64,12 @@ def load_weights(run_dir, name):
     return load_file(run_dir / name)
 
 
-@pytest.mark.parametrize("stage", ["ppo", "grpo", "rloo"])
-def test_two_processes_make_the_update_one_process_makes_on_the_same_global_batch(stage, ppo_dirs, tmp_path):
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_two_processes_make_the_update_one_process_makes_on_the_same_global_batch(case, ppo_dirs, tmp_path):
+    stage, extra = CASES[case]
     one, two = tmp_path / "one", tmp_path / "two"
     for out, processes in ((one, 1), (two, 2)):
-        done = launch(stage, comparable_args(stage, ppo_dirs, out), processes)
+        done = launch(stage, comparable_args(stage, ppo_dirs, out, **extra), processes)
         assert done.returncode == 0, done.stderr[-3000:]
     # the same sampled tokens, the same rewards (scores, KL) and advantages per episode
     single, double = episodes(one), episodes(two)
@@ -74,6 +79,8 @@ def test_two_processes_make_the_update_one_process_makes_on_the_same_global_batc
     # the same advantages, returns, losses and statistics of the whole batch, update by update
     rows = [[json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] for run in (one, two)]
     assert [r["step"] for r in rows[0]] == [r["step"] for r in rows[1]] == [1, 2, 3]
+    if case == "dapo":  # groups were dropped and refilled, the same ones on both layouts (compared below)
+        assert sum(r["sampling/dropped_groups"] for r in rows[0]) > 0
     for left, right in zip(*rows, strict=True):
         numbers = {k for k, v in left.items() if isinstance(v, float) and not k.startswith("perf/")}
         assert {"advantages/max", "advantages/min", "returns/mean", "objective/rlhf_reward", "loss/policy_avg"} <= numbers
