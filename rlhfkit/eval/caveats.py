@@ -3,8 +3,9 @@ should not be read at face value, or "" when its check does not fire.
 
 The checks: a judge whose measured agreement with humans is near or below chance; a reward model
 no better than "always prefer the longer response"; a policy whose reward-model score or EOS rate
-fell during training; an alarm that fired; a training budget so far below the paper's that the
-numbers show the machinery, not alignment; an evaluation on too few prompts to separate policies.
+fell during training; an alarm that fired (naming the opening or ending that collapsed); a training
+budget so far below the paper's that the numbers show the machinery, not alignment; an evaluation on
+too few prompts to separate policies.
 """
 
 from __future__ import annotations
@@ -96,8 +97,17 @@ def alarm_caveat(policy: str, alarms: dict[str, Any]) -> str:
     flags = alarms.get("flags") or []
     if not flags:
         return ""
-    values = ", ".join(f"{flag} {alarms[flag]:.3f}" for flag in flags if isinstance(alarms.get(flag), int | float))
+    values = ", ".join(alarm_value(flag, alarms) for flag in flags if isinstance(alarms.get(flag), int | float))
     return f"{policy}: alarms fired ({values}): read its samples before its scores"
+
+
+def alarm_value(flag: str, alarms: dict[str, Any]) -> str:
+    """The flag and its value; for a template alarm also the text the responses share, so that a
+    reader sees what collapsed."""
+    collapsed = {"shared_opening_share": f'opening "{alarms.get("top_opening", "")}"',
+                 "shared_ending_share": f'ending "{alarms.get("top_ending", "")}"',
+                 "question_ending_share": 'ending in "?"'}.get(flag)
+    return f"{flag} {alarms[flag]:.3f}" + (f" ({collapsed})" if collapsed else "")
 
 
 def budget_caveat(stage: str, amount: float | None) -> str:

@@ -25,6 +25,7 @@ from ..reward_models import load_reward_model
 from ..scoring import score_texts
 from . import policy_stats
 from .alarms import alarms, words
+from .caveats import alarm_value
 from .eval_report import judge_agreement, write_eval_report
 from .judges import ApiOptions, Pair, Verdict, make_judge
 from .plots import plot_reward_vs_kl
@@ -254,6 +255,6 @@ def headline(result: dict[str, Any]) -> str:
         if rate.get("rate") is not None:
             line += f", win rate vs references {rate['rate']:.3f} [{rate['low']:.3f}, {rate['high']:.3f}]"
         if s["alarms"]["flags"]:
-            line += f", alarms: {', '.join(s['alarms']['flags'])}"
+            line += f", alarms: {', '.join(alarm_value(flag, s['alarms']) for flag in s['alarms']['flags'])}"
         lines.append(line)
     return "\n".join(lines)

@@ -15,7 +15,14 @@ from ..data.examples import SFTExample, tokenize_sft
 from ..data.generic import field_names
 from ..data.split import split_by_prompt
 from ..devices import evaluation_mode, model_device
-from ..eval.caveats import budget_caveat, fell_caveat, few_prompts_caveat, reward_model_caveat_of
+from ..eval.alarms import alarms
+from ..eval.caveats import (
+    alarm_caveat,
+    budget_caveat,
+    fell_caveat,
+    few_prompts_caveat,
+    reward_model_caveat_of,
+)
 from ..eval.report import Report, config_text, trained_amount, training_summary
 from ..eval.rouge import mean, rouge_l
 from ..generation import SamplingParams
@@ -121,10 +128,16 @@ def compare_policies(models: OnPolicyModels, examples: list[SFTExample], cfg: On
         row = {"prompt_id": e.record.prompt_id, "post": prompt_body(e.record), "reference": e.record.summary.strip()}
         for who, result in (("sft", sft), (name, new)):
             row |= {who: result["text"], f"{who}_score": result["score"], f"{who}_tokens": result["tokens"],
-                    f"{who}_rouge_l": result["rouge_l"]}
+                    f"{who}_has_eos": result["has_eos"], f"{who}_rouge_l": result["rouge_l"]}
             row |= {f"{who}_{key}": value for key, value in result.items() if key == "rm_score" or key.startswith("reward_")}
         rows.append(row)
     return metrics, rows
+
+
+def held_out_alarms(rows: list[dict], who: str) -> dict:
+    """The reward-hacking alarms (eval/alarms.py: copying, repetition, length, EOS, a shared template)
+    of one policy's held-out summaries."""
+    return alarms([r[who] for r in rows], [r["post"] for r in rows], [r["reference"] for r in rows], [r[f"{who}_has_eos"] for r in rows])
 
 
 def write_onpolicy_report(run_dir: Path, cfg: OnPolicyConfig, name: str, notes: list[str], metrics: dict[str, float], rows: list[dict]) -> Path:
@@ -135,6 +148,8 @@ def write_onpolicy_report(run_dir: Path, cfg: OnPolicyConfig, name: str, notes: 
     if cfg.reward_model:
         report.caveat(reward_model_caveat_of(Path(cfg.reward_model)))
     held_out_numbers(report, name, metrics)
+    for who in ("sft", name):
+        report.caveat(alarm_caveat(f"the {who} policy's held-out samples", held_out_alarms(rows, who)))
     for key, label in (("objective/scores", "RM score"), ("response/eos_rate", "EOS rate")):
         values = metric_series(history, key)[1]
         if values:
