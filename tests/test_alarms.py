@@ -75,3 +75,13 @@ def test_real_reference_summaries_stay_silent():
     assert result["flags"] == []
     first_hundred = alarms.template_collapse(references[:100])  # the size of an `rlhfkit eval` run
     assert (first_hundred["shared_opening_share"], first_hundred["shared_ending_share"], first_hundred["question_ending_share"]) == (0.03, 0.03, 0.41)
+
+
+def test_the_on_policy_report_reads_the_alarms_of_each_policys_held_out_samples():
+    from rlhfkit.onpolicy.evaluation import held_out_alarms
+
+    rows = [{"post": f"post {i} about my landlord", "reference": f"landlord issue {i}", "sft": f"my landlord keeps the deposit {i}",
+             "grpo": f"landlord story {i}. What should I do?", "sft_has_eos": True, "grpo_has_eos": True} for i in range(12)]
+    assert held_out_alarms(rows, "sft")["flags"] == []
+    trained = held_out_alarms(rows, "grpo")
+    assert {"shared_ending_share", "question_ending_share"} <= set(trained["flags"]) and trained["top_ending"] == "should i do"
