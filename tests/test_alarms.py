@@ -80,7 +80,7 @@ def test_real_reference_summaries_stay_silent():
 def test_the_on_policy_report_reads_the_alarms_of_each_policys_held_out_samples():
     from rlhfkit.onpolicy.evaluation import held_out_alarms
 
-    rows = [{"post": f"post {i} about my landlord", "reference": f"landlord issue {i}", "sft": f"my landlord keeps the deposit {i}",
+    rows = [{"post": f"post {i} about my landlord", "reference": f"landlord issue {i}", "sft": f"{['rent', 'deposit', 'lease', 'repairs'][i % 4]} trouble {i}",
              "grpo": f"landlord story {i}. What should I do?", "sft_has_eos": True, "grpo_has_eos": True} for i in range(12)]
     assert held_out_alarms(rows, "sft")["flags"] == []
     trained = held_out_alarms(rows, "grpo")
