@@ -74,3 +74,22 @@ def test_onpolicy_benchmark_splits_an_update_into_phases():
     assert row["samples_per_prompt"] == 4 and row["batch"] == 4
     assert row["generation_s"] > 0 and row["scoring_s"] > 0 and row["update_s"] > 0
     assert row["update_total_s"] >= row["generation_s"] + row["scoring_s"] + row["update_s"] - 1e-3
+
+
+def test_compare_methods_sets_runs_beside_the_sft_policy_with_intervals(ppo_dirs, tmp_path):
+    from rlhfkit.cli import main as cli_main
+
+    from .helpers import cli_args, stage_args
+
+    runs = []
+    for preset in ("tldr-grpo", "tldr-dr-grpo"):
+        out = tmp_path / preset
+        options = stage_args("grpo", ppo_dirs, out, samples_per_prompt=4, eval_samples=3, max_steps=1)
+        assert cli_main(["grpo", "--preset", preset, *cli_args(options)]) == 0
+        runs.append(str(out))
+    sft, *methods = run_benchmark("compare_methods.py", *runs)
+    assert sft["run"] == "sft" and sft["prompts"] == 3
+    for row in methods:
+        low, high = row["minus_sft_interval"]
+        assert low <= row["minus_sft"] <= high and row["beats_sft_baseline"] == 0.5
+        assert row["episodes_trained"] == 8 and row["responses_sampled"] == 8 and 0 <= row["question_ending_share"] <= 1
