@@ -179,7 +179,16 @@ class DPOConfig(PairConfig):
 
     model: str = opt("smollm2-135m", "SFT policy: starts the trained policy and, unless reference_model is set, is the frozen reference")
     reference_model: str = opt("", "frozen reference policy (empty: the starting model)", "Appendix A")
-    beta: float = opt(0.05, "DPO beta: weight of the log-ratio to the reference", "Table 6", minimum=1e-9)
+    loss_type: Literal["dpo", "ipo", "cdpo", "simpo"] = opt(
+        "dpo", "preference loss: dpo (Rafailov et al. 2023), ipo (Azar et al. 2023), cdpo (dpo with label_smoothing, Mitchell 2023), "
+        "simpo (no reference, length-normalised, Meng et al. 2024); see docs/algorithms.md", "Appendix A")
+    beta: float = opt(0.05, "dpo, ipo, cdpo: weight of the log-ratio to the reference (ipo's target margin is 1/(2 beta))", "Table 6",
+                      minimum=1e-9)
+    label_smoothing: float = opt(0.0, "cdpo only: eps, the assumed probability that a human label is flipped, in (0, 0.5)",
+                                 "Mitchell 2023")
+    simpo_beta: float = opt(2.0, "simpo only (in place of beta): weight of the mean token log-probability",
+                            "SimPO, Llama-3-Base setup", minimum=1e-9)
+    simpo_gamma: float = opt(1.0, "simpo only: target margin between the chosen and rejected rewards", "SimPO, Llama-3-Base setup")
     total_batch_size: int = opt(64, "pairs per optimizer step", "Table 6", minimum=1)
     learning_rate: float = opt(3e-6, "AdamW learning rate", "Table 6")
     lr_scheduler: Literal["cosine", "linear", "constant"] = opt("cosine", "learning-rate schedule", "Table 6")

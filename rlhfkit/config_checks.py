@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .config import RunConfig, TrainConfig
+from .config import DPOConfig, RunConfig, TrainConfig
 from .config_onpolicy import OnPolicyConfig
 from .errors import ConfigError
 
@@ -28,6 +28,8 @@ def check_config(cfg: Any, processes: int = 1) -> Any:
     if isinstance(cfg, OnPolicyConfig):
         check_update_split(cfg, processes)
         check_objective(cfg)
+    if isinstance(cfg, DPOConfig):
+        check_preference_loss(cfg)
     return cfg
 
 
@@ -74,3 +76,15 @@ def check_objective(cfg: OnPolicyConfig) -> None:
                                (cfg.advantage_estimator == "reinforce-pp-baseline", "advantage_estimator=reinforce-pp-baseline")):
         if needs_groups and cfg.samples_per_prompt < 2:
             raise ConfigError(f"{what} compares the samples of a prompt: set samples_per_prompt to 2 or more")
+
+
+def check_preference_loss(cfg: DPOConfig) -> None:
+    """An option of one preference loss is not silently ignored by another, and cDPO's eps is a flip rate below 1/2."""
+    if cfg.loss_type == "cdpo" and not 0 < cfg.label_smoothing < 0.5:
+        raise ConfigError(f"loss_type=cdpo needs label_smoothing in (0, 0.5), the assumed rate of flipped labels; got "
+                          f"{cfg.label_smoothing} (0 is plain dpo, 0.5 ignores the labels)")
+    if cfg.loss_type != "cdpo" and cfg.label_smoothing:
+        raise ConfigError(f"label_smoothing={cfg.label_smoothing} only applies to loss_type=cdpo (conservative DPO), "
+                          f"not {cfg.loss_type}")
+    if cfg.loss_type == "simpo" and cfg.reference_model:
+        raise ConfigError(f"loss_type=simpo uses no reference model: remove reference_model={cfg.reference_model}")

@@ -494,4 +494,4 @@ class ScalarModel(torch.nn.Module):
         return model
 
 
-DPO_RECORD = "rlhfkit_dpo.json"  # written beside a DPO policy: its reference and beta
+DPO_RECORD = "rlhfkit_dpo.json"  # written beside a DPO-family policy: its loss type, weights and reference

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import typing
-
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
@@ -262,26 +260,6 @@ def leave_one_out_baseline(scores: torch.Tensor, groups: torch.Tensor) -> torch.
     sums, counts = group_sums(scores, groups)
     require_groups_of_two(counts, "the leave-one-out baseline")
     return (sums - scores) / (counts - 1)
-
-
-class DPOLoss(typing.NamedTuple):
-    losses: torch.Tensor  # (B,) -log sigmoid(chosen_rewards - rejected_rewards), equation 4
-    chosen_rewards: torch.Tensor  # (B,) implicit rewards beta * log(pi / pi_ref), equation 5
-    rejected_rewards: torch.Tensor  # (B,)
-
-
-def dpo_loss(
-    policy_chosen_logps: torch.Tensor,
-    policy_rejected_logps: torch.Tensor,
-    ref_chosen_logps: torch.Tensor,
-    ref_rejected_logps: torch.Tensor,
-    beta: float,
-) -> DPOLoss:
-    """DPO (Rafailov et al. 2023; the paper's Appendix A equations 4-5) from sequence log-probabilities
-    (B,) summed over each response's tokens. The rewards are detached: they are for logging."""
-    chosen = beta * (policy_chosen_logps - ref_chosen_logps)
-    rejected = beta * (policy_rejected_logps - ref_rejected_logps)
-    return DPOLoss(-F.logsigmoid(chosen - rejected), chosen.detach(), rejected.detach())
 
 
 # Advantage estimators, looked up by name by the on-policy trainer. Each takes the per-token

@@ -22,6 +22,7 @@ from .models import (
     model_loading,
     resolve_model_path,
 )
+from .preference_ops import PreferenceObjective, implicit_rewards
 
 
 def classifier_architectures(source: str, trust_remote_code: bool) -> list[str]:
@@ -72,35 +73,42 @@ def load_reward_model(folder: str | Path, trust_remote_code: bool = False) -> tu
 
 
 class ImplicitRewardModel(torch.nn.Module):
-    """DPO's implicit reward (equation 5), beta * (log pi(y|x) - log pi_ref(y|x)), behind the reward
-    model's interface, so `rlhfkit rm-eval` scores a DPO policy exactly as it scores a reward model
-    (Detail 19)."""
+    """The reward a preference loss implicitly fits, behind the reward model's interface, so `rlhfkit
+    rm-eval` scores a DPO-family policy exactly as it scores a reward model (Detail 19): beta * (log
+    pi(y|x) - log pi_ref(y|x)) (equation 5) for dpo, ipo and cdpo, beta * log pi(y|x) / |y| for simpo,
+    which has no reference (`reference` is None)."""
 
     head_type = "dpo-implicit"
 
-    def __init__(self, policy: torch.nn.Module, reference: torch.nn.Module, beta: float):
+    def __init__(self, policy: torch.nn.Module, reference: torch.nn.Module | None, objective: PreferenceObjective):
         super().__init__()
-        self.policy, self.reference, self.beta = policy, reference, beta
+        self.policy, self.reference, self.objective = policy, reference, objective
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
         from .generation import sequence_logprobs
 
         policy = sequence_logprobs(self.policy, input_ids, attention_mask, response_mask)
-        reference = sequence_logprobs(self.reference, input_ids, attention_mask, response_mask)
-        return (self.beta * (policy - reference)).float()
+        reference = sequence_logprobs(self.reference, input_ids, attention_mask, response_mask) if self.objective.uses_reference else None
+        return implicit_rewards(policy, self.objective, reference, response_mask.sum(-1)).float()
+
+
+def recorded_objective(record: dict, beta: float) -> PreferenceObjective:
+    """The preference loss `rlhfkit dpo` recorded (a record without a loss type is DPO's), `beta` given in place of its own."""
+    return PreferenceObjective(record.get("loss_type", "dpo"), beta or record.get("beta", 0.0), record.get("label_smoothing", 0.0),
+                               record.get("simpo_gamma", 0.0))
 
 
 def load_implicit_reward_model(folder: str | Path, reference: str, beta: float, trust_remote_code: bool = False
                                ) -> tuple[ImplicitRewardModel, PreTrainedTokenizerBase]:
-    """A DPO policy as a reward model. `reference` and `beta` default to what `rlhfkit dpo` recorded
-    in the folder; a policy from elsewhere needs both given."""
+    """A DPO-family policy as a reward model. The loss type, `reference` and `beta` default to what
+    `rlhfkit dpo` recorded in the folder; a policy from elsewhere needs reference and beta given (DPO's reward)."""
     record_path = Path(folder) / DPO_RECORD
     record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    objective = recorded_objective(record, beta)
     reference = reference or record.get("reference_model", "")
-    beta = beta or record.get("beta", 0.0)
-    if not reference or not beta:
+    if not objective.beta or objective.uses_reference and not reference:
         raise ModelError(f"{folder} is neither a reward model ({SCALAR_CONFIG} missing) nor a DPO policy written by "
                          f"`rlhfkit dpo` ({DPO_RECORD} missing): to score a policy's implicit reward give reference_model= and beta=")
     policy, tokenizer = load_policy(str(folder), trust_remote_code)
-    reference_policy, _ = load_policy(reference, trust_remote_code)
-    return ImplicitRewardModel(policy, reference_policy, beta).eval(), tokenizer
+    reference_policy = load_policy(reference, trust_remote_code)[0] if objective.uses_reference else None
+    return ImplicitRewardModel(policy, reference_policy, objective).eval(), tokenizer

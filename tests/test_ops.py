@@ -172,26 +172,6 @@ def test_explained_variance_pearson_and_the_adaptive_kl_controller():
     assert ops.adaptive_kl_coef(0.1, kl=5.4, target=6.0, horizon=100, steps=10) == pytest.approx(0.1 * (1 - 0.1 * 0.1))
 
 
-def test_dpo_loss_is_log2_with_zero_rewards_when_the_policy_is_the_reference():
-    logps = torch.tensor([-3.0, -7.5, -0.2])
-    other = torch.tensor([-4.0, -1.0, -9.0])
-    out = ops.dpo_loss(logps, other, logps, other, beta=0.05)
-    torch.testing.assert_close(out.losses, torch.full((3,), math.log(2)))
-    assert out.chosen_rewards.abs().max() == 0 and out.rejected_rewards.abs().max() == 0
-
-
-def test_dpo_loss_hand_values_and_gradient_direction():
-    chosen = torch.tensor([-1.0], requires_grad=True)
-    rejected = torch.tensor([-2.0], requires_grad=True)
-    out = ops.dpo_loss(chosen, rejected, torch.tensor([-1.5]), torch.tensor([-1.0]), beta=0.5)
-    # chosen reward 0.5 * (-1 + 1.5) = 0.25, rejected 0.5 * (-2 + 1) = -0.5, loss = log(1 + exp(-0.75))
-    assert out.chosen_rewards.item() == 0.25 and out.rejected_rewards.item() == -0.5
-    torch.testing.assert_close(out.losses, torch.tensor([math.log1p(math.exp(-0.75))]))
-    out.losses.sum().backward()
-    assert chosen.grad.item() < 0 < rejected.grad.item()  # descent raises the chosen, lowers the rejected
-    assert not out.chosen_rewards.requires_grad
-
-
 def test_group_relative_advantages_hand_values_with_and_without_std_scaling():
     scores = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 5.0, 5.0, 5.0])
     groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])

@@ -1,11 +1,13 @@
 """`rlhfkit dpo`: DPO from the SFT policy on human comparisons (Appendix A equations 4-5, Table 6, Detail 19).
 
 The loss is -log sigmoid(beta * [log pi(y_w)/pi_ref(y_w) - log pi(y_l)/pi_ref(y_l)]) over the
-response tokens of each pair (equation 4). The frozen reference's log-probabilities are computed
-once before training for every pair the run will visit, stored in the run directory and read back
-on resume; they are never recomputed per step. Data, the split by prompt, the training loop and the evaluation are the
-reward model's, so DPO's implicit reward (equation 5) and an explicit reward model can be set side
-by side on the same pairs (Detail 19, Figure 6): both are scored by the same `rm-eval` code.
+response tokens of each pair (equation 4), or another of the DPO family (`loss_type`: ipo, cdpo,
+simpo; `preference_ops`). The frozen reference's log-probabilities are computed once before training
+for every pair the run will visit, stored in the run directory and read back on resume; they are
+never recomputed per step, and SimPO, which has no reference, never computes them. Data, the split
+by prompt, the training loop and the evaluation are the reward model's, so the implicit reward
+(equation 5; SimPO's beta/|y| log pi) and an explicit reward model can be set side by side on the
+same pairs (Detail 19, Figure 6): both are scored by the same `rm-eval` code.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +25,6 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .. import ops
 from ..adapters import frozen_reference, save_final_model, trained_policy
 from ..config import DPOConfig
 from ..data.examples import PairExample, prepare_pairs, query_limits
@@ -34,6 +36,7 @@ from ..eval.rm_eval import builtin_probes_for, evaluate_reward_model, write_rm_r
 from ..generation import SamplingParams, generate_texts, sequence_logprobs
 from ..models import DPO_RECORD
 from ..plots import plot_training_curves
+from ..preference_ops import PreferenceLoss, PreferenceObjective, preference_loss
 from ..reward_models import ImplicitRewardModel
 from ..scoring import collate_pairs
 from ..sharding import splits_models
@@ -49,23 +52,41 @@ from .engine import (
 )
 
 REFERENCE_CACHE = "reference_logps.pt"
+LOSS_NAMES = {"dpo": "DPO", "ipo": "IPO", "cdpo": "cDPO", "simpo": "SimPO"}
 
 
 @dataclass
 class DPOExample:
     pair: PairExample
-    ref_chosen: float  # log pi_ref(chosen | query), summed over the response tokens
-    ref_rejected: float
+    # log pi_ref(response | query), summed over the response tokens; None for a loss without reference (SimPO)
+    ref_chosen: float | None = None
+    ref_rejected: float | None = None
 
     def width(self) -> int:
         return self.pair.width()
 
 
+def preference_objective(cfg: DPOConfig) -> PreferenceObjective:
+    """The loss `cfg` asks for. SimPO's beta scales a mean token log-probability, some 40 times DPO's,
+    so it has an option of its own: a DPO preset with loss_type=simpo gets SimPO's published values."""
+    if cfg.loss_type == "simpo":
+        return PreferenceObjective("simpo", cfg.simpo_beta, simpo_gamma=cfg.simpo_gamma)
+    return PreferenceObjective(cfg.loss_type, cfg.beta, cfg.label_smoothing)
+
+
+def frozen_policy(cfg: DPOConfig, policy: torch.nn.Module, source: str, device: torch.device) -> torch.nn.Module:
+    """`source` frozen on `device`: the loss's reference, or the starting policy SimPO's result is compared with."""
+    return frozen_reference(cfg, policy, source).to(device).eval().requires_grad_(False)
+
+
 def collate_dpo(examples: list[DPOExample], pad_id: int) -> dict[str, torch.Tensor]:
-    """The reward model's pair batch (chosen rows, then rejected rows) plus the cached reference log-probabilities."""
+    """The reward model's pair batch (chosen rows, then rejected rows) plus the cached reference
+    log-probabilities, where the loss has a reference."""
+    batch = collate_pairs([e.pair for e in examples], pad_id)
+    if examples[0].ref_chosen is None:
+        return batch
     if any(math.isnan(e.ref_chosen) for e in examples):
         raise RuntimeError("a batched pair has no reference log-probability: visited_indices and the engine's order disagree")
-    batch = collate_pairs([e.pair for e in examples], pad_id)
     batch["ref_chosen"] = torch.tensor([e.ref_chosen for e in examples], dtype=torch.float32)
     batch["ref_rejected"] = torch.tensor([e.ref_rejected for e in examples], dtype=torch.float32)
     return batch
@@ -77,21 +98,30 @@ def pair_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tup
     return chosen, rejected
 
 
-def make_dpo_loss(beta: float):
+def preference_metrics(out: PreferenceLoss, objective: PreferenceObjective, prefix: str,
+                       reduce: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The reward model's metrics (same names, so the RM and DPO curves share plots) over the implicit
+    rewards, reduced over pairs (the engine averages sums itself), and, where there is a reference,
+    log pi - log pi_ref summed over the chosen response: the sequence KL estimate on the data."""
+    margin = out.chosen_rewards - out.rejected_rewards
+    metrics = {f"{prefix}/accuracy": reduce((margin > 0).float()), f"{prefix}/chosen_reward": reduce(out.chosen_rewards),
+               f"{prefix}/rejected_reward": reduce(out.rejected_rewards), f"{prefix}/margin": reduce(margin)}
+    if objective.uses_reference:
+        metrics[f"{prefix}/kl_chosen"] = reduce(out.chosen_rewards / objective.beta)
+    return metrics
+
+
+def make_dpo_loss(objective: PreferenceObjective | float):
+    """The stage's loss function: the sum over pairs of the objective's loss; a bare float is plain DPO's beta."""
+    if not isinstance(objective, PreferenceObjective):
+        objective = PreferenceObjective("dpo", objective)
+
     def dpo_loss_fn(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Sum over pairs of equation 4, with the metrics of the reward model's loss (same names, so
-        the RM and DPO curves share plots) and the KL to the reference on the chosen responses."""
         chosen, rejected = pair_logprobs(model, batch)
-        out = ops.dpo_loss(chosen, rejected, batch["ref_chosen"], batch["ref_rejected"], beta)
-        margin = out.chosen_rewards - out.rejected_rewards
-        extras = {
-            "train/accuracy": (margin > 0).float().sum(),
-            "train/chosen_reward": out.chosen_rewards.sum(),
-            "train/rejected_reward": out.rejected_rewards.sum(),
-            "train/margin": margin.sum(),
-            "train/kl_chosen": (chosen.detach() - batch["ref_chosen"]).sum(),
-        }
-        return out.losses.sum(), extras
+        chosen_lengths, rejected_lengths = batch["response_mask"].sum(-1).chunk(2)  # the tokens each log-probability sums over
+        out = preference_loss(chosen, rejected, objective, batch.get("ref_chosen"), batch.get("ref_rejected"), chosen_lengths,
+                              rejected_lengths)
+        return out.losses.sum(), preference_metrics(out, objective, "train", torch.sum)
 
     return dpo_loss_fn
 
@@ -156,19 +186,49 @@ def visited_with_reference(reference: torch.nn.Module, reference_name: str, pair
     return [computed[i] if i in computed else DPOExample(p, math.nan, math.nan) for i, p in enumerate(pairs)]
 
 
-def implicit_rewards(model: torch.nn.Module, examples: list[DPOExample], pad_id: int, cfg: DPOConfig) -> tuple[np.ndarray, np.ndarray]:
-    """Equation 5 for each pair: beta * (log pi - log pi_ref) of the chosen and the rejected response."""
+def without_reference(pairs: list[PairExample]) -> list[DPOExample]:
+    return [DPOExample(p) for p in pairs]
+
+
+def held_out_loss(model: torch.nn.Module, examples: list[DPOExample], pad_id: int, cfg: DPOConfig,
+                  objective: PreferenceObjective) -> PreferenceLoss:
+    """The objective's loss and implicit rewards (equation 5, or SimPO's) of every pair, without gradients."""
     chosen, rejected = pair_logprobs_all(model, [e.pair for e in examples], pad_id, cfg.forward_batch_size, autocast_precision(cfg),
                                          "validating")
-    ref_chosen = np.array([e.ref_chosen for e in examples])
-    ref_rejected = np.array([e.ref_rejected for e in examples])
-    return cfg.beta * (chosen - ref_chosen), cfg.beta * (rejected - ref_rejected)
+    references = ([torch.tensor([getattr(e, side) for e in examples], dtype=torch.float64) for side in ("ref_chosen", "ref_rejected")]
+                  if objective.uses_reference else [None, None])
+    lengths = [torch.tensor([len(e.pair.chosen) for e in examples]), torch.tensor([len(e.pair.rejected) for e in examples])]
+    return preference_loss(torch.from_numpy(chosen), torch.from_numpy(rejected), objective, *references, *lengths)
 
 
-def validation_metrics(chosen: np.ndarray, rejected: np.ndarray, kl_chosen: np.ndarray) -> dict[str, float]:
-    return {"val/accuracy": rm_metrics.pairwise_accuracy(chosen, rejected), "val/loss": rm_metrics.pairwise_loss(chosen, rejected),
-            "val/chosen_reward": float(chosen.mean()), "val/rejected_reward": float(rejected.mean()),
-            "val/margin": float((chosen - rejected).mean()), "val/kl_chosen": float(kl_chosen.mean())}
+def validation_metrics(out: PreferenceLoss, objective: PreferenceObjective) -> dict[str, float]:
+    metrics = preference_metrics(out, objective, "val", torch.mean) | {"val/loss": out.losses.mean()}
+    return {name: float(value) for name, value in metrics.items()}
+
+
+def examples_with_reference(reference: torch.nn.Module | None, reference_name: str, train_pairs: list[PairExample],
+                            eval_pairs: list[PairExample], pad_id: int, cfg: DPOConfig, run_dir: Path
+                            ) -> tuple[list[DPOExample], list[DPOExample]]:
+    """Training and validation pairs with their cached reference log-probabilities; without a
+    reference (SimPO), the pairs alone: no reference forward pass runs and no cache is written."""
+    if reference is None:
+        return without_reference(train_pairs), without_reference(eval_pairs)
+    return (visited_with_reference(reference, reference_name, train_pairs, pad_id, cfg, run_dir / REFERENCE_CACHE),
+            reference_logprobs(reference, reference_name, eval_pairs, pad_id, cfg, run_dir / f"validation_{REFERENCE_CACHE}"))
+
+
+def objective_note(objective: PreferenceObjective, reference_name: str) -> str:
+    weights = ", ".join(f"{name} {value}" for name, value in objective._asdict().items() if name != "loss_type" and value)
+    reference = f"reference policy: {reference_name}" if objective.uses_reference else "no reference policy"
+    return f"loss: {objective.loss_type} ({weights}); {reference}"
+
+
+def dpo_record(objective: PreferenceObjective, reference_name: str) -> dict[str, Any]:
+    """What `rm-eval` needs to score the saved policy's implicit reward: the loss, its weights and the reference."""
+    if not objective.uses_reference:
+        return objective._asdict()
+    reference_path = Path(reference_name).resolve() if Path(reference_name).is_dir() else reference_name
+    return objective._asdict() | {"reference_model": str(reference_path)}
 
 
 def sample_comparison(policy, reference, tokenizer, pairs: list[PairExample], cfg: DPOConfig) -> list[dict[str, Any]]:
@@ -187,46 +247,48 @@ def run(cfg: DPOConfig) -> int:
     run_dir, checkpoint = start_run(cfg, "dpo")
     train_records, val_records, notes = split_comparisons(cfg)
     reference_name = cfg.reference_model or cfg.model
+    objective = preference_objective(cfg)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     policy, tokenizer = trained_policy(cfg, checkpoint)
-    reference = frozen_reference(cfg, policy, reference_name).to(device).eval().requires_grad_(False)
+    reference = frozen_policy(cfg, policy, reference_name, device) if objective.uses_reference else None
     train_pairs, train_note = prepare_pairs(cfg, tokenizer, train_records)
     val_pairs, val_note = prepare_pairs(cfg, tokenizer, val_records)
-    notes += [f"train tokenization: {train_note}", f"validation tokenization: {val_note}", f"reference policy: {reference_name}, beta {cfg.beta}"]
+    notes += [f"train tokenization: {train_note}", f"validation tokenization: {val_note}", objective_note(objective, reference_name)]
     print("\n".join(notes))
     pad_id = tokenizer.pad_token_id
-    train_examples = visited_with_reference(reference, reference_name, train_pairs, pad_id, cfg, run_dir / REFERENCE_CACHE)
     eval_pairs = val_pairs[: cfg.eval_pairs] if cfg.eval_pairs else val_pairs
-    eval_examples = reference_logprobs(reference, reference_name, eval_pairs, pad_id, cfg, run_dir / f"validation_{REFERENCE_CACHE}")
+    train_examples, eval_examples = examples_with_reference(reference, reference_name, train_pairs, eval_pairs, pad_id, cfg, run_dir)
 
     def evaluate(current: torch.nn.Module, step: int) -> dict[str, float]:
         if not eval_examples:
             return {}
-        chosen, rejected = implicit_rewards(current, eval_examples, pad_id, cfg)
-        return validation_metrics(chosen, rejected, chosen / cfg.beta)
+        return validation_metrics(held_out_loss(current, eval_examples, pad_id, cfg, objective), objective)
 
-    stage = Stage("dpo", policy.to(device), tokenizer, train_examples, lambda b: collate_dpo(b, pad_id), make_dpo_loss(cfg.beta), evaluate,
+    stage = Stage("dpo", policy.to(device), tokenizer, train_examples, lambda b: collate_dpo(b, pad_id), make_dpo_loss(objective), evaluate,
                   length=lambda example: example.width())
     # its log-probabilities are cached: off the device while the sharded policy trains
-    if splits_models(cfg, int(os.environ.get("WORLD_SIZE", "1"))):
+    if reference is not None and splits_models(cfg, int(os.environ.get("WORLD_SIZE", "1"))):
         reference.to("cpu")
     result = train(cfg, stage, run_dir, checkpoint)
     if not is_main_process():
         return 0
-    reference.to(device)
+    if reference is not None:
+        reference.to(device)
     final = result["model"]
     save_final_model(final, tokenizer, run_dir)
-    reference_path = Path(reference_name).resolve() if Path(reference_name).is_dir() else reference_name
-    (run_dir / "model" / DPO_RECORD).write_text(json.dumps({"reference_model": str(reference_path), "beta": cfg.beta}, indent=2))
+    (run_dir / "model" / DPO_RECORD).write_text(json.dumps(dpo_record(objective, reference_name), indent=2))
     evaluation: dict[str, Any] = {}
     extra: list[Table] = []
     if val_pairs:
-        implicit = ImplicitRewardModel(final, reference, cfg.beta)
+        implicit = ImplicitRewardModel(final, reference, objective)
         evaluation = evaluate_reward_model(implicit, tokenizer, val_pairs, run_dir / "rm_eval", batch_size=cfg.forward_batch_size,
                                            probes=builtin_probes_for(val_records, "builtin"),
                                            limits=query_limits(cfg.max_query_length, cfg.max_article_query_length))
         print(rm_report.headline(evaluation))
-        samples = sample_comparison(final, reference, tokenizer, val_pairs[: cfg.eval_samples], cfg) if cfg.eval_samples else []
+        samples = []
+        if cfg.eval_samples:  # SimPO trained without a reference: the starting policy to compare with is loaded only now
+            starting = reference if reference is not None else frozen_policy(cfg, final, reference_name, device)
+            samples = sample_comparison(final, starting, tokenizer, val_pairs[: cfg.eval_samples], cfg)
         write_jsonl(run_dir / "eval_samples.jsonl", samples)
         if samples:
             lengths = {who: float(np.mean([s[f"{who}_tokens"] for s in samples])) for who in ("reference", "dpo")}
@@ -234,6 +296,7 @@ def run(cfg: DPOConfig) -> int:
                                f"{lengths['reference']:.1f}, DPO {lengths['dpo']:.1f})", samples[:10],
                                ["prompt", "human_chosen", "reference", "dpo", "reference_tokens", "dpo_tokens"]))
     plot_training_curves(read_metrics(run_dir), run_dir / "plots")
-    write_rm_report(run_dir, "dpo", cfg, notes, evaluation, run_dir / "rm_eval", "DPO (implicit reward, equation 5)", extra)
+    write_rm_report(run_dir, "dpo", cfg, notes, evaluation, run_dir / "rm_eval", f"{LOSS_NAMES[objective.loss_type]} (implicit reward)",
+                    extra)
     print(f"model: {run_dir / 'model'}\nreport: {run_dir / 'report.html'}")
     return 0
