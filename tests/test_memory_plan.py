@@ -72,6 +72,8 @@ def test_stage_defaults_fill_the_options_left_at_zero():
         default.max_response_length)
     assert planned(stage="sft", micro_batch_size=3).settings.micro == 3 != SFTConfig().micro_batch_size
     assert planned(stage="dpo").settings.response == 169 and planned(stage="grpo").settings.samples == 4
+    reinforce = planned(stage="reinforce")
+    assert reinforce.settings.samples == 1 and reinforce.phases["update"]["weights"] == planned(stage="grpo").phases["update"]["weights"]
 
 
 def test_lora_trains_only_the_adapters():
