@@ -4,14 +4,16 @@
                 -1 when there is no EOS                                             (Details 12, 23)
     rewards   = -beta * KL per token, plus the score at the EOS token itself      (Equation 3)
     advantages, returns = the algorithm's estimator (PPO: GAE with the value model) (Details 22, 25)
-    K epochs x N minibatches of clipped policy (and value) updates                (Table 7)
+    K epochs x N minibatches of policy (and value) updates: the configured policy loss, aggregated
+    as `loss_aggregation` says                                                    (Table 7)
 
-The maths lives in `ops`. Under N processes each process scores its own rows; advantages and every
-batch statistic are computed on the whole update's rollout (`rollout.gather_rollout`), and each
-minibatch is drawn from the whole batch: every process computes the gradient of its rows of the
-minibatch, weighted by the minibatch's total tokens, and the gradients are summed across processes
-before the optimizer step. The update is therefore the one a single process would make on the same
-rollout, up to floating-point summation order.
+The maths lives in `ops` and `policy_losses`. Under N processes each process scores its own rows;
+advantages and every batch statistic are computed on the whole update's rollout
+(`rollout.gather_rollout`), and each minibatch is drawn from the whole batch: every process computes
+the gradient of its rows of the minibatch, each micro-batch's loss divided by the normaliser of the
+whole minibatch (its tokens or its sequences), and the gradients are summed across processes before
+the optimizer step. The update is therefore the one a single process would make on the same rollout
+in one pass, up to floating-point summation order (tests/test_split_invariance.py).
 """
 
 from __future__ import annotations
