@@ -66,7 +66,9 @@ def main() -> None:
     prompts = {tuple(r["prompt_id"] for r in rows) for _, rows in results}
     if len(prompts) != 1:
         raise SystemExit("the runs were evaluated on different held-out prompts: give them the same data, seed, validation_posts and eval_samples")
-    print(json.dumps({"run": "sft", "prompts": len(results[0][1])} | policy_numbers(results[0][1], "sft")))
+    # the SFT policy's samples are the same in every run; a run from before issue 25 lacks their EOS flags
+    sft_rows = next((rows for _, rows in results if "sft_has_eos" in rows[0]), results[0][1])
+    print(json.dumps({"run": "sft", "prompts": len(sft_rows)} | policy_numbers(sft_rows, "sft")))
     for numbers, _ in results:
         print(json.dumps(numbers))
 
