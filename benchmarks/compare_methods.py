@@ -32,30 +32,31 @@ def interval(values: np.ndarray) -> list[float]:
     return [round(v, 4) for v in bootstrap_interval(values, np.mean)]
 
 
-def policy_numbers(rows: list[dict], who: str) -> dict[str, object]:
+def policy_numbers(rows: list[dict], who: str, evaluation: dict[str, float]) -> dict[str, object]:
     scores = np.array([r[f"{who}_score"] for r in rows])
     return {"rm_score": round(float(scores.mean()), 4), "rm_score_interval": interval(scores),
             "tokens": round(float(np.mean([r[f"{who}_tokens"] for r in rows])), 2),
-            "eos_rate": round(float(np.mean([r[f"{who}_has_eos"] for r in rows])), 3) if f"{who}_has_eos" in rows[0] else None,
+            "eos_rate": round(evaluation[f"eval/{who}_eos_rate"], 3),
             "rouge_l": round(float(np.mean([r[f"{who}_rouge_l"] for r in rows])), 4),
             "question_ending_share": round(float(np.mean([ends_with_question(r[who]) for r in rows])), 3)}
 
 
-def run_numbers(run: Path) -> tuple[dict[str, object], list[dict]]:
+def run_numbers(run: Path) -> tuple[dict[str, object], list[dict], dict[str, float]]:
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     name = cfg["stage"]
     rows = read_jsonl(run / "eval_samples.jsonl")
+    evaluation = json.loads((run / "eval.json").read_text())
     history = read_metrics(run)
     paired = np.array([r[f"{name}_score"] - r["sft_score"] for r in rows])
     beats = np.array([float(r[f"{name}_score"] > r["sft_score"]) for r in rows])
     sampled = sum(r.get("sampling/draws", 1.0) * cfg["total_batch_size"] for r in history)
-    numbers = {"run": run.name, "command": name, "prompts": len(rows)} | policy_numbers(rows, name) | {
+    numbers = {"run": run.name, "command": name, "prompts": len(rows)} | policy_numbers(rows, name, evaluation) | {
         "minus_sft": round(float(paired.mean()), 4), "minus_sft_interval": interval(paired),
         "beats_sft": round(float(beats.mean()), 3), "beats_sft_interval": interval(beats), "beats_sft_baseline": 0.5,
         "kl_last_update": round(history[-1]["objective/kl"], 3), "episodes_trained": len(history) * cfg["total_batch_size"],
         "responses_sampled": int(sampled), "seconds": round(sum(r.get("perf/update_total_s", 0.0) for r in history), 1),
     }
-    return numbers, rows
+    return numbers, rows, evaluation
 
 
 def main() -> None:
@@ -63,13 +64,12 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", type=Path)
     args = parser.parse_args()
     results = [run_numbers(run) for run in args.runs]
-    prompts = {tuple(r["prompt_id"] for r in rows) for _, rows in results}
+    prompts = {tuple(r["prompt_id"] for r in rows) for _, rows, _ in results}
     if len(prompts) != 1:
         raise SystemExit("the runs were evaluated on different held-out prompts: give them the same data, seed, validation_posts and eval_samples")
-    # the SFT policy's samples are the same in every run; a run from before issue 25 lacks their EOS flags
-    sft_rows = next((rows for _, rows in results if "sft_has_eos" in rows[0]), results[0][1])
-    print(json.dumps({"run": "sft", "prompts": len(sft_rows)} | policy_numbers(sft_rows, "sft")))
-    for numbers, _ in results:
+    _, sft_rows, evaluation = results[0]  # the SFT policy's samples are the same in every run
+    print(json.dumps({"run": "sft", "prompts": len(sft_rows)} | policy_numbers(sft_rows, "sft", evaluation)))
+    for numbers, _, _ in results:
         print(json.dumps(numbers))
 
 
