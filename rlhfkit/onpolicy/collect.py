@@ -12,6 +12,7 @@ and scores that answer: its baseline.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass
 
@@ -66,7 +67,8 @@ def collect(models: OnPolicyModels, prompts: list[list[int]], cfg: OnPolicyConfi
     reports progress; reward functions read the prompts' `texts`. Dynamic sampling's tallies go to `counts`."""
     stream = stream if stream is not None else PromptStream(update * prompts_per_update(cfg))
     timings["generation"] = timings["scoring"] = 0.0
-    draw = lambda attempt: draw_rollout(models, prompts, cfg, update, attempt, stream, precision, timings, show, accelerator, texts)  # noqa: E731
+    draw = functools.partial(draw_rollout, models, prompts, cfg, update, stream=stream, precision=precision, timings=timings, show=show,
+                             accelerator=accelerator, texts=texts)
     if cfg.dynamic_sampling:
         batch = dynamic_sample(draw, cfg, counts if counts is not None else {}, models.tokenizer.pad_token_id)
     else:
@@ -93,12 +95,12 @@ def draw_rollout(models: OnPolicyModels, prompts: list[list[int]], cfg: OnPolicy
                                  lambda i: chunk_generator(cfg.seed, update, offset + share.start + i, device),
                                  samples_per_prompt=cfg.samples_per_prompt)
     batch.prompts = torch.as_tensor(picked[share], device=device).repeat_interleave(cfg.samples_per_prompt)
+    if cfg.advantage_estimator == "remax":  # its greedy answers count as generation time
+        batch.baseline_scores = greedy_baseline(models, own, batch.prompts[:: cfg.samples_per_prompt], cfg, update, offset + share.start,
+                                                precision, texts).repeat_interleave(cfg.samples_per_prompt)
     timings["generation"] += time.perf_counter() - began
     show("scoring")
     began = time.perf_counter()
-    if cfg.advantage_estimator == "remax":
-        batch.baseline_scores = greedy_baseline(models, own, batch.prompts[:: cfg.samples_per_prompt], cfg, update, offset + share.start,
-                                                precision, texts).repeat_interleave(cfg.samples_per_prompt)
     batch = widen_to_all_processes(batch, accelerator, models.tokenizer.pad_token_id)
     batch = gather_rollout(score_rollout(models, batch, cfg, precision, texts), accelerator)
     timings["scoring"] += time.perf_counter() - began
