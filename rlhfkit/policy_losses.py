@@ -129,7 +129,6 @@ def cispo_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantage
 
 
 POLICY_LOSSES = {"ppo-clip": ppo_clip_loss, "gspo": gspo_loss, "gspo-token": gspo_token_loss, "cispo": cispo_loss}
-PolicyLossName = Literal["ppo-clip", "gspo", "gspo-token", "cispo"]
 
 
 def loss_units(mask: torch.Tensor, mode: str) -> torch.Tensor:

@@ -75,3 +75,14 @@ def test_every_method_preset_sets_the_options_that_make_the_method(method):
 def test_every_shipped_on_policy_preset_belongs_to_a_declared_method():
     presets = {p for a in ALGORITHMS.values() for p in a.presets}
     assert presets == {p for m in METHODS for p in m.presets}
+
+
+def test_the_config_offers_exactly_the_policy_losses_and_aggregations_the_update_knows():
+    import typing
+
+    from rlhfkit.config_onpolicy import OnPolicyConfig
+    from rlhfkit.policy_losses import AGGREGATIONS, POLICY_LOSSES
+
+    hints = typing.get_type_hints(OnPolicyConfig)
+    assert set(typing.get_args(hints["policy_loss"])) == set(POLICY_LOSSES)
+    assert set(typing.get_args(hints["loss_aggregation"])) == set(AGGREGATIONS)
