@@ -118,8 +118,8 @@ def test_dynamic_sampling_resumes_from_where_the_stream_stopped(ppo_dirs, tmp_pa
     functions = tmp_path / "ties.py"
     functions.write_text(TIES)
     args = stage_args("grpo", ppo_dirs, tmp_path, max_steps=3, sample_every=1, samples_per_prompt=4, reward_model="", eos_trick="false",
-                      reward_functions=f"[{functions}:half_tied]", dynamic_sampling_max_draws=6)
+                      reward_functions=f"{functions}:half_tied", dynamic_sampling_max_draws=6, overlong_buffer=4)
     straight, killed = straight_and_resumed("grpo", "tldr-dapo", args, tmp_path, kill_at=1)
-    drawn = json.loads((straight / "checkpoints" / "step-3" / "trainer.json").read_text())["prompts_drawn"]
+    drawn = json.loads((straight / "checkpoints" / "step-000003" / "trainer.json").read_text())["prompts_drawn"]
     assert drawn > 3 * 2  # refills read past one draw per update
     assert (straight / "samples.jsonl").read_text() == (killed / "samples.jsonl").read_text()
