@@ -12,6 +12,7 @@ from rlhfkit.cli import main as cli_main
 from rlhfkit.config import ConfigError, resolve
 from rlhfkit.onpolicy import evaluation, trainer, update
 from rlhfkit.onpolicy.collect import PromptStream, collect
+from rlhfkit.onpolicy.rollout import prompt_indices
 
 from .helpers import cli_args, stage_args, straight_and_resumed
 
@@ -79,7 +80,8 @@ def test_dynamic_sampling_fills_the_update_with_dropped_groups_when_the_draws_ru
     batch = collect(models, [e.query.ids for e in train], cfg, 0, cfg.kl_coef, "no", {}, texts=trainer.PromptTexts.of(train),
                     counts=counts)
     assert batch.size == 8 and counts["sampling/filled_groups"] == 2 and counts["sampling/kept_share"] == 0
-    assert bool((batch.advantages[batch.mask] == 0).all()) or cfg.kl_coef == 0  # tied or not, nothing kept: a no-op update
+    # the one draw's groups, dropped, fill the update in their order: the stream's first two prompts
+    assert batch.prompts[::4].tolist() == prompt_indices(len(train), 2, cfg.seed, 0).tolist()
 
 
 def test_overlong_punishment_reaches_the_scores_and_filtering_drops_truncated_rows_from_the_loss(ppo_dirs, tmp_path):
