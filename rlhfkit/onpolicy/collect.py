@@ -20,7 +20,7 @@ import torch
 
 from .. import ops
 from ..config_onpolicy import OnPolicyConfig
-from ..devices import autocast, evaluation_mode
+from ..devices import autocast, evaluation_mode, model_device
 from ..distributed import ONE_PROCESS
 from ..generation import SamplingParams
 from .rewarding import PromptTexts
@@ -37,8 +37,8 @@ from .rollout import (
 from .update import (
     OnPolicyModels,
     compute_advantages,
+    model_scores,
     reward_components,
-    reward_scores,
     row_groups,
     score_rollout,
     shaped_scores,
@@ -118,13 +118,9 @@ def greedy_baseline(models: OnPolicyModels, queries: list[list[int]], prompt_ids
         greedy = sample_responses(models.policy, queries, params, models.tokenizer, cfg.generation_batch_size,
                                   lambda i: chunk_generator(cfg.seed, update, position + i, device, GREEDY_STREAM))
     greedy.prompts = prompt_ids
-    model_scores = None
-    if models.reward is not None:
-        frozen = next(models.reward.parameters()).device
-        with autocast(frozen, precision):
-            model_scores = torch.cat([reward_scores(models.reward, greedy.select(slice(s, s + cfg.forward_batch_size)).to(frozen)).float()
-                                      for s in range(0, greedy.size, cfg.forward_batch_size)]).to(device)
-    components, _ = reward_components(models, greedy, model_scores, texts, cfg.max_response_length)
+    with autocast(model_device(models.reward) if models.reward is not None else device, precision):  # as score_rollout scores
+        scores = model_scores(models, greedy, cfg)
+    components, _ = reward_components(models, greedy, scores, texts, cfg.max_response_length)
     raw = models.reward_sources().combine(components)
     return shaped_scores(cfg, raw, greedy.lengths, greedy.has_eos)
 

@@ -31,7 +31,7 @@ from ..plots import metric_series, plot_curves
 from ..tracking import read_jsonl, read_metrics
 from .rewarding import PromptTexts
 from .rollout import EVALUATION_STREAM, chunk_generator, sample_responses
-from .update import OnPolicyModels, completion_texts, reward_components, reward_scores
+from .update import OnPolicyModels, completion_texts, model_scores, reward_components
 
 SAMPLES_FILE = "samples.jsonl"
 FIGURE_12 = ["objective/rlhf_reward", "objective/kl", "objective/scores", "response/length_mean", "response/eos_rate"]
@@ -56,15 +56,6 @@ def split_posts(cfg: OnPolicyConfig, tokenizer) -> tuple[list[SFTExample], list[
         raise ConfigError(f"no training prompts left in {', '.join(cfg.data)} after holding out validation_posts={cfg.validation_posts} "
                           f"(loaded: {log.summary('prompts')})")
     return train, held_out, notes
-
-def model_scores(models: OnPolicyModels, batch, cfg: OnPolicyConfig) -> torch.Tensor | None:
-    """(B,) the reward model's scores of a sampled batch, or None without a reward model."""
-    if models.reward is None:
-        return None
-    scored = batch.to(model_device(models.reward))
-    return torch.cat([reward_scores(models.reward, scored.select(slice(i, i + cfg.forward_batch_size))).float().cpu()
-                      for i in range(0, batch.size, cfg.forward_batch_size)])
-
 
 @torch.no_grad()
 def summarise_and_score(policy, models: OnPolicyModels, examples: list[SFTExample], cfg: OnPolicyConfig, label: str) -> list[dict]:

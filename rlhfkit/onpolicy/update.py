@@ -78,6 +78,15 @@ def reward_scores(reward: ScalarModel, batch: RolloutBatch) -> torch.Tensor:
     return scores_at_eos(reward, batch.input_ids(), batch.attention_mask(), batch.context_length, batch.lengths)
 
 
+def model_scores(models: OnPolicyModels, batch, cfg: OnPolicyConfig) -> torch.Tensor | None:
+    """(B,) the reward model's scores of a sampled batch, or None without a reward model."""
+    if models.reward is None:
+        return None
+    scored = batch.to(model_device(models.reward))
+    return torch.cat([reward_scores(models.reward, scored.select(slice(i, i + cfg.forward_batch_size))).float().cpu()
+                      for i in range(0, batch.size, cfg.forward_batch_size)])
+
+
 def completion_texts(batch: RolloutBatch, tokenizer: PreTrainedTokenizerBase) -> list[str]:
     return [tokenizer.decode(batch.responses[i][batch.mask[i]].tolist(), skip_special_tokens=True) for i in range(batch.size)]
 
