@@ -48,6 +48,9 @@ class OnPolicyConfig(RunConfig):
     samples_per_prompt: int = opt(1, "responses sampled per prompt (1 for PPO; group methods use more)", minimum=1)
     max_response_length: int = opt(53, "response tokens sampled; the response is cut after its first EOS", "Detail 23", minimum=1)
     temperature: float = opt(0.7, "sampling temperature, also applied in every forward pass that computes logprobs", "Table 7")
+    decoding: Literal["auto", "eager", "cuda-graphs", "buckets"] = opt(
+        "auto", "how decoding steps run (never what is sampled): auto is cuda-graphs on a CUDA device and eager elsewhere; "
+        "buckets drops finished rows as cuda-graphs does, without capture (docs/performance.md)")
     missing_eos_score: float = opt(-1.0, "score of a response without EOS (the EOS trick)", "Detail 23", minimum=-math.inf)
     eos_trick: bool = opt(True, "replace the score of responses without EOS by missing_eos_score", "Detail 23")
     reward_length_penalty: float = opt(0.0, "subtract this x response tokens from each reward-model score (a length-penalised reward)",

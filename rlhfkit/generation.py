@@ -18,6 +18,7 @@ from tqdm import tqdm
 from transformers import DynamicCache, PreTrainedTokenizerBase, StaticCache
 from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
+from . import decoding
 from .data.collate import left_pad_queries
 from .ops import (
     chunked_logprobs_entropy,
@@ -37,6 +38,7 @@ class SamplingParams:
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
+    decoding: str = "auto"  # decoding.DECODING: how the steps after the prompt run; never what is sampled
 
 
 @dataclass
@@ -46,6 +48,7 @@ class Rollout:
     logprobs: torch.Tensor  # (B, R) log-probabilities of the sampled tokens; 0 after the EOS
     lengths: torch.Tensor  # (B,) tokens up to and including EOS (R when there is none)
     has_eos: torch.Tensor  # (B,) whether the response contains EOS
+    decoding: str = "eager"  # how the steps ran: eager, buckets or cuda-graphs
 
 
 def pick_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator, pad_id: int | None = None) -> torch.Tensor:
@@ -83,15 +86,22 @@ def cache_dtype(keys: torch.Tensor, values: torch.Tensor) -> torch.dtype:
     return torch.promote_types(keys.dtype, values.dtype)
 
 
+def plain_cache_layers(model: torch.nn.Module, prefill: Cache, max_length: int) -> bool:
+    """Whether the prompt's cache is one plain growing layer per attention layer and the model's cache
+    would be one plain preallocated layer per attention layer: the layout a copy into preallocated
+    buffers understands (sliding-window, hybrid or quantised caches are not)."""
+    if not isinstance(prefill, DynamicCache) or any(type(layer) is not DynamicLayer for layer in prefill.layers):
+        return False
+    planned = StaticCache(config=model.config, max_cache_len=max_length)  # allocates nothing: only its layer kinds are read
+    return len(planned.layers) == len(prefill.layers) and all(type(layer) is StaticLayer for layer in planned.layers)
+
+
 def static_decode_cache(model: torch.nn.Module, prefill: Cache, repeats: int, max_length: int) -> Cache | None:
     """The prompt's KV cache copied (each row `repeats` times) into a cache allocated once for the whole
     generation, or None when the model's cache is not the plain per-layer kind this copy understands
-    (sliding-window, hybrid or quantised caches keep the growing cache). A growing cache concatenates
-    every layer's keys and values at every decoded token, which was two thirds of a decode step on CPU."""
-    if not isinstance(prefill, DynamicCache) or any(type(layer) is not DynamicLayer for layer in prefill.layers):
-        return None
-    planned = StaticCache(config=model.config, max_cache_len=max_length)  # allocates nothing: only its layer kinds are read
-    if len(planned.layers) != len(prefill.layers) or any(type(layer) is not StaticLayer for layer in planned.layers):
+    (those keep the growing cache). A growing cache concatenates every layer's keys and values at every
+    decoded token, which was two thirds of a decode step on CPU."""
+    if not plain_cache_layers(model, prefill, max_length):
         return None
     static = Cache(layers=[OneDtypeStaticLayer(max_cache_len=max_length) for _ in prefill.layers])
     for source, target in zip(prefill.layers, static.layers, strict=True):
@@ -136,7 +146,8 @@ def generate(
     With `samples_per_prompt` G > 1 each query is encoded once and its KV cache repeated G times, so
     a group of G samples (GRPO, RLOO) costs one prefill; the rows come out as G consecutive samples
     of query 0, then of query 1, and so on. Decoding writes into a KV cache laid out once for the
-    whole batch (`static_decode_cache`) where the model allows it."""
+    whole batch (`static_decode_cache`) where the model allows it; on a CUDA device each step is a
+    replayed CUDA graph and finished rows are dropped (rlhfkit/decoding.py, `params.decoding`)."""
     device = query_ids.device
     if generator is None:
         generator = torch.Generator(device=device).manual_seed(params.seed)
@@ -146,25 +157,16 @@ def generate(
 
 def prefill_and_decode(model: torch.nn.Module, query_ids: torch.Tensor, query_mask: torch.Tensor, params: SamplingParams,
                        eos_id: int, pad_id: int, generator: torch.Generator, samples_per_prompt: int) -> Rollout:
-    """`generate`'s prefill and decoding loop."""
+    """`generate`'s prefill and decoding loop. Sampling happens here, on every row's logits, whichever
+    way the steps run (`decoding_steps`), so the random stream does not depend on it."""
     device = query_ids.device
     # logits_to_keep=1: only the last position's logits are needed, not (B, Q, vocab)
     out = model(input_ids=query_ids, attention_mask=query_mask, position_ids=position_ids_from_mask(query_mask),
                 use_cache=True, logits_to_keep=1)
-    logits, width = out.logits[:, -1], query_ids.size(1)
-    cache = static_decode_cache(model, out.past_key_values, samples_per_prompt, width + params.max_new_tokens)
-    preallocated = cache is not None
-    if not preallocated:
-        cache = out.past_key_values
-        if samples_per_prompt > 1:
-            cache.batch_repeat_interleave(samples_per_prompt)
-    query_ids, query_mask, logits = (t.repeat_interleave(samples_per_prompt, dim=0) for t in (query_ids, query_mask, logits))
-    batch = query_ids.size(0)
-    # the mask of every position the cache will hold, set to 1 as each token is decoded
-    mask = torch.cat([query_mask, query_mask.new_zeros(batch, params.max_new_tokens)], dim=1)
-    position = query_mask.sum(-1, keepdim=True)
+    query_ids, query_mask, logits = (t.repeat_interleave(samples_per_prompt, dim=0) for t in (query_ids, query_mask, out.logits[:, -1]))
+    steps = decoding_steps(model, out.past_key_values, query_mask, samples_per_prompt, params, logits)
     tokens, logps = [], []
-    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    finished = torch.zeros(query_ids.size(0), dtype=torch.bool, device=device)
     for step in range(params.max_new_tokens):
         nxt = pick_next(logits, params, generator, pad_id)
         tokens.append(nxt)
@@ -172,10 +174,7 @@ def prefill_and_decode(model: torch.nn.Module, query_ids: torch.Tensor, query_ma
         finished |= nxt == eos_id
         if bool(finished.all()) or len(tokens) == params.max_new_tokens:
             break
-        mask[:, width + step] = 1
-        visible = mask if preallocated else mask[:, : width + step + 1]
-        out = model(input_ids=nxt.unsqueeze(1), attention_mask=visible, position_ids=position + step, past_key_values=cache, use_cache=True)
-        logits = out.logits[:, -1]
+        logits = steps.step(nxt, finished, step)
     raw = torch.stack(tokens, dim=1)
     responses = truncate_after_eos(raw, eos_id, pad_id)
     eos_at = first_true_indices(raw == eos_id)
@@ -183,7 +182,55 @@ def prefill_and_decode(model: torch.nn.Module, query_ids: torch.Tensor, query_ma
     lengths = torch.where(has_eos, eos_at + 1, torch.full_like(eos_at, raw.size(1)))
     valid = torch.arange(raw.size(1), device=device).unsqueeze(0) < lengths.unsqueeze(1)
     logprobs = torch.stack(logps, dim=1) * valid
-    return Rollout(query_ids, responses, logprobs, lengths, has_eos)
+    return Rollout(query_ids, responses, logprobs, lengths, has_eos, steps.name)
+
+
+class EagerSteps:
+    """Decoding steps as forward calls of the whole batch, finished rows included, into a cache laid out
+    once (`static_decode_cache`) where the model allows it, else the growing one."""
+
+    name = "eager"
+
+    def __init__(self, model: torch.nn.Module, prefill: Cache, query_mask: torch.Tensor, repeats: int, max_new_tokens: int):
+        batch, self.width = query_mask.shape
+        self.model = model
+        self.cache = static_decode_cache(model, prefill, repeats, self.width + max_new_tokens)
+        self.preallocated = self.cache is not None
+        if not self.preallocated:
+            self.cache = prefill
+            if repeats > 1:
+                prefill.batch_repeat_interleave(repeats)
+        # the mask of every position the cache will hold, set to 1 as each token is decoded
+        self.mask = torch.cat([query_mask, query_mask.new_zeros(batch, max_new_tokens)], dim=1)
+        self.position = query_mask.sum(-1, keepdim=True)
+
+    def step(self, tokens: torch.Tensor, finished: torch.Tensor, step: int) -> torch.Tensor:
+        self.mask[:, self.width + step] = 1
+        visible = self.mask if self.preallocated else self.mask[:, : self.width + step + 1]
+        out = self.model(input_ids=tokens.unsqueeze(1), attention_mask=visible, position_ids=self.position + step,
+                         past_key_values=self.cache, use_cache=True)
+        return out.logits[:, -1]
+
+
+def decoding_steps(model: torch.nn.Module, prefill: Cache, query_mask: torch.Tensor, repeats: int, params: SamplingParams,
+                   logits: torch.Tensor) -> EagerSteps | decoding.BucketSteps:
+    """How this call decodes: `params.decoding` ("auto": CUDA graphs on a CUDA device, eager steps
+    elsewhere), falling back to eager steps, with the reason logged, where the model cannot."""
+    mode = params.decoding
+    if mode == "auto":
+        mode = "cuda-graphs" if query_mask.device.type == "cuda" else "eager"
+    if mode != "eager":
+        target = decoding.unwrapped(model)
+        length = query_mask.size(1) + params.max_new_tokens
+        obstacle = decoding.bucket_obstacle(target, plain_cache_layers(target, prefill, length))
+        if mode == "cuda-graphs":
+            obstacle = obstacle or decoding.graph_obstacle(target, query_mask.device)
+        if obstacle is None:
+            dtype = cache_dtype(prefill.layers[0].keys, prefill.layers[0].values)
+            decoder = decoding.decoder_for(target, prefill, query_mask.size(0), length, dtype, capture=mode == "cuda-graphs")
+            return decoding.BucketSteps(decoder, prefill, query_mask, repeats, logits)
+        decoding.fall_back(target, obstacle)
+    return EagerSteps(model, prefill, query_mask, repeats, params.max_new_tokens)
 
 
 # Config fields of models whose logits are not a plain linear map of the last hidden state

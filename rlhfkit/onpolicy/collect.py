@@ -85,7 +85,7 @@ def draw_rollout(models: OnPolicyModels, prompts: list[list[int]], cfg: OnPolicy
     stream.position += per_update
     share = process_share(per_update, accelerator.process_index, accelerator.num_processes)
     offset = attempt * per_update  # the chunk RNGs of a refill are keyed past those of the earlier draws
-    params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.temperature)
+    params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.temperature, decoding=cfg.decoding)
     own = [prompts[i] for i in picked[share]]
     show("sampling")
     began = time.perf_counter()
@@ -113,7 +113,7 @@ def greedy_baseline(models: OnPolicyModels, queries: list[list[int]], prompt_ids
     """ReMax (Li et al. 2023): (P,) the shaped score of each prompt's greedy answer, from the same
     reward model and functions as the sampled answers."""
     device = next(models.policy.parameters()).device
-    params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=0.0)
+    params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=0.0, decoding=cfg.decoding)
     with autocast(device, precision), evaluation_mode(models.policy):
         greedy = sample_responses(models.policy, queries, params, models.tokenizer, cfg.generation_batch_size,
                                   lambda i: chunk_generator(cfg.seed, update, position + i, device, GREEDY_STREAM))

@@ -61,7 +61,7 @@ def split_posts(cfg: OnPolicyConfig, tokenizer) -> tuple[list[SFTExample], list[
 def summarise_and_score(policy, models: OnPolicyModels, examples: list[SFTExample], cfg: OnPolicyConfig, label: str) -> list[dict]:
     """Responses to `examples` by `policy` with the score it is trained on (EOS trick applied), each
     reward component, length, EOS and ROUGE-L against the reference completions."""
-    params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.eval_temperature)
+    params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.eval_temperature, decoding=cfg.decoding)
     device = model_device(policy)
     with evaluation_mode(policy):
         batch = sample_responses(policy, [e.query.ids for e in examples], params, models.tokenizer, cfg.generation_batch_size,
