@@ -27,6 +27,21 @@ def machine_fields(device: torch.device) -> dict:
     }
 
 
+def shaped_model(name: str, seed: int = 0) -> torch.nn.Module:
+    """A causal LM with random weights in the shape of a published config shipped in
+    rlhfkit/model_configs (`smollm2-135m`, `pythia-1b-deduped`, `llama-3.2-1b`, ...): the seeds' model
+    sizes without downloading them. Dropout off, as every rlhfkit stage has it (Detail 6)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlhfkit.memory_plan import shipped_config
+    from rlhfkit.models import disable_dropout
+
+    fields = shipped_config(name)
+    config = AutoConfig.for_model(fields.pop("model_type"), **{k: v for k, v in fields.items() if not k.startswith("_")})
+    torch.manual_seed(seed)
+    return disable_dropout(AutoModelForCausalLM.from_config(config, dtype=torch.float32))
+
+
 def matmul_peak_gflops(dtype: torch.dtype, device: torch.device, sizes: list[int] = (1024, 2048), seconds: float = 1.0) -> float:
     """The best GFLOP/s of square `dtype` matmuls of the given sizes on `device`, each timed for about
     `seconds` after one warm-up call."""

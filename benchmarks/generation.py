@@ -1,16 +1,32 @@
-"""Our rollout generation (`rlhfkit.generation.generate`) against `transformers` `generate` on the same
-model, queries and sampling settings, printed as one JSON line per batch size.
+"""Our rollout generation (`rlhfkit.generation.generate`, each way its steps can run) beside `transformers`
+`generate` (eager, with its static cache, and with its static cache compiled) on the same model, queries
+and sampling settings, printed as one JSON line per batch size.
 
-    python benchmarks/generation.py --model smollm2-135m --batches 1,8,32
-    python benchmarks/generation.py --model tiny --batches 2 --repeats 1 --new-tokens 8   # smoke test
+    python benchmarks/generation.py --model shape:smollm2-135m --batches 16,64,256 --bf16          # on a GPU
+    python benchmarks/generation.py --model smollm2-135m --batches 1,8,32                           # on a CPU
+    python benchmarks/generation.py --model tiny --batches 2 --repeats 1 --new-tokens 8             # smoke test
 
-Queries are real TL;DR posts (`--data`, the SFT sample in ../shared/data) in the SFT query format,
-cut to `--query-length` tokens (Detail 2) and left-padded; every batch holds the longest posts first,
-as `generate_texts` orders them. Both sides decode greedily (`--temperature 0`, the default) so their
-outputs can be compared token for token (`identical`), and both stop when every row has emitted EOS,
-so they do the same work. The two are timed alternately `--repeats` times in one process; each
-side's median is reported, with tokens/s = rows x decoded positions / seconds (prefill included).
-On CUDA the peak is `max_memory_allocated` of each side's own calls; on CPU the process's peak RSS.
+Sides (`--sides`; on a GPU all but ours-buckets by default, on a CPU ours-eager, ours-buckets, hf-eager):
+    ours-eager    `generate` with decoding=eager: one forward call per token over the whole batch
+    ours-graphs   decoding=cuda-graphs: each batch-size bucket's step replayed as a CUDA graph, finished
+                  rows dropped (rlhfkit/decoding.py); `ours-graphs_decoding` says what ran
+    ours-buckets  decoding=buckets: the same buffers and row dropping, steps run eagerly
+    hf-eager      `model.generate` with its default (growing) cache
+    hf-static     `model.generate(cache_implementation="static", disable_compile=True)`
+    hf-compiled   `model.generate(cache_implementation="static")`, which compiles the forward on a GPU
+
+Models: an embedded name, HF directory or hub id (queries: real TL;DR posts in the SFT query format,
+cut to `--query-length` tokens, Detail 2), 'tiny', or `shape:NAME` for random weights built from the
+published config shipped in rlhfkit/model_configs (smollm2-135m, pythia-1b-deduped, llama-3.2-1b, ...),
+whose queries are random tokens with TL;DR's query lengths (`TLDR_QUERY_LENGTHS`). Random weights seldom
+emit EOS, so every row decodes `--new-tokens` positions. Every batch holds the longest queries first.
+
+Measured per side, medians of `--repeats` rounds timed alternately after one untimed round (which also
+compiles and captures): seconds for the whole call, seconds for the prompt alone (max_new_tokens=1),
+ms per decoding step = (whole - prompt) / (decoded positions - 1), tokens/s = rows x decoded positions
+/ whole seconds, and the peak memory (CUDA: `max_memory_allocated` during the side's own calls, the
+buffers a side keeps between calls included; CPU: the process's peak RSS). Greedy (`--temperature 0`,
+the default) outputs are compared token for token with the first side's (`<side>_identical`).
 """
 
 from __future__ import annotations
@@ -20,18 +36,36 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from benchmark_common import best_device, machine_fields
+from benchmark_common import best_device, machine_fields, shaped_model
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tldr-sft-sample" / "tldr_sft_sample.jsonl.gz"
+# TL;DR query lengths in SmolLM2 tokens (the SFT query format, cut at 512): the 16 quantiles at
+# (i + 0.5) / 16 of the 1,944 posts in ../shared/data/tldr-sft-sample
+TLDR_QUERY_LENGTHS = (188, 217, 242, 263, 284, 301, 321, 344, 363, 386, 405, 424, 441, 459, 477, 500)
+OURS = {"ours-eager": "eager", "ours-graphs": "cuda-graphs", "ours-buckets": "buckets"}
+THEIRS = {"hf-eager": {}, "hf-static": {"cache_implementation": "static", "disable_compile": True},
+          "hf-compiled": {"cache_implementation": "static"}}
+decoded_by: dict[str, str] = {}  # side -> how our steps last ran (Rollout.decoding)
+GPU_SIDES = "ours-eager,ours-graphs,hf-eager,hf-static,hf-compiled"
+CPU_SIDES = "ours-eager,ours-buckets,hf-eager"
 
 
-def load(model_name: str):
+def load(model_name: str, device: torch.device, dtype: torch.dtype) -> tuple[torch.nn.Module, int, int, object]:
+    """(model, eos id, pad id, tokenizer or None for random-weight shapes)."""
     from rlhfkit.models import load_policy, tiny_policy
 
-    return tiny_policy() if model_name == "tiny" else load_policy(model_name)
+    if model_name.startswith("shape:"):
+        model = shaped_model(model_name.removeprefix("shape:"))
+        eos = model.config.eos_token_id
+        eos = eos[0] if isinstance(eos, list) else eos
+        pad = model.config.pad_token_id if model.config.pad_token_id is not None else model.config.vocab_size - 1
+        return model.to(device, dtype=dtype).eval(), eos, pad, None
+    model, tokenizer = tiny_policy() if model_name == "tiny" else load_policy(model_name)
+    return model.to(device, dtype=dtype).eval(), tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer
 
 
 def tldr_queries(tokenizer, data: Path, count: int, query_length: int) -> list[list[int]]:
@@ -44,7 +78,19 @@ def tldr_queries(tokenizer, data: Path, count: int, query_length: int) -> list[l
     return sorted((e.query.ids for e in examples), key=len, reverse=True)[:count]
 
 
-def timed(fn, device: torch.device) -> tuple[float, object]:
+def random_queries(count: int, vocab: int, query_length: int, pad: int, eos: int) -> list[list[int]]:
+    """`count` queries of random tokens (never PAD or EOS) whose lengths spread over TL;DR's, longest first."""
+    generator = torch.Generator().manual_seed(0)
+    spread = len(TLDR_QUERY_LENGTHS)
+    lengths = sorted((min(TLDR_QUERY_LENGTHS[i * spread // count], query_length) for i in range(count)), reverse=True)
+    queries = []
+    for length in lengths:
+        ids = torch.randint(100, vocab - 1, (length,), generator=generator)
+        queries.append(torch.where((ids == pad) | (ids == eos), 100, ids).tolist())
+    return queries
+
+
+def timed(fn: Callable[[], torch.Tensor], device: torch.device) -> tuple[float, torch.Tensor]:
     if device.type == "cuda":
         torch.cuda.synchronize()
     began = time.perf_counter()
@@ -54,19 +100,25 @@ def timed(fn, device: torch.device) -> tuple[float, object]:
     return time.perf_counter() - began, result
 
 
-def ours(model, tokenizer, batch: dict, new_tokens: int, temperature: float) -> torch.Tensor:
+def side_call(side: str, model, batch: dict, new_tokens: int, args, eos: int, pad: int) -> Callable[[], torch.Tensor]:
+    """The side's generation of `new_tokens` tokens for `batch`, returning the response tokens; ours also
+    notes which way its steps ran (`decoded_by`)."""
     from rlhfkit.generation import SamplingParams, generate
 
-    params = SamplingParams(max_new_tokens=new_tokens, temperature=temperature)
-    rollout = generate(model, batch["input_ids"], batch["attention_mask"], params, tokenizer.eos_token_id, tokenizer.pad_token_id)
-    return rollout.responses
+    if side in OURS:
+        def ours() -> torch.Tensor:
+            params = SamplingParams(max_new_tokens=new_tokens, temperature=args.temperature, decoding=OURS[side])
+            rollout = generate(model, batch["input_ids"], batch["attention_mask"], params, eos, pad)
+            decoded_by[side] = rollout.decoding
+            return rollout.responses
+        return ours
+    sampling = {"do_sample": False} if args.temperature <= 0 else {"do_sample": True, "temperature": args.temperature, "top_k": 0, "top_p": 1.0}
 
-
-def theirs(model, tokenizer, batch: dict, new_tokens: int, temperature: float) -> torch.Tensor:
-    sampling = {"do_sample": False} if temperature <= 0 else {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
-    out = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=new_tokens,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **sampling)
-    return out[:, batch["input_ids"].size(1):]
+    def theirs() -> torch.Tensor:
+        out = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=new_tokens,
+                             eos_token_id=eos, pad_token_id=pad, **sampling, **THEIRS[side])
+        return out[:, batch["input_ids"].size(1):]
+    return theirs
 
 
 def same_responses(a: torch.Tensor, b: torch.Tensor, eos_id: int) -> bool:
@@ -78,55 +130,70 @@ def same_responses(a: torch.Tensor, b: torch.Tensor, eos_id: int) -> bool:
     return bool(torch.equal(truncate_after_eos(a, eos_id, -1), truncate_after_eos(b, eos_id, -1)))
 
 
-def compare(model, tokenizer, queries: list[list[int]], args, device) -> dict:
+def compare(model, queries: list[list[int]], sides: list[str], args, device, eos: int, pad: int) -> dict:
     from rlhfkit.data.collate import left_pad_queries
 
-    batch = {k: v.to(device) for k, v in left_pad_queries(queries, tokenizer.pad_token_id).items()}
-    sides = {"ours": ours, "transformers": theirs}
-    seconds: dict[str, list[float]] = {name: [] for name in sides}
-    outputs: dict[str, torch.Tensor] = {}
-    peaks: dict[str, int] = {}
-    for _ in range(args.repeats):
-        for name, fn in sides.items():
+    batch = {k: v.to(device) for k, v in left_pad_queries(queries, pad).items()}
+    whole = {side: side_call(side, model, batch, args.new_tokens, args, eos, pad) for side in sides}
+    prompt = {side: side_call(side, model, batch, 1, args, eos, pad) for side in sides}
+    seconds = {side: {"whole": [], "prompt": []} for side in sides}
+    outputs, peaks = {}, {}
+    for repeat in range(args.repeats + 1):  # round 0 is untimed: compiling, capturing, allocator warm-up
+        for side in sides:
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
-            elapsed, outputs[name] = timed(lambda fn=fn: fn(model, tokenizer, batch, args.new_tokens, args.temperature), device)
-            seconds[name].append(elapsed)
-            peaks[name] = machine_fields(device)["peak_memory_bytes"]
+            whole_s, outputs[side] = timed(whole[side], device)
+            prompt_s, _ = timed(prompt[side], device)
+            peaks[side] = machine_fields(device)["peak_memory_bytes"]
+            if repeat:
+                seconds[side]["whole"].append(whole_s)
+                seconds[side]["prompt"].append(prompt_s)
     row = {"benchmark": "generation", "model": args.model, "batch": len(queries), "query_tokens_max": batch["input_ids"].size(1),
-           "max_new_tokens": args.new_tokens, "temperature": args.temperature, "repeats": args.repeats}
-    for name in sides:
-        median = statistics.median(seconds[name])
-        positions = outputs[name].size(1)
-        row |= {f"{name}_s": round(median, 4), f"{name}_s_runs": [round(t, 3) for t in seconds[name]], f"{name}_decoded_positions": positions,
-                f"{name}_tokens_per_s": round(len(queries) * positions / median, 1), f"{name}_peak_memory_bytes": peaks[name]}
-    row["speedup"] = round(row["ours_tokens_per_s"] / row["transformers_tokens_per_s"], 3)
-    if args.temperature <= 0:
-        row["identical"] = same_responses(outputs["ours"], outputs["transformers"], tokenizer.eos_token_id)
+           "query_tokens_mean": round(sum(map(len, queries)) / len(queries), 1), "max_new_tokens": args.new_tokens,
+           "temperature": args.temperature, "repeats": args.repeats, "sides": sides}
+    for side in sides:
+        whole_s, prompt_s = (statistics.median(seconds[side][k]) for k in ("whole", "prompt"))
+        positions = outputs[side].size(1)
+        row |= {f"{side}_s": round(whole_s, 4), f"{side}_s_runs": [round(t, 3) for t in seconds[side]["whole"]],
+                f"{side}_prompt_s": round(prompt_s, 4), f"{side}_decoded_positions": positions,
+                f"{side}_ms_per_step": round(1000 * (whole_s - prompt_s) / max(1, positions - 1), 3),
+                f"{side}_tokens_per_s": round(len(queries) * positions / whole_s, 1), f"{side}_peak_memory_bytes": peaks[side]}
+        if side in OURS:
+            row[f"{side}_decoding"] = decoded_by[side]
+        if args.temperature <= 0:
+            row[f"{side}_identical"] = same_responses(outputs[side], outputs[sides[0]], eos)
+    if "hf-eager" in sides:
+        for side in sides:
+            row[f"{side}_speedup_vs_hf-eager"] = round(row[f"{side}_tokens_per_s"] / row["hf-eager_tokens_per_s"], 3)
     return row
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="smollm2-135m", help="embedded name, HF directory, hub id, or 'tiny'")
+    parser.add_argument("--model", default="smollm2-135m", help="embedded name, HF directory, hub id, 'tiny', or shape:NAME")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="TL;DR SFT jsonl(.gz) whose posts are the queries")
     parser.add_argument("--batches", default="1,8,32", help="batch sizes, comma separated")
+    parser.add_argument("--sides", default="", help=f"comma separated (default: {GPU_SIDES} on a GPU, {CPU_SIDES} on a CPU)")
     parser.add_argument("--query-length", type=int, default=512, help="query tokens at most (Detail 2)")
     parser.add_argument("--new-tokens", type=int, default=53, help="response tokens at most (Detail 4)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy, outputs compared")
-    parser.add_argument("--repeats", type=int, default=3, help="alternating timed calls per side")
-    parser.add_argument("--bf16", action="store_true", help="load the weights in bf16 (both sides)")
+    parser.add_argument("--repeats", type=int, default=3, help="alternating timed rounds per side")
+    parser.add_argument("--bf16", action="store_true", help="load the weights in bf16 (every side)")
     args = parser.parse_args()
 
     device = best_device()
-    model, tokenizer = load(args.model)
-    model.to(device, dtype=torch.bfloat16 if args.bf16 else torch.float32).eval()
-    sizes = [int(b) for b in args.batches.split(",")]
-    queries = tldr_queries(tokenizer, args.data, max(sizes), args.query_length)
+    sides = (args.sides or (GPU_SIDES if device.type == "cuda" else CPU_SIDES)).split(",")
+    unknown = [s for s in sides if s not in OURS | THEIRS]
+    if unknown:
+        parser.error(f"unknown sides {unknown}; choose from {sorted(OURS | THEIRS)}")
+    model, eos, pad, tokenizer = load(args.model, device, torch.bfloat16 if args.bf16 else torch.float32)
     with torch.inference_mode():
-        compare(model, tokenizer, queries[:1], argparse.Namespace(**vars(args) | {"repeats": 1}), device)  # warm-up
-        for size in sizes:
-            print(json.dumps(compare(model, tokenizer, queries[:size], args, device) | {"bf16": args.bf16} | machine_fields(device)))
+        for size in (int(b) for b in args.batches.split(",")):
+            if tokenizer is not None and args.data.is_file():
+                queries = tldr_queries(tokenizer, args.data, size, args.query_length)
+            else:
+                queries = random_queries(size, model.config.vocab_size, args.query_length, pad, eos)
+            print(json.dumps(compare(model, queries, sides, args, device, eos, pad) | {"bf16": args.bf16} | machine_fields(device)))
             sys.stdout.flush()
 
 

@@ -129,8 +129,7 @@ def generate_all(model, batches: list[dict], new_tokens: int, pad_id: int):
 def measure(model_name: str, args, device: torch.device, machine: dict) -> list[dict]:
     from rlhfkit.data.collate import left_pad_queries
 
-    model, tokenizer = load(model_name)
-    model.to(device)
+    model, _, _, tokenizer = load(model_name, device, torch.float32)
     queries = tldr_queries(tokenizer, args.data, args.prompts, args.query_length)
     batches = [{k: v.to(device) for k, v in left_pad_queries(queries[i : i + args.batch], tokenizer.pad_token_id).items()}
                for i in range(0, len(queries), args.batch)]

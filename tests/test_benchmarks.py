@@ -15,14 +15,24 @@ def run_benchmark(script: str, *args: str) -> list[dict]:
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
-def test_generation_benchmark_compares_with_transformers_generate_and_checks_greedy_outputs():
+def test_generation_benchmark_compares_each_way_of_decoding_with_transformers_generate():
+    sides = "ours-eager,ours-buckets,ours-graphs,hf-eager,hf-static"
     rows = run_benchmark("generation.py", "--model", "tiny", "--batches", "1,3", "--repeats", "1", "--new-tokens", "6",
-                         "--query-length", "160")
+                         "--query-length", "160", "--sides", sides)
     assert [r["batch"] for r in rows] == [1, 3]
     for row in rows:
-        assert row["identical"] is True  # greedy decoding: token for token the same as generate's
-        assert row["ours_tokens_per_s"] > 0 and row["transformers_tokens_per_s"] > 0 and row["speedup"] > 0
-        assert row["ours_decoded_positions"] <= 6 and row["peak_memory_bytes"] > 0
+        for side in sides.split(","):
+            assert row[f"{side}_identical"] is True  # greedy decoding: token for token the same as the first side's
+            assert row[f"{side}_tokens_per_s"] > 0 and row[f"{side}_ms_per_step"] > 0 and row[f"{side}_speedup_vs_hf-eager"] > 0
+            assert row[f"{side}_decoded_positions"] <= 6 and row[f"{side}_peak_memory_bytes"] > 0
+        # what each of our sides ran: CUDA graphs, asked for on a CPU, fell back to eager steps
+        assert [row[f"ours-{way}_decoding"] for way in ("eager", "buckets", "graphs")] == ["eager", "buckets", "eager"]
+
+
+def test_generation_benchmark_builds_the_seeds_shapes_with_random_weights():
+    (row,) = run_benchmark("generation.py", "--model", "shape:smollm2-135m", "--batches", "2", "--repeats", "1", "--new-tokens", "3",
+                           "--query-length", "200", "--sides", "ours-eager,ours-buckets")
+    assert row["query_tokens_max"] == 200 and row["ours-buckets_identical"] is True and row["ours-eager_decoded_positions"] == 3
 
 
 def test_generation_precision_benchmark_times_fp32_and_bf16_autocast_before_and_after_issue_24():
