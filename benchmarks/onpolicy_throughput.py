@@ -2,15 +2,18 @@
 
     python benchmarks/onpolicy_throughput.py --algorithm ppo --model smollm2-135m --batch 8 --query-length 400 --updates 2
     python benchmarks/onpolicy_throughput.py --algorithm grpo --model tiny --batch 16
+    python benchmarks/onpolicy_throughput.py --algorithm grpo --model shape:llama-3.2-1b --batch 512 --micro-batch 32 --bf16  # a GPU
 
 Runs the real on-policy loop of `rlhfkit ppo|grpo|rloo` with the algorithm's preset (generation, the
 scoring forward passes, K update epochs of the policy and, for PPO, the value model) on random-token
 queries of `--query-length` tokens: the policy and reference are `--model`, the reward (and value)
 model its backbone with a fresh scalar head. GRPO and RLOO draw batch / 4 queries, 4 samples each,
-each query encoded once.
+each query encoded once. `shape:NAME` builds every model with random weights from a published config
+shipped in rlhfkit/model_configs (the seeds' sizes: smollm2-135m, pythia-1b-deduped, llama-3.2-1b).
 Random queries rarely end in EOS, so every response runs to `--response-length` tokens: the worst
 case of Detail 23's fixed budget. `--warmup` updates are discarded, the median of the rest is shown.
-On CUDA the peak is `max_memory_allocated`; on CPU it is the process's peak RSS.
+On CUDA the peak is `max_memory_allocated`, also per phase (sampling and scoring; the K epochs of
+updates); on CPU it is the process's peak RSS. `--decoding` is the stages' option (rlhfkit/decoding.py).
 """
 
 from __future__ import annotations
@@ -19,11 +22,36 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 
 import torch
-from benchmark_common import best_device, machine_fields
+from benchmark_common import best_device, machine_fields, shaped_model
 
 PRESETS = {"ppo": "tldr-ppo", "grpo": "tldr-grpo", "rloo": "tldr-rloo"}
+
+
+@dataclass
+class ShapeTokenizer:
+    """What the on-policy loop reads of a tokenizer, for random-weight shapes that come without one."""
+
+    eos_token_id: int
+    pad_token_id: int
+    vocab_size: int
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return " ".join(map(str, ids))
+
+
+def shape_policy(name: str):
+    model = shaped_model(name)
+    eos = model.config.eos_token_id
+    eos = eos[0] if isinstance(eos, list) else eos
+    pad = model.config.pad_token_id if model.config.pad_token_id is not None else model.config.vocab_size - 1
+    model.generation_config.pad_token_id = pad
+    return model, ShapeTokenizer(eos, pad, model.config.vocab_size)
 
 
 def build(model_name: str, device: torch.device, with_value: bool):
@@ -31,6 +59,8 @@ def build(model_name: str, device: torch.device, with_value: bool):
     from rlhfkit.onpolicy.update import OnPolicyModels
 
     def policy():
+        if model_name.startswith("shape:"):
+            return shape_policy(model_name.removeprefix("shape:"))
         return tiny_policy() if model_name == "tiny" else load_policy(model_name)
 
     trained, tokenizer = policy()
@@ -45,6 +75,14 @@ def build(model_name: str, device: torch.device, with_value: bool):
     return OnPolicyModels(trained.to(device), reference.to(device), reward.to(device), value, tokenizer)
 
 
+def phase_peak(device: torch.device) -> float:
+    """The CUDA peak since the last call (then reset), or the process's peak RSS so far on a CPU."""
+    peak = machine_fields(device)["peak_memory_bytes"]
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    return float(peak)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--algorithm", choices=sorted(PRESETS), default="ppo")
@@ -57,6 +95,7 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast")
+    parser.add_argument("--decoding", default="auto", help="auto, eager, cuda-graphs or buckets (rlhfkit/decoding.py)")
     args = parser.parse_args()
 
     from rlhfkit.config import resolve
@@ -67,7 +106,7 @@ def main() -> None:
     cfg = resolve(args.algorithm, PRESETS[args.algorithm], None, {
         "total_batch_size": args.batch, "micro_batch_size": args.micro_batch, "generation_batch_size": args.batch,
         "forward_batch_size": args.micro_batch, "max_response_length": args.response_length,
-        "update_epochs": args.update_epochs, "reward_model": "unused",
+        "update_epochs": args.update_epochs, "reward_model": "unused", "decoding": args.decoding,
     })
     trainer.prepare_for_training(models, cfg)
     optimizers = update.build_optimizers(models, cfg, args.warmup + args.updates)
@@ -75,17 +114,18 @@ def main() -> None:
     queries = args.batch // cfg.samples_per_prompt
     prompts = torch.randint(100, len(models.tokenizer) - 1, (queries, args.query_length), generator=generator).tolist()
     precision = "bf16" if args.bf16 else "no"
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
     rows = []
     for index in range(args.warmup + args.updates):
         timings: dict[str, float] = {}
         began = time.perf_counter()
+        phase_peak(device)
         batch = trainer.collect(models, prompts, cfg, index, cfg.kl_coef, precision, timings)
+        timings["collect_peak_bytes"] = phase_peak(device)
         tick = time.perf_counter()
         update.update_on_rollout(models, optimizers, batch, cfg, index + 1, precision, cfg.kl_coef)
         if device.type == "cuda":
             torch.cuda.synchronize()
+        timings["update_peak_bytes"] = phase_peak(device)
         timings["update"] = time.perf_counter() - tick
         timings["total"] = time.perf_counter() - began
         timings["generated_tokens"] = float(batch.lengths.sum())
@@ -109,7 +149,11 @@ def main() -> None:
         "scoring_s": round(median("scoring"), 3),
         "update_s": round(median("update"), 3),
         "update_total_s": round(median("total"), 3),
+        "generation_share": round(median("generation") / median("total"), 3),
         "generation_tokens_per_s": round(median("generated_tokens") / median("generation"), 1),
+        "decoding": args.decoding,
+        "collect_peak_memory_bytes": int(max(r["collect_peak_bytes"] for r in rows)),
+        "update_peak_memory_bytes": int(max(r["update_peak_bytes"] for r in rows)),
         "episodes_per_s": round(args.batch / median("total"), 3),
         "bf16": args.bf16,
     } | machine_fields(device)))

@@ -80,9 +80,11 @@ def test_padding_benchmark_counts_less_padding_with_length_buckets():
 
 def test_onpolicy_benchmark_splits_an_update_into_phases():
     (row,) = run_benchmark("onpolicy_throughput.py", "--algorithm", "grpo", "--model", "tiny", "--batch", "4", "--micro-batch", "2",
-                           "--query-length", "16", "--response-length", "4", "--update-epochs", "1", "--updates", "1", "--warmup", "0")
-    assert row["samples_per_prompt"] == 4 and row["batch"] == 4
+                           "--query-length", "16", "--response-length", "4", "--update-epochs", "1", "--updates", "1", "--warmup", "0",
+                           "--decoding", "buckets")
+    assert row["samples_per_prompt"] == 4 and row["batch"] == 4 and row["decoding"] == "buckets"
     assert row["generation_s"] > 0 and row["scoring_s"] > 0 and row["update_s"] > 0
+    assert 0 < row["generation_share"] < 1 and row["collect_peak_memory_bytes"] > 0 and row["update_peak_memory_bytes"] > 0
     assert row["update_total_s"] >= row["generation_s"] + row["scoring_s"] + row["update_s"] - 1e-3
 
 
