@@ -44,7 +44,7 @@ updates)
         for algorithm in ppo grpo; do
             for episodes in 64 512; do
                 python3 benchmarks/onpolicy_throughput.py --algorithm "$algorithm" --model "shape:$shape" --batch "$episodes" \
-                    --micro-batch 16 --query-length 512 --bf16 --updates 1 --warmup 1 | tee -a "$out/updates.jsonl"
+                    --micro-batch 16 --generation-batch 128 --query-length 512 --bf16 --updates 1 --warmup 1 | tee -a "$out/updates.jsonl"
             done
         done
     done

@@ -95,6 +95,7 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast")
+    parser.add_argument("--generation-batch", type=int, default=0, help="rows per generation call (0: the whole batch)")
     parser.add_argument("--decoding", default="auto", help="auto, eager, cuda-graphs or buckets (rlhfkit/decoding.py)")
     args = parser.parse_args()
 
@@ -104,7 +105,7 @@ def main() -> None:
     device = best_device()
     models = build(args.model, device, with_value=args.algorithm == "ppo")
     cfg = resolve(args.algorithm, PRESETS[args.algorithm], None, {
-        "total_batch_size": args.batch, "micro_batch_size": args.micro_batch, "generation_batch_size": args.batch,
+        "total_batch_size": args.batch, "micro_batch_size": args.micro_batch, "generation_batch_size": args.generation_batch or args.batch,
         "forward_batch_size": args.micro_batch, "max_response_length": args.response_length,
         "update_epochs": args.update_epochs, "reward_model": "unused", "decoding": args.decoding,
     })
@@ -142,6 +143,7 @@ def main() -> None:
         "model": args.model,
         "batch": args.batch,
         "micro_batch": args.micro_batch,
+        "generation_batch": args.generation_batch or args.batch,
         "query_length": args.query_length,
         "response_length": args.response_length,
         "update_epochs": args.update_epochs,
