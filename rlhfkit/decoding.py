@@ -15,7 +15,8 @@ so resumption, is the eager path's.
 
 Graphs are captured on a bucket's first step (after one eager step on a side stream, which is that
 step's real work) and checked on its second: the replay's logits must equal an eager step's on the
-same inputs, or decoding goes back to eager steps for this model, with the reason logged once.
+same inputs, or the call starts again with eager steps (the generator rewound, so it samples what an
+eager call would), as do the model's later calls, with the reason logged once.
 Buffers and graphs are kept for the model's later calls (`decoders`), rebuilt when a call needs more
 rows or positions, a different autocast, or the weights moved.
 """
@@ -40,6 +41,11 @@ POSITION_MULTIPLE = 64  # cache lengths are rounded up so that calls with other 
 decoders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> BucketDecoder
 graphs_refused: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> why its capture failed
 fallbacks_logged: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> the reason last logged
+
+
+class GraphMismatch(RuntimeError):
+    """A graph's first replay disagreed with an eager step: what it wrote to the cache cannot be trusted,
+    so the call starts again with eager steps (`generation.generate`)."""
 
 
 def bucket_for(rows: int) -> int:
@@ -236,6 +242,7 @@ class BucketDecoder:
         if not logits_agree(replayed, logits):
             self.refuse(f"the {bucket}-row graph's logits differ from an eager step's on the same inputs")
             self.steps = {size: self.step_function(size) for size in self.steps}
+            raise GraphMismatch(bucket)
         return logits
 
     def refuse(self, reason: str) -> None:

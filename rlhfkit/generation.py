@@ -11,6 +11,7 @@ entropies) the way the trainers do.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -151,8 +152,14 @@ def generate(
     device = query_ids.device
     if generator is None:
         generator = torch.Generator(device=device).manual_seed(params.seed)
+    rewind = generator.get_state()
     with frozen_weights_cast_once(model, device):
-        return prefill_and_decode(model, query_ids, query_mask, params, eos_id, pad_id, generator, samples_per_prompt)
+        try:
+            return prefill_and_decode(model, query_ids, query_mask, params, eos_id, pad_id, generator, samples_per_prompt)
+        except decoding.GraphMismatch:
+            generator.set_state(rewind)
+            eager = dataclasses.replace(params, decoding="eager")
+            return prefill_and_decode(model, query_ids, query_mask, eager, eos_id, pad_id, generator, samples_per_prompt)
 
 
 def prefill_and_decode(model: torch.nn.Module, query_ids: torch.Tensor, query_mask: torch.Tensor, params: SamplingParams,

@@ -129,9 +129,11 @@ def test_a_capture_that_fails_falls_back_with_the_reason_logged_and_is_not_tried
         "decoding with eager steps: capturing the 8-row step failed: RuntimeError: operation not permitted when stream is capturing"]
 
 
-def test_a_graph_that_froze_its_inputs_is_caught_at_its_first_replay(staggered, capturable, monkeypatch, caplog):
+def test_a_graph_that_froze_its_inputs_is_caught_at_its_first_replay_and_the_call_redone_eagerly(staggered, capturable, monkeypatch,
+                                                                                               caplog):
     """A graph whose replay returns what the step gave at capture (inputs frozen, as a graph reading a
-    Python number would) differs from an eager step once the token and position have moved on."""
+    Python number would) differs from an eager step once the token and position have moved on; the call
+    starts again with eager steps and the generator rewound, so even its samples are the eager ones."""
     model = staggered[0]
     caplog.set_level(logging.WARNING, logger="rlhfkit.decoding")
 
@@ -150,8 +152,9 @@ def test_a_graph_that_froze_its_inputs_is_caught_at_its_first_replay(staggered, 
         return replay
 
     monkeypatch.setattr(decoding, "capture_graph", frozen)
-    graphs = decode(*staggered, "cuda-graphs")
-    assert_same_rollout(graphs, decode(*staggered, "eager"))
+    graphs = decode(*staggered, "cuda-graphs", temperature=1.0, seed=5)
+    assert graphs.decoding == "eager"
+    assert_same_rollout(graphs, decode(*staggered, "eager", temperature=1.0, seed=5))
     assert [r.getMessage() for r in caplog.records] == [
         "decoding with eager steps: the 8-row graph's logits differ from an eager step's on the same inputs"]
     assert decoding.graphs_refused[model]
