@@ -347,6 +347,8 @@ class PlanConfig:
     sharding: Literal["none", "fsdp2", "zero2", "zero3"] = opt("none", "as the stage's option: zero2 shards gradients and optimizer "
                                                                "state, fsdp2 and zero3 the weights too")
     devices: int = opt(1, "devices (processes) the stage runs on", minimum=1)
+    decoding: Literal["auto", "eager", "cuda-graphs", "buckets"] = opt(
+        "auto", "on-policy: as the stage's option; auto plans CUDA-graph decoding, whose buffers stay through the update")
     device_memory_gb: float = opt(80.0, "memory of one device, GiB", minimum=0.001)
     headroom: float = opt(0.1, "fraction of device memory kept free for the CUDA context, allocator fragmentation and what the "
                           "plan does not model")

@@ -53,6 +53,11 @@ def bucket_for(rows: int) -> int:
     return 1 << max(0, rows - 1).bit_length()
 
 
+def decoding_buffers(rows: int, length: int) -> tuple[int, int]:
+    """The rows and positions of the buffers that decode `rows` rows of `length` positions."""
+    return bucket_for(rows), -(-length // POSITION_MULTIPLE) * POSITION_MULTIPLE
+
+
 def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
     """The model inside DistributedDataParallel: decoding needs no gradient, so no collective either."""
     return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
@@ -269,8 +274,8 @@ def decoder_for(model: torch.nn.Module, prefill: Cache, rows: int, length: int, 
     if kept is not None and kept.fits(rows, length, key) and kept.keys[0].dtype == dtype and kept.capture == capture:
         return kept
     decoders.pop(model, None)  # its buffers and graphs go before the new ones are allocated
-    rows = max(bucket_for(rows), kept.rows if kept is not None and kept.key == key else 0)
-    length = -(-length // POSITION_MULTIPLE) * POSITION_MULTIPLE
+    rows, length = decoding_buffers(rows, length)
+    rows = max(rows, kept.rows if kept is not None and kept.key == key else 0)
     keys, values = [], []
     for layer in prefill.layers:
         keys.append(torch.zeros(rows, layer.keys.size(1), length, layer.keys.size(3), dtype=dtype, device=device))

@@ -23,7 +23,8 @@ The arithmetic follows what rlhfkit runs (docs/memory.md has the derivation and 
                 cached weight casts (trained weights only) and one layer recomputed.
     KV cache    generation: a static fp32 cache of every layer, rows x (query + response) x 2kv x 4 B
                 (the keys leave the rotary embedding in fp32, so the cache takes fp32), plus the
-                prompts' own cache (keys fp32, values a) while it is copied in
+                prompts' own cache (keys fp32, values a) while it is copied in; CUDA-graph decoding keeps
+                its buffers (decoding.decoding_buffers x 2kv x a) through scoring and the update
     logits      the log-probabilities are formed 256 positions at a time (ops.chunked_logprobs_entropy):
                 in the update the larger of the forward's chunk, 20 B x 256 x V, and the top of the
                 backward pass, 4 B x V x h (the head's gradient; none with LoRA) + 16h B per token;
@@ -47,6 +48,7 @@ from typing import Any
 
 from .config import DPOConfig, PlanConfig, RMConfig, SFTConfig
 from .config_onpolicy import GRPOConfig, PPOConfig, ReinforceConfig, RLOOConfig
+from .decoding import decoding_buffers
 from .errors import ConfigError
 
 GIB = 1024**3
@@ -187,6 +189,7 @@ class Settings:
     lora_targets: tuple[str, ...]
     sharding: str
     devices: int
+    decoding: str
 
     @property
     def act_bytes(self) -> int:
@@ -213,8 +216,7 @@ def settings_of(cfg: PlanConfig) -> Settings:
         generation=pick(cfg.generation_batch_size, "generation_batch_size"), samples=pick(cfg.samples_per_prompt, "samples_per_prompt") or 1,
         query=pick(cfg.max_query_length, "max_query_length"), response=pick(cfg.max_response_length, "max_response_length"),
         bf16=cfg.mixed_precision != "no", checkpointing=cfg.gradient_checkpointing, lora_rank=cfg.lora_rank,
-        lora_targets=tuple(cfg.lora_target_modules), sharding=cfg.sharding, devices=cfg.devices,
-    )
+        lora_targets=tuple(cfg.lora_target_modules), sharding=cfg.sharding, devices=cfg.devices, decoding=cfg.decoding)
 
 
 @dataclass(frozen=True)
@@ -348,6 +350,9 @@ def phases(s: Settings, policy: Shape, reward: Shape) -> dict[str, dict[str, int
         out["scoring"] = {"weights": weights_bytes(models, s, [biggest]), "optimizer state": optimizer,
                           "activations": forward_working_set(widest, s, s.forward, width),
                           "logits": logits_bytes(policy, s, s.forward * s.response)}
+        rows, length = decoding_buffers(s.generation, s.query + s.response)  # sharded weights decode eagerly
+        kept = 0 if s.decoding == "eager" or s.sharding in ("fsdp2", "zero3") else policy.layers * policy.kv_dim * 2 * s.act_bytes * rows * length
+        out["scoring"]["KV cache"] = out["update"]["KV cache"] = kept
     return {name: {c: parts.get(c, 0) for c in COMPONENTS} for name, parts in out.items()}
 
 
