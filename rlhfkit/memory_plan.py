@@ -24,7 +24,7 @@ The arithmetic follows what rlhfkit runs (docs/memory.md has the derivation and 
     KV cache    generation: a static fp32 cache of every layer, rows x (query + response) x 2kv x 4 B
                 (the keys leave the rotary embedding in fp32, so the cache takes fp32), plus the
                 prompts' own cache (keys fp32, values a) while it is copied in; CUDA-graph decoding keeps
-                its buffers (decoding.decoding_buffers x 2kv x a) through scoring and the update
+                its buffers (decoding.decoding_buffers x 2kv x a) through scoring, update and optimizer step
     logits      the log-probabilities are formed 256 positions at a time (ops.chunked_logprobs_entropy):
                 in the update the larger of the forward's chunk, 20 B x 256 x V, and the top of the
                 backward pass, 4 B x V x h (the head's gradient; none with LoRA) + 16h B per token;
@@ -352,7 +352,7 @@ def phases(s: Settings, policy: Shape, reward: Shape) -> dict[str, dict[str, int
                           "logits": logits_bytes(policy, s, s.forward * s.response)}
         rows, length = decoding_buffers(s.generation, s.query + s.response)  # sharded weights decode eagerly
         kept = 0 if s.decoding == "eager" or s.sharding in ("fsdp2", "zero3") else policy.layers * policy.kv_dim * 2 * s.act_bytes * rows * length
-        out["scoring"]["KV cache"] = out["update"]["KV cache"] = kept
+        out["scoring"]["KV cache"] = out["update"]["KV cache"] = out["optimizer step"]["KV cache"] = kept
     return {name: {c: parts.get(c, 0) for c in COMPONENTS} for name, parts in out.items()}
 
 
