@@ -170,3 +170,23 @@ def test_recording_turns_off_autocasts_weight_cache_and_keeps_its_dtype():
 
 def test_buckets_are_powers_of_two():
     assert [decoding.bucket_for(n) for n in (1, 2, 3, 4, 5, 8, 9, 64, 65)] == [1, 2, 4, 4, 8, 8, 16, 64, 128]
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_gpt_neox_decodes_alike_in_buckets_with_either_attention(attention):
+    """Pythia's architecture (partial rotary, parallel residual), and eager attention's additive mask."""
+    from transformers import AutoModelForCausalLM, GPTNeoXConfig
+
+    from rlhfkit.data.collate import left_pad_queries
+
+    config = GPTNeoXConfig(vocab_size=500, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                           rotary_pct=0.25, eos_token_id=0, pad_token_id=1)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attention).eval()
+    generator = torch.Generator().manual_seed(0)
+    queries = [torch.randint(2, 500, (n,), generator=generator).tolist() for n in (3, 9, 17, 5)]
+    batch = left_pad_queries(queries, 1)
+    runs = [generate(model, batch["input_ids"], batch["attention_mask"], SamplingParams(12, 0.0, decoding=mode), 7, 1)
+            for mode in ("eager", "buckets")]
+    assert runs[1].decoding == "buckets"
+    assert_same_rollout(runs[1], runs[0])
