@@ -24,6 +24,7 @@ rows or positions, a different autocast, or the weights moved.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import weakref
 from collections.abc import Callable
@@ -51,6 +52,20 @@ class GraphMismatch(RuntimeError):
 def bucket_for(rows: int) -> int:
     """The smallest power of two that holds `rows` rows."""
     return 1 << max(0, rows - 1).bit_length()
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The name the model's forward takes its KV cache by: `cache` from transformers 5.24, which
+    deprecated `past_key_values` (and, given both, ignores the cache). Read from the model class, since
+    wrappers (PEFT, accelerate) take **kwargs."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else unwrapped(model)
+    return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
+
+
+def returned_cache(output) -> Cache | None:
+    """The KV cache a forward returned (`cache` from transformers 5.24, `past_key_values` before)."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else getattr(output, "past_key_values", None)
 
 
 def decoding_buffers(rows: int, length: int) -> tuple[int, int]:
@@ -202,11 +217,12 @@ class BucketDecoder:
         """One decoding step of the first `bucket` rows, reading only this decoder's buffers."""
         cache = Cache(layers=[SharedSlotLayer(k[:bucket], v[:bucket], f) for k, v, f in zip(self.keys, self.values, self.filled, strict=True)])
         ids, positions, visible, model = self.ids[:bucket], self.positions[:bucket], self.visible[:bucket], self.model
+        keyword = cache_keyword(model())
 
         def step() -> torch.Tensor:
             policy = model()
             mask = prepared_mask(policy, visible)
-            return policy(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True).logits[:, -1]
+            return policy(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **{keyword: cache}).logits[:, -1]
 
         return step
 

@@ -171,7 +171,7 @@ def prefill_and_decode(model: torch.nn.Module, query_ids: torch.Tensor, query_ma
     out = model(input_ids=query_ids, attention_mask=query_mask, position_ids=position_ids_from_mask(query_mask),
                 use_cache=True, logits_to_keep=1)
     query_ids, query_mask, logits = (t.repeat_interleave(samples_per_prompt, dim=0) for t in (query_ids, query_mask, out.logits[:, -1]))
-    steps = decoding_steps(model, out.past_key_values, query_mask, samples_per_prompt, params, logits)
+    steps = decoding_steps(model, decoding.returned_cache(out), query_mask, samples_per_prompt, params, logits)
     tokens, logps = [], []
     finished = torch.zeros(query_ids.size(0), dtype=torch.bool, device=device)
     for step in range(params.max_new_tokens):
@@ -200,7 +200,7 @@ class EagerSteps:
 
     def __init__(self, model: torch.nn.Module, prefill: Cache, query_mask: torch.Tensor, repeats: int, max_new_tokens: int):
         batch, self.width = query_mask.shape
-        self.model = model
+        self.model, self.keyword = model, decoding.cache_keyword(model)
         self.cache = static_decode_cache(model, prefill, repeats, self.width + max_new_tokens)
         self.preallocated = self.cache is not None
         if not self.preallocated:
@@ -214,8 +214,8 @@ class EagerSteps:
     def step(self, tokens: torch.Tensor, finished: torch.Tensor, step: int) -> torch.Tensor:
         self.mask[:, self.width + step] = 1
         visible = self.mask if self.preallocated else self.mask[:, : self.width + step + 1]
-        out = self.model(input_ids=tokens.unsqueeze(1), attention_mask=visible, position_ids=self.position + step,
-                         past_key_values=self.cache, use_cache=True)
+        out = self.model(input_ids=tokens.unsqueeze(1), attention_mask=visible, position_ids=self.position + step, use_cache=True,
+                         **{self.keyword: self.cache})
         return out.logits[:, -1]
 
 

@@ -23,7 +23,8 @@ def test_generation_benchmark_compares_each_way_of_decoding_with_transformers_ge
     for row in rows:
         for side in sides.split(","):
             assert row[f"{side}_identical"] is True  # greedy decoding: token for token the same as the first side's
-            assert row[f"{side}_tokens_per_s"] > 0 and row[f"{side}_ms_per_step"] > 0 and row[f"{side}_speedup_vs_hf-eager"] > 0
+            # ms per step is a difference of two timings: at this size it is noise, possibly below 0
+            assert row[f"{side}_tokens_per_s"] > 0 and isinstance(row[f"{side}_ms_per_step"], float) and row[f"{side}_speedup_vs_hf-eager"] > 0
             assert row[f"{side}_decoded_positions"] <= 6 and row[f"{side}_peak_memory_bytes"] > 0
         # what each of our sides ran: CUDA graphs, asked for on a CPU, fell back to eager steps
         assert [row[f"ours-{way}_decoding"] for way in ("eager", "buckets", "graphs")] == ["eager", "buckets", "eager"]
