@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
@@ -30,6 +32,7 @@ def test_generation_benchmark_compares_each_way_of_decoding_with_transformers_ge
         assert [row[f"ours-{way}_decoding"] for way in ("eager", "buckets", "graphs")] == ["eager", "buckets", "eager"]
 
 
+@pytest.mark.slow  # a 135M model built and run on the CPU
 def test_generation_benchmark_builds_the_seeds_shapes_with_random_weights():
     (row,) = run_benchmark("generation.py", "--model", "shape:smollm2-135m", "--batches", "2", "--repeats", "1", "--new-tokens", "3",
                            "--query-length", "200", "--sides", "ours-eager,ours-buckets")
