@@ -42,6 +42,13 @@ def shaped_model(name: str, seed: int = 0) -> torch.nn.Module:
     return disable_dropout(AutoModelForCausalLM.from_config(config, dtype=torch.float32))
 
 
+def shape_special_ids(model: torch.nn.Module) -> tuple[int, int]:
+    """(EOS, PAD) of a random-weight shape: the config's first EOS, and its PAD or else the last id."""
+    config = model.config
+    eos = config.eos_token_id[0] if isinstance(config.eos_token_id, list) else config.eos_token_id
+    return eos, config.pad_token_id if config.pad_token_id is not None else config.vocab_size - 1
+
+
 def matmul_peak_gflops(dtype: torch.dtype, device: torch.device, sizes: list[int] = (1024, 2048), seconds: float = 1.0) -> float:
     """The best GFLOP/s of square `dtype` matmuls of the given sizes on `device`, each timed for about
     `seconds` after one warm-up call."""

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from benchmark_common import best_device, machine_fields, shaped_model
+from benchmark_common import best_device, machine_fields, shape_special_ids, shaped_model
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tldr-sft-sample" / "tldr_sft_sample.jsonl.gz"
 # TL;DR query lengths in SmolLM2 tokens (the SFT query format, cut at 512): the 16 quantiles at
@@ -60,9 +60,7 @@ def load(model_name: str, device: torch.device, dtype: torch.dtype) -> tuple[tor
 
     if model_name.startswith("shape:"):
         model = shaped_model(model_name.removeprefix("shape:"))
-        eos = model.config.eos_token_id
-        eos = eos[0] if isinstance(eos, list) else eos
-        pad = model.config.pad_token_id if model.config.pad_token_id is not None else model.config.vocab_size - 1
+        eos, pad = shape_special_ids(model)
         return model.to(device, dtype=dtype).eval(), eos, pad, None
     model, tokenizer = tiny_policy() if model_name == "tiny" else load_policy(model_name)
     return model.to(device, dtype=dtype).eval(), tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 
 import torch
-from benchmark_common import best_device, machine_fields, shaped_model
+from benchmark_common import best_device, machine_fields, shape_special_ids, shaped_model
 
 PRESETS = {"ppo": "tldr-ppo", "grpo": "tldr-grpo", "rloo": "tldr-rloo"}
 
@@ -47,9 +47,7 @@ class ShapeTokenizer:
 
 def shape_policy(name: str):
     model = shaped_model(name)
-    eos = model.config.eos_token_id
-    eos = eos[0] if isinstance(eos, list) else eos
-    pad = model.config.pad_token_id if model.config.pad_token_id is not None else model.config.vocab_size - 1
+    eos, pad = shape_special_ids(model)
     model.generation_config.pad_token_id = pad
     return model, ShapeTokenizer(eos, pad, model.config.vocab_size)
 
