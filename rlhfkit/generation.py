@@ -224,6 +224,8 @@ def decoding_steps(model: torch.nn.Module, prefill: Cache, query_mask: torch.Ten
     """How this call decodes: `params.decoding` ("auto": CUDA graphs on a CUDA device, eager steps
     elsewhere), falling back to eager steps, with the reason logged, where the model cannot."""
     mode = params.decoding
+    if mode not in decoding.DECODING:
+        raise ValueError(f"decoding={mode!r}: choose one of {', '.join(decoding.DECODING)}")
     if mode == "auto":
         mode = "cuda-graphs" if query_mask.device.type == "cuda" else "eager"
     if mode != "eager":

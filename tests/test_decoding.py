@@ -190,3 +190,15 @@ def test_gpt_neox_decodes_alike_in_buckets_with_either_attention(attention):
             for mode in ("eager", "buckets")]
     assert runs[1].decoding == "buckets"
     assert_same_rollout(runs[1], runs[0])
+
+
+def test_the_stages_decoding_options_are_the_decoders_and_an_unknown_one_is_refused(staggered):
+    from typing import get_args, get_type_hints
+
+    from rlhfkit.config import PlanConfig
+    from rlhfkit.config_onpolicy import OnPolicyConfig
+
+    for config in (OnPolicyConfig, PlanConfig):
+        assert get_args(get_type_hints(config)["decoding"]) == decoding.DECODING
+    with pytest.raises(ValueError, match="decoding='graphs': choose one of auto, eager, cuda-graphs, buckets"):
+        decode(*staggered, "graphs")
