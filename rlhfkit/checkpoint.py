@@ -19,7 +19,6 @@ import json
 import os
 import random
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import errors
 from .adapters import save_weights
 from .errors import CheckpointError
 from .faults import fault_point
@@ -236,7 +236,7 @@ def manifest_problem(checkpoint: Path) -> str | None:
 
 @functools.cache  # once per message: resume looks its checkpoint up several times
 def warn(message: str) -> None:
-    print(f"rlhfkit: warning: {message}", file=sys.stderr)
+    errors.warn(message)
 
 
 def load_training_state(

@@ -1,4 +1,9 @@
-"""Errors a user can act on. The CLI prints their message in one line instead of a traceback."""
+"""Errors a user can act on. The CLI prints their message in one line instead of a traceback; `warn`
+prints a warning the same way."""
+
+import sys
+
+from tqdm import tqdm
 
 
 class UserError(Exception):
@@ -27,3 +32,10 @@ class CheckpointError(UserError, RuntimeError):
 
 class RunLockedError(UserError, RuntimeError):
     """Another running process writes the run directory; the message names the folder and its pid."""
+
+
+def warn(message: str) -> None:
+    """One `rlhfkit: warning:` line on stderr, at the start of a line (`grep '^rlhfkit: warning'` finds it in
+    a log): a progress bar on screen leaves its line open to redraw it after `\\r`, so that line is ended first."""
+    line_start = "\n" if tqdm._instances else ""  # tqdm's live bars; a closed or disabled bar leaves the set
+    print(f"{line_start}rlhfkit: warning: {message}", file=sys.stderr, flush=True)

@@ -10,7 +10,6 @@ function (`rewards/<name>_errors`) and reported with the prompt's source line (r
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +17,7 @@ import torch
 from ..config import ConfigError
 from ..config_onpolicy import OnPolicyConfig
 from ..data.examples import SFTExample
+from ..errors import warn
 from ..rewards import RewardError, RewardFunctions
 
 REWARD_MODEL = "reward_model"
@@ -90,10 +90,9 @@ class RewardSources:
 
 def report_errors(errors: list[RewardError]) -> None:
     for error in errors[:REPORTED_ERRORS]:
-        print(f"rlhfkit: warning: {error.line()}", file=sys.stderr)
+        warn(error.line())
     if len(errors) > REPORTED_ERRORS:
-        print(f"rlhfkit: warning: {len(errors) - REPORTED_ERRORS} more reward-function failures in this batch (counted in "
-              "rewards/<name>_errors)", file=sys.stderr)
+        warn(f"{len(errors) - REPORTED_ERRORS} more reward-function failures in this batch (counted in rewards/<name>_errors)")
 
 
 def component_metrics(names: list[str], components: torch.Tensor, failed: torch.Tensor | None, prefix: str = "rewards/") -> dict[str, float]:
