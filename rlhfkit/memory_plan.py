@@ -72,6 +72,40 @@ def first_line(error: Exception) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
+# the sizes every plan reads, by their transformers names (a config class may store them under its own,
+# e.g. GPT-2's n_embd: `attribute_map`); the optional ones must be positive when given
+SIZE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+OPTIONAL_SIZE_FIELDS = ("intermediate_size", "num_key_value_heads", "head_dim")
+
+
+def check_sizes(values: dict[str, Any], attribute_map: dict[str, str], where: str) -> None:
+    """Every size the plan divides or multiplies by is a whole number above 0: a config.json with a zero,
+    negative or missing size fails here, naming the file and the field, instead of deep in transformers
+    (a missing size would otherwise take the architecture's default and plan another model)."""
+    for field in SIZE_FIELDS + OPTIONAL_SIZE_FIELDS:
+        name = attribute_map.get(field, field)
+        value = values.get(name)
+        if value is None and field in OPTIONAL_SIZE_FIELDS:
+            continue
+        if value is None:
+            raise ConfigError(f"{where} has no {name}; give the model's own config.json")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{where}: {name}={value!r} must be a whole number above 0")
+
+
+def checked_for_model(values: Any, where: str):
+    """The transformers config built from the dict of a config.json, once its model type and sizes are checked."""
+    from transformers import CONFIG_MAPPING, AutoConfig
+
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where} holds a JSON {type(values).__name__}, not a config object")
+    model_type = values.get("model_type")
+    if model_type not in CONFIG_MAPPING:
+        raise ConfigError(f"{where}: model_type={model_type!r} is not a transformers model type")
+    check_sizes(values, CONFIG_MAPPING[model_type].attribute_map, where)
+    return AutoConfig.for_model(**values)
+
+
 def model_config(source: str, key: str = "model"):
     """The transformers config of `source`: a shipped config, a config.json file, a folder holding one,
     or a hub id (the local Hugging Face cache, or the network). Errors name the key, in one line."""
@@ -80,16 +114,18 @@ def model_config(source: str, key: str = "model"):
     try:
         if source.lower() in SHIPPED:
             return AutoConfig.for_model(**shipped_config(SHIPPED[source.lower()]))
-        path = Path(source).expanduser()
-        if path.is_file():
-            return AutoConfig.for_model(**json.loads(path.read_text()))
+        path, where = Path(source).expanduser(), f"{key}={source}"
         if path.is_dir():
             if not (path / "config.json").is_file():
                 raise ConfigError(f"{key}={source}: the folder has no config.json")
-            return AutoConfig.from_pretrained(path)
+            path, where = path / "config.json", f"{key}={source} (its config.json)"
+        if path.is_file():
+            return checked_for_model(json.loads(path.read_text()), where)
         if source.count("/") != 1 or source.startswith((".", "/", "~")):
             raise ConfigError(f"{key}={source}: no such file or folder, and not a hub id (org/name)")
-        return AutoConfig.from_pretrained(source)
+        config = AutoConfig.from_pretrained(source)
+        check_sizes(config.to_dict(), config.attribute_map, f"{key}={source}")
+        return config
     except ConfigError:
         raise
     except (OSError, ValueError, KeyError, TypeError) as e:

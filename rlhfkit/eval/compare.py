@@ -95,8 +95,9 @@ def common_prompts(samples: dict[str, dict[str, dict[str, Any]]], limit: int) ->
 
 
 def outcomes_of(verdicts: list[Verdict]) -> list[str]:
-    """Verdicts about (A = the policy, B = the other side) as the policy's win/loss/tie/unparseable."""
-    return [OUTCOME[v.winner] for v in verdicts]
+    """Verdicts about (A = the policy, B = the other side) as the policy's win/loss/tie/unparseable, or
+    failed where the call got no reply."""
+    return ["failed" if v.error else OUTCOME[v.winner] for v in verdicts]
 
 
 def has_references(rows: list[dict[str, Any]]) -> bool:
@@ -129,6 +130,7 @@ def by_category(rows: list[dict[str, Any]], rm_scores: list[float] | None) -> di
 
 def versus_references(judge, rows: list[dict[str, Any]], seed: int) -> tuple[dict[str, Any], list[Verdict]]:
     verdicts = judge.judge([Pair(r["query"], r["text"], r["reference"]) for r in rows])
+    judge.require_a_verdict()
     outcomes = outcomes_of(verdicts)
     lengths = [max(1, len(words(r["text"]))) for r in rows]
     reference_lengths = [max(1, len(words(r["reference"]))) for r in rows]
@@ -147,6 +149,7 @@ def head_to_head(judge, samples: dict[str, dict[str, dict[str, Any]]], ids: list
         for b in names[i + 1 :]:
             pairs = [Pair(samples[a][p]["query"], samples[a][p]["text"], samples[b][p]["text"]) for p in ids]
             outcomes = outcomes_of(judge.judge(pairs))
+            judge.require_a_verdict()
             result = win_rate(outcomes, seed=seed)
             matrix[a][b] = asdict(result)
             flipped = [{"win": "loss", "loss": "win"}.get(o, o) for o in outcomes]
@@ -202,7 +205,6 @@ def run(cfg: EvalConfig) -> int:
     samples = {name: read_samples(path) for name, path in named.items()}
     ids = common_prompts(samples, cfg.max_prompts)
     out = Path(cfg.out) if cfg.out else Path("runs") / f"eval-{datetime.now():%Y%m%d-%H%M%S}"
-    out.mkdir(parents=True, exist_ok=True)
     print(f"comparing {', '.join(named)} on {len(ids)} common prompts")
     result: dict[str, Any] = {"prompts": len(ids), "policies": {}}
     judge = make_judge(cfg.judge, template=cfg.template or None, cache_dir=cfg.cache_dir, seed=cfg.seed,
@@ -226,6 +228,7 @@ def run(cfg: EvalConfig) -> int:
         result["policies"][name] = summary
     if judge is not None and len(named) > 1:
         result["head_to_head"] = head_to_head(judge, samples, ids, cfg.seed)
+    out.mkdir(parents=True, exist_ok=True)  # once a judge has answered: a judge out of reach leaves no folder
     if judge is not None:
         result["judge"] = judge.describe() | {"stats": judge.stats.as_dict(), "agreement_with_humans": judge_agreement(cfg.judge, out)}
     if any("kl" in s and "rm_score" in s for s in result["policies"].values()):
@@ -236,6 +239,8 @@ def run(cfg: EvalConfig) -> int:
         summary.pop("shift_html", None)  # HTML for the report, not data
     (out / "eval.json").write_text(json.dumps(json_safe(result), indent=2))
     print(headline(result))
+    if judge is not None:
+        judge.warn_of_failures()
     print(f"wrote {out / 'eval.json'}")
     return 0
 
@@ -254,6 +259,8 @@ def headline(result: dict[str, Any]) -> str:
         rate = s.get("win_rate", {})
         if rate.get("rate") is not None:
             line += f", win rate vs references {rate['rate']:.3f} [{rate['low']:.3f}, {rate['high']:.3f}]"
+        if rate:
+            line += f", unparseable {rate['unparseable']}, failed calls {rate['failed']}"
         if s["alarms"]["flags"]:
             line += f", alarms: {', '.join(alarm_value(flag, s['alarms']) for flag in s['alarms']['flags'])}"
         lines.append(line)

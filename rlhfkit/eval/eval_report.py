@@ -79,4 +79,5 @@ def policy_row(name: str, s: dict[str, Any]) -> dict[str, Any]:
     rate, adjusted = s.get("win_rate", {}), s.get("length_adjusted", {})
     return {"policy": name, "words": s["words"], "EOS rate": s["eos_rate"], "ROUGE-L": s.get("rouge_l"), "RM score": s.get("rm_score"),
             "KL to reference": s.get("kl"), "win rate vs references": (rate.get("rate"), rate.get("low"), rate.get("high")),
-            "win rate at equal length": adjusted.get("win_rate_at_equal_length"), "alarms": ", ".join(s["alarms"]["flags"]) or "none"}
+            "win rate at equal length": adjusted.get("win_rate_at_equal_length"), "unparseable replies": rate.get("unparseable"),
+            "failed calls (no reply)": rate.get("failed"), "alarms": ", ".join(s["alarms"]["flags"]) or "none"}

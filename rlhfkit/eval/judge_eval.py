@@ -7,7 +7,8 @@ Reported, each beside the trivial "always prefer the longer response" rule on th
 - length bias: the share of its votes that went to the longer response, beside the humans' share;
 - position bias: every pair is judged in both orders; the share of votes for the response shown
   first (0.5 for an unbiased judge), and the share of pairs whose two verdicts pick the same response;
-- unparseable replies, ties, calls, cache hits, tokens and cost.
+- failed calls (no reply after the last attempt) apart from unparseable replies, ties, calls, cache
+  hits, tokens and cost; a run that received no verdict at all stops with the first failure's reason.
 """
 
 from __future__ import annotations
@@ -106,7 +107,8 @@ def summarise(comparisons: list[Comparison], orders: BothOrders, seed: int) -> d
     counted = (~np.isnan(stacked)).sum(0)
     kept = counted > 0  # pairs with at least one parseable verdict: the mean of their votes
     per_pair = np.where(kept, np.nan_to_num(stacked).sum(0) / np.maximum(counted, 1), np.nan)
-    outcomes = [v.winner for v in orders.forward + orders.backward]
+    verdicts = orders.forward + orders.backward
+    outcomes = [v.winner for v in verdicts if not v.error]
     judged = [c for c, k in zip(comparisons, kept, strict=True) if k]
     return {
         "pairs": len(comparisons),
@@ -117,8 +119,9 @@ def summarise(comparisons: list[Comparison], orders: BothOrders, seed: int) -> d
         "length_preference": length_preference(comparisons, orders),
         "position_bias": position_bias(orders),
         "unparseable": outcomes.count("unparseable"),
+        "failed": len(verdicts) - len(outcomes),
         "ties": outcomes.count("tie"),
-        "verdicts": len(outcomes),
+        "verdicts": len(verdicts),
     }
 
 
@@ -146,7 +149,8 @@ def headline(summary: dict[str, Any], judge: str) -> str:
         lines.append(f"  votes for the response shown first {bias['first_position_share']:.3f} (unbiased: 0.5)")
     if bias["consistent_share"] is not None:
         lines.append(f"  same pick in both orders {bias['consistent_share']:.3f} of {bias['pairs_decided_in_both_orders']} pairs")
-    lines.append(f"  unparseable {summary['unparseable']} of {summary['verdicts']} verdicts, ties {summary['ties']}")
+    lines.append(f"  unparseable {summary['unparseable']} of {summary['verdicts']} verdicts, failed calls {summary['failed']}, "
+                 f"ties {summary['ties']}")
     return "\n".join(lines)
 
 
@@ -167,18 +171,21 @@ def run(cfg: JudgeEvalConfig) -> int:
         raise ConfigError("judge-eval needs judge=<spec> (e.g. hf:smollm2-135m, openai:gpt-4o-mini, rm:<folder>) and data=<comparisons>")
     out = Path(cfg.out) if cfg.out else Path("runs") / f"judge-eval-{datetime.now():%Y%m%d-%H%M%S}"
     comparisons, note = load_comparisons(cfg)
-    out.mkdir(parents=True, exist_ok=True)
     print(f"loaded: {note}; judging {len(comparisons)} pairs in both orders")
     options = ApiOptions(concurrency=cfg.concurrency, timeout=cfg.timeout, input_price=cfg.input_price, output_price=cfg.output_price)
     judge = make_judge(cfg.judge, template=cfg.template or None, cache_dir=cfg.cache_dir, seed=cfg.seed, options=options,
                        max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size)
     pairs = pairs_of(comparisons)
-    orders = BothOrders(judge.judge(pairs), judge.judge(reversed_pairs(pairs)))
+    forward = judge.judge(pairs)
+    judge.require_a_verdict()  # before the second order: a judge that cannot be reached fails in half the time
+    orders = BothOrders(forward, judge.judge(reversed_pairs(pairs)))
+    out.mkdir(parents=True, exist_ok=True)
     summary = summarise(comparisons, orders, cfg.seed) | {"judge": judge.describe(), "stats": judge.stats.as_dict(), "data": note}
     (out / "judge_eval.json").write_text(json.dumps(json_safe(summary), indent=2))
     (out / "verdicts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in verdict_rows(comparisons, orders)))
     write_judge_report(out, summary)
     print(headline(summary, cfg.judge))
+    judge.warn_of_failures()
     print(f"wrote {out / 'judge_eval.json'}")
     return 0
 
@@ -188,7 +195,8 @@ def write_judge_report(out: Path, summary: dict[str, Any]) -> Path:
     measured = {**agreement, "pairs": summary["pairs"], "source": "this judge-eval"}
     report = Report(f"Judge evaluation: {spec}", {"folder": str(out), "judge": spec, "data": summary.get("data"),
                                                    "pairs": summary["pairs"], "verdicts": summary["verdicts"],
-                                                   "unparseable verdicts": summary["unparseable"], "ties": summary["ties"]})
+                                                   "unparseable verdicts": summary["unparseable"],
+                                                   "failed calls (no reply)": summary["failed"], "ties": summary["ties"]})
     report.number("agreement with humans (both orders)", (agreement["agreement"], agreement["low"], agreement["high"]),
                   summary["longer_baseline"]["agreement"], "always prefer the longer response", judge_caveat(spec, measured))
     report.number("agreement with humans, against chance", agreement["agreement"], 0.5, "chance (a coin)")

@@ -1,9 +1,9 @@
 """Win rates from judge verdicts: ties, unparseable replies, bootstrap intervals, length control.
 
 A verdict compares a model's response with another (a reference summary or another model) and is
-"win", "loss", "tie" or "unparseable", from the model's side. Win rate = (wins + ties / 2) / votes,
-where votes exclude unparseable replies: a reply the judge did not answer in the required format
-is not a vote for either side, and is reported as a count of its own.
+"win", "loss", "tie", "unparseable" or "failed", from the model's side. Win rate = (wins + ties / 2) / votes,
+where votes exclude unparseable replies (the judge did not answer in the required format) and failed
+calls (no reply came back): neither is a vote for either side, and each is reported as a count of its own.
 
 Length control (the paper's Figure 8): a policy can win by writing longer. `length_bins` gives the
 win rate by bins of log(model length / other length); `length_adjusted_win_rate` fits
@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-OUTCOMES = ("win", "loss", "tie", "unparseable")
+OUTCOMES = ("win", "loss", "tie", "unparseable", "failed")
+VOTE_VALUES = {"win": 1.0, "tie": 0.5, "loss": 0.0}
 
 
 @dataclass
@@ -30,6 +31,7 @@ class WinRate:
     losses: int
     ties: int
     unparseable: int
+    failed: int = 0  # calls that got no reply
 
     @property
     def votes(self) -> int:
@@ -43,10 +45,9 @@ def check_outcomes(outcomes: Sequence[str]) -> None:
 
 
 def vote_values(outcomes: Sequence[str]) -> np.ndarray:
-    """1 for a win, 0.5 for a tie, 0 for a loss; unparseable replies are dropped."""
+    """1 for a win, 0.5 for a tie, 0 for a loss; unparseable replies and failed calls are dropped."""
     check_outcomes(outcomes)
-    value = {"win": 1.0, "tie": 0.5, "loss": 0.0}
-    return np.array([value[o] for o in outcomes if o != "unparseable"], dtype=np.float64)
+    return np.array([VOTE_VALUES[o] for o in outcomes if o in VOTE_VALUES], dtype=np.float64)
 
 
 def bootstrap_interval(values: np.ndarray, statistic: Callable[[np.ndarray], float], resamples: int = 2000,
@@ -62,13 +63,13 @@ def bootstrap_interval(values: np.ndarray, statistic: Callable[[np.ndarray], flo
 
 
 def win_rate(outcomes: Sequence[str], resamples: int = 2000, confidence: float = 0.95, seed: int = 0) -> WinRate:
-    """Win rate with a bootstrap interval over the votes (ties count half, unparseable not at all)."""
+    """Win rate with a bootstrap interval over the votes (ties count half, unparseable and failed not at all)."""
     values = vote_values(outcomes)
-    counts = {o: sum(1 for x in outcomes if x == o) for o in OUTCOMES}
+    counts = [sum(1 for x in outcomes if x == o) for o in OUTCOMES]
     if len(values) == 0:
-        return WinRate(None, None, None, counts["win"], counts["loss"], counts["tie"], counts["unparseable"])
+        return WinRate(None, None, None, *counts)
     low, high = bootstrap_interval(values, np.mean, resamples, confidence, seed)
-    return WinRate(float(values.mean()), low, high, counts["win"], counts["loss"], counts["tie"], counts["unparseable"])
+    return WinRate(float(values.mean()), low, high, *counts)
 
 
 def log_length_ratios(model_lengths: Sequence[float], other_lengths: Sequence[float]) -> np.ndarray:
@@ -114,8 +115,7 @@ def length_adjusted_win_rate(outcomes: Sequence[str], model_lengths: Sequence[fl
     length ratio (how much longer wins), and a bootstrap interval over pairs."""
     check_outcomes(outcomes)
     ratios = log_length_ratios(model_lengths, other_lengths)
-    value = {"win": 1.0, "tie": 0.5, "loss": 0.0}
-    kept = np.array([(r, value[o]) for o, r in zip(outcomes, ratios, strict=True) if o != "unparseable"], dtype=np.float64)
+    kept = np.array([(r, VOTE_VALUES[o]) for o, r in zip(outcomes, ratios, strict=True) if o in VOTE_VALUES], dtype=np.float64)
     if len(kept) < 2:
         return {"win_rate_at_equal_length": None, "low": None, "high": None, "slope": None, "votes": len(kept)}
 

@@ -1,7 +1,8 @@
 """API judges: an OpenAI-compatible chat server (OpenAI, vLLM, llama.cpp) and Anthropic's messages API.
 
-Requests run N at a time; rate limits, server errors, timeouts and malformed bodies are retried with
-backoff (`RetryPolicy`); tokens and cost are counted. API keys are read only from the environment and
+Requests run N at a time; rate limits, server errors and timeouts are retried with backoff
+(`RetryPolicy`); a malformed body is tried once more, and a refused connection or a host name that does
+not resolve not at all: waiting does not fix them (`failure_of`); tokens and cost are counted. API keys are read only from the environment and
 are kept out of every message, log line and cached record (`redact`)."""
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import json
 import logging
 import os
 import random
+import socket
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,13 +86,23 @@ def redact(text: str) -> str:
 
 
 class MalformedResponse(Exception):
-    """A 2xx answer whose body is not the provider's JSON shape; retried like a server error."""
+    """A 2xx answer whose body is not the provider's JSON shape (an HTML page, a truncated body)."""
+
+
+# a body cut short in transit may come whole on a second try; a server that answers with an HTML page
+# (a proxy, a wrong base URL) answers the same way every time
+MALFORMED_ATTEMPTS = 2
+# nothing listening at the address, or a host name that does not resolve: no wait fixes either
+UNREACHABLE = (ConnectionRefusedError, socket.gaierror)
 
 
 @dataclass(frozen=True)
-class Transient:
+class Failure:
+    """A failed request that may be retried: why, and how often at most."""
+
     reason: str  # one line for the log and for `Verdict.error`
     retry_after: float | None = None  # seconds, from the server's headers
+    attempts: int | None = None  # times a request is tried while it fails this way (None: as the retry policy allows)
 
 
 def retry_after_seconds(headers: Any) -> float | None:
@@ -113,22 +126,39 @@ def retry_after_seconds(headers: Any) -> float | None:
         return None
 
 
-def transient_failure(error: Exception, sdk: Any) -> Transient | None:
-    """The retryable reading of an SDK error, or None when retrying cannot help (400, 401, 404 ...).
+def causes(error: BaseException) -> list[BaseException]:
+    """`error` and the exceptions it was raised from, outermost first (the SDKs wrap the socket's error twice)."""
+    chain: list[BaseException] = []
+    while error is not None and error not in chain:
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    return chain
+
+
+def connection_failure(error: Exception) -> Failure:
+    """A connection that failed: not retried when nothing listens or the host name does not resolve."""
+    unreachable = next((c for c in causes(error) if isinstance(c, UNREACHABLE)), None)
+    if unreachable is None:
+        return Failure("connection failed")
+    return Failure(f"connection failed ({redact(str(unreachable))}); check the base URL and that the server runs", attempts=1)
+
+
+def failure_of(error: Exception, sdk: Any) -> Failure | None:
+    """The retryable reading of an SDK error, or None when the whole run should stop (400, 401, 404 ...).
     Both SDKs share the same exception layout, so `sdk` is the module (openai or anthropic)."""
     if isinstance(error, sdk.APITimeoutError):
-        return Transient("request timed out")
+        return Failure("request timed out")
     if isinstance(error, sdk.APIConnectionError):
-        return Transient("connection failed")
+        return connection_failure(error)
     if isinstance(error, sdk.APIStatusError):
         status = error.status_code
         if status in RETRYABLE_STATUS or status >= 500:
-            return Transient(f"HTTP {status}", retry_after_seconds(error.response.headers))
+            return Failure(f"HTTP {status}", retry_after_seconds(error.response.headers))
         return None
     if isinstance(error, json.JSONDecodeError):  # the SDKs parse a JSON content type without checking
-        return Transient("reply body is not valid JSON")
+        return Failure("reply body is not valid JSON", attempts=MALFORMED_ATTEMPTS)
     if isinstance(error, MalformedResponse):
-        return Transient(f"malformed reply: {error}")
+        return Failure(f"malformed reply: {redact(str(error))}", attempts=MALFORMED_ATTEMPTS)
     return None
 
 
@@ -180,9 +210,10 @@ class ApiJudge(Judge):
         deliver(index, self.ask(self.template.render(shown)))
 
     def ask(self, prompt: str) -> Reply:
-        """The reply to `prompt`, retrying transient failures; a failed Reply once attempts run out."""
+        """The reply to `prompt`, retrying failures that waiting may fix; a failed Reply once attempts run out."""
         retry = self.options.retry
         attempt = 0
+        same_kind: Counter[type] = Counter()  # failed attempts by the error's type
         while True:
             attempt += 1
             self.stats.add(calls=1)
@@ -190,17 +221,19 @@ class ApiJudge(Judge):
                 text, input_tokens, output_tokens = self.request(prompt)
                 break
             except Exception as error:
-                failure = transient_failure(error, self.sdk)
+                failure = failure_of(error, self.sdk)
                 if failure is None:
                     if isinstance(error, self.sdk.APIStatusError):
                         raise ConfigError(self.refusal_message(error)) from None
                     raise
-                if attempt == retry.max_attempts:
-                    return Reply("", "unparseable", error=f"{failure.reason} (gave up after {attempt} attempts)")
+                same_kind[type(error)] += 1
+                if attempt == retry.max_attempts or same_kind[type(error)] == failure.attempts:
+                    tries = f"gave up after {attempt} attempts" if attempt > 1 else "not retried"
+                    return Reply("", "unparseable", error=f"{failure.reason} ({tries})")
                 wait = retry.delay(attempt, failure.retry_after, self.rng)
                 self.stats.add(retries=1)
-                log.warning("judge %s: %s; retry %d of %d in %.1f s", self.spec, failure.reason, attempt,
-                            retry.max_attempts - 1, wait)
+                retries = min(retry.max_attempts, failure.attempts or retry.max_attempts) - 1
+                log.warning("judge %s: %s; retry %d of %d in %.1f s", self.spec, failure.reason, attempt, retries, wait)
                 time.sleep(wait)
         cost = (input_tokens * self.options.input_price + output_tokens * self.options.output_price) / 1e6
         self.stats.add(input_tokens=input_tokens, output_tokens=output_tokens, cost=cost)
@@ -231,9 +264,16 @@ class OpenAIJudge(ApiJudge):
         return openai_reply(completion)
 
 
+def refuse_text_body(body: Any) -> None:
+    """The SDKs hand back the text of a reply whose content type is not JSON (an HTML page, plain text)."""
+    if isinstance(body, str):
+        raise MalformedResponse(f"not JSON but {' '.join(body.split())[:80]!r}; check the base URL")
+
+
 def openai_reply(completion: Any) -> tuple[str, int, int]:
     """(choices[0].message.content, usage.prompt_tokens, usage.completion_tokens). The SDK builds the
     object without validation and returns a plain string for a non-JSON body, so check the shape."""
+    refuse_text_body(completion)
     choices = getattr(completion, "choices", None)
     content = getattr(getattr(choices[0], "message", None), "content", None) if choices else None
     if not isinstance(content, str):
@@ -258,6 +298,7 @@ class AnthropicJudge(ApiJudge):
 
 def anthropic_reply(message: Any) -> tuple[str, int, int]:
     """(the text blocks of `content` joined, usage.input_tokens, usage.output_tokens)."""
+    refuse_text_body(message)
     blocks = getattr(message, "content", None)
     texts = [getattr(b, "text", None) for b in blocks or [] if getattr(b, "type", None) == "text"]
     if not texts or not all(isinstance(t, str) for t in texts):

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from tqdm import tqdm
 
-from ...errors import ConfigError
+from ...errors import ConfigError, warn
 
 log = logging.getLogger(__name__)
 
@@ -93,12 +93,13 @@ class Verdict:
 @dataclass
 class JudgeStats:
     """Running totals of one judge. `calls`, `retries`, `failures`, tokens and cost are work done by
-    this process (cache hits cost nothing); `cache_hits` and `unparseable` count verdicts."""
+    this process (cache hits cost nothing); `cache_hits`, `received` and `unparseable` count verdicts."""
 
     calls: int = 0  # requests sent, every attempt included (local judges: pairs generated or scored)
     cache_hits: int = 0
+    received: int = 0  # replies that came back, parseable or not (cache hits not included)
     retries: int = 0
-    failures: int = 0  # pairs left without a reply after the last attempt
+    failures: int = 0  # pairs left without a reply after the last attempt: failed calls, not answers
     unparseable: int = 0  # replies without a valid `Preferred:` line (failures not included)
     input_tokens: int = 0
     output_tokens: int = 0
@@ -266,6 +267,7 @@ class Judge:
         self.settings = settings  # whatever shapes a reply besides the spec (never a key)
         self.cache = VerdictCache(cache_dir) if cache_dir is not None else None
         self.stats = JudgeStats()
+        self.first_failure = ""  # why the first pair got no reply (API keys redacted)
 
     @property
     def identity(self) -> str:
@@ -307,8 +309,11 @@ class Judge:
             # a run killed half-way keeps everything already paid for
             if reply.error:
                 self.stats.add(failures=1)
-            elif self.cache is not None:
-                self.cache.put(keys[index], self.record_of(reply))
+                self.first_failure = self.first_failure or reply.error
+            else:
+                self.stats.add(received=1)
+                if self.cache is not None:
+                    self.cache.put(keys[index], self.record_of(reply))
             for twin in waiting[keys[index]]:  # equal keys were shown equally, swap included
                 verdicts[twin] = verdict_of(reply, shown[twin].swapped, cached=False)
             bar.update(1)
@@ -320,6 +325,18 @@ class Judge:
         assert len(done) == len(shown), "a judge returned without answering every pair"
         self.stats.add(unparseable=sum(v.winner == "unparseable" and not v.error for v in done))
         return done
+
+    def require_a_verdict(self) -> None:
+        """Stop in one line when every pair asked so far failed and none came from the cache: a result
+        built on no verdict would read as a judge that answered, unparseably."""
+        if self.stats.failures and not self.stats.received and not self.stats.cache_hits:
+            raise ConfigError(f"judge {self.spec}: no verdict was received: all {self.stats.failures} pairs asked got no reply; "
+                              f"the first: {self.first_failure}")
+
+    def warn_of_failures(self) -> None:
+        """One warning line when some pairs got no reply: they are counted apart, as no vote."""
+        if self.stats.failures:
+            warn(f"judge {self.spec}: {self.stats.failures} pairs got no reply and count as no vote; the first: {self.first_failure}")
 
     def record_of(self, reply: Reply) -> dict[str, Any]:
         return {
