@@ -54,6 +54,27 @@ def write_sft_csv(path: Path, rows: list[dict]) -> Path:
     return path
 
 
+# ---------------------------------------------------------------- a user's mistake through the command line
+
+
+def one_error_line(argv: list[str], capsys) -> str:
+    """The one stderr line of `rlhfkit ARGV`, which must exit with 2."""
+    from rlhfkit.cli import main
+
+    capsys.readouterr()
+    code = main(argv)
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("rlhfkit: error: "), err
+    return lines[0]
+
+
+def files_of(folder: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file under `folder` (the lock aside) with its bytes and modification time."""
+    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != ".rlhfkit.lock"}
+
+
 # ---------------------------------------------------------------- every stage's tiny options
 
 PRESETS = {"sft": "tldr-sft", "rm": "tldr-rm", "dpo": "tldr-dpo", "ppo": "tldr-ppo", "grpo": "tldr-grpo", "rloo": "tldr-rloo",

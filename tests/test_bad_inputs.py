@@ -14,17 +14,7 @@ from rlhfkit.cli import main as cli_main
 from rlhfkit.config import resolve, to_yaml
 from rlhfkit.models import check_model_source
 
-from .helpers import cli_args, stage_args
-
-
-def one_error_line(argv: list[str], capsys) -> str:
-    """The one stderr line of `rlhfkit ARGV`, which must exit with 2."""
-    capsys.readouterr()
-    code = cli_main(argv)
-    err = capsys.readouterr().err
-    lines = err.splitlines()
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("rlhfkit: error: "), err
-    return lines[0]
+from .helpers import cli_args, files_of, one_error_line, stage_args
 
 
 def command(stage: str, inputs: dict, out: pathlib.Path, **extra) -> list[str]:
@@ -34,12 +24,6 @@ def command(stage: str, inputs: dict, out: pathlib.Path, **extra) -> list[str]:
 def write_rows(path: pathlib.Path, rows: list[dict]) -> pathlib.Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
-
-
-def files_of(folder: pathlib.Path) -> dict[str, tuple[bytes, int]]:
-    """Every file under `folder` (the lock aside) with its bytes and modification time."""
-    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name != ".rlhfkit.lock"}
 
 
 # ---------------------------------------------------------------- 1, 2: models
