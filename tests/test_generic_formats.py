@@ -261,7 +261,8 @@ def test_data_in_no_known_format_fails_in_one_line_naming_its_columns(ppo_dirs, 
 
 def test_a_named_generic_format_without_its_columns_fails_in_one_line(posts, tmp_path):
     data = write_rows(tmp_path / "data.jsonl", language_modeling_rows(posts, "standard"))
-    with pytest.raises(ValueError, match=r"data_format=prompt-completion reads the columns prompt, completion; the data has text$"):
+    with pytest.raises(ValueError, match=r"data_format=prompt-completion reads the columns prompt, completion; the data has text; "
+                                          r"it looks like language-modeling data \(standard\): read it with data_format=language-modeling"):
         load_sft_data("prompt-completion", [str(data)])
 
 

@@ -4,7 +4,8 @@ formats (`generic`), formats, padding, splits.
 Each stage reads one role of data: SFT examples (`load_sft_data`), preference pairs (`load_pairs`) or
 prompts (`load_prompts`), in a format named by its `data_format` / `prompt_format` option: a seed's
 format (read as before), a generic kind, or `auto`, detected from the first record's columns. The
-format read is printed as one line; data in no format the role accepts fails naming its columns.
+format read is printed as one line; data in no format the role accepts fails naming its columns, and
+data in another format fails naming the option (of this command or another) that reads it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from .formats import HH_TURN
 from .generic import FieldNames, field_names
 from .gsm8k import load_gsm8k
 from .hh import load_hh
-from .records import DataFormatError, Row, SkipLog, iter_rows
+from .records import DataFormatError, MissingColumns, Row, SkipLog, iter_rows
 from .tldr import Comparison, SFTRecord, load_comparisons, load_sft
 
 AUTO = "auto"
@@ -66,6 +67,7 @@ class Role:
     option: str  # the config option naming the format
     seeds: dict[str, SeedFormat]
     detection_order: tuple[str, ...]
+    readers: str  # the commands that read it, as a message names them
 
     @property
     def names(self) -> list[str]:
@@ -75,15 +77,16 @@ class Role:
 # Generic kinds whose prompt column none of the seeds has come first; HH before implicit-prompt
 # preference, whose columns (chosen, rejected) it shares.
 SFT = Role("SFT", "data_format", {"tldr-sft": TLDR_SFT},
-           (generic.PROMPT_COMPLETION, "tldr-sft", generic.LANGUAGE_MODELING))
+           (generic.PROMPT_COMPLETION, "tldr-sft", generic.LANGUAGE_MODELING), "rlhfkit sft")
 PAIRS = Role("comparison", "data_format",
              {"tldr-comparisons": SeedFormat(("info", "summaries", "choice"), load_comparisons),
               "hh": SeedFormat(("chosen", "rejected"), load_hh, is_hh_dialogue, HH_NOTE)},
-             ("tldr-comparisons", "hh", generic.PREFERENCE))
+             ("tldr-comparisons", "hh", generic.PREFERENCE), "rlhfkit rm, dpo, rm-eval and judge-eval")
 PROMPTS = Role("prompt", "prompt_format",
                {"tldr-sft": TLDR_SFT, "hh": SeedFormat(("chosen", "rejected"), hh_prompts, is_hh_dialogue, HH_NOTE),
                 "gsm8k": SeedFormat(("question", "answer"), load_gsm8k)},
-               (generic.PROMPT_ONLY, "tldr-sft", "gsm8k", "hh"))
+               (generic.PROMPT_ONLY, "tldr-sft", "gsm8k", "hh"), "rlhfkit ppo, grpo, rloo, reinforce and generate")
+ROLES = (SFT, PAIRS, PROMPTS)
 
 
 def first_record(paths: list[str], hf_split: str) -> tuple[Row, dict[str, Any]]:
@@ -103,19 +106,52 @@ def fits(role: Role, name: str, record: dict[str, Any], names: FieldNames) -> bo
     return role.seeds[name].fits(record) if name in role.seeds else generic.layout_for(name, record, names) is not None
 
 
+def detected(role: Role, record: dict[str, Any], names: FieldNames) -> str | None:
+    """The first format in the role's detection order whose columns the record has (what `auto` reads)."""
+    return next((name for name in role.detection_order if fits(role, name, record, names)), None)
+
+
 def detect(role: Role, row: Row, record: dict[str, Any], names: FieldNames) -> str:
-    """The first format in the role's detection order whose columns the record has."""
-    found = next((name for name in role.detection_order if fits(role, name, record, names)), None)
+    found = detected(role, record, names)
     if found is None:
         accepted = "; ".join(f"{name} ({format_columns(role, name, names)})" for name in role.detection_order)
-        raise DataFormatError(f"{row.where}: no {role.what} data format has the columns {', '.join(record) or '(none)'}; "
-                              f"accepted: {accepted} (see docs/data-formats.md)")
+        raise MissingColumns(f"{row.where}: no {role.what} data format has the columns {', '.join(record) or '(none)'}; "
+                             f"accepted: {accepted} (see docs/data-formats.md)", record)
     return found
+
+
+def kind_of(role: Role, name: str, record: dict[str, Any], names: FieldNames) -> str:
+    """A detected format as a message names it: a seed's, or a generic kind with its form."""
+    if name in role.seeds:
+        return f"{name} data"
+    _, _, form = generic.layout_for(name, record, names).describe().partition(", ")
+    return f"{name} data ({form})"
+
+
+def reading_hint(role: Role, data_format: str, record: dict[str, Any], names: FieldNames) -> str:
+    """What reads data whose first record is `record`, given `data_format` did not: the option of this
+    command, or the commands of another role, with the format `auto` detects; "" when none does."""
+    found = detected(role, record, names)
+    if found is not None:
+        return "" if found == data_format else (f"; it looks like {kind_of(role, found, record, names)}: read it with "
+                                                f"{role.option}={found} (or {role.option}={AUTO})")
+    for other in ROLES:
+        name = detected(other, record, names) if other is not role else None
+        if name is not None:
+            return f"; it looks like {kind_of(other, name, record, names)}, which is read by {other.readers} ({other.option}={name})"
+    return ""
 
 
 def load_role(role: Role, data_format: str, paths: list[str], hf_split: str, names: FieldNames) -> tuple[list, SkipLog]:
     if data_format not in role.names:
         raise ValueError(f"unknown {role.what} format {data_format!r}; choose one of {', '.join(role.names)}")
+    try:
+        return read_role(role, data_format, paths, hf_split, names)
+    except MissingColumns as e:
+        raise MissingColumns(f"{e}{reading_hint(role, data_format, e.record, names)}", e.record) from None
+
+
+def read_role(role: Role, data_format: str, paths: list[str], hf_split: str, names: FieldNames) -> tuple[list, SkipLog]:
     if data_format in role.seeds:  # named: read as it always was
         return role.seeds[data_format].load(paths, hf_split)
     row, record = first_record(paths, hf_split)
@@ -126,8 +162,8 @@ def load_role(role: Role, data_format: str, paths: list[str], hf_split: str, nam
         return role.seeds[name].load(paths, hf_split)
     layout = generic.layout_for(name, record, names)
     if layout is None:
-        raise DataFormatError(f"{row.where}: {role.option}={name} reads the columns {format_columns(role, name, names)}; "
-                              f"the data has {', '.join(record) or '(none)'}")
+        raise MissingColumns(f"{row.where}: {role.option}={name} reads the columns {format_columns(role, name, names)}; "
+                             f"the data has {', '.join(record) or '(none)'}", record)
     print(f"data format: {layout.describe()} ({how} columns {', '.join(layout.read)})")
     return generic.read_generic(layout, paths, hf_split)
 

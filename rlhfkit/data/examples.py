@@ -6,9 +6,13 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-from .formats import QueryTokens, encode_completion, encode_query
+from ..errors import ConfigError, warn
+from .formats import QueryTokens, QueryTooLong, encode_completion, encode_query
 from .records import SkipLog
 from .tldr import Comparison, SFTRecord
+
+# the option that lets in the records skipped for each reason a tokenizer skips one
+LENGTH_OPTIONS = {"query_too_long": "max_query_length", "response_too_long": "max_response_length"}
 
 
 @dataclass
@@ -56,7 +60,11 @@ def tokenize_sft(
     out = []
     for r in records:
         response = encode_completion(tokenizer, r.summary, r.task)
-        query = encode_query(tokenizer, r.task, r.fields, max_query_length)
+        try:
+            query = encode_query(tokenizer, r.task, r.fields, max_query_length)
+        except QueryTooLong:
+            log.skip("query_too_long", r.where)
+            continue
         # a text without a prompt (language modelling) may use the query's budget too: its row is no wider than others
         budget = max_response_length if query.ids else max_query_length + max_response_length
         if len(response) > budget:
@@ -65,6 +73,21 @@ def tokenize_sft(
         out.append(SFTExample(r, query, response))
     log.kept = len(out)
     return out, log
+
+
+def training_examples(tokenized: tuple[list[SFTExample], SkipLog], max_query_length: int, what: str) -> tuple[list[SFTExample], SkipLog]:
+    """`tokenized` (a stage's training examples and their skip log) as it trains on them: when none is left,
+    an error naming why they were skipped and the option to raise; when most queries were cut to fit, a
+    warning naming `max_query_length`."""
+    examples, log = tokenized
+    if not examples and log.skipped:
+        options = " or ".join(LENGTH_OPTIONS[reason] for reason in log.counts)
+        raise ConfigError(f"no {what} left to train on ({log.summary(what)}); raise {options}")
+    cut = sum(e.query.truncated for e in examples)
+    if cut * 2 > len(examples):
+        warn(f"{cut} of {len(examples)} {what} were cut to fit max_query_length={max_query_length} tokens and lost part of "
+             "their prompt; raise max_query_length to keep more of it")
+    return tokenized
 
 
 def query_limits(max_query_length: int, max_article_query_length: int) -> dict[str, int]:
@@ -83,7 +106,12 @@ def tokenize_pairs(
         if max(len(chosen), len(rejected)) > max_response_length:
             log.skip("response_too_long", r.where)
             continue
-        out.append(PairExample(r, encode_query(tokenizer, r.task, r.fields, limits[r.task]), chosen, rejected))
+        try:
+            query = encode_query(tokenizer, r.task, r.fields, limits[r.task])
+        except QueryTooLong:
+            log.skip("query_too_long", r.where)
+            continue
+        out.append(PairExample(r, query, chosen, rejected))
     log.kept = len(out)
     return out, log
 

@@ -2,12 +2,14 @@
 
 - Detail 2: the query template, and truncation that drops the post's last paragraph (at `\\n`)
   until the query fits; only a single paragraph that is still too long is cut by tokens, and
-  that is reported (`QueryTokens.token_cut`).
+  that is reported (`QueryTokens.token_cut`). A query keeps some text of its post: a record of which
+  none fits is skipped (`QueryTooLong`), and only a template that alone is too long fails the run.
 - Detail 3: a completion is a leading space, the text, then EOS; no trailing space after `TL;DR:`.
 
 Data in the ecosystem's generic formats uses two more tasks. `text`: the prompt string as it is,
-truncated by dropping its earliest lines; `chat`: a list of `{role, content}` messages rendered with
-the tokenizer's chat template and its generation prompt, truncated by dropping its earliest turns.
+truncated by dropping its earliest lines, keeping its last line (the question, or a cue such as
+`TL;DR:`) whole; `chat`: a list of `{role, content}` messages rendered with the tokenizer's chat
+template and its generation prompt, truncated by dropping its earliest turns, then cutting the last.
 Their completions are the text as it is, then EOS: no space is added, since neither prompt ends in a
 marker like `TL;DR:` (in a chat template the assistant's turn ends with the EOS token itself).
 """
@@ -15,11 +17,13 @@ marker like `TL;DR:` (in a chat template the assistant's turn ends with the EOS 
 from __future__ import annotations
 
 import json
+import string
 from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DataFormatError, UserError
+from .records import has_text
 
 # Detail 2: the query template of Stiennon et al. 2020 (no trailing space after "TL;DR:").
 TLDR_TEMPLATE = "SUBREDDIT: r/{subreddit}\n\nTITLE: {title}\n\nPOST: {post}\n\nTL;DR:"
@@ -28,19 +32,25 @@ HH_TURN = "\n\nHuman:"
 HH_ASSISTANT = "\n\nAssistant:"
 
 
+class QueryTooLong(DataFormatError):
+    """A prompt of which no text fits in max_query_length beside the rest of its query: the tokenizers
+    skip its record (`query_too_long`); where one prompt is asked for, it is the error."""
+
+
 @dataclass(frozen=True)
 class QueryFormat:
     template: str
     truncate_field: str
     separator: str  # truncation drops text after the last separator (`keep="head"`) or before the first
     keep: str  # "head" keeps the start of the field (posts), "tail" keeps the end (dialogues)
+    ending: str = ""  # the field's ending starts at its last one of these: it asks for the completion (`split_ending`)
 
 
 QUERY_FORMATS = {
     "tldr": QueryFormat(TLDR_TEMPLATE, "post", "\n", "head"),
     "cnndm": QueryFormat(CNNDM_TEMPLATE, "article", "\n", "head"),
-    "hh": QueryFormat("{dialogue}", "dialogue", HH_TURN, "tail"),
-    "text": QueryFormat("{prompt}", "prompt", "\n", "tail"),
+    "hh": QueryFormat("{dialogue}", "dialogue", HH_TURN, "tail", HH_ASSISTANT),
+    "text": QueryFormat("{prompt}", "prompt", "\n", "tail", "\n"),
 }
 CHAT = "chat"  # fields {"messages": JSON list of {role, content}}, rendered by the chat template
 SPACED_TASKS = ("tldr", "cnndm", "hh")  # Detail 3: completions after these prompts start with a space
@@ -77,41 +87,91 @@ def drop_one_paragraph(text: str, fmt: QueryFormat) -> str | None:
     return text[index:] if index > 0 else None
 
 
-def cut_by_tokens(tokenizer: PreTrainedTokenizerBase, task: str, fields: dict[str, str], max_length: int) -> dict[str, str]:
-    """Fallback for one paragraph that alone is too long: cut its tokens until the query fits."""
-    fmt = QUERY_FORMATS[task]
-    text = fields[fmt.truncate_field]
-    ids = encode_text(tokenizer, text)
-    excess = len(encode_text(tokenizer, format_query(task, fields))) - max_length
-    keep = max(len(ids) - excess, 0)
+def split_ending(fmt: QueryFormat, text: str) -> tuple[str, str]:
+    """(content, ending) of a truncated field: a prompt's last line (`...\\nTL;DR:`, a question), a dialogue's
+    last `\\n\\nAssistant:` turn. Truncation cuts the content and keeps the ending whole, so that it cannot
+    drop the content and leave the ending alone; a field with no text before an ending is all content."""
+    index = text.rstrip().rfind(fmt.ending) if fmt.ending else -1
+    if index < 0 or not has_text(text[:index]):
+        return text, ""
+    return text[:index], text[index:]
+
+
+@dataclass(frozen=True)
+class QueryParts:
+    """A query's template fields, with the field that truncation cuts split into its content and its ending."""
+
+    task: str
+    fields: dict[str, str]
+    ending: str
+
+    @property
+    def format(self) -> QueryFormat:
+        return QUERY_FORMATS[self.task]
+
+    def text(self, content: str) -> str:
+        return format_query(self.task, {**self.fields, self.format.truncate_field: content + self.ending})
+
+    def length(self, tokenizer: PreTrainedTokenizerBase, content: str) -> int:
+        return len(encode_text(tokenizer, self.text(content)))
+
+
+def cut_by_tokens(tokenizer: PreTrainedTokenizerBase, parts: QueryParts, content: str, max_length: int) -> str:
+    """Fallback for one paragraph that alone is too long: its first (head) or last (tail) tokens, as many
+    as fit ("" when none do)."""
+    ids = encode_text(tokenizer, content)
+    keep = max(len(ids) - (parts.length(tokenizer, content) - max_length), 0)
     while True:
-        kept = ids[:keep] if fmt.keep == "head" else ids[len(ids) - keep :]
-        trial = {**fields, fmt.truncate_field: tokenizer.decode(kept)}
-        if len(encode_text(tokenizer, format_query(task, trial))) <= max_length or keep == 0:
-            return trial
+        kept = tokenizer.decode(ids[:keep] if parts.format.keep == "head" else ids[len(ids) - keep :])
+        if parts.length(tokenizer, kept) <= max_length or keep == 0:
+            return kept
         keep -= 1
 
 
+def fit_content(tokenizer: PreTrainedTokenizerBase, parts: QueryParts, content: str, max_length: int) -> tuple[str, int, bool] | None:
+    """Detail 2 on `content`: (the query, paragraphs dropped, whether one was cut by tokens) when some text
+    of the content fits beside the rest of the query; None when none does."""
+    fmt, dropped = parts.format, 0
+    while parts.length(tokenizer, content) > max_length and (shorter := drop_one_paragraph(content, fmt)) is not None:
+        content, dropped = shorter, dropped + 1
+    token_cut = parts.length(tokenizer, content) > max_length
+    if token_cut:
+        content = cut_by_tokens(tokenizer, parts, content, max_length)
+    if parts.length(tokenizer, content) > max_length or not has_text(content.replace(fmt.separator, "")):
+        return None
+    return parts.text(content), dropped, token_cut
+
+
+def too_long(tokenizer: PreTrainedTokenizerBase, task: str, max_length: int) -> UserError:
+    """The error of a query that no truncation fits: the run's, when the template alone is longer than
+    `max_length`, else the record's (it is skipped)."""
+    names = [name for _, name, _, _ in string.Formatter().parse(QUERY_FORMATS[task].template) if name]
+    alone = len(encode_text(tokenizer, format_query(task, dict.fromkeys(names, ""))))
+    if alone > max_length:
+        return ConfigError(f"the {task} query template alone (every field empty) is {alone} tokens, longer than "
+                           f"max_query_length={max_length}; raise max_query_length above {alone}")
+    return QueryTooLong(f"no text of the prompt's {QUERY_FORMATS[task].truncate_field} fits in max_query_length={max_length} "
+                        "tokens beside the rest of its query; raise max_query_length")
+
+
 def encode_query(tokenizer: PreTrainedTokenizerBase, task: str, fields: dict[str, str], max_length: int) -> QueryTokens:
-    """Detail 2: format the query and truncate at paragraph boundaries until it fits `max_length` tokens."""
+    """Detail 2: format the query and truncate at paragraph boundaries until it fits `max_length` tokens,
+    keeping some of its content: a query that cannot is `too_long`."""
     if task == CHAT:
         return encode_chat_query(tokenizer, json.loads(fields["messages"]), max_length)
-    fmt = QUERY_FORMATS[task]
-    fields = dict(fields)
-    ids = encode_text(tokenizer, format_query(task, fields))
-    original_length, dropped, token_cut = len(ids), 0, False
-    while len(ids) > max_length:
-        shorter = drop_one_paragraph(fields[fmt.truncate_field], fmt)
-        if shorter is None:
-            fields = cut_by_tokens(tokenizer, task, fields, max_length)
-            token_cut = True
-        else:
-            fields[fmt.truncate_field] = shorter
-            dropped += 1
-        ids = encode_text(tokenizer, format_query(task, fields))
-        if token_cut and len(ids) > max_length:
-            raise ConfigError(f"the {task} template alone is longer than max_query_length={max_length} tokens; raise it")
-    return QueryTokens(ids, format_query(task, fields), original_length, dropped, token_cut)
+    text = format_query(task, fields)
+    ids = encode_text(tokenizer, text)
+    if len(ids) <= max_length:
+        return QueryTokens(ids, text, len(ids), 0, False)
+    field = QUERY_FORMATS[task].truncate_field
+    content, ending = split_ending(QUERY_FORMATS[task], fields[field])
+    fitted = (fit_content(tokenizer, QueryParts(task, fields, ending), content, max_length)
+              # an ending that leaves no room for any content was no cue but the content itself (a long last line)
+              or (ending and fit_content(tokenizer, QueryParts(task, fields, ""), fields[field], max_length)))
+    if not fitted:
+        raise too_long(tokenizer, task, max_length)
+    truncated, dropped, token_cut = fitted
+    return QueryTokens(encode_text(tokenizer, truncated), truncated, len(ids), dropped, token_cut)
 
 
 def require_chat_template(tokenizer: PreTrainedTokenizerBase) -> None:
@@ -144,19 +204,34 @@ def encode_chat_query(tokenizer: PreTrainedTokenizerBase, messages: list[dict], 
         dropped += 1
         ids = encode_rendered(tokenizer, render_chat(tokenizer, messages))
     if len(ids) > max_length:
-        last = messages[-1]
-        content = encode_text(tokenizer, last["content"])
-        keep = max(len(content) - (len(ids) - max_length), 0)
-        while True:
-            trial = messages[:-1] + [{**last, "content": tokenizer.decode(content[:keep])}]
-            ids = encode_rendered(tokenizer, render_chat(tokenizer, trial))
-            if len(ids) <= max_length or keep == 0:
-                break
-            keep -= 1
-        if len(ids) > max_length:
-            raise ConfigError(f"the chat template alone is longer than max_query_length={max_length} tokens; raise it")
-        messages, token_cut = trial, True
+        messages, token_cut = cut_last_turn(tokenizer, messages, max_length), True
+        ids = encode_rendered(tokenizer, render_chat(tokenizer, messages))
     return QueryTokens(ids, render_chat(tokenizer, messages), original_length, dropped, token_cut)
+
+
+def cut_last_turn(tokenizer: PreTrainedTokenizerBase, messages: list[dict], max_length: int) -> list[dict]:
+    """The messages with the last one's content cut to its first tokens, as many as fit; a conversation
+    of which no text of that content fits is `chat_too_long`."""
+    last = messages[-1]
+    content = encode_text(tokenizer, last["content"])
+    excess = len(encode_rendered(tokenizer, render_chat(tokenizer, messages))) - max_length
+    for keep in range(max(len(content) - excess, 0), 0, -1):
+        trial = messages[:-1] + [{**last, "content": tokenizer.decode(content[:keep])}]
+        if len(encode_rendered(tokenizer, render_chat(tokenizer, trial))) <= max_length:
+            if has_text(trial[-1]["content"]):  # fewer tokens would not hold any more text
+                return trial
+            break
+    raise chat_too_long(tokenizer, max_length)
+
+
+def chat_too_long(tokenizer: PreTrainedTokenizerBase, max_length: int) -> UserError:
+    """`too_long` for a conversation: the chat template alone is one user turn with no content."""
+    alone = len(encode_rendered(tokenizer, render_chat(tokenizer, [{"role": "user", "content": ""}])))
+    if alone > max_length:
+        return ConfigError(f"the chat template alone (one empty user turn) is {alone} tokens, longer than "
+                           f"max_query_length={max_length}; raise max_query_length above {alone}")
+    return QueryTooLong(f"no text of the prompt's last message fits in max_query_length={max_length} tokens beside the "
+                        "chat template and the system message; raise max_query_length")
 
 
 def completion_text(text: str) -> str:

@@ -264,6 +264,15 @@ def sniff_json(path: str) -> Iterator[Row]:
     return iter_json_array(path) if head.startswith("[") else iter_jsonl(path)
 
 
+class MissingColumns(DataFormatError):
+    """A source whose first record lacks a column of the format it is read in: most often data in another
+    format, which `record` (that first record) tells."""
+
+    def __init__(self, message: str, record: dict[str, Any]):
+        super().__init__(message)
+        self.record = record
+
+
 def require_fields(row: Row, fields: list[str], format_name: str) -> None:
     """Fail on the first record of a source when it does not have the format's fields."""
     if not isinstance(row.data, dict):
@@ -272,9 +281,7 @@ def require_fields(row: Row, fields: list[str], format_name: str) -> None:
         node: Any = row.data
         for part in name.split("."):
             if not isinstance(node, dict) or part not in node:
-                raise DataFormatError(
-                    f"{row.where}: field {name!r} missing; {format_name} records need: {', '.join(fields)}"
-                )
+                raise MissingColumns(f"{row.where}: field {name!r} missing; {format_name} records need: {', '.join(fields)}", row.data)
             node = node[part]
 
 

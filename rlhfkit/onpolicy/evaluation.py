@@ -11,7 +11,7 @@ import torch
 from ..config import ConfigError
 from ..config_onpolicy import OnPolicyConfig
 from ..data import SFTRecord, load_prompts, usable
-from ..data.examples import SFTExample, tokenize_sft
+from ..data.examples import SFTExample, tokenize_sft, training_examples
 from ..data.generic import field_names
 from ..data.split import split_by_prompt
 from ..devices import evaluation_mode, model_device
@@ -45,11 +45,13 @@ def split_posts(cfg: OnPolicyConfig, tokenizer) -> tuple[list[SFTExample], list[
     records, log = usable(load_prompts(cfg.prompt_format, cfg.data, cfg.hf_split, field_names(cfg)), cfg.data, "prompts",
                           f"prompt_format={cfg.prompt_format}")
     train_records, val_records = split_by_prompt(records, lambda r: r.prompt_id, validation_size=cfg.validation_posts, seed=cfg.seed)
-    train, train_log = tokenize_sft(train_records, tokenizer, cfg.max_query_length, 10**9)
-    held_out, _ = tokenize_sft(val_records, tokenizer, cfg.max_query_length, 10**9)
+    train, train_log = training_examples(tokenize_sft(train_records, tokenizer, cfg.max_query_length, 10**9), cfg.max_query_length,
+                                         "training prompts")
+    held_out, held_out_log = tokenize_sft(val_records, tokenizer, cfg.max_query_length, 10**9)
     notes = [
         f"loaded: {log.summary('prompts')}",
         f"split by prompt (seed {cfg.seed}): {len(train)} training prompts, {len(held_out)} held-out prompts",
+        f"query tokenization: training {train_log.summary('prompts')}; held-out {held_out_log.summary('prompts')}",
         f"queries truncated at a paragraph or turn to {cfg.max_query_length} tokens (Detail 2): {sum(e.query.truncated for e in train)}",
     ]
     if not train:

@@ -20,7 +20,7 @@ from ..adapters import save_final_model, trained_policy
 from ..config import ConfigError, GenerateConfig, SFTConfig
 from ..data import field_names, load_prompts, load_sft_data, usable
 from ..data.collate import IGNORE_INDEX, right_pad_query_response
-from ..data.examples import SFTExample, tokenize_sft
+from ..data.examples import SFTExample, tokenize_sft, training_examples
 from ..data.split import split_by_prompt
 from ..eval.caveats import budget_caveat, fell_caveat, few_prompts_caveat
 from ..eval.report import Report, config_text, trained_amount, training_summary
@@ -123,7 +123,8 @@ def run(cfg: SFTConfig) -> int:
     records, load_log = usable(loaded, cfg.data, "examples", f"data_format={cfg.data_format}")
     train_records, val_records = split_by_prompt(records, lambda r: r.prompt_id, validation_size=cfg.validation_posts, seed=cfg.seed)
     model, tokenizer = trained_policy(cfg, checkpoint)
-    train_examples, train_log = tokenize_sft(train_records, tokenizer, cfg.max_query_length, cfg.max_response_length)
+    train_examples, train_log = training_examples(tokenize_sft(train_records, tokenizer, cfg.max_query_length, cfg.max_response_length),
+                                                  cfg.max_query_length, "training examples")
     val_examples, val_log = tokenize_sft(val_records, tokenizer, cfg.max_query_length, cfg.max_response_length)
     notes = [
         f"loaded: {load_log.summary('examples')}",
@@ -190,7 +191,7 @@ def run_generate(cfg: GenerateConfig) -> int:
     if torch.cuda.is_available():
         model = model.cuda()
     examples, tok_log = tokenize_sft(records, tokenizer, cfg.max_query_length, 10**9)
-    print(f"loaded: {log.summary('prompts')}; generating for {len(examples)} prompts")
+    print(f"loaded: {log.summary('prompts')}; queries: {tok_log.summary('prompts')}; generating for {len(examples)} prompts")
     params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed)
     outputs = generate_texts(model, tokenizer, [e.query.ids for e in examples], params, cfg.batch_size)
     scores = rouge_l([o["text"] for o in outputs], [e.record.summary.strip() for e in examples])
