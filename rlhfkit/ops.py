@@ -91,8 +91,10 @@ def chunked_logprobs_entropy(
     bias: torch.Tensor | None = None,
     temperature: float = 1.0,
     chunk_rows: int = 256,
+    excluded_token: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log-probabilities of `tokens`, entropies), both (B, T), at `temperature`, `chunk_rows` positions at a time.
+    """(log-probabilities of `tokens`, entropies), both (B, T), at `temperature`, `chunk_rows` positions at a time,
+    over every token but `excluded_token` (PAD, which is never sampled: Detail 3).
 
     `features` are either hidden states (B, T, H) with the LM head `weight` (V, H) and `bias`, or
     logits (B, T, V) when `weight` is None. Only one chunk's float32 (chunk_rows, V) logits exist at
@@ -103,7 +105,7 @@ def chunked_logprobs_entropy(
     recompute = torch.is_grad_enabled() and (features.requires_grad or (weight is not None and weight.requires_grad))
     logprobs, entropies = [], []
     for start in range(0, rows.size(0), chunk_rows):
-        args = (rows[start : start + chunk_rows], flat_tokens[start : start + chunk_rows], weight, bias, temperature)
+        args = (rows[start : start + chunk_rows], flat_tokens[start : start + chunk_rows], weight, bias, temperature, excluded_token)
         if recompute:
             lp, ent = torch.utils.checkpoint.checkpoint(logprobs_entropy_of_chunk, *args, use_reentrant=False)
         else:
@@ -114,11 +116,22 @@ def chunked_logprobs_entropy(
 
 
 def logprobs_entropy_of_chunk(
-    rows: torch.Tensor, tokens: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, temperature: float
+    rows: torch.Tensor, tokens: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, temperature: float,
+    excluded_token: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     logits = rows if weight is None else F.linear(rows, weight, bias)
-    logp = (logits.float() / (temperature if temperature > 0 else 1.0)).log_softmax(-1)
+    scaled = without_token(logits.float() / (temperature if temperature > 0 else 1.0), excluded_token)
+    logp = scaled.log_softmax(-1)
     return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), -(logp.exp() * logp).sum(-1)
+
+
+def without_token(logits: torch.Tensor, token: int | None) -> torch.Tensor:
+    """`logits` with `token` given probability 0 and every other token's probability as if it were not in the
+    vocabulary (Detail 3: an added PAD row must change nothing). The floor is the dtype's finite minimum, not
+    -inf, so that an entropy's 0 x log 0 stays 0 rather than NaN."""
+    if token is None or not 0 <= token < logits.size(-1):
+        return logits
+    return logits.index_fill(-1, torch.tensor([token], device=logits.device), torch.finfo(logits.dtype).min)
 
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "k1") -> torch.Tensor:

@@ -23,6 +23,7 @@ from .models import (
     resolve_model_path,
 )
 from .preference_ops import PreferenceObjective, implicit_rewards
+from .vocab import match_vocab
 
 
 def classifier_architectures(source: str, trust_remote_code: bool) -> list[str]:
@@ -36,14 +37,16 @@ def classifier_architectures(source: str, trust_remote_code: bool) -> list[str]:
     return [a for a in (config.architectures or []) if a.endswith("ForSequenceClassification")]
 
 
-def from_sequence_classifier(source: str, trust_remote_code: bool = False) -> ScalarModel:
+def from_sequence_classifier(source: str, tokenizer: PreTrainedTokenizerBase, trust_remote_code: bool = False) -> ScalarModel:
     """A reward model trained elsewhere (TRL's RewardTrainer writes these): an
     AutoModelForSequenceClassification with one output, as a ScalarModel whose eos-linear head is its
-    score layer, read at the response's EOS like rlhfkit's own (Detail 12)."""
+    score layer, read at the response's EOS like rlhfkit's own (Detail 12). Its embeddings get the row of
+    the [PAD] the tokenizer gained when its PAD was its EOS, as a policy's do (vocab.match_vocab)."""
     from transformers import AutoModelForSequenceClassification
 
     with model_loading(source):
         classifier = AutoModelForSequenceClassification.from_pretrained(source, trust_remote_code=trust_remote_code, dtype=torch.float32)
+    match_vocab(classifier, tokenizer, f"reward_model={source}")
     if classifier.config.num_labels != 1:
         raise ModelError(f"{source} is a sequence classifier with {classifier.config.num_labels} outputs; a reward model has one")
     score = next((getattr(classifier, name) for name in ("score", "classifier") if isinstance(getattr(classifier, name, None), torch.nn.Linear)), None)
@@ -64,7 +67,7 @@ def load_reward_model(folder: str | Path, trust_remote_code: bool = False) -> tu
     if (Path(source) / SCALAR_CONFIG).is_file() or Path(source).is_dir() and not (Path(source) / "config.json").is_file():
         model = ScalarModel.from_pretrained(source, trust_remote_code)
     elif classifier_architectures(source, trust_remote_code):
-        model = from_sequence_classifier(source, trust_remote_code)
+        model = from_sequence_classifier(source, load_tokenizer(source, trust_remote_code), trust_remote_code)
     else:
         raise ModelError(f"{folder} is not a reward model folder: it has no {SCALAR_CONFIG} (a model written by `rlhfkit rm`) and "
                          "its config.json names no ForSequenceClassification architecture (a reward model trained elsewhere)")

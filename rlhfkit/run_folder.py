@@ -27,6 +27,11 @@ from .runlock import LOCK_FILE, lock_run_dir, release_run_dir
 
 CONFIG_FILE = "config.yaml"
 IGNORED_OPTIONS = ("output_dir", "resume", "overwrite")  # where and how a run was started, not what it runs
+LONGER = "the learning-rate schedule is recomputed for the new length and continues from the step reached"
+# the options a resumed run may change, each taking effect as said; any other change is refused, since the
+# model, data order, optimizer and schedule come back from the checkpoint and would silently ignore it
+RESUME_CHANGEABLE = {"max_steps": LONGER, "num_epochs": LONGER, "save_every": "from the next step",
+                     "keep_checkpoints": "at the next save", "log_every": "from the next step", "report_to": "from the next step"}
 
 
 @dataclass
@@ -57,7 +62,7 @@ def open_run_folder(run_dir: Path, config_text: str, overwrite: bool, continuing
     with writing(run_dir, "create"):
         run_dir.mkdir(parents=True, exist_ok=True)
         lock_run_dir(run_dir)  # first: a folder another process runs in is refused as such
-    aside = make_room(run_dir, config_text, overwrite) if not continuing and (run_dir / CONFIG_FILE).is_file() else None
+    aside = make_room(run_dir, config_text, overwrite) if not continuing else None
     found = set(os.listdir(run_dir))
     with writing(run_dir, "write in"):
         (run_dir / CONFIG_FILE).write_text(config_text)
@@ -65,10 +70,12 @@ def open_run_folder(run_dir: Path, config_text: str, overwrite: bool, continuing
 
 
 def make_room(run_dir: Path, config_text: str, overwrite: bool) -> Path | None:
-    """With `overwrite`, move the run in `run_dir` aside and return where; else refuse in one line a run the
-    new one must not replace. The same run, stopped before it saved anything, starts again in place (None)."""
-    refusal = kept_run(run_dir, config_text)
-    if not (refusal or overwrite):
+    """With `overwrite`, move the run (or the other files) in `run_dir` aside and return where; else refuse in one
+    line a run the new one must not replace, or files that are not a run. The same run, stopped before it saved
+    anything, starts again in place (None); so does a run in an empty folder."""
+    has_run = (run_dir / CONFIG_FILE).is_file()
+    refusal = kept_run(run_dir, config_text) if has_run else foreign_files(run_dir)
+    if not (refusal or overwrite and has_run):
         return None
     release_run_dir(run_dir)
     if not overwrite:
@@ -78,14 +85,45 @@ def make_room(run_dir: Path, config_text: str, overwrite: bool) -> Path | None:
         run_dir.rename(aside)
         run_dir.mkdir()
         lock_run_dir(run_dir)
-    print(f"rlhfkit: overwrite=true: moved the run in {run_dir} aside to {aside}")
+    print(f"rlhfkit: overwrite=true: moved the {'run' if has_run else 'files'} in {run_dir} aside to {aside}")
     return aside
+
+
+def resumed_changes(run_dir: Path, config_text: str, resume: str) -> list[str]:
+    """Refuse, naming each, the options of a run resumed from `run_dir` that differ from the ones it was
+    started with and could not take effect; return a line for each change that does (RESUME_CHANGEABLE).
+    Options the run's config.yaml lacks (added to rlhfkit since) are not compared."""
+    try:
+        old = yaml.safe_load((run_dir / CONFIG_FILE).read_text())
+    except (OSError, yaml.YAMLError):
+        return []  # a checkpoint without its run's config.yaml: nothing to compare with
+    if not isinstance(old, dict):
+        return []
+    new = yaml.safe_load(config_text)
+    changed = {key: (old[key], new[key]) for key in new if key in old and key not in IGNORED_OPTIONS and old[key] != new[key]}
+    refused = [f"{key}={new_value} (the run has {old_value})" for key, (old_value, new_value) in changed.items()
+               if key not in RESUME_CHANGEABLE]
+    if refused:
+        raise ConfigError(f"resume={resume} continues a run with its own options; these could not take effect and are refused: "
+                          f"{'; '.join(refused)}. Drop them, or start a new run (a new output_dir) with them; a resumed run "
+                          f"may change only {', '.join(RESUME_CHANGEABLE)}")
+    return [f"rlhfkit: resume: {key} {old_value} -> {new_value}: {RESUME_CHANGEABLE[key]}" for key, (old_value, new_value) in changed.items()]
 
 
 def free_name(path: Path) -> Path:
     """`path`, or `path-2`, `path-3`, ... whichever does not exist yet."""
     candidates = itertools.chain([path], (path.with_name(f"{path.name}-{n}") for n in itertools.count(2)))
     return next(p for p in candidates if not p.exists())
+
+
+def foreign_files(run_dir: Path) -> str | None:
+    """Why a folder without a run's config.yaml must not take a run: it holds someone's files (None: empty)."""
+    files = sorted(set(os.listdir(run_dir)) - {LOCK_FILE})
+    if not files:
+        return None
+    shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+    return (f"output_dir={run_dir} is not empty ({shown}) and holds no rlhfkit run (no {CONFIG_FILE}): a run would write over "
+            "those files; choose a new or empty output_dir, or set overwrite=true to move the folder aside")
 
 
 def holds_other_run(run_dir: Path, config_text: str) -> bool:

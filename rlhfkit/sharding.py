@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from .config_checks import launched_processes
 from .errors import ConfigError
 from .models import ScalarModel, decoder_layers
 
@@ -70,6 +71,9 @@ def check_sharding(cfg: Any, stage: str) -> None:
     if cfg.lora_rank > 0:
         raise ConfigError(f"sharding={cfg.sharding} with lora_rank={cfg.lora_rank}: choose one (LoRA already keeps gradients "
                           "and optimizer state small; sharding splits full fine-tuning)")
+    if launched_processes() < 2:  # run unsharded, it would be recorded as sharded and still not fit
+        raise ConfigError(f"sharding={cfg.sharding} splits the models across processes and this run has one: add "
+                          "--num-processes N (N >= 2, one per device), or drop sharding (docs/scaling.md)")
 
 
 def block_class_names(model: torch.nn.Module) -> list[str]:

@@ -28,6 +28,25 @@ def tiny_model_dir(tmp_path_factory):
     return save_tiny_policy(tmp_path_factory.mktemp("tiny") / "policy")
 
 
+@pytest.fixture(scope="session")
+def pad_is_eos_policy(tmp_path_factory, tiny_model_dir):
+    """The tiny policy saved as a hub model whose PAD is its EOS (the embedded SmolLM2's tokenizer as
+    shipped): no [PAD] row, so every load adds one (Detail 3)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlhfkit.models import resolve_model_path
+
+    folder = tmp_path_factory.mktemp("pad-is-eos") / "policy"
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("smollm2-135m"))
+    assert tokenizer.pad_token_id == tokenizer.eos_token_id
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model.resize_token_embeddings(len(tokenizer))
+    model.config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture
 def tiny_model(tiny_model_dir):
     from rlhfkit.models import load_policy

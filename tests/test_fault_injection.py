@@ -48,8 +48,8 @@ def fault_cases() -> list[tuple[str, str, int]]:
 def trainer_args(trainer: str, inputs: dict, out: Path) -> dict:
     """The tiny options of every test, a checkpoint after every step, every sample logged; a reward
     that varies for the group methods (the tiny model rarely emits EOS)."""
-    extra = {"sample_every": 1} if trainer in ("ppo", "grpo", "rloo") else {}
-    extra |= {"eos_trick": "false"} if trainer in ("grpo", "rloo") else {}
+    extra = {"sample_every": 1} if trainer in ("ppo", "grpo", "rloo", "reinforce") else {}
+    extra |= {"eos_trick": "false"} if trainer in ("grpo", "rloo", "reinforce") else {}
     extra |= {"eval_samples": 0} if trainer == "dpo" else {}
     return stage_args(trainer, inputs, out, max_steps=STEPS, save_every=1, keep_checkpoints=0, **extra)
 
@@ -99,3 +99,19 @@ def test_killed_run_resumes_bit_identical(trainer, fault, step, ppo_dirs, straig
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert_same_files(straight, killed, WEIGHTS.get(trainer, ["model/model.safetensors"]))
     assert_same_metrics(straight, killed, STEPS)
+
+
+@pytest.mark.parametrize("stage", ["ppo", "grpo", "rloo", "reinforce"])
+def test_a_model_whose_pad_is_its_eos_resumes_bit_identical(stage, ppo_dirs, pad_is_eos_policy, tmp_path):
+    """From a model without a distinct PAD (the embedded SmolLM2 as shipped, any hub model used directly)
+    each load adds [PAD]: its row must be the same in the policy, the reference and on every reload, so
+    the KL of update 1 is exactly 0 and a SIGKILLed run resumes bit-identical (review case 1)."""
+    inputs = ppo_dirs | {"policy": pad_is_eos_policy}
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    subprocess.run(command(stage, trainer_args(stage, inputs, straight)), check=True, env=child_env(), capture_output=True)
+    assert kill_after_step(command(stage, trainer_args(stage, inputs, killed)), killed, 2) == -9
+    resumed = subprocess.run(rlhfkit_command(stage, f"resume={killed}"), env=child_env(), capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert_same_files(straight, killed, WEIGHTS.get(stage, ["model/model.safetensors"]))
+    rows = assert_same_metrics(straight, killed, STEPS)
+    assert next(r["objective/kl"] for r in rows if "objective/kl" in r) == 0.0

@@ -16,12 +16,11 @@ from rlhfkit.models import (
     ModelError,
     disable_dropout,
     embedded_dir,
-    ensure_pad_token,
     load_policy,
-    match_vocab,
     tiny_config,
     tiny_policy,
 )
+from rlhfkit.vocab import ensure_pad_token, match_vocab
 
 
 @pytest.fixture(scope="module")

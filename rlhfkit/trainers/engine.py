@@ -25,6 +25,7 @@ import torch
 from transformers import get_scheduler
 
 from ..checkpoint import (
+    apply_schedule,
     find_checkpoint,
     load_optimizer_state,
     load_training_state,
@@ -38,7 +39,7 @@ from ..errors import NonFiniteError
 from ..launch import RUN_STAMP
 from ..models import check_model_source, enable_activation_checkpointing
 from ..preemption import resume_command
-from ..run_folder import open_run_folder, require_resume_path
+from ..run_folder import open_run_folder, require_resume_path, resumed_changes
 from ..sharding import (
     ZERO_STAGES,
     SavedState,
@@ -117,7 +118,10 @@ def make_run_dir(cfg: RunConfig, stage: str, checkpoint: Path | None) -> Path:
     else:
         # one stamp for every process of a launch: their clocks may cross a second apart
         run_dir = Path("runs") / f"{stage}-{os.environ.get(RUN_STAMP) or format(datetime.now(), '%Y%m%d-%H%M%S')}"
+    changes = resumed_changes(checkpoint.parents[1], to_yaml(cfg, stage), cfg.resume) if checkpoint is not None else []
     if is_main_process():
+        for line in changes:
+            print(line)
         continuing = checkpoint is not None and checkpoint.parents[1].resolve() == run_dir.resolve()
         open_run_folder(run_dir, to_yaml(cfg, stage), cfg.overwrite, continuing)
     return run_dir
@@ -305,6 +309,7 @@ def train(cfg: TrainConfig, stage: Stage, run_dir: Path, checkpoint: Path | None
         print(sharded.describe(accelerator.num_processes))
     if sharded is not None and checkpoint:
         load_optimizer_state(checkpoint, sharded.optimizer_state())
+        apply_schedule(scheduler)
     model.train()
     lengths = [stage.length(e) for e in stage.examples] if stage.length else None
     steps = SupervisedSteps(stage, cfg, run_dir, accelerator, schedule, model, optimizer, scheduler, lengths, sharded)
