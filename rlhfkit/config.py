@@ -41,6 +41,10 @@ def remote_code_opt() -> Any:
     return opt(False, "allow model code from the hub (off: safer)")
 
 
+def output_overwrite_opt() -> Any:
+    return opt(False, "write over what `out` already holds (off: an existing output is refused, never overwritten silently)")
+
+
 def pickle_opt() -> Any:
     return opt(False, "load pickle weights (pytorch_model.bin, *.pt) from a folder without safetensors (off: unpickling can run code)")
 
@@ -51,6 +55,7 @@ class AnalyzeConfig:
     path: list[str] = opt([], "files, folders or a Hugging Face dataset id (comma separated)")
     model: str = opt("smollm2-135m", "tokenizer used for token lengths (any HF model dir or hub id)")
     out: str = opt("runs/analysis", "folder for analysis.json and the PNG plots")
+    overwrite: bool = output_overwrite_opt()
     max_query_length: int = query_length_opt()
     max_article_query_length: int = article_length_opt()
     hf_split: str = opt("", "split to read when `path` is a hub id (empty: all splits)")
@@ -217,6 +222,7 @@ class GenerateConfig(DataFieldsConfig):
     top_p: float = opt(1.0, "nucleus sampling mass (1: off)")
     trust_remote_code: bool = remote_code_opt()
     out: str = opt("samples.jsonl", "output JSON-lines file")
+    overwrite: bool = output_overwrite_opt()
 
 
 @dataclass
@@ -246,6 +252,7 @@ class RMEvalConfig(DataFieldsConfig):
                                 "reward_length_penalty)", minimum=0.0)
     trust_remote_code: bool = remote_code_opt()
     out: str = opt("", "output folder (empty: runs/rm-eval-<timestamp>)")
+    overwrite: bool = output_overwrite_opt()
 
 
 def stage_opt(preset: str, what: str) -> Any:
@@ -299,6 +306,7 @@ class JudgeEvalConfig(JudgeConfig):
     batches: list[str] = opt([], "keep only comparisons from these annotation batches (empty: all)", "Detail 16")
     max_pairs: int = opt(64, "judge a seeded sample of this many pairs, each in both orders (0: all)")
     out: str = opt("", "output folder (empty: runs/judge-eval-<timestamp>)")
+    overwrite: bool = output_overwrite_opt()
 
 
 @dataclass
@@ -323,6 +331,7 @@ class EvalConfig(JudgeConfig):
     shift_samples: int = opt(3, "samples per policy shown with their tokens coloured by shift in the report", "Table 8")
     max_prompts: int = opt(0, "compare on at most this many common prompts (task=gsm8k: the first problems of `data`; 0: all)")
     out: str = opt("", "output folder (empty: runs/eval-<timestamp>)")
+    overwrite: bool = output_overwrite_opt()
 
 
 @dataclass

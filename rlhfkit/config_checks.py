@@ -6,9 +6,19 @@ the processes they actually run on."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
-from .config import DPOConfig, RunConfig, TrainConfig
+from .config import (
+    AnalyzeConfig,
+    DPOConfig,
+    EvalConfig,
+    GenerateConfig,
+    JudgeEvalConfig,
+    RMEvalConfig,
+    RunConfig,
+    TrainConfig,
+)
 from .config_onpolicy import OnPolicyConfig
 from .errors import ConfigError
 
@@ -30,7 +40,31 @@ def check_config(cfg: Any, processes: int = 1) -> Any:
         check_objective(cfg)
     if isinstance(cfg, DPOConfig):
         check_preference_loss(cfg)
+    if isinstance(cfg, GenerateConfig):
+        check_output_file(cfg.out, cfg.overwrite)
+    if isinstance(cfg, AnalyzeConfig | RMEvalConfig | JudgeEvalConfig | EvalConfig):
+        check_output_folder(cfg.out, cfg.overwrite)
     return cfg
+
+
+def check_output_file(out: str, overwrite: bool) -> None:
+    """A command's output file is never written over silently, as a run folder is not: overwrite=true replaces it."""
+    path = Path(out)
+    if path.is_dir():
+        raise ConfigError(f"out={out} is a folder; give the file to write, e.g. out={path / 'samples.jsonl'}")
+    if path.exists() and not overwrite:
+        raise ConfigError(f"out={out} already exists; pass overwrite=true to replace it, or choose another out=")
+
+
+def check_output_folder(out: str, overwrite: bool) -> None:
+    """A command's output folder that already holds files is refused unless overwrite=true (empty: a new timestamped folder)."""
+    path = Path(out)
+    if out and path.exists() and not path.is_dir():
+        raise ConfigError(f"out={out} is a file; give a folder for the command's results")
+    held = sorted(p.name for p in path.iterdir()) if out and path.is_dir() else []
+    if held and not overwrite:
+        shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
+        raise ConfigError(f"out={out} already holds files ({shown}); pass overwrite=true to write over them, or choose another out=")
 
 
 def check_training_length(cfg: TrainConfig) -> None:

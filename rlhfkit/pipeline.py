@@ -132,7 +132,8 @@ def eval_samples(cfg: PipelineConfig, root: Path) -> list[str]:
 def eval_options(cfg: PipelineConfig, root: Path, samples: list[str]) -> dict[str, Any]:
     """The eval stage's options: every policy's samples and folder (for its KL), the starting policy as
     the reference of KL and token shift, the RM scoring every sample, the judge and its template."""
-    options: dict[str, Any] = {"samples": samples, "judge": cfg.judge, "out": str(root / "eval"),
+    # the stage's folder holds the samples it generated (and an interrupted attempt's results): its own files
+    options: dict[str, Any] = {"samples": samples, "judge": cfg.judge, "out": str(root / "eval"), "overwrite": True,
                                "models": [f"{name}={model}" for name, model in eval_policies(cfg, root).items()],
                                "reference_model": starting_policy(cfg, root)}
     if "rm" in cfg.stages:
