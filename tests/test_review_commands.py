@@ -155,3 +155,41 @@ def test_plan_reads_the_sizes_under_an_architectures_own_names(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(json.loads((tmp_path / "config.json").read_text()) | {"n_embd": 0}))
     with pytest.raises(Exception, match="n_embd=0 must be a whole number above 0"):
         read_shape(str(tmp_path))
+
+
+# ---------------------------------------------------------------- case 27: an output is never overwritten silently
+
+# (command and its options besides out=, what out= must be): each refused before any model or data is read
+WRITERS = [
+    (["generate", "model=policy-never-loaded", "data=posts-never-read"], "file"),
+    (["rm-eval", "model=rm-never-loaded", "data=pairs-never-read"], "folder"),
+    (["judge-eval", "judge=rm:never-loaded", "data=pairs-never-read"], "folder"),
+    (["eval", "samples=p=never-read.jsonl"], "folder"),
+    (["data", "analyze", "--path", "never-read.jsonl"], "folder"),
+]
+
+
+@pytest.mark.parametrize("argv, kind", WRITERS, ids=[" ".join(a[:2]) for a, _ in WRITERS])
+def test_an_output_that_exists_is_refused_in_one_line_and_kept(argv, kind, tmp_path, capsys):
+    existing = tmp_path / "samples.jsonl" if kind == "file" else tmp_path / "results"
+    kept = existing if kind == "file" else existing / "notes.txt"
+    kept.parent.mkdir(exist_ok=True)
+    kept.write_text('{"precious": 1}\n')
+    assert cli_main([*argv, f"out={existing}"]) == 2
+    line = one_error_line(capsys)
+    assert f"out={existing} already" in line and "overwrite=true" in line, line
+    assert kept.read_text() == '{"precious": 1}\n'
+    wrong = tmp_path / ("a-folder" if kind == "file" else "a-file")
+    wrong.mkdir() if kind == "file" else wrong.write_text("x")
+    assert cli_main([*argv, f"out={wrong}"]) == 2
+    assert f"out={wrong} is a {'folder' if kind == 'file' else 'file'}" in one_error_line(capsys)
+
+
+def test_generate_overwrite_true_replaces_the_file(ppo_dirs, tmp_path):
+    out = tmp_path / "samples.jsonl"
+    out.write_text('{"precious": 1}\n')
+    args = [f"model={ppo_dirs['policy']}", f"data={ppo_dirs['posts']}", "validation_posts=4", "num_samples=2", "max_new_tokens=3",
+            "max_query_length=128", f"out={out}", "overwrite=true"]
+    assert cli_main(["generate", *args]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 2 and all("prompt_id" in row and "precious" not in row for row in rows)
