@@ -30,7 +30,19 @@ def opt(default: Any, help: str, source: str | None = None, minimum: float = 0) 
 
 
 def query_length_opt() -> Any:
-    return opt(512, "query tokens; longer posts lose paragraphs from the end", "Detail 2", minimum=1)
+    return opt(512, "query tokens; a longer post loses paragraphs from its end (a dialogue or prompt text: from its start), and a "
+                    "record of which no text fits is skipped and counted", "Detail 2", minimum=1)
+
+
+# the formats one option away, as the help of `data_format` / `prompt_format` lists them (docs/data-formats.md)
+PAIR_FORMATS_HELP = ("format of `data`; the default reads OpenAI's TL;DR comparisons. Other data is one option away: hh (HH-RLHF "
+                     "chosen/rejected dialogues), preference (TRL's chosen, rejected and optional prompt columns, strings or chat "
+                     "messages), or auto (detected from the first record's columns and printed); docs/data-formats.md")
+PROMPT_FORMATS_HELP = ("format of `data`; the default reads TL;DR posts. Other data is one option away: prompt-only (TRL's prompt "
+                       "column, a string or chat messages; a completion column is the reference), hh (HH-RLHF dialogues; the chosen "
+                       "response is the reference), gsm8k (question, answer: the reference solution, its final number the `answer` "
+                       "column the gsm8k reward reads), or auto (detected from the first record's columns and printed); "
+                       "docs/data-formats.md")
 
 
 def article_length_opt() -> Any:
@@ -124,8 +136,9 @@ class SFTConfig(TrainConfig):
         "Detail 1",
     )
     data_format: Literal["tldr-sft", "auto", "prompt-completion", "language-modeling"] = opt(
-        "tldr-sft", "format of `data`: TL;DR posts and summaries, auto (detected from the first record's columns), or a generic "
-        "format (docs/data-formats.md)")
+        "tldr-sft", "format of `data`; the default reads TL;DR posts and summaries. Other data is one option away: prompt-completion "
+        "(TRL's prompt and completion columns, strings or chat messages), language-modeling (a text or messages column), or auto "
+        "(detected from the first record's columns and printed); docs/data-formats.md")
     hf_split: str = opt("train", "split to read when `data` is a hub id")
     validation_posts: int = opt(300, "posts held out by post identity for validation (0: none)")
     loss_on_query: bool = opt(False, "also train on query tokens (default: response tokens only)")
@@ -142,9 +155,7 @@ class PairConfig(TrainConfig):
         "comparisons in data_format: hub id, files (OpenAI JSON lines, HH-RLHF jsonl.gz, any jsonl, json, csv, parquet) or folders",
         "Detail 1",
     )
-    data_format: Literal["tldr-comparisons", "hh", "auto", "preference"] = opt(
-        "tldr-comparisons", "format of `data`: OpenAI comparisons, HH-RLHF, auto (detected from the first record's columns), or "
-        "preference data with an explicit or implicit prompt (docs/data-formats.md)")
+    data_format: Literal["tldr-comparisons", "hh", "auto", "preference"] = opt("tldr-comparisons", PAIR_FORMATS_HELP)
     hf_split: str = opt("train", "split to read when `data` is a hub id")
     total_batch_size: int = opt(64, "pairs per optimizer step", minimum=1)
     micro_batch_size: int = opt(4, "pairs per forward pass on one process", minimum=1)
@@ -205,9 +216,7 @@ class DPOConfig(PairConfig):
 class GenerateConfig(DataFieldsConfig):
     model: str = opt("smollm2-135m", "policy to sample from: embedded name, HF directory or hub id")
     data: list[str] = opt([], "prompts in prompt_format (hub id, files or folders): TL;DR SFT posts, HH-RLHF comparisons, prompt-only data")
-    prompt_format: Literal["tldr-sft", "hh", "gsm8k", "auto", "prompt-only"] = opt(
-        "tldr-sft", "format of `data`; for hh each distinct dialogue is answered and its chosen response is the reference; "
-        "prompt-only: the `prompt` column, and a `completion` column, when there is one, as the reference (docs/data-formats.md)")
+    prompt_format: Literal["tldr-sft", "hh", "gsm8k", "auto", "prompt-only"] = opt("tldr-sft", PROMPT_FORMATS_HELP)
     prompt_suite: str = opt("", "answer a prompt suite instead of summarising posts: builtin-hh or a YAML file (see rlhfkit/prompts)", "seed 002")
     hf_split: str = opt("train", "split to read when `data` is a hub id (train: the one `rlhfkit sft` splits)")
     split: Literal["all", "train", "validation"] = opt("validation", "which side of the post split to use")
@@ -231,8 +240,7 @@ class RMEvalConfig(DataFieldsConfig):
     reference_model: str = opt("", "DPO only: the reference policy (empty: the one `rlhfkit dpo` recorded in the model folder)", "Appendix A")
     beta: float = opt(0.0, "DPO only: beta of the implicit reward (0: the one `rlhfkit dpo` recorded)", "Appendix A")
     data: list[str] = opt([], "comparisons: hub id or OpenAI JSON-lines / HH-RLHF jsonl.gz files, or preference data (docs/data-formats.md)")
-    data_format: Literal["tldr-comparisons", "hh", "auto", "preference"] = opt(
-        "tldr-comparisons", "format of `data` (auto: detected from the columns of its first record and logged)")
+    data_format: Literal["tldr-comparisons", "hh", "auto", "preference"] = opt("tldr-comparisons", PAIR_FORMATS_HELP)
     hf_split: str = opt("validation", "split to read when `data` is a hub id")
     splits: list[str] = opt([], "keep only comparisons from these splits (empty: all)", "Detail 16")
     batches: list[str] = opt([], "keep only comparisons from these annotation batches (empty: all)", "Detail 16")

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from .config import RunConfig, opt
+from .config import PROMPT_FORMATS_HELP, RunConfig, opt
 
 
 @dataclass
@@ -27,9 +27,7 @@ class OnPolicyConfig(RunConfig):
     stop_on_reward_error: bool = opt(False, "stop the run at the first row a reward function fails on, instead of scoring it reward_error_score")
     data: list[str] = opt(["vwxyzjn/summarize_from_feedback_tldr_3_filtered"], "prompts: TL;DR SFT data (their posts), HH-RLHF comparisons "
                           "(their dialogues) with prompt_format=hh, GSM8K problems with prompt_format=gsm8k", "Detail 1")
-    prompt_format: Literal["tldr-sft", "hh", "gsm8k", "auto", "prompt-only"] = opt(
-        "tldr-sft", "format of `data`; for hh the chosen response is the reference the evaluation compares with, for gsm8k the "
-        "reference solution (its final number is the `answer` column the gsm8k reward reads)")
+    prompt_format: Literal["tldr-sft", "hh", "gsm8k", "auto", "prompt-only"] = opt("tldr-sft", PROMPT_FORMATS_HELP)
     hf_split: str = opt("train", "split to read when `data` is a hub id")
     validation_posts: int = opt(300, "posts held out by post identity, as `rlhfkit sft` splits them: never prompts; evaluation summarises them")
     eval_samples: int = opt(64, "held-out posts summarised by the SFT and trained policies at the end (0: none)")
