@@ -115,11 +115,24 @@ def reading(path: str) -> Iterator[None]:
     except (EOFError, zlib.error) as e:
         raise DataFormatError(f"{path}: damaged or cut-short gzip data ({e}); copy or download it again") from None
     except UnicodeDecodeError as e:
-        raise DataFormatError(
-            f"{path}: not UTF-8 text ({e.reason} 0x{e.object[e.start]:02x}); convert it to UTF-8"
-        ) from None
+        raise DataFormatError(f"{first_bad_utf8(path) or f'{path}: not UTF-8 text ({e.reason})'}; convert it to UTF-8") from None
     except OSError as e:
         raise DataFormatError(f"{path}: cannot read it ({e.strerror or e})") from None
+
+
+def first_bad_utf8(path: str) -> str:
+    """Where the first byte that is not UTF-8 is, as `file:line: not UTF-8 text (...)`: the text decoder
+    reads in blocks, so its error knows neither. No UTF-8 character holds a newline byte, so each line
+    decodes alone."""
+    offset = 0
+    with gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return f"{path}:{number}: not UTF-8 text ({e.reason} 0x{line[e.start]:02x} at byte {offset + e.start} of the file)"
+            offset += len(line)
+    return ""
 
 
 def decode_json(text: str) -> Any:
