@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from .errors import ConfigError, ModelError
+from .faults import continue_run, room_for
 from .models import LENGTH_HEAD, PEFT_WRAPPER, SCALAR_HEAD, ScalarModel, decoder_layers, load_policy
 
 ADAPTER_FOLDER = "adapter"
@@ -160,13 +161,15 @@ def save_final_model(model: torch.nn.Module, tokenizer: Any, run_dir: Path, fold
     into the base weights, and the adapter alone beside it in `run_dir/adapter` (`value_adapter` for
     the folder `value`)."""
     out = run_dir / folder
-    if is_adapted(model):
-        adapter = run_dir / (ADAPTER_FOLDER if folder == "model" else f"{folder}_{ADAPTER_FOLDER}")
-        save_weights(model, adapter)
-        tokenizer.save_pretrained(adapter)
-        model = merged_copy(model)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    with room_for(run_dir, f"the final model {folder}/", size, continue_run(run_dir)):
+        if is_adapted(model):
+            adapter = run_dir / (ADAPTER_FOLDER if folder == "model" else f"{folder}_{ADAPTER_FOLDER}")
+            save_weights(model, adapter)
+            tokenizer.save_pretrained(adapter)
+            model = merged_copy(model)
+        model.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
     return out
 
 

@@ -20,6 +20,7 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ import torch
 from . import errors
 from .adapters import save_weights
 from .errors import CheckpointError
-from .faults import fault_point
+from .faults import continue_run, fault_point, room_for
 
 LATEST = "latest"
 MANIFEST = "manifest.json"
@@ -66,8 +67,11 @@ def seed_everything(seed: int) -> None:
 
 def write_json_atomic(path: Path, data: Any) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data, indent=2))
+        os.replace(tmp, path)
+    finally:  # after a failed write (a full disk) no half-written file stays; after a good one it was renamed
+        tmp.unlink(missing_ok=True)
 
 
 def save_checkpoint(
@@ -85,31 +89,60 @@ def save_checkpoint(
     """Write checkpoint `step` atomically, point `latest` at it, keep the newest `keep` (0: all).
 
     `extra_models` are saved as `save_pretrained` folders named by their key; `extra_states` are
-    objects with `state_dict()` (optimizers, schedulers) stored in state.pt under their key.
+    objects with `state_dict()` (optimizers, schedulers) stored in state.pt under their key. A write that
+    fails (a full disk: DiskFullError) leaves no temporary folder and `latest` as it was.
     """
     folder = run_dir / "checkpoints"
-    folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"step-{step:06d}"
-    tmp = Path(tempfile.mkdtemp(dir=folder, prefix=f".tmp-step-{step:06d}-"))
-    save_weights(model, tmp / "model")
-    tokenizer.save_pretrained(tmp / "model")
-    for name, extra in (extra_models or {}).items():  # each a complete folder (or adapter), loadable on its own
-        save_weights(extra, tmp / name)
-        tokenizer.save_pretrained(tmp / name)
-    fault_point("save", step)
+    models = {"model": model, **(extra_models or {})}
     states = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
     states |= {name: obj.state_dict() for name, obj in (extra_states or {}).items()}
-    torch.save(states, tmp / "state.pt")
+    with room_for(folder, f"checkpoint {final.name}", checkpoint_size(models.values(), states),
+                  continue_run(run_dir)):
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=folder, prefix=f".tmp-step-{step:06d}-"))
+        try:
+            write_checkpoint_files(tmp, step, models, tokenizer, states, trainer_state)
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        finally:  # gone once renamed; after a failure its half-written files would hold the space the run needs
+            shutil.rmtree(tmp, ignore_errors=True)
+        fault_point("publish", step)
+        write_json_atomic(folder / LATEST, {"checkpoint": final.name, "step": step})
+    prune(folder, keep)
+    return final
+
+
+def write_checkpoint_files(tmp: Path, step: int, models: dict[str, torch.nn.Module], tokenizer: Any,
+                           states: dict[str, Any], trainer_state: dict[str, Any]) -> None:
+    for name, saved in models.items():  # each a complete folder (or adapter), loadable on its own
+        save_weights(saved, tmp / name)
+        tokenizer.save_pretrained(tmp / name)
+    fault_point("save", step)
+    with (tmp / "state.pt").open("wb") as f:  # through a Python file: a full disk then raises an OSError naming it
+        torch.save(states, f)
     (tmp / "rng.json").write_text(json.dumps(rng_state()))
     (tmp / "trainer.json").write_text(json.dumps({"step": step, **trainer_state}, indent=2))
     write_manifest(tmp)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    fault_point("publish", step)
-    write_json_atomic(folder / LATEST, {"checkpoint": final.name, "step": step})
-    prune(folder, keep)
-    return final
+
+
+def checkpoint_size(models: Iterable[torch.nn.Module], states: dict[str, Any]) -> int:
+    """About the bytes of a checkpoint: the weights it saves (those that train: an adapter's alone) and
+    every tensor of the optimizer and scheduler states; tokenizer files and JSON are left out."""
+    weights = sum(p.numel() * p.element_size() for model in models for p in model.parameters() if p.requires_grad)
+    return weights + tensor_bytes(states)
+
+
+def tensor_bytes(value: Any) -> int:
+    """The bytes of every tensor in nested dicts, lists and tuples."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(tensor_bytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(tensor_bytes(v) for v in value)
+    return 0
 
 
 def prune(folder: Path, keep: int) -> None:
@@ -248,10 +281,23 @@ def load_training_state(
     if optimizer is not None:  # None: loaded later (a sharded optimizer, once sharded: load_optimizer_state)
         optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
+    if optimizer is not None:
+        apply_schedule(scheduler)
     for name, obj in (extra_states or {}).items():
         obj.load_state_dict(state[name])
+        if isinstance(obj, torch.optim.lr_scheduler.LambdaLR):  # PPO's value model has a schedule of its own
+            apply_schedule(obj)
     set_rng_state(json.loads((checkpoint / "rng.json").read_text()))
     return json.loads((checkpoint / "trainer.json").read_text())
+
+
+def apply_schedule(scheduler: Any) -> None:
+    """Set the restored optimizer's learning rates from the schedule built for this run's length, at the step
+    reached. The optimizer's state holds the rates of the schedule it was saved under: unchanged, this writes
+    the same values; a resumed run given a larger max_steps continues on its recomputed schedule instead of
+    the old one's end (0 for cosine and linear)."""
+    for group, base, factor in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True):
+        group["lr"] = base * factor(scheduler.last_epoch)
 
 
 def load_optimizer_state(checkpoint: Path, optimizer: Any) -> None:

@@ -34,6 +34,11 @@ class RunLockedError(UserError, RuntimeError):
     """Another running process writes the run directory; the message names the folder and its pid."""
 
 
+class DiskFullError(UserError, RuntimeError):
+    """A write found no space left (or the quota used up); the message names the folder and the size needed.
+    Not an OSError, which the run folder's checks would report as a folder that cannot be written."""
+
+
 def warn(message: str) -> None:
     """One `rlhfkit: warning:` line on stderr, at the start of a line (`grep '^rlhfkit: warning'` finds it in
     a log): a progress bar on screen leaves its line open to redraw it after `\\r`, so that line is ended first."""

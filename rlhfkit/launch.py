@@ -1,16 +1,24 @@
 """Multi-process launch through `accelerate`: `rlhfkit <stage> ... --num-processes N` re-runs the same
 command under `accelerate launch` (CPU processes talk over gloo, GPUs over NCCL); `accelerate launch
--m rlhfkit <stage> ...` works too. Kept free of torch so that the command line starts fast.
+-m rlhfkit <stage> ...` works too. Kept free of torch so that the command line starts fast (the
+launcher, `python -m rlhfkit.launch`, imports it in a process of its own).
+
+A launch ends like a single process: its processes record their exit codes in a status folder, and
+the launch exits with the code they agree on. What they print that all of them would print (the same
+user error) is printed once, and torch elastic's report of a failed process (a ChildFailedError
+traceback) is left out: the launch names the processes that died or failed itself.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -21,8 +29,9 @@ def inside_launcher() -> bool:
 
 
 def launch_command(argv: list[str], num_processes: int) -> list[str]:
-    """The `accelerate launch` command that runs `rlhfkit <argv>` on `num_processes` (>= 2) processes."""
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(num_processes)]
+    """The `accelerate launch` command (through `run_launcher`) that runs `rlhfkit <argv>` on `num_processes`
+    (>= 2) processes."""
+    cmd = [sys.executable, "-m", "rlhfkit.launch", "--num_processes", str(num_processes)]
     cmd += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
     cmd += ["--main_process_port", os.environ.get("RLHFKIT_PORT", "29517")]
     # accelerate's torchrun-based launcher also serves CPU processes: each process then builds
@@ -33,6 +42,25 @@ def launch_command(argv: list[str], num_processes: int) -> list[str]:
 
 STATUS_DIR = "RLHFKIT_LAUNCH_STATUS"  # where each launched process records its pid, then its exit code
 RUN_STAMP = "RLHFKIT_RUN_STAMP"  # one timestamp for the default run folder of every process
+AGREEMENT_WAIT = 10.0  # seconds a process ending non-zero waits for the others to end alike
+
+
+def run_launcher(args: list[str]) -> int:
+    """`accelerate launch ARGS` in this process, the one `relaunch` starts. When a process fails, torch
+    elastic's agent logs it and raises ChildFailedError, whose traceback and report would bury the
+    processes' own lines; `relaunch` names the process instead, so here it ends quietly."""
+    import logging
+
+    from accelerate.commands.launch import launch_command as accelerate_launch
+    from accelerate.commands.launch import launch_command_parser
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    logging.disable(logging.ERROR)  # the agent's lines on stopping and failed processes
+    try:
+        accelerate_launch(launch_command_parser().parse_args(args))
+    except ChildFailedError:
+        return 1
+    return 0
 
 
 def relaunch(argv: list[str], num_processes: int) -> int:
@@ -76,18 +104,26 @@ class ProcessStatus:
 
 
 def read_launch_status(status: Path, num_processes: int) -> list[ProcessStatus]:
-    def number(path: Path) -> int | None:
-        return int(path.read_text()) if path.is_file() else None
-
-    return [ProcessStatus(rank, number(status / f"rank-{rank}.pid"), number(status / f"rank-{rank}.exit"))
+    return [ProcessStatus(rank, read_number(status / f"rank-{rank}.pid"), read_number(status / f"rank-{rank}.exit"))
             for rank in range(num_processes)]
+
+
+def read_number(path: Path) -> int | None:
+    return int(path.read_text()) if path.is_file() else None
+
+
+def write_number(path: Path, number: int) -> None:
+    """Through a temporary file: a process reading `path` meanwhile finds it whole or not at all."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(str(number))
+    os.replace(tmp, path)
 
 
 def launch_outcome(launcher_code: int, processes: list[ProcessStatus]) -> int:
     """The launch's exit code, after one line per process that died or failed (on stderr)."""
     codes = {p.exit_code for p in processes}
     if len(codes) == 1 and None not in codes:
-        return codes.pop() if launcher_code else 0  # all agreed: 0, a user error, or a preemption
+        return codes.pop()  # all agreed: 0, a user error, or a preemption
     for p in sorted(processes, key=lambda p: p.exit_code is not None):  # the dead first: they are the cause
         if p.pid is None:
             report(f"process {p.rank} never started")
@@ -103,6 +139,18 @@ def report(line: str) -> None:
     print(f"rlhfkit: {line}", file=sys.stderr, flush=True)
 
 
+def say_once(line: str) -> None:
+    """`line` on stderr, once per launch: of the processes `relaunch` started, which meet a user error
+    together, only the first to say it does. Elsewhere it is printed."""
+    folder = os.environ.get(STATUS_DIR)
+    if folder and "RANK" in os.environ:
+        try:  # creating the mark succeeds in one process only
+            (Path(folder) / f"said-{hashlib.sha256(line.encode()).hexdigest()[:16]}").open("x").close()
+        except FileExistsError:
+            return
+    print(line, file=sys.stderr, flush=True)
+
+
 @dataclass
 class Outcome:
     code: int = 1  # until the command returns: a traceback counts as 1
@@ -111,17 +159,41 @@ class Outcome:
 @contextlib.contextmanager
 def launched_process_status():
     """Around a command: in a process started by `relaunch`, record its pid on entry and its exit code
-    (`outcome.code`, or the SystemExit's) on leaving, so the launch can name a process that died or failed."""
+    (`outcome.code`, or the SystemExit's) on leaving, so the launch can name a process that died or failed.
+
+    A process that ends non-zero as every process of the launch does (the same user error, a stop they
+    agreed on) then exits 0: torch elastic's agent would stop the processes still ending (SIGTERM, which
+    kills one in its exit) and report a failure, where `relaunch` returns the code they recorded."""
     outcome = Outcome()
     folder, rank = os.environ.get(STATUS_DIR), os.environ.get("RANK")
     if not folder or rank is None:
         yield outcome
         return
-    (Path(folder) / f"rank-{rank}.pid").write_text(str(os.getpid()))
+    status = Path(folder)
+    write_number(status / f"rank-{rank}.pid", os.getpid())
     try:
         yield outcome
     except SystemExit as e:
         outcome.code = e.code if isinstance(e.code, int) else 1
-        raise
     finally:
-        (Path(folder) / f"rank-{rank}.exit").write_text(str(outcome.code))
+        write_number(status / f"rank-{rank}.exit", outcome.code)
+    if outcome.code and not all_ended_alike(status, outcome.code):
+        raise SystemExit(outcome.code)  # alone: the agent stops the others
+    outcome.code = 0
+
+
+def all_ended_alike(status: Path, code: int) -> bool:
+    """Whether every process of the launch records `code`, waiting up to AGREEMENT_WAIT seconds for them."""
+    ranks = range(int(os.environ.get("WORLD_SIZE", "1")))
+    deadline = time.monotonic() + AGREEMENT_WAIT
+    while True:
+        codes = {read_number(status / f"rank-{rank}.exit") for rank in ranks}
+        if codes - {code, None} or time.monotonic() > deadline:
+            return False
+        if codes == {code}:
+            return True
+        time.sleep(0.05)
+
+
+if __name__ == "__main__":
+    sys.exit(run_launcher(sys.argv[1:]))

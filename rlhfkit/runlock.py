@@ -2,11 +2,13 @@
 
 Two processes writing one folder would interleave checkpoints, metrics and config.yaml. A run
 directory in use holds `.rlhfkit.lock` (pid, host, the process's start tick, when it took the
-folder), created with O_CREAT|O_EXCL so that of two processes starting at once exactly one gets it,
-and removed when that process exits, also through an error or SIGTERM. A lock whose process no
-longer runs on this host (killed, crashed, out of memory) is reported in one line and taken over.
-The holder may lock its folder again: the pipeline runs its stages in one process, and a resumed
-run reuses its folder.
+folder), removed when that process exits, also through an error or SIGTERM. The record is written
+beside the lock and linked into place, which fails when a lock is there already: of two processes
+starting at once exactly one gets it, and a lock is whole from the moment it exists. A lock whose
+process no longer runs on this host (killed, crashed, out of memory), or one that is empty or
+unreadable (left by a crash, or a full disk, mid-write by an earlier rlhfkit), is reported in one line
+and taken over. The holder may lock its folder again: the pipeline runs its stages in one process,
+and a resumed run reuses its folder.
 """
 
 from __future__ import annotations
@@ -17,36 +19,42 @@ import json
 import os
 import signal
 import socket
-import sys
+import tempfile
 import threading
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from .errors import RunLockedError
+from .errors import RunLockedError, warn
+from .faults import disk_full_reason, room_for
 from .preemption import exit_code
 
 LOCK_FILE = ".rlhfkit.lock"
 HELD: set[Path] = set()  # lock files this process holds, removed at exit
+SETTLE_SECONDS = 2.0  # an unreadable lock older than this is no longer being written
 
 
 def lock_run_dir(run_dir: Path) -> None:
     """Hold `run_dir` until this process exits; RunLockedError while another running process holds it."""
     path = (run_dir / LOCK_FILE).resolve()
     while not create(path, holder_record(os.getpid())):
-        holder = read_holder(path, run_dir)
-        if holder is None:  # released since: try again
+        found = read_lock(path)
+        if found is None:  # released since: try again
             continue
-        if same_process(holder, os.getpid()):
+        holder = parse_holder(found)
+        if holder is not None and same_process(holder, os.getpid()):
             break
-        if running(holder):
+        if holder is not None and running(holder):
             raise RunLockedError(
                 f"{run_dir} is in use by process {holder['pid']} on {holder['host']} (since {holder['started']}); "
                 f"wait for it to end or choose another output_dir; if that process is gone, delete {path}"
             )
-        print(f"rlhfkit: warning: {path} was left by process {holder['pid']} (since {holder['started']}), which no longer "
-              "runs; taking the folder over", file=sys.stderr)
-        path.unlink(missing_ok=True)
+        if holder is None and not settled(path):  # on a file system without hard links it may be mid-write
+            time.sleep(0.1)
+            continue
+        warn(f"{path} was left by {describe(holder)}; taking the folder over")
+        remove_stale(path, found)
     HELD.add(path)
     release_on_sigterm()
 
@@ -65,26 +73,79 @@ def holder_record(pid: int) -> dict[str, Any]:
 
 
 def create(path: Path, record: dict[str, Any]) -> bool:
-    """Create the lock file holding `record`; False when it exists already."""
+    """Put the lock holding `record` at `path`, whole from the moment it exists; False when one is there
+    already. A full disk is one line (DiskFullError), leaving no lock behind."""
+    data = (json.dumps(record) + "\n").encode()
+    with room_for(path.parent, f"its lock file {path.name}", len(data), "run the command again"):
+        fd, draft = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            return put_in_place(Path(draft), path, data)
+        finally:
+            os.unlink(draft)
+
+
+def put_in_place(draft: Path, path: Path, data: bytes) -> bool:
+    """Link the written `draft` to `path` unless something is there; False when it was."""
     try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        os.link(draft, path)
     except FileExistsError:
         return False
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(record) + "\n")
+    except OSError as e:  # a file system without hard links (FAT, some FUSE mounts): create, then write at once
+        if disk_full_reason(e):
+            raise
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
     return True
 
 
-def read_holder(path: Path, run_dir: Path) -> dict[str, Any] | None:
-    """The lock's record, or None when the lock is gone."""
+def read_lock(path: Path) -> bytes | None:
+    """The lock's bytes, or None when the lock is gone."""
     try:
-        holder = json.loads(path.read_text())
-        return {key: holder[key] for key in ("pid", "host", "process_start", "started")}
+        return path.read_bytes()
     except FileNotFoundError:
         return None
+
+
+def parse_holder(data: bytes) -> dict[str, Any] | None:
+    """The lock's record (pid, host, process start, when), or None when it is empty or not one."""
+    try:
+        holder = json.loads(data)
+        return {key: holder[key] for key in ("pid", "host", "process_start", "started")}
     except (ValueError, KeyError, TypeError):
-        raise RunLockedError(f"{run_dir} holds {path}, which is not an rlhfkit lock file it can read; "
-                             "delete it if no run is using this folder") from None
+        return None
+
+
+def settled(path: Path) -> bool:
+    """Whether an unreadable lock has been so for long enough that no process is still writing it: a lock is
+    written whole when linked into place, and within a moment of its creation where it cannot be."""
+    with contextlib.suppress(FileNotFoundError):
+        return time.time() - path.stat().st_mtime > SETTLE_SECONDS
+    return False
+
+
+def describe(holder: dict[str, Any] | None) -> str:
+    if holder is None:
+        return "a process that died while writing it (it is empty or unreadable)"
+    return f"process {holder['pid']} (since {holder['started']}), which no longer runs"
+
+
+def remove_stale(path: Path, found: bytes) -> None:
+    """Remove the stale lock that held `found`, but not a lock another process took over it meanwhile: it is
+    moved aside first (of two processes doing so, one moves it) and put back when it is not the stale one."""
+    aside = path.with_name(f"{path.name}.stale-{os.getpid()}")
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:  # another process removed it first
+        return
+    if (taken := aside.read_bytes()) != found:
+        put_in_place(aside, path, taken)
+    aside.unlink()
 
 
 def process_start(pid: int) -> int | None:

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .faults import continue_run, room_for
 
 
 class Tracker:
     def __init__(self, run_dir: Path, report_to: list[str], config: dict[str, Any], project: str = "rlhfkit", resume_step: int = 0):
+        self.run_dir = run_dir
         self.path = run_dir / "metrics.jsonl"
         self.drop_after(resume_step)
         self.tb = None
@@ -38,12 +41,13 @@ class Tracker:
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         row = {"step": step, **{k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in metrics.items()}}
-        append_jsonl(self.path, [row])
-        if self.tb is not None:
-            for key, value in metrics.items():
-                if isinstance(value, int | float):
-                    self.tb.add_scalar(key, value, step)
-            self.tb.flush()
+        with room_for(self.run_dir, f"the metrics of step {step}", len(json.dumps(row)) + 1, continue_run(self.run_dir)):
+            append_jsonl(self.path, [row])
+            if self.tb is not None:
+                for key, value in metrics.items():
+                    if isinstance(value, int | float):
+                        self.tb.add_scalar(key, value, step)
+                self.tb.flush()
         if self.wandb is not None:
             self.wandb.log(metrics, step=step)
 
@@ -61,8 +65,17 @@ def drop_rows_after(path: Path, step: int) -> None:
 
 
 def append_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    with Path(path).open("a") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
+    """Append `rows`, or none of them: a write the disk cannot take whole is cut back, because half a row
+    would make the whole file unreadable."""
+    data = memoryview("".join(json.dumps(r) + "\n" for r in rows).encode())
+    with Path(path).open("ab", buffering=0) as f:  # unbuffered: each write reaches the file or fails here
+        end = f.tell()
+        try:
+            while data:
+                data = data[f.write(data):]  # a write may take only part of it
+        except OSError:
+            f.truncate(end)
+            raise
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -70,7 +83,15 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    Path(path).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    """Replace the file by `rows` through a temporary one, so that a write cut short (a full disk) loses
+    nothing of what it held."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        os.replace(tmp, path)
+    finally:  # renamed after a good write; after a failed one, it would hold the space
+        tmp.unlink(missing_ok=True)
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

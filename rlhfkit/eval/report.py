@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..faults import room_for
+
 PREVIEW_LINES, PREVIEW_CHARS = 3, 240  # a longer cell (a whole post) is collapsed behind its start
 MISSING, NOT_A_NUMBER = "-", "n/a"
 NON_NUMBERS = {"None", "nan", "NaN", "inf", "-inf", "+inf", "Infinity", "-Infinity"}  # Python's and JSON's spellings
@@ -113,9 +115,13 @@ class Report:
         """`report.html`, and beside it `report.json` with the headline numbers and caveats, which the
         pipeline's report gathers from every stage."""
         folder = Path(folder)
-        path = write_page(folder, self.title, self.body())
+        body = self.body()
         record = {"title": self.title, "numbers": [finite(vars(n)) for n in self.numbers], "caveats": self.all_caveats()}
-        (folder / "report.json").write_text(json.dumps(record, indent=2))
+        size = sum(len(text) for _, text in body) + len(json.dumps(record, indent=2))
+        again = f"run the command again (a training stage: with resume={folder})"
+        with room_for(folder, "report.html and report.json", size, again):
+            path = write_page(folder, self.title, body)
+            (folder / "report.json").write_text(json.dumps(record, indent=2))
         return path
 
     def gather(self, stage: str, record: dict[str, Any]) -> None:
