@@ -10,6 +10,7 @@ from pathlib import Path
 from . import config as cfgmod
 from .config import ConfigError
 from .errors import NonFiniteError, UserError
+from .launch import say_once
 from .presets import ABOUT
 from .run_folder import require_resume_path, unstarted_runs_taken_back
 from .stages import STAGES, Stage, multi_process_names
@@ -180,10 +181,10 @@ def run_command(argv: list[str]) -> int:
         with unstarted_runs_taken_back():
             return run_stage(argv)
     except NonFiniteError as e:
-        print(f"rlhfkit: stopped: {e}", file=sys.stderr)
+        say_once(f"rlhfkit: stopped: {e}")
         return 3
     except UserError as e:  # the message names what to fix: one line, no traceback
-        print(f"rlhfkit: error: {e}", file=sys.stderr)
+        say_once(f"rlhfkit: error: {e}")
         return 2
 
 
