@@ -84,6 +84,12 @@ def test_pipeline_help_lists_the_quickstart_and_paper_presets_with_descriptions(
         assert f"  {preset:<24} {ABOUT[preset]}" in lines
 
 
+def test_every_shipped_preset_has_a_description():
+    from rlhfkit.config import preset_names
+
+    assert not set(preset_names()) - set(ABOUT)
+
+
 def test_every_command_that_takes_a_preset_lists_what_it_takes(capsys):
     for stage in (s for s in STAGES.values() if s.config is not None):
         assert cli.main([*stage.words, "--help"]) == 0

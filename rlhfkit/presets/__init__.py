@@ -23,4 +23,12 @@ ABOUT: dict[str, str] = {
     "gsm8k-grpo": "GRPO on GSM8K with the exact-match and format rewards, no reward model: SmolLM2-135M-Instruct on a CPU "
                   "(docs/reproduction.md)",
     "hh-grpo": "seed 002's GRPO: GPT-2 on HH-RLHF (G = 4, beta 0.1, KL in the loss); needs the hub and reward_model=",
+    "tldr-dr-grpo": "Dr. GRPO on tldr-grpo: advantages not divided by the group's std, token sums over a constant",
+    "gsm8k-dr-grpo": "Dr. GRPO on gsm8k-grpo: no std scaling, token sums over a constant, no KL term",
+    "tldr-dapo": "DAPO on tldr-grpo: clip-higher, token mean, dynamic sampling, overlong shaping and filtering, no KL",
+    "gsm8k-dapo": "DAPO on gsm8k-grpo: clip-higher, token mean, dynamic sampling, overlong shaping and filtering, no KL",
+    "tldr-gspo": "GSPO on tldr-grpo: one length-normalised ratio per response, clipped to [1 - 3e-4, 1 + 4e-4]",
+    "gsm8k-gspo": "GSPO on gsm8k-grpo: one length-normalised ratio per answer, clipped to [1 - 3e-4, 1 + 4e-4]",
+    "tldr-reinforce-pp": "REINFORCE++ at Table 7's TL;DR budget: one response per prompt, returns normalised over the batch",
+    "gsm8k-reinforce-pp": "REINFORCE++-baseline on GSM8K: 8 answers per problem minus their mean, then the batch's normalisation",
 }
