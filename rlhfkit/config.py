@@ -21,9 +21,10 @@ from .config_values import apply, describe_type, read_yaml_text
 from .errors import ConfigError
 
 
-def opt(default: Any, help: str, source: str | None = None, minimum: float = 0) -> Any:
-    """A config field with help text, the paper source of its default, and (numbers) its lower bound."""
-    meta = {"help": help, "source": source, "minimum": minimum}
+def opt(default: Any, help: str, source: str | None = None, minimum: float = 0, below: float | None = None) -> Any:
+    """A config field with help text, the paper source of its default, and (numbers) its lower bound and
+    the bound it must stay below (a fraction of the data: below 1)."""
+    meta = {"help": help, "source": source, "minimum": minimum, "below": below}
     if isinstance(default, list | dict):
         return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
     return field(default=default, metadata=meta)
@@ -161,7 +162,7 @@ class PairConfig(TrainConfig):
     micro_batch_size: int = opt(4, "pairs per forward pass on one process", minimum=1)
     max_response_length: int = opt(169, "response tokens including EOS; longer pairs are skipped", "Detail 4", minimum=1)
     max_article_query_length: int = article_length_opt()
-    validation_fraction: float = opt(0.1, "fraction of prompts (posts, dialogues) held out by prompt identity for validation")
+    validation_fraction: float = opt(0.1, "fraction of prompts (posts, dialogues) held out by prompt identity for validation", below=1)
     splits: list[str] = opt([], "keep only comparisons from these splits (e.g. train, valid1; empty: all)", "Detail 16")
     validation_splits: list[str] = opt([], "split-disjoint protocol: validate on these upstream splits (TL;DR valid1), train on `splits` "
                                        "(empty: the others); replaces validation_fraction; prompts also trained on are dropped", "Detail 6")
@@ -245,7 +246,7 @@ class RMEvalConfig(DataFieldsConfig):
     splits: list[str] = opt([], "keep only comparisons from these splits (empty: all)", "Detail 16")
     batches: list[str] = opt([], "keep only comparisons from these annotation batches (empty: all)", "Detail 16")
     side: Literal["all", "validation", "train"] = opt("all", "which side of the prompt split to score (as `rlhfkit rm` split it)")
-    validation_fraction: float = opt(0.1, "the prompt split's validation fraction (same as the training run)")
+    validation_fraction: float = opt(0.1, "the prompt split's validation fraction (same as the training run)", below=1)
     seed: int = opt(1, "the prompt split's seed (same as the training run)")
     max_pairs: int = opt(0, "score at most this many pairs (0: all)")
     batch_size: int = opt(8, "pairs per forward pass", minimum=1)

@@ -103,12 +103,15 @@ def check_known(cls: type, key: str, where: str) -> None:
         raise ConfigError(f"unknown key {key!r} in {where}.{hint} Accepted keys: {', '.join(names)}")
 
 
-def check_minimum(cls: type, key: str, value: Any) -> Any:
-    """No numeric option is meaningful below its minimum (0 unless the field says otherwise)."""
+def check_range(cls: type, key: str, value: Any) -> Any:
+    """No numeric option is meaningful below its minimum (0 unless the field says otherwise), nor, where
+    the field has one, at or above its `below` bound."""
     if isinstance(value, int | float) and not isinstance(value, bool):
-        minimum = next(f.metadata.get("minimum", 0) for f in dataclasses.fields(cls) if f.name == key)
-        if value < minimum:
-            raise ConfigError(f"{key}={value} is out of range; it must be >= {minimum}")
+        meta = next(f.metadata for f in dataclasses.fields(cls) if f.name == key)
+        minimum, below = meta.get("minimum", 0), meta.get("below")
+        if value < minimum or (below is not None and value >= below):
+            bound = f">= {minimum}" + (f" and below {below}" if below is not None else "")
+            raise ConfigError(f"{key}={value} is out of range; it must be {bound}")
     return value
 
 
@@ -119,7 +122,7 @@ def apply(cls: type, values: dict[str, Any], where: str, base: Any = None) -> An
     for key, value in values.items():
         key = key.replace("-", "_")
         check_known(cls, key, where)
-        value = check_minimum(cls, key, coerce(key, value, hints[key]))
+        value = check_range(cls, key, coerce(key, value, hints[key]))
         # a mapping (a pipeline stage's options) is merged into the one it overrides, not replaced
         current[key] = {**current.get(key, {}), **value} if isinstance(value, dict) else value
     return cls(**current)

@@ -13,11 +13,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from .checkpoint import find_checkpoint
 from .config import ConfigError, PipelineConfig, resolve, to_yaml
+from .errors import UserError
 from .eval.caveats import read_json
 from .eval.report import Report, format_value
 from .plots import metric_series
@@ -26,6 +29,7 @@ from .stages import STAGES
 from .tracking import read_metrics
 
 POLICY_STAGES = ("sft", "dpo", "ppo", "grpo", "rloo")
+SPLITTING_STAGES = ("sft", "ppo", "grpo", "rloo")  # the stages that hold posts (prompts) out of training
 DONE = "done.json"
 
 
@@ -101,17 +105,25 @@ def eval_policies(cfg: PipelineConfig, root: Path) -> dict[str, str]:
     return policies | {s: str(root / s / "model") for s in cfg.stages if s in POLICY_STAGES}
 
 
+def held_out_stage(cfg: PipelineConfig) -> str:
+    """The stage whose split of the posts (prompts) the eval stage answers: the first listed that splits
+    them, or, when none is (`stages=eval` after the policies were trained), the one that would: SFT, or
+    for HH-RLHF, which has no SFT stage, PPO. Its mapping (`sft={validation_posts: N}`) sets the split."""
+    splitting = [s for s in cfg.stages if s in SPLITTING_STAGES]
+    return splitting[0] if splitting else ("ppo" if cfg.task == "hh" else "sft")
+
+
 def held_out_prompts(cfg: PipelineConfig, root: Path) -> dict[str, Any]:
     """`rlhfkit generate` options that select the prompts the policy stages held out (the split, query
-    budget and response length of the first stage that splits prompts, SFT or on-policy), or a hub
-    split of their own (`eval_hf_split`)."""
+    budget and response length of `held_out_stage`), or a hub split of their own (`eval_hf_split`)."""
     data = prompt_source(cfg)
+    stage = held_out_stage(cfg)
+    source = stage_config(stage, cfg, root)
     if cfg.eval_hf_split:
         data |= {"hf_split": cfg.eval_hf_split, "split": "all"}
-    splitting = [s for s in cfg.stages if s in ("sft", "ppo", "grpo", "rloo")]
-    if not splitting:
-        return data
-    source = stage_config(splitting[0], cfg, root)
+    elif cfg.eval_posts > source.validation_posts:
+        raise ConfigError(f"eval_posts={cfg.eval_posts} is more than the {source.validation_posts} posts the {stage} stage holds out: "
+                          f"lower eval_posts, or raise validation_posts in {stage}= (e.g. \"{stage}={{validation_posts: {cfg.eval_posts}}}\")")
     return data | {"validation_posts": source.validation_posts, "seed": source.seed, "max_query_length": source.max_query_length,
                    "max_new_tokens": source.max_response_length}
 
@@ -124,9 +136,21 @@ def eval_samples(cfg: PipelineConfig, root: Path) -> list[str]:
         out = root / "eval" / f"{name}_samples.jsonl"
         if not out.is_file():
             overrides = {"split": "validation"} | prompts | {"model": model, "num_samples": cfg.eval_posts, "temperature": 0.0, "out": str(out)}
-            call("generate", resolve("generate", None, None, overrides))
+            try:
+                call("generate", resolve("generate", None, None, overrides))
+            except ConfigError as e:
+                raise ConfigError(f"{e} ({name} answers {held_out_posts(cfg, prompts)})") from None
         specs.append(f"{name}={out}")
     return specs
+
+
+def held_out_posts(cfg: PipelineConfig, prompts: dict[str, Any]) -> str:
+    """Which posts the eval stage answers, naming the options that choose them."""
+    if cfg.eval_hf_split:
+        return f"eval_posts={cfg.eval_posts} posts of the hub split eval_hf_split={cfg.eval_hf_split}"
+    stage = held_out_stage(cfg)
+    return (f"eval_posts={cfg.eval_posts} of the validation_posts={prompts['validation_posts']} posts the {stage} stage holds out; "
+            f"set them with eval_posts= and {stage}={{validation_posts: N}}")
 
 
 def eval_options(cfg: PipelineConfig, root: Path, samples: list[str]) -> dict[str, Any]:
@@ -180,11 +204,32 @@ def stage_plots(stage_dir: Path) -> list[Path]:
     return sorted(stage_dir.glob("plots/*.png")) + sorted(stage_dir.glob("rm_eval/*.png")) + sorted(stage_dir.glob("*.png"))
 
 
+@contextmanager
+def naming_stage(stage: str) -> Iterator[None]:
+    """A user error of a stage (its options, its data) names the stage in its one line."""
+    try:
+        yield
+    except UserError as e:
+        raise type(e)(f"pipeline stage {stage}: {e}") from None
+
+
+def run_stage(stage: str, cfg: PipelineConfig, root: Path) -> None:
+    if stage == "eval":
+        (root / stage).mkdir(parents=True, exist_ok=True)
+        call("eval", resolve("eval", None, None, eval_options(cfg, root, eval_samples(cfg, root))))
+    else:
+        call(stage, stage_config(stage, cfg, root))
+
+
 def run(cfg: PipelineConfig) -> int:
     check_order(list(cfg.stages), cfg.task)
     root = Path(cfg.output_dir)
     for stage in (s for s in cfg.stages if s != "eval"):
-        stage_config(stage, cfg, root)  # every stage's options are checked before the first stage runs
+        with naming_stage(stage):
+            stage_config(stage, cfg, root)  # every stage's options are checked before the first stage runs
+    if "eval" in cfg.stages:
+        with naming_stage("eval"):
+            held_out_prompts(cfg, root)
     root.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {}
     for stage in cfg.stages:
@@ -194,11 +239,8 @@ def run(cfg: PipelineConfig) -> int:
         else:
             began = time.time()
             print(f"pipeline: {stage} -> {stage_dir}")
-            if stage == "eval":
-                stage_dir.mkdir(parents=True, exist_ok=True)
-                call("eval", resolve("eval", None, None, eval_options(cfg, root, eval_samples(cfg, root))))
-            else:
-                call(stage, stage_config(stage, cfg, root))
+            with naming_stage(stage):
+                run_stage(stage, cfg, root)
             (stage_dir / DONE).write_text(json.dumps({"seconds": round(time.time() - began, 1)}))
         summary[stage] = json.loads((stage_dir / DONE).read_text()) | {"headline": headline_numbers(stage, stage_dir)}
     (root / "pipeline.json").write_text(json.dumps(summary, indent=2, default=str))

@@ -193,3 +193,41 @@ def test_generate_overwrite_true_replaces_the_file(ppo_dirs, tmp_path):
     assert cli_main(["generate", *args]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 2 and all("prompt_id" in row and "precious" not in row for row in rows)
+
+
+# ---------------------------------------------------------------- case 25: options refused up front, naming themselves
+
+
+@pytest.mark.parametrize("command", ["rm", "rm-eval"])
+@pytest.mark.parametrize("value", ["1.5", "1", "-0.1"])
+def test_a_validation_fraction_outside_0_to_1_is_refused_naming_the_option_and_its_range(command, value, tmp_path, capsys):
+    assert cli_main([command, "model=never-loaded", "data=never-read", f"validation_fraction={value}",
+                     f"{'output_dir' if command == 'rm' else 'out'}={tmp_path / 'out'}"]) == 2
+    assert f"validation_fraction={float(value)} is out of range; it must be >= 0 and below 1" in one_error_line(capsys)
+    assert not (tmp_path / "out").exists()
+
+
+def pipeline_eval_args(ppo_dirs, out: Path, **extra) -> list[str]:
+    return cli_args({"model": ppo_dirs["policy"], "sft_data": ppo_dirs["posts"], "comparisons": ppo_dirs["pairs"], "stages": "eval",
+                     "judge": "", "output_dir": out} | extra)
+
+
+def test_pipeline_eval_alone_names_the_stage_and_the_options_that_choose_its_posts(ppo_dirs, tmp_path, capsys):
+    assert cli_main(["pipeline", *pipeline_eval_args(ppo_dirs, tmp_path / "p", eval_posts=4)]) == 2
+    line = one_error_line(capsys)
+    assert line.startswith("rlhfkit: error: pipeline stage eval: asked for 300 validation prompts but the data has only 40")
+    assert "eval_posts=4 of the validation_posts=300 posts the sft stage holds out" in line and "sft={validation_posts: N}" in line
+    assert cli_main(["pipeline", *pipeline_eval_args(ppo_dirs, tmp_path / "q", sft={"validation_posts": 4})]) == 2
+    line = one_error_line(capsys)
+    assert "pipeline stage eval: eval_posts=16 is more than the 4 posts the sft stage holds out" in line
+    assert not (tmp_path / "q").exists()  # refused before any stage ran
+
+
+def test_pipeline_eval_alone_answers_eval_posts_of_the_posts_the_sft_mapping_holds_out(ppo_dirs, tmp_path):
+    out = tmp_path / "p"
+    args = pipeline_eval_args(ppo_dirs, out, eval_posts=3, sft={"validation_posts": 5, "max_query_length": 128, "max_response_length": 4})
+    assert cli_main(["pipeline", *args]) == 0
+    samples = [json.loads(line) for line in (out / "eval" / "base_samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 3 and json.loads((out / "eval" / "eval.json").read_text())["prompts"] == 3
+    (out / "eval" / "done.json").unlink()  # an interrupted eval stage runs again over its own folder
+    assert cli_main(["pipeline", *args]) == 0
