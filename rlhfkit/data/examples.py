@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
@@ -11,6 +12,7 @@ from .formats import QueryTokens, QueryTooLong, encode_completion, encode_query
 from .records import SkipLog
 from .tldr import Comparison, SFTRecord
 
+T = TypeVar("T", "SFTExample", "PairExample")
 # the option that lets in the records skipped for each reason a tokenizer skips one
 LENGTH_OPTIONS = {"query_too_long": "max_query_length", "response_too_long": "max_response_length"}
 
@@ -75,7 +77,7 @@ def tokenize_sft(
     return out, log
 
 
-def training_examples(tokenized: tuple[list[SFTExample], SkipLog], max_query_length: int, what: str) -> tuple[list[SFTExample], SkipLog]:
+def training_examples(tokenized: tuple[list[T], SkipLog], max_query_length: int, what: str) -> tuple[list[T], SkipLog]:
     """`tokenized` (a stage's training examples and their skip log) as it trains on them: when none is left,
     an error naming why they were skipped and the option to raise; when most queries were cut to fit, a
     warning naming `max_query_length`."""
@@ -116,11 +118,22 @@ def tokenize_pairs(
     return out, log
 
 
-def prepare_pairs(cfg, tokenizer: PreTrainedTokenizerBase, records: list[Comparison]) -> tuple[list[PairExample], str]:
-    """`tokenize_pairs` under a pair stage's length limits (`cfg.max_query_length`,
-    `max_article_query_length`, `max_response_length`); (examples, a note of what was skipped)."""
+def tokenize_stage_pairs(cfg, tokenizer: PreTrainedTokenizerBase, records: list[Comparison]) -> tuple[list[PairExample], SkipLog]:
+    """`tokenize_pairs` under a pair stage's length limits (`cfg.max_query_length`, `max_article_query_length`,
+    `max_response_length`)."""
     limits = query_limits(cfg.max_query_length, cfg.max_article_query_length)
-    examples, log = tokenize_pairs(records, tokenizer, limits, cfg.max_response_length)
+    return tokenize_pairs(records, tokenizer, limits, cfg.max_response_length)
+
+
+def prepare_pairs(cfg, tokenizer: PreTrainedTokenizerBase, records: list[Comparison]) -> tuple[list[PairExample], str]:
+    """(`tokenize_stage_pairs`' examples, a note of what was skipped)."""
+    examples, log = tokenize_stage_pairs(cfg, tokenizer, records)
+    return examples, log.summary("pairs")
+
+
+def prepare_training_pairs(cfg, tokenizer: PreTrainedTokenizerBase, records: list[Comparison]) -> tuple[list[PairExample], str]:
+    """`prepare_pairs` for the pairs a stage trains on, checked as `training_examples` checks them."""
+    examples, log = training_examples(tokenize_stage_pairs(cfg, tokenizer, records), cfg.max_query_length, "training pairs")
     return examples, log.summary("pairs")
 
 

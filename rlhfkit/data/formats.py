@@ -78,13 +78,18 @@ def format_query(task: str, fields: dict[str, str]) -> str:
     return QUERY_FORMATS[task].template.format(**fields)
 
 
+def has_content(text: str, fmt: QueryFormat) -> bool:
+    """Some text besides the format's separators (a dialogue's `\\n\\nHuman:` is no content)."""
+    return has_text(text.replace(fmt.separator, ""))
+
+
 def drop_one_paragraph(text: str, fmt: QueryFormat) -> str | None:
     """The text less its last paragraph (head) or its first turn (tail); None when only one is left."""
     if fmt.keep == "head":
         index = text.rstrip().rfind(fmt.separator)
         return text[:index].rstrip() if index > 0 else None
     index = text.find(fmt.separator, len(fmt.separator))
-    return text[index:] if index > 0 else None
+    return text[index:] if index > 0 and has_content(text[index:], fmt) else None
 
 
 def split_ending(fmt: QueryFormat, text: str) -> tuple[str, str]:
@@ -128,6 +133,17 @@ def cut_by_tokens(tokenizer: PreTrainedTokenizerBase, parts: QueryParts, content
         keep -= 1
 
 
+def content_and_rest(tokenizer: PreTrainedTokenizerBase, task: str, fields: dict[str, str], max_length: int) -> tuple[QueryParts, str]:
+    """(the rest of the query, the content that truncation cuts): the field's ending stays whole, unless
+    it does not fit even alone; then it is no cue but content (a long last line)."""
+    field = QUERY_FORMATS[task].truncate_field
+    content, ending = split_ending(QUERY_FORMATS[task], fields[field])
+    parts = QueryParts(task, fields, ending)
+    if ending and parts.length(tokenizer, "") > max_length:
+        return QueryParts(task, fields, ""), fields[field]
+    return parts, content
+
+
 def fit_content(tokenizer: PreTrainedTokenizerBase, parts: QueryParts, content: str, max_length: int) -> tuple[str, int, bool] | None:
     """Detail 2 on `content`: (the query, paragraphs dropped, whether one was cut by tokens) when some text
     of the content fits beside the rest of the query; None when none does."""
@@ -137,7 +153,7 @@ def fit_content(tokenizer: PreTrainedTokenizerBase, parts: QueryParts, content: 
     token_cut = parts.length(tokenizer, content) > max_length
     if token_cut:
         content = cut_by_tokens(tokenizer, parts, content, max_length)
-    if parts.length(tokenizer, content) > max_length or not has_text(content.replace(fmt.separator, "")):
+    if parts.length(tokenizer, content) > max_length or not has_content(content, fmt):
         return None
     return parts.text(content), dropped, token_cut
 
@@ -163,12 +179,8 @@ def encode_query(tokenizer: PreTrainedTokenizerBase, task: str, fields: dict[str
     ids = encode_text(tokenizer, text)
     if len(ids) <= max_length:
         return QueryTokens(ids, text, len(ids), 0, False)
-    field = QUERY_FORMATS[task].truncate_field
-    content, ending = split_ending(QUERY_FORMATS[task], fields[field])
-    fitted = (fit_content(tokenizer, QueryParts(task, fields, ending), content, max_length)
-              # an ending that leaves no room for any content was no cue but the content itself (a long last line)
-              or (ending and fit_content(tokenizer, QueryParts(task, fields, ""), fields[field], max_length)))
-    if not fitted:
+    fitted = fit_content(tokenizer, *content_and_rest(tokenizer, task, fields, max_length), max_length)
+    if fitted is None:
         raise too_long(tokenizer, task, max_length)
     truncated, dropped, token_cut = fitted
     return QueryTokens(encode_text(tokenizer, truncated), truncated, len(ids), dropped, token_cut)

@@ -146,8 +146,8 @@ def select_problems(cfg: EvalConfig, tokenizer) -> list[SFTExample]:
     records, log = load_gsm8k(cfg.data, cfg.hf_split)
     if cfg.max_prompts:
         records = records[: cfg.max_prompts]
-    examples, _ = tokenize_sft(records, tokenizer, cfg.max_query_length, 10**9)
-    print(f"loaded: {log.summary('problems')}; evaluating on the first {len(examples)}")
+    examples, tokenized = tokenize_sft(records, tokenizer, cfg.max_query_length, 10**9)
+    print(f"loaded: {log.summary('problems')}; queries: {tokenized.summary('problems')}; evaluating on the first {len(examples)}")
     if not examples:
         raise ConfigError(f"no GSM8K problems in {', '.join(cfg.data)} ({log.summary('problems')})")
     return examples

@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from ..adapters import frozen_reference, save_final_model, trained_policy
 from ..config import DPOConfig
-from ..data.examples import PairExample, prepare_pairs, query_limits
+from ..data.examples import PairExample, prepare_pairs, prepare_training_pairs, query_limits
 from ..data.split import split_comparisons
 from ..devices import autocast, evaluation_mode, model_device
 from ..eval import rm_metrics, rm_report
@@ -251,7 +251,7 @@ def run(cfg: DPOConfig) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     policy, tokenizer = trained_policy(cfg, checkpoint)
     reference = frozen_policy(cfg, policy, reference_name, device) if objective.uses_reference else None
-    train_pairs, train_note = prepare_pairs(cfg, tokenizer, train_records)
+    train_pairs, train_note = prepare_training_pairs(cfg, tokenizer, train_records)
     val_pairs, val_note = prepare_pairs(cfg, tokenizer, val_records)
     notes += [f"train tokenization: {train_note}", f"validation tokenization: {val_note}", objective_note(objective, reference_name)]
     print("\n".join(notes))

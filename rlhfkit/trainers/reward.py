@@ -20,7 +20,14 @@ from .. import ops
 from ..adapters import add_adapter, is_adapted, lora_enabled, save_final_model, trainable_summary
 from ..config import ConfigError, RMConfig
 from ..data import AUTO, field_names, load_sft_data, usable
-from ..data.examples import PairExample, length_balanced_indices, prepare_pairs, query_limits, tokenize_sft
+from ..data.examples import (
+    PairExample,
+    length_balanced_indices,
+    prepare_pairs,
+    prepare_training_pairs,
+    query_limits,
+    tokenize_sft,
+)
 from ..data.split import split_comparisons
 from ..eval import rm_metrics, rm_report
 from ..eval.rm_eval import builtin_probes_for, evaluate_reward_model, write_rm_report
@@ -130,7 +137,7 @@ def run(cfg: RMConfig) -> int:
     train_records, val_records, notes = split_comparisons(cfg)
     model, tokenizer = load_trained_reward_model(cfg, checkpoint)
     notes.append(configure_model(model, cfg))
-    all_train_examples, train_note = prepare_pairs(cfg, tokenizer, train_records)
+    all_train_examples, train_note = prepare_training_pairs(cfg, tokenizer, train_records)
     val_examples, val_note = prepare_pairs(cfg, tokenizer, val_records)
     notes += [f"train tokenization: {train_note}", f"validation tokenization: {val_note}"]
     train_idx = list(range(len(all_train_examples)))
