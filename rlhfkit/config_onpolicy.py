@@ -17,14 +17,17 @@ class OnPolicyConfig(RunConfig):
 
     model: str = opt("smollm2-135m", "SFT policy: starts the trained policy and is the frozen reference policy", "Section 7")
     reward_model: str = opt("", "frozen reward model: the model/ folder written by `rlhfkit rm`, or any AutoModelForSequenceClassification "
-                                "folder or hub id with one output (empty: reward functions alone)", "Section 7")
+                                "folder or hub id with one output (empty: reward functions alone; one of the two is required)", "Section 7")
     reward_functions: list[str] = opt([], "programmatic rewards (rlhfkit/rewards.py): built-ins gsm8k, format, length, or a callable as "
                                           "module:function or file.py:function taking (prompts, completions, **columns)")
     reward_weights: list[float] = opt([], "weight of each reward: one per reward function, then one for the reward model when there is "
                                           "one (empty: all 1)", minimum=-math.inf)
-    reward_error_score: float = opt(-1.0, "reward of a row whose reward function raised or returned a non-finite value (each one is "
-                                          "reported and counted in rewards/<name>_errors)", minimum=-math.inf)
+    reward_error_score: float = opt(-1.0, "reward of a row whose reward function raised, returned a wrong count or a non-finite value "
+                                          "or overran reward_timeout (each one is reported and counted in rewards/<name>_errors; a "
+                                          "function that fails on every row of an update stops the run)", minimum=-math.inf)
     stop_on_reward_error: bool = opt(False, "stop the run at the first row a reward function fails on, instead of scoring it reward_error_score")
+    reward_timeout: float = opt(600.0, "seconds a reward function's call may run; one still running is stopped and its rows scored "
+                                       "reward_error_score, as failures (0: no limit; docs/rewards.md)", minimum=0.0)
     data: list[str] = opt(["vwxyzjn/summarize_from_feedback_tldr_3_filtered"], "prompts: TL;DR SFT data (their posts), HH-RLHF comparisons "
                           "(their dialogues) with prompt_format=hh, GSM8K problems with prompt_format=gsm8k", "Detail 1")
     prompt_format: Literal["tldr-sft", "hh", "gsm8k", "auto", "prompt-only"] = opt("tldr-sft", PROMPT_FORMATS_HELP)
@@ -60,8 +63,9 @@ class OnPolicyConfig(RunConfig):
     kl_horizon: float = opt(10000.0, "horizon in episodes of the adaptive controller", minimum=1)
     whiten_rewards: bool = opt(False, "whiten the per-token rewards of each rollout batch, keeping their mean", "Detail 24")
     whiten_advantages: bool = opt(True, "whiten the advantages over valid tokens", "Detail 25")
-    gamma: float = opt(1.0, "discount factor", "Table 7")
-    lam: float = opt(0.95, "GAE lambda", "Table 7")
+    gamma: float = opt(1.0, "discount factor of the per-token returns (PPO's GAE, REINFORCE++, ReMax; not the grouped "
+                            "estimators, which read the sequence's score)", "Table 7")
+    lam: float = opt(0.95, "GAE lambda (PPO's value-model advantages only)", "Table 7")
     clip_range: float = opt(0.2, "policy ratio clipping epsilon, below (and above unless clip_range_high is set; 0: no clipping)", "Table 7")
     clip_range_high: float = opt(0.0, "upper clipping epsilon: the ratio is kept within [1 - clip_range, 1 + clip_range_high] (0: "
                                       "clip_range; DAPO's clip-higher: 0.28)")

@@ -15,27 +15,34 @@ A reward function takes the batch's prompts and completions and returns one floa
 importable from the working directory, or `path/to/file.py:function`). The score a policy is trained
 on is the weighted sum of the components (`reward_weights=`, one per function and then one for the
 reward model when there is one). A function that raises, returns the wrong number of values or a
-non-finite one is never turned into a silent zero: the row is reported (function, row, where it came
-from, what went wrong), counted in `rewards/<name>_errors`, and scored `reward_error_score`; with
-`stop_on_reward_error=true` the run stops at the first such row instead.
+non-finite one, or overruns `reward_timeout`, is never turned into a silent zero: the row is reported
+(function, row, where it came from, what went wrong), counted in `rewards/<name>_errors`, and scored
+`reward_error_score`; with `stop_on_reward_error=true` the run stops at the first such row instead. A
+function that ends the process (`sys.exit`) stops the run in one line. A parameter without a default
+(after prompts and completions) names a dataset column the function needs: `required_columns`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
 import math
 import re
+import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .preemption import interruptible
 
 RewardFunction = Callable[..., Sequence[float]]
+ROLLOUT_COLUMNS = ("completion_lengths", "has_eos", "max_completion_length")  # given to every call, beside the record's columns
 NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?")
 ANSWER_PHRASE = re.compile(r"(?:answer is|####|\\boxed\{)\s*:?\s*(-?\$?\d[\d,]*(?:\.\d+)?)", re.IGNORECASE)
 FINAL_LINE = re.compile(r"the answer is:?\s*\$?-?\d[\d,]*(?:\.\d+)?\s*\.?\s*$", re.IGNORECASE)
@@ -139,43 +146,81 @@ class RewardFunctions:
     functions: list[RewardFunction]
     error_score: float = -1.0
     stop_on_error: bool = False
+    timeout: float = 0.0  # seconds a call may take (0: no limit)
     errors: list[RewardError] = field(default_factory=list)
 
     @classmethod
-    def from_specs(cls, specs: list[str], error_score: float = -1.0, stop_on_error: bool = False) -> RewardFunctions:
+    def from_specs(cls, specs: list[str], error_score: float = -1.0, stop_on_error: bool = False, timeout: float = 0.0) -> RewardFunctions:
         names = [component_name(s) for s in specs]
         duplicated = {n for n in names if names.count(n) > 1}
         if duplicated:
             raise ConfigError(f"reward_functions: {', '.join(sorted(duplicated))} named twice")
-        return cls(names, [resolve(s) for s in specs], error_score, stop_on_error)
+        return cls(names, [resolve(s) for s in specs], error_score, stop_on_error, timeout)
 
     def __len__(self) -> int:
         return len(self.functions)
 
+    def check_columns(self, columns: list[dict[str, Any]], where: list[str]) -> None:
+        """Refuse, before any call, prompts (their dataset `columns`) that lack a column a function needs."""
+        for name, fn in zip(self.names, self.functions, strict=True):
+            for column in required_columns(fn):
+                lacking = [i for i, row in enumerate(columns) if row.get(column) is None]
+                if lacking:
+                    raise ConfigError(f"reward_functions: {name} reads the column {column!r}, which {len(lacking)} of {len(columns)} "
+                                      f"prompts lack (the first: {where[lacking[0]]}); give prompts with that column (gsm8k: "
+                                      f"prompt_format=gsm8k data) or leave {name} out")
+
     def score(self, prompts: list[str], completions: list[str], columns: dict[str, Any], where: list[str]) -> list[list[float]]:
         """(functions x rows) rewards; a failing row gets `error_score` and is recorded in `errors`.
-        `columns` holds lists (one value per row) and single values passed to every call alike."""
-        return [self.apply(name, fn, prompts, completions, columns, where) for name, fn in zip(self.names, self.functions, strict=True)]
+        `columns` holds lists (one value per row) and single values passed to every call alike. A function
+        that ends the process (sys.exit, KeyboardInterrupt) stops the run in one line naming it."""
+        scores = []
+        for name, fn in zip(self.names, self.functions, strict=True):
+            try:
+                scores.append(self.apply(name, fn, prompts, completions, columns, where))
+            except (SystemExit, KeyboardInterrupt) as e:
+                raise ConfigError(f"reward function {name!r} raised {type(e).__name__}({e}) instead of returning its scores: a "
+                                  "reward function must return one number per completion, never end the process") from None
+        return scores
 
     def apply(self, name: str, fn: RewardFunction, prompts: list[str], completions: list[str], columns: dict[str, list[Any]],
               where: list[str]) -> list[float]:
+        """One call on the whole batch. A call that raised is retried one row at a time to find the rows that
+        fail; a call that overran the time limit or returned the wrong number of values fails every row
+        (no value can be matched to its row, and retrying would call a slow function once per row)."""
+        rows = range(len(completions))
         try:
-            values = list(call(fn, prompts, completions, columns))
+            values = self.guarded_call(fn, prompts, completions, columns)
+        except TimedOut:
+            values = [self.failed(name, i, where, self.overran()) for i in rows]
+        except Exception:
+            values = [self.one_row(name, fn, prompts, completions, columns, where, i) for i in rows]
+        else:
             if len(values) != len(completions):
-                raise ValueError(f"returned {len(values)} values for {len(completions)} completions")
-        except Exception:  # find the rows that fail, one at a time
-            values = [self.one_row(name, fn, prompts, completions, columns, where, i) for i in range(len(completions))]
+                problem = f"returned {len(values)} values for {len(completions)} completions"
+                values = [self.failed(name, i, where, problem) for i in rows]
         return [self.checked(name, v, i, where) for i, v in enumerate(values)]
 
-    def one_row(self, name, fn, prompts, completions, columns, where, i) -> float:
+    def one_row(self, name, fn, prompts, completions, columns, where, i) -> float | RowFailure:
         try:
             row_columns = {k: v[i : i + 1] if isinstance(v, list) else v for k, v in columns.items()}
-            values = list(call(fn, prompts[i : i + 1], completions[i : i + 1], row_columns))
-            if len(values) != 1:
-                raise ValueError(f"returned {len(values)} values for 1 completion")
-            return values[0]
+            values = self.guarded_call(fn, prompts[i : i + 1], completions[i : i + 1], row_columns)
+        except TimedOut:
+            return self.failed(name, i, where, self.overran())
         except Exception as e:
             return self.failed(name, i, where, f"raised {type(e).__name__}: {e}")
+        if len(values) != 1:
+            return self.failed(name, i, where, f"returned {len(values)} values for 1 completion")
+        return values[0]
+
+    def guarded_call(self, fn: RewardFunction, prompts: list[str], completions: list[str],
+                     columns: dict[str, list[Any]]) -> list[Any]:
+        """`call`'s values, within the time limit; a stop signal ends the call at once (`interruptible`)."""
+        with interruptible(), time_limit(self.timeout):
+            return list(call(fn, prompts, completions, columns))
+
+    def overran(self) -> str:
+        return f"still running after reward_timeout={self.timeout:g} s: stopped"
 
     def checked(self, name: str, value: Any, row: int, where: list[str]) -> float:
         if isinstance(value, RowFailure):
@@ -204,6 +249,39 @@ class RewardFunctions:
 
 class RowFailure:
     """The value of a row whose reward could not be computed (scored `error_score` once counted)."""
+
+
+class TimedOut(BaseException):
+    """A reward function's call overran the time limit. A BaseException, so that the function's own
+    `except Exception` does not swallow it and go on."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Raise TimedOut in the block after `seconds` (0: no limit), through SIGALRM: the call runs in the
+    main thread, where nothing but a signal can stop it. Elsewhere, or without SIGALRM, no limit."""
+    if not seconds or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def overran(_signum, _frame) -> None:
+        raise TimedOut
+
+    previous = signal.signal(signal.SIGALRM, overran)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def required_columns(fn: RewardFunction) -> list[str]:
+    """The dataset columns `fn` cannot be called without: its parameters after prompts and completions that
+    have no default, less those every call is given (ROLLOUT_COLUMNS). The built-in gsm8k: `answer`."""
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    parameters = list(inspect.signature(fn).parameters.values())[2:]
+    return [p.name for p in parameters if p.kind in named and p.default is p.empty and p.name not in ROLLOUT_COLUMNS]
 
 
 def call(fn: RewardFunction, prompts: list[str], completions: list[str], columns: dict[str, list[Any]]) -> Sequence[float]:

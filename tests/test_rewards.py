@@ -87,9 +87,10 @@ def test_a_failing_row_is_reported_with_its_row_and_counted_never_zero(capsys):
         stopping.score(["p"] * 2, ["fine", "boom"], {}, ["a.jsonl:1", "a.jsonl:2"])
 
 
-def test_wrong_count_of_values_is_a_failure_per_row():
+def test_wrong_count_of_values_fails_every_row_of_the_call():
     functions = RewardFunctions(["short"], [lambda prompts, completions, **c: [1.0]], error_score=-1.0)
-    assert functions.score(["p"] * 2, ["a", "b"], {}, ["w1", "w2"]) == [[1.0, 1.0]]  # one row at a time: one value each
+    assert functions.score(["p"] * 2, ["a", "b"], {}, ["w1", "w2"]) == [[-1.0, -1.0]]  # no value can be matched to its row
+    assert [e.problem for e in functions.take_errors()] == ["returned 1 values for 2 completions"] * 2
     functions = RewardFunctions(["none"], [lambda prompts, completions, **c: [None] * len(completions)])
     assert functions.score(["p"], ["a"], {}, ["w1"]) == [[-1.0]] and "not a number" in functions.take_errors()[0].problem
 
@@ -137,9 +138,11 @@ def test_the_score_is_the_weighted_sum_of_functions_and_reward_model(ppo_dirs, t
 def test_reward_functions_alone_train_and_log_each_component(ppo_dirs, tmp_path, capsys):
     from rlhfkit.cli import main as cli_main
 
-    (tmp_path / "picky.py").write_text(
+    (tmp_path / "picky.py").write_text(  # fails on every other call: the batch's, then every other row's
+        "CALLS = []\n"
         "def picky(prompts, completions, **columns):\n"
-        "    if any('SUBREDDIT' in p for p in prompts):\n"
+        "    CALLS.append(1)\n"
+        "    if len(CALLS) % 2:\n"
         "        raise KeyError('no posts please')\n"
         "    return [1.0] * len(completions)\n")
     args = stage_args("grpo", ppo_dirs, tmp_path / "run", reward_model="", reward_functions=f"{tmp_path / 'picky.py'}:picky,length",
@@ -147,10 +150,10 @@ def test_reward_functions_alone_train_and_log_each_component(ppo_dirs, tmp_path,
     assert cli_main(["grpo", *[f"{k}={v}" for k, v in args.items()]]) == 0
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert {"rewards/picky", "rewards/length", "rewards/picky_errors", "rewards/length_errors"} <= set(metrics[0])
-    assert metrics[0]["rewards/picky_errors"] == 8 and metrics[0]["rewards/picky"] == -3.0  # every row: TL;DR prompts
+    assert metrics[0]["rewards/picky_errors"] == 4 and metrics[0]["rewards/picky"] == -1.0  # rows 1, 3, 5, 7 of 8
     assert metrics[0]["rewards/length_errors"] == 0 and "rm_score" not in json.dumps(metrics)
     err = capsys.readouterr().err
-    assert "reward function 'picky' failed on row 0 (" in err and "posts.jsonl:" in err and "raised KeyError" in err
+    assert "reward function 'picky' failed on row 1 (" in err and "posts.jsonl:" in err and "raised KeyError" in err
     evaluation_metrics = json.loads((tmp_path / "run" / "eval.json").read_text())
     assert {"eval/grpo_score", "eval/grpo_reward_picky", "eval/grpo_reward_length"} <= set(evaluation_metrics)
 

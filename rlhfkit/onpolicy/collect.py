@@ -104,6 +104,7 @@ def draw_rollout(models: OnPolicyModels, prompts: list[list[int]], cfg: OnPolicy
     batch = widen_to_all_processes(batch, accelerator, models.tokenizer.pad_token_id)
     batch = gather_rollout(score_rollout(models, batch, cfg, precision, texts), accelerator)
     timings["scoring"] += time.perf_counter() - began
+    models.reward_sources().stop_if_all_failed(batch.reward_failures, update + 1)  # on the whole batch: every process alike
     return batch
 
 

@@ -10,7 +10,7 @@ function (`rewards/<name>_errors`) and reported with the prompt's source line (r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -18,7 +18,7 @@ from ..config import ConfigError
 from ..config_onpolicy import OnPolicyConfig
 from ..data.examples import SFTExample
 from ..errors import warn
-from ..rewards import RewardError, RewardFunctions
+from ..rewards import ROLLOUT_COLUMNS, RewardError, RewardFunctions
 
 REWARD_MODEL = "reward_model"
 REPORTED_ERRORS = 5  # per scoring call: the rest are counted, not printed
@@ -44,13 +44,14 @@ class RewardSources:
     functions: RewardFunctions
     has_model: bool
     weights: list[float]
+    last_problem: dict[str, str] = field(default_factory=dict)  # by function: what went wrong on its last failed row
 
     @classmethod
     def from_config(cls, cfg: OnPolicyConfig) -> RewardSources:
         if not cfg.reward_functions and not cfg.reward_model:
             raise ConfigError("nothing to optimise: give reward_model= (a reward model folder) and/or reward_functions= "
                               "(e.g. gsm8k,format; see rlhfkit/rewards.py)")
-        functions = RewardFunctions.from_specs(cfg.reward_functions, cfg.reward_error_score, cfg.stop_on_reward_error)
+        functions = RewardFunctions.from_specs(cfg.reward_functions, cfg.reward_error_score, cfg.stop_on_reward_error, cfg.reward_timeout)
         count = len(functions) + bool(cfg.reward_model)
         weights = list(cfg.reward_weights) or [1.0] * count
         if len(weights) != count:
@@ -72,7 +73,7 @@ class RewardSources:
         """((B, F) scores, (B, F) bool: the row failed) of the reward functions on completions of
         prompts `rows`; failures are printed (the first few) and flagged for counting."""
         columns = {key: [prompts.columns[i].get(key) for i in rows] for key in set().union(*(prompts.columns[i] for i in rows))}
-        columns |= {"completion_lengths": lengths, "has_eos": has_eos, "max_completion_length": max_length}
+        columns |= dict(zip(ROLLOUT_COLUMNS, (lengths, has_eos, max_length), strict=True))
         where = [prompts.where[i] for i in rows]
         scores = torch.tensor(self.functions.score([prompts.texts[i] for i in rows], completions, columns, where),
                               dtype=torch.float32).reshape(len(self.functions), len(rows)).T
@@ -80,8 +81,24 @@ class RewardSources:
         errors = self.functions.take_errors()
         for error in errors:
             failed[error.row, self.functions.names.index(error.function)] = True
+            self.last_problem[error.function] = error.problem
         report_errors(errors)
         return scores, failed
+
+    def check_prompts(self, prompts: PromptTexts) -> None:
+        """Refuse, before training, prompts that lack a column a reward function needs."""
+        self.functions.check_columns(prompts.columns, prompts.where)
+
+    def stop_if_all_failed(self, failed: torch.Tensor | None, update: int) -> None:
+        """Stop, in one line, at an update where a function failed on every row (the (B, F) `failed`):
+        scores that are all reward_error_score teach the policy nothing about that function."""
+        if failed is None or not failed.numel():
+            return
+        for name, all_failed in zip(self.functions.names, failed.all(dim=0).tolist(), strict=True):
+            if all_failed:
+                raise ConfigError(f"reward function {name!r} failed on all {failed.size(0)} rows of update {update} (the last: "
+                                  f"{self.last_problem.get(name, 'see the warnings above')}): the run would learn from "
+                                  "reward_error_score alone: fix the function, then run again")
 
     def combine(self, components: torch.Tensor) -> torch.Tensor:
         """(B,) the weighted sum of the (B, C) components."""

@@ -34,7 +34,7 @@ from ..models import (
     enable_activation_checkpointing,
 )
 from ..ops import adaptive_kl_coef
-from ..preemption import resume_command
+from ..preemption import Interrupted, resume_command
 from ..reward_models import load_reward_model
 from ..sharding import SavedState, ShardedOptimizerState, ShardedRun, shard_on_policy, splits_models
 from ..tracking import append_jsonl, drop_rows_after, write_jsonl
@@ -167,8 +167,13 @@ class OnPolicySteps:
         began = time.perf_counter()
         timings: dict[str, float] = {}
         metrics: dict[str, float] = {}
-        batch = collect(self.models, self.prompts, self.cfg, index, self.kl_coef, self.precision, timings, show, self.accelerator,
-                        self.texts, self.stream, metrics)
+        drawn = self.stream.position
+        try:
+            batch = collect(self.models, self.prompts, self.cfg, index, self.kl_coef, self.precision, timings, show, self.accelerator,
+                            self.texts, self.stream, metrics)
+        except Interrupted:  # in a reward function: the update is dropped, so its checkpoint must not count its draws
+            self.stream.position = drawn
+            raise
         metrics |= rollout_metrics(batch, self.kl_coef)
         metrics |= component_metrics(self.models.reward_sources().names, batch.reward_components, batch.reward_failures)
         show("updating")
@@ -297,6 +302,7 @@ def run(cfg: OnPolicyConfig) -> int:
     # sharded models load on the host and move to the device one shard at a time
     models = load_models(cfg, checkpoint, torch.device("cpu") if splits_models(cfg, accelerator.num_processes) else accelerator.device)
     train, held_out, notes = split_posts(cfg, models.tokenizer)
+    models.reward_sources().check_prompts(PromptTexts.of(train + held_out[: cfg.eval_samples]))
     if accelerator.is_main_process:
         print("\n".join(notes))
     steps = train_on_policy(models, [e.query.ids for e in train], cfg, run_dir, checkpoint, held_out[: cfg.eval_samples], accelerator,

@@ -36,6 +36,7 @@ from ..eval.rm_eval import builtin_probes_for, evaluate_reward_model, write_rm_r
 from ..generation import SamplingParams, generate_texts, sequence_logprobs
 from ..models import DPO_RECORD
 from ..plots import plot_training_curves
+from ..preemption import restart_command, resume_command, stopping_at_once
 from ..preference_ops import PreferenceLoss, PreferenceObjective, preference_loss
 from ..reward_models import ImplicitRewardModel
 from ..scoring import collate_pairs
@@ -243,6 +244,11 @@ def sample_comparison(policy, reference, tokenizer, pairs: list[PairExample], cf
             for p, b, a in zip(pairs, before, after, strict=True)]
 
 
+def checkpoint_label(checkpoint: Path) -> str:
+    """"step N" of the checkpoint a run resumed from, as the line of a stopped run names it."""
+    return f"step {json.loads((checkpoint / 'trainer.json').read_text())['step']}"
+
+
 def run(cfg: DPOConfig) -> int:
     run_dir, checkpoint = start_run(cfg, "dpo")
     train_records, val_records, notes = split_comparisons(cfg)
@@ -257,7 +263,12 @@ def run(cfg: DPOConfig) -> int:
     print("\n".join(notes))
     pad_id = tokenizer.pad_token_id
     eval_pairs = val_pairs[: cfg.eval_pairs] if cfg.eval_pairs else val_pairs
-    train_examples, eval_examples = examples_with_reference(reference, reference_name, train_pairs, eval_pairs, pad_id, cfg, run_dir)
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    # a signal ends the reference pass at once: its cache is written whole or not at all, and a restart computes it again
+    continuing = ((checkpoint_label(checkpoint), resume_command("dpo", run_dir, processes)) if checkpoint
+                  else (None, restart_command("dpo", run_dir, processes)))
+    with stopping_at_once(run_dir, *continuing):
+        train_examples, eval_examples = examples_with_reference(reference, reference_name, train_pairs, eval_pairs, pad_id, cfg, run_dir)
 
     def evaluate(current: torch.nn.Module, step: int) -> dict[str, float]:
         if not eval_examples:
@@ -267,36 +278,38 @@ def run(cfg: DPOConfig) -> int:
     stage = Stage("dpo", policy.to(device), tokenizer, train_examples, lambda b: collate_dpo(b, pad_id), make_dpo_loss(objective), evaluate,
                   length=lambda example: example.width())
     # its log-probabilities are cached: off the device while the sharded policy trains
-    if reference is not None and splits_models(cfg, int(os.environ.get("WORLD_SIZE", "1"))):
+    if reference is not None and splits_models(cfg, processes):
         reference.to("cpu")
     result = train(cfg, stage, run_dir, checkpoint)
     if not is_main_process():
         return 0
-    if reference is not None:
-        reference.to(device)
-    final = result["model"]
-    save_final_model(final, tokenizer, run_dir)
-    (run_dir / "model" / DPO_RECORD).write_text(json.dumps(dpo_record(objective, reference_name), indent=2))
-    evaluation: dict[str, Any] = {}
-    extra: list[Table] = []
-    if val_pairs:
-        implicit = ImplicitRewardModel(final, reference, objective)
-        evaluation = evaluate_reward_model(implicit, tokenizer, val_pairs, run_dir / "rm_eval", batch_size=cfg.forward_batch_size,
-                                           probes=builtin_probes_for(val_records, "builtin"),
-                                           limits=query_limits(cfg.max_query_length, cfg.max_article_query_length))
-        print(rm_report.headline(evaluation))
-        samples = []
-        if cfg.eval_samples:  # SimPO trained without a reference: the starting policy to compare with is loaded only now
-            starting = reference if reference is not None else frozen_policy(cfg, final, reference_name, device)
-            samples = sample_comparison(final, starting, tokenizer, val_pairs[: cfg.eval_samples], cfg)
-        write_jsonl(run_dir / "eval_samples.jsonl", samples)
-        if samples:
-            lengths = {who: float(np.mean([s[f"{who}_tokens"] for s in samples])) for who in ("reference", "dpo")}
-            extra.append(Table(f"Greedy responses to {len(samples)} validation prompts (mean tokens: reference "
-                               f"{lengths['reference']:.1f}, DPO {lengths['dpo']:.1f})", samples[:10],
-                               ["prompt", "human_chosen", "reference", "dpo", "reference_tokens", "dpo_tokens"]))
-    plot_training_curves(read_metrics(run_dir), run_dir / "plots")
-    write_rm_report(run_dir, "dpo", cfg, notes, evaluation, run_dir / "rm_eval", f"{LOSS_NAMES[objective.loss_type]} (implicit reward)",
-                    extra)
+    # the final checkpoint is written: a signal ends the evaluation at once, and resuming runs it again
+    with stopping_at_once(run_dir, f"step {result['steps']}", resume_command("dpo", run_dir, processes)):
+        if reference is not None:
+            reference.to(device)
+        final = result["model"]
+        save_final_model(final, tokenizer, run_dir)
+        (run_dir / "model" / DPO_RECORD).write_text(json.dumps(dpo_record(objective, reference_name), indent=2))
+        evaluation: dict[str, Any] = {}
+        extra: list[Table] = []
+        if val_pairs:
+            implicit = ImplicitRewardModel(final, reference, objective)
+            evaluation = evaluate_reward_model(implicit, tokenizer, val_pairs, run_dir / "rm_eval", batch_size=cfg.forward_batch_size,
+                                               probes=builtin_probes_for(val_records, "builtin"),
+                                               limits=query_limits(cfg.max_query_length, cfg.max_article_query_length))
+            print(rm_report.headline(evaluation))
+            samples = []
+            if cfg.eval_samples:  # SimPO trained without a reference: the starting policy to compare with is loaded only now
+                starting = reference if reference is not None else frozen_policy(cfg, final, reference_name, device)
+                samples = sample_comparison(final, starting, tokenizer, val_pairs[: cfg.eval_samples], cfg)
+            write_jsonl(run_dir / "eval_samples.jsonl", samples)
+            if samples:
+                lengths = {who: float(np.mean([s[f"{who}_tokens"] for s in samples])) for who in ("reference", "dpo")}
+                extra.append(Table(f"Greedy responses to {len(samples)} validation prompts (mean tokens: reference "
+                                   f"{lengths['reference']:.1f}, DPO {lengths['dpo']:.1f})", samples[:10],
+                                   ["prompt", "human_chosen", "reference", "dpo", "reference_tokens", "dpo_tokens"]))
+        plot_training_curves(read_metrics(run_dir), run_dir / "plots")
+        write_rm_report(run_dir, "dpo", cfg, notes, evaluation, run_dir / "rm_eval", f"{LOSS_NAMES[objective.loss_type]} (implicit reward)",
+                        extra)
     print(f"model: {run_dir / 'model'}\nreport: {run_dir / 'report.html'}")
     return 0

@@ -11,15 +11,16 @@ the save: a failing evaluation must not lose the trained model), then closing th
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 import torch
 from tqdm import tqdm
 
 from ..config import RunConfig
-from ..preemption import StopSignal, exit_after_checkpoint
+from ..preemption import Interrupted, StopSignal, exit_after_checkpoint, stopping_at_once
 from ..tracking import Tracker
 
 Show = Callable[[str], None]  # names the phase a long step is in (shown on the progress bar)
@@ -74,37 +75,70 @@ def run_loop(steps: Steps, cfg: RunConfig, run_dir: Path, start: int, accelerato
     def show(phase: str) -> None:
         bar.set_description_str(f"{steps.name} [{phase}]", refresh=True)
 
-    if cfg.eval_every and start == 0:
-        log(0, steps.evaluate(0))  # where the curves start
+    def close() -> None:
+        bar.close()
+        if tracker is not None:
+            tracker.close()
+
+    def stop_after(signum: int, done: int, saved: int | None) -> NoReturn:
+        if saved != done:
+            steps.save(done)
+        bar.close()  # first: the line starts a line of its own
+        exit_after_checkpoint(signum, f"{steps.unit} {done}", run_dir, resume, announce=main)
+
     last: dict[str, float] = {}
-    with StopSignal() as stop:
-        for index in range(start, steps.total):
-            metrics = steps.step(index, show)
-            done = index + 1
-            evaluated = bool(cfg.eval_every) and done % cfg.eval_every == 0 and done < steps.total
-            if evaluated:
-                show("evaluating")
-                metrics |= steps.evaluate(done)
-            if evaluated or done % cfg.log_every == 0 or done == steps.total:
-                log(done, metrics)
-            last = metrics
-            bar.set_description_str(steps.name)
-            bar.update(1)
-            bar.set_postfix(steps.postfix(metrics))
-            saved = bool(cfg.save_every) and done % cfg.save_every == 0 and done < steps.total
-            if saved:
-                steps.save(done)
-            if signum := agreed_signal(accelerator, stop):
-                if not saved:
+    saved = start or None  # the step the newest checkpoint holds (None: none yet)
+    # a step of a run on several processes is never dropped on one: the others would wait for it in a collective
+    try:
+        with StopSignal(droppable=accelerator.num_processes == 1) as stop:
+            if cfg.eval_every and start == 0:
+                log(0, unless_stopped(stop, functools.partial(steps.evaluate, 0)))  # where the curves start
+            for index in range(start, steps.total):
+                try:
+                    metrics = steps.step(index, show)
+                except Interrupted as interrupted:  # in a reward function: the step changed nothing yet and is dropped whole
+                    stop_after(interrupted.signum, index, saved)
+                done = index + 1
+                evaluated = bool(cfg.eval_every) and done % cfg.eval_every == 0 and done < steps.total
+                if evaluated:
+                    show("evaluating")
+                    metrics |= unless_stopped(stop, functools.partial(steps.evaluate, done))
+                if evaluated or done % cfg.log_every == 0 or done == steps.total:
+                    log(done, metrics)
+                last = metrics
+                bar.set_description_str(steps.name)
+                bar.update(1)
+                bar.set_postfix(steps.postfix(metrics))
+                if cfg.save_every and done % cfg.save_every == 0 and done < steps.total:
                     steps.save(done)
-                bar.close()
-                if tracker is not None:
-                    tracker.close()
-                exit_after_checkpoint(signum, f"{steps.unit} {done}", run_dir, resume, announce=main)
-    bar.close()
-    steps.save(steps.total)
-    final = steps.finish()
+                    saved = done
+                if signum := agreed_signal(accelerator, stop):
+                    stop_after(signum, done, saved)
+            bar.close()
+            steps.save(steps.total)
+            if signum := agreed_signal(accelerator, stop):  # it came during the save
+                stop_after(signum, steps.total, steps.total)
+            # the final checkpoint is written: a signal ends the final evaluation at once, and resuming runs it again
+            with stopping_at_once(run_dir, f"{steps.unit} {steps.total}", resume):
+                final = steps.finish()
+    except BaseException:  # a stop or an error: its line starts a line of its own, not the bar's
+        close()
+        raise
     log(steps.total, final)
-    if tracker is not None:
-        tracker.close()
+    close()
     return last | final
+
+
+def unless_stopped(stop: StopSignal, evaluate: Callable[[], dict[str, float]]) -> dict[str, float]:
+    """`evaluate()`, or no metrics when a stop signal ends it: an evaluation is not worth finishing before
+    the checkpoint (the signal stays recorded for the step's end)."""
+    if not stop.droppable:  # several processes: a sharded evaluation's collectives need every process
+        return evaluate()
+    if stop.signum is not None:
+        return {}
+    try:
+        with StopSignal(at_once=True):
+            return evaluate()
+    except Interrupted as interrupted:
+        stop.signum = interrupted.signum
+        return {}
