@@ -265,7 +265,8 @@ class RMEvalConfig(DataFieldsConfig):
 
 
 def stage_opt(preset: str, what: str) -> Any:
-    return opt({"preset": preset}, f"options of the {what} stage, on top of its preset (the `preset` key) and the pipeline's wiring")
+    return opt({"preset": preset}, f"options of the {what} stage, on top of its preset (the `preset` key) and the pipeline's wiring, "
+               f"e.g. '{{max_steps: 4, preset: {preset}}}'")
 
 
 @dataclass
@@ -287,7 +288,8 @@ class PipelineConfig:
     ppo: dict[str, Any] = stage_opt("tldr-ppo", "PPO")
     grpo: dict[str, Any] = stage_opt("tldr-grpo", "GRPO")
     rloo: dict[str, Any] = stage_opt("tldr-rloo", "RLOO")
-    eval: dict[str, Any] = opt({}, "options of the eval stage (`rlhfkit eval` keys, e.g. max_prompts)")
+    eval: dict[str, Any] = opt({}, "options of the eval stage: `rlhfkit eval` keys, e.g. '{max_prompts: 8}' (no preset; eval_posts sets "
+                               "how many posts each policy answers)")
 
 
 @dataclass

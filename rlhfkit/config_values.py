@@ -23,7 +23,7 @@ def describe_type(tp: Any) -> str:
     if isinstance(tp, types.UnionType):
         return " or ".join(describe_type(a) for a in typing.get_args(tp))
     if typing.get_origin(tp) is dict:
-        return "mapping (YAML, e.g. '{max_steps: 4, preset: tldr-sft}'; merged into the preset's)"
+        return "mapping (YAML flow style, '{key: value, ...}'; merged into the one the preset or default gives)"
     return getattr(tp, "__name__", str(tp))
 
 

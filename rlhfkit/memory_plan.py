@@ -47,16 +47,16 @@ from pathlib import Path
 from typing import Any
 
 from .config import DPOConfig, PlanConfig, RMConfig, SFTConfig
-from .config_onpolicy import GRPOConfig, PPOConfig, ReinforceConfig, RLOOConfig
 from .decoding import decoding_buffers
 from .errors import ConfigError
+from .onpolicy.algorithms import ALGORITHMS
 
 GIB = 1024**3
 CHUNK_ROWS = 256  # ops.chunked_logprobs_entropy's default
 COMPONENTS = ("weights", "gradients", "optimizer state", "activations", "KV cache", "logits")
-STAGE_CONFIGS = {"sft": SFTConfig, "rm": RMConfig, "dpo": DPOConfig, "ppo": PPOConfig, "grpo": GRPOConfig, "rloo": RLOOConfig,
-                 "reinforce": ReinforceConfig}
-ON_POLICY = ("ppo", "grpo", "rloo", "reinforce")
+# the on-policy commands as the stage registry makes them, from the algorithm table
+STAGE_CONFIGS = {"sft": SFTConfig, "rm": RMConfig, "dpo": DPOConfig} | {name: a.config for name, a in ALGORITHMS.items()}
+ON_POLICY = tuple(ALGORITHMS)
 # published config.json files shipped with rlhfkit (rlhfkit/model_configs), read without network
 SHIPPED_IDS = {"meta-llama/Llama-3.2-1B": "llama-3.2-1b", "HuggingFaceTB/SmolLM2-135M": "smollm2-135m"} | {
     f"EleutherAI/pythia-{size}-deduped": f"pythia-{size}-deduped" for size in ("1b", "2.8b", "6.9b")}

@@ -8,7 +8,7 @@ optimizer state keyed by parameter name, which resume splits again over however 
 it has. accelerate only offers FSDP on GPUs; its FSDP2 code runs unchanged over gloo on CPU
 processes (checked with torch 2.13), so the tests use it there too.
 
-The on-policy stages (PPO, GRPO, RLOO) shard all their models with `fully_shard` directly
+The on-policy stages (PPO, GRPO, RLOO, REINFORCE) shard all their models with `fully_shard` directly
 (`shard_on_policy`): the policy and value model like the supervised model, and the frozen reference
 and reward model too, so that no process holds a whole copy of any of the four. Sampling runs on the
 gathered policy (`gathered_for_generation`: one all-gather per rollout, then no collective while
@@ -37,11 +37,12 @@ import torch
 from .config_checks import launched_processes
 from .errors import ConfigError
 from .models import ScalarModel, decoder_layers
+from .onpolicy.algorithms import ALGORITHMS
 
 SHARDED = ("fsdp2", "zero2", "zero3")
 ZERO_STAGES = {"zero2": 2, "zero3": 3}
 SUPERVISED = ("sft", "rm", "dpo")
-ON_POLICY = ("ppo", "grpo", "rloo")
+ON_POLICY = tuple(ALGORITHMS)  # every on-policy command, as the stage registry makes them
 
 
 def splits_models(cfg: Any, processes: int) -> bool:

@@ -231,3 +231,65 @@ def test_pipeline_eval_alone_answers_eval_posts_of_the_posts_the_sft_mapping_hol
     assert len(samples) == 3 and json.loads((out / "eval" / "eval.json").read_text())["prompts"] == 3
     (out / "eval" / "done.json").unlink()  # an interrupted eval stage runs again over its own folder
     assert cli_main(["pipeline", *args]) == 0
+
+
+# ---------------------------------------------------------------- case 26: every training stage shards
+
+
+def sharded_stages() -> list[str]:
+    """The training commands of the stage registry: those whose runs take a `sharding` option."""
+    from rlhfkit.config import RunConfig
+    from rlhfkit.stages import STAGES
+
+    return [name for name, stage in STAGES.items() if stage.config and issubclass(stage.config, RunConfig)]
+
+
+def test_every_stage_with_a_sharding_option_accepts_fsdp2_and_on_policy_ones_refuse_zero_naming_fsdp2(monkeypatch):
+    from rlhfkit.config import resolve
+    from rlhfkit.onpolicy.algorithms import ALGORITHMS
+    from rlhfkit.sharding import check_sharding
+
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as under --num-processes 2
+    assert "reinforce" in sharded_stages()
+    for stage in sharded_stages():
+        check_sharding(resolve(stage, None, None, {"sharding": "fsdp2"}), stage)
+    for stage in ALGORITHMS:
+        with pytest.raises(Exception, match=f"for {stage} use sharding=fsdp2"):
+            check_sharding(resolve(stage, None, None, {"sharding": "zero2"}), stage)
+
+
+@pytest.mark.slow
+def test_reinforce_under_fsdp2_on_two_processes_makes_the_update_of_one_unsharded_process(ppo_dirs, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    from .helpers import launch, stage_args
+
+    # one prompt per generation chunk, as the PPO test: a chunk's random stream is then the same on one process or two
+    args = {"max_steps": 2, "eos_trick": "false", "generation_batch_size": 1, "mixed_precision": "no"}
+    one, two = tmp_path / "one", tmp_path / "two"
+    for out, processes, extra in ((one, 1, {}), (two, 2, {"sharding": "fsdp2"})):
+        done = launch("reinforce", stage_args("reinforce", ppo_dirs, out, **args, **extra), processes)
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert "sharding: fsdp2 over 2 processes" in done.stdout
+    a, b = load_file(one / "model" / "model.safetensors"), load_file(two / "model" / "model.safetensors")
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], atol=1e-5, rtol=1e-4, msg=key)
+    rows = [[json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] for run in (one, two)]
+    for left, right in zip(*rows, strict=True):
+        for key in ("objective/scores", "objective/kl", "loss/policy_avg", "policy/grad_norm"):
+            assert right.get(key) == pytest.approx(left.get(key), rel=1e-4, abs=1e-5), key
+
+
+def test_pipeline_help_shows_each_stage_mapping_with_its_own_preset_and_eval_without_one(capsys):
+    from rlhfkit.config import PipelineConfig, field_info
+
+    assert cli_main(["pipeline", "--help"]) == 0
+    out = capsys.readouterr().out
+    for name, default, *_ in field_info(PipelineConfig):
+        if isinstance(default, dict) and "preset" in default:
+            assert f"e.g. '{{max_steps: 4, preset: {default['preset']}}}'" in out, name
+    eval_help = next(line for line in out.splitlines() if line.startswith("  eval "))
+    assert "preset" not in eval_help.replace("no preset", "") and "max_prompts" in eval_help
+    assert out.count("preset: tldr-sft}") == 1
