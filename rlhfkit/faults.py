@@ -58,9 +58,11 @@ def room_for(folder: Path, what: str, size: int, then: str) -> Iterator[None]:
         reason = disk_full_reason(e)
         if reason is None:
             raise
+        # a quota is not what the file system reports free
+        free = f"; {readable_size(free_space(folder))} free there" if reason == os.strerror(errno.ENOSPC) else ""
         raise DiskFullError(
-            f"{reason.lower()} in {folder} while writing {what} (about {readable_size(size)}; "
-            f"{readable_size(free_space(folder))} free there): free space or raise the quota, then {then}"
+            f"{reason.lower()} in {folder} while writing {what} (about {readable_size(size)}{free}): free space or "
+            f"raise the quota, then {then}"
         ) from None
 
 

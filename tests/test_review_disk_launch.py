@@ -12,6 +12,7 @@ import errno
 import json
 import logging
 import os
+import re
 import subprocess
 import threading
 import time
@@ -115,7 +116,8 @@ def test_a_full_disk_is_one_line_naming_the_folder_and_size_and_loses_nothing(ca
     out = tmp_path / "run"
     fail(monkeypatch, out)
     line = error_line(main(sft_run(ppo_dirs, out, steps)), capsys.readouterr().err)
-    assert line.startswith(start.format(out=out) + " (about "), line
+    assert re.match(re.escape(start.format(out=out)) + r" \(about \d+ [kMG]?B(; \d+ [kMGT]?B free there)?\): ", line), line
+    assert ("free there" in line) == line.startswith("no space left"), line  # a quota is not what the disk has free
     assert line.endswith(f"free space or raise the quota, then continue with resume={out} (from its last complete checkpoint)") or \
         line.endswith(f"(a training stage: with resume={out})"), line
     assert_nothing_lost(out, resumable)
