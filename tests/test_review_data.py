@@ -70,10 +70,10 @@ def test_a_cut_query_keeps_some_of_its_content_and_fits(tokenizer, task, fields,
 NOT_FITTING = [
     ("tldr", {"subreddit": "a", "title": WORDS, "post": POST}, 64, QueryTooLong, "no text of the prompt's post fits in max_query_length=64"),
     ("tldr", {"subreddit": "a", "title": "b", "post": POST}, 8, ConfigError,
-     "the tldr query template alone (every field empty) is 23 tokens, longer than max_query_length=8; raise max_query_length above 23"),
+     "the tldr query template (every field empty) alone is 23 tokens, longer than max_query_length=8; raise max_query_length above 23"),
     ("text", {"prompt": "Words here\n" + "? " * 60}, 16, QueryTooLong, "no text of the prompt's prompt fits"),
     ("chat", chat(("system", WORDS), ("user", "Summarize the rules.")), 40, QueryTooLong, "no text of the prompt's last message fits"),
-    ("chat", chat(("user", POST)), 3, ConfigError, "the chat template alone (one empty user turn) is 30 tokens, longer than max_query_length=3"),
+    ("chat", chat(("user", POST)), 3, ConfigError, "the chat template (one empty user turn) alone is 30 tokens, longer than max_query_length=3"),
 ]
 
 

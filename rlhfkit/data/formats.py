@@ -133,7 +133,7 @@ def cut_by_tokens(tokenizer: PreTrainedTokenizerBase, parts: QueryParts, content
         keep -= 1
 
 
-def content_and_rest(tokenizer: PreTrainedTokenizerBase, task: str, fields: dict[str, str], max_length: int) -> tuple[QueryParts, str]:
+def rest_and_content(tokenizer: PreTrainedTokenizerBase, task: str, fields: dict[str, str], max_length: int) -> tuple[QueryParts, str]:
     """(the rest of the query, the content that truncation cuts): the field's ending stays whole, unless
     it does not fit even alone; then it is no cue but content (a long last line)."""
     field = QUERY_FORMATS[task].truncate_field
@@ -159,15 +159,20 @@ def fit_content(tokenizer: PreTrainedTokenizerBase, parts: QueryParts, content: 
 
 
 def too_long(tokenizer: PreTrainedTokenizerBase, task: str, max_length: int) -> UserError:
-    """The error of a query that no truncation fits: the run's, when the template alone is longer than
-    `max_length`, else the record's (it is skipped)."""
+    """`too_long_error` of a query in `task`'s template, measured with every field empty."""
     names = [name for _, name, _, _ in string.Formatter().parse(QUERY_FORMATS[task].template) if name]
     alone = len(encode_text(tokenizer, format_query(task, dict.fromkeys(names, ""))))
+    return too_long_error(f"{task} query template (every field empty)", alone, QUERY_FORMATS[task].truncate_field, max_length)
+
+
+def too_long_error(template: str, alone: int, content: str, max_length: int) -> UserError:
+    """The error of a query that no truncation fits: the run's, when the template alone (`alone` tokens) is
+    longer than `max_length`; else the record's, which the tokenizers skip."""
     if alone > max_length:
-        return ConfigError(f"the {task} query template alone (every field empty) is {alone} tokens, longer than "
-                           f"max_query_length={max_length}; raise max_query_length above {alone}")
-    return QueryTooLong(f"no text of the prompt's {QUERY_FORMATS[task].truncate_field} fits in max_query_length={max_length} "
-                        "tokens beside the rest of its query; raise max_query_length")
+        return ConfigError(f"the {template} alone is {alone} tokens, longer than max_query_length={max_length}; "
+                           f"raise max_query_length above {alone}")
+    return QueryTooLong(f"no text of the prompt's {content} fits in max_query_length={max_length} tokens beside the rest of its "
+                        "query; raise max_query_length")
 
 
 def encode_query(tokenizer: PreTrainedTokenizerBase, task: str, fields: dict[str, str], max_length: int) -> QueryTokens:
@@ -179,7 +184,7 @@ def encode_query(tokenizer: PreTrainedTokenizerBase, task: str, fields: dict[str
     ids = encode_text(tokenizer, text)
     if len(ids) <= max_length:
         return QueryTokens(ids, text, len(ids), 0, False)
-    fitted = fit_content(tokenizer, *content_and_rest(tokenizer, task, fields, max_length), max_length)
+    fitted = fit_content(tokenizer, *rest_and_content(tokenizer, task, fields, max_length), max_length)
     if fitted is None:
         raise too_long(tokenizer, task, max_length)
     truncated, dropped, token_cut = fitted
@@ -237,13 +242,9 @@ def cut_last_turn(tokenizer: PreTrainedTokenizerBase, messages: list[dict], max_
 
 
 def chat_too_long(tokenizer: PreTrainedTokenizerBase, max_length: int) -> UserError:
-    """`too_long` for a conversation: the chat template alone is one user turn with no content."""
+    """`too_long_error` of a conversation, whose template alone is one user turn with no content."""
     alone = len(encode_rendered(tokenizer, render_chat(tokenizer, [{"role": "user", "content": ""}])))
-    if alone > max_length:
-        return ConfigError(f"the chat template alone (one empty user turn) is {alone} tokens, longer than "
-                           f"max_query_length={max_length}; raise max_query_length above {alone}")
-    return QueryTooLong(f"no text of the prompt's last message fits in max_query_length={max_length} tokens beside the "
-                        "chat template and the system message; raise max_query_length")
+    return too_long_error("chat template (one empty user turn)", alone, "last message", max_length)
 
 
 def completion_text(text: str) -> str:
