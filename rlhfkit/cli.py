@@ -23,6 +23,15 @@ def find_command(argv: list[str]) -> tuple[Stage, list[str]]:
     raise ConfigError(f"unknown command {' '.join(argv[:2]) or '(none)'!r}\n\n{overview()}")
 
 
+def group_help(word: str) -> str | None:
+    """`rlhfkit data --help`: the commands whose first word is `word` (data analyze, models prepare), or None."""
+    group = [c for c in STAGES.values() if len(c.words) > 1 and c.words[0] == word]
+    if not group:
+        return None
+    lines = [f"usage: rlhfkit {word} <command> ...", "", "commands:"] + [f"  {' '.join(c.words):<18} {c.about}" for c in group]
+    return "\n".join([*lines, "", f"`rlhfkit {' '.join(group[0].words)} --help` lists its options."])
+
+
 def overview() -> str:
     lines = ["usage: rlhfkit <command> [--preset NAME | --config FILE] [key=value ...] [--num-processes N]", "", "commands:"]
     lines += [f"  {' '.join(c.words):<18} {c.about}" for c in STAGES.values()]
@@ -192,6 +201,10 @@ def run_stage(argv: list[str]) -> int:
     """Run the command `argv` names, in this process or, under --num-processes N, in N launched ones."""
     if not argv or argv[0] in ("-h", "--help"):
         print(overview())
+        return 0
+    group = group_help(argv[0]) if len(argv) == 1 or argv[1] in ("-h", "--help") else None
+    if group:
+        print(group)
         return 0
     cmd, rest = find_command(argv)
     parsed = parse_args(cmd, rest)

@@ -64,7 +64,9 @@ def pickle_opt() -> Any:
 
 @dataclass
 class AnalyzeConfig:
-    dataset: Literal["tldr-sft", "tldr-comparisons", "hh"] = opt("tldr-sft", "which upstream format to read")
+    dataset: Literal["auto", "tldr-sft", "tldr-comparisons", "hh", "gsm8k", "prompt-completion", "language-modeling", "preference",
+                     "prompt-only"] = opt("auto", "format of `path` (auto: detected from the first record's columns and printed; "
+                                          "docs/data-formats.md)")
     path: list[str] = opt([], "files, folders or a Hugging Face dataset id (comma separated)")
     model: str = opt("smollm2-135m", "tokenizer used for token lengths (any HF model dir or hub id)")
     out: str = opt("runs/analysis", "folder for analysis.json and the PNG plots")

@@ -154,7 +154,7 @@ STAGES: dict[str, Stage] = {stage.name: stage for stage in (
           eval_runner, EvalConfig),
     Stage(("generate",), "summarise TL;DR posts with a policy, with ROUGE-L against the references",
           generate_runner, GenerateConfig),
-    Stage(("data", "analyze"), "dataset analysis: counts, token lengths, truncation, length bias",
+    Stage(("data", "analyze"), "dataset analysis (any format the stages read, detected): counts, token lengths, truncation, length bias",
           analyze_runner, AnalyzeConfig),
     Stage(("plan",), "estimated peak memory per device of a stage (weights, gradients, optimizer, activations, KV cache, logits): fits or not",
           plan_runner, PlanConfig),

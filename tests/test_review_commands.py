@@ -293,3 +293,51 @@ def test_pipeline_help_shows_each_stage_mapping_with_its_own_preset_and_eval_wit
     eval_help = next(line for line in out.splitlines() if line.startswith("  eval "))
     assert "preset" not in eval_help.replace("no preset", "") and "max_prompts" in eval_help
     assert out.count("preset: tldr-sft}") == 1
+
+
+# ---------------------------------------------------------------- case 23: data analyze reads the generic formats
+
+CHAT = [{"role": "user", "content": "What colour is the sky?"}]
+GENERIC = [  # (records, the line `data format:` starts with, what they are read as)
+    ([{"prompt": "The sky is", "chosen": " blue.", "rejected": " green."}], "preference, explicit prompt, standard", "comparison"),
+    ([{"chosen": "Q: sky? A: blue.", "rejected": "Q: sky? A: green."}], "preference, implicit prompt, standard", "comparison"),
+    ([{"prompt": "The sky is", "completion": " blue."}], "prompt-completion, standard", "SFT"),
+    ([{"prompt": CHAT, "completion": [{"role": "assistant", "content": "Blue."}]}], "prompt-completion, conversational", "SFT"),
+    ([{"text": "The sky is blue."}], "language-modeling, standard", "SFT"),
+    ([{"prompt": "The sky is"}], "prompt-only, standard", "prompt"),
+    ([{"prompt": CHAT, "answer": "blue"}], "prompt-only, conversational", "prompt"),
+    ([{"question": "1 + 1?", "answer": "1 + 1 = 2\n#### 2"}], "gsm8k", "prompt"),
+]
+
+
+@pytest.mark.parametrize("records, detected, read_as", GENERIC, ids=[g[1] for g in GENERIC])
+def test_data_analyze_detects_and_prints_every_generic_format(records, detected, read_as, tiny_model_dir, tmp_path, capsys):
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records * 3))
+    out = tmp_path / "analysis"
+    assert cli_main(["data", "analyze", "--path", str(data), "--out", str(out), "--model", str(tiny_model_dir)]) == 0
+    printed = capsys.readouterr().out
+    assert f"data format: {detected}" in printed and "kept 3 records, skipped none" in printed
+    result = json.loads((out / "analysis.json").read_text())
+    assert result["dataset"] == "auto" and result["read_as"] == f"{read_as} data" and result["records"]["kept"] == 3
+
+
+def test_data_analyze_names_the_formats_it_knows_when_none_fits(tiny_model_dir, tmp_path, capsys):
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"title": "no format has only this"}\n')
+    assert cli_main(["data", "analyze", "--path", str(data), "--out", str(tmp_path / "out"), "--model", str(tiny_model_dir)]) == 2
+    line = one_error_line(capsys)
+    assert f"{data}:1: no data format has the columns title" in line and "prompt-only (prompt)" in line
+    assert line.count("tldr-sft (") == 1
+
+
+@pytest.mark.parametrize("argv", [["data", "--help"], ["data", "-h"], ["data"], ["models", "--help"]])
+def test_a_command_group_lists_its_commands(argv, capsys):
+    assert cli_main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: rlhfkit {argv[0]} <command>") and f"  {argv[0]} " in out
+
+
+def test_data_analyze_help_lists_auto(capsys):
+    assert cli_main(["data", "analyze", "--help"]) == 0
+    assert "default: auto" in capsys.readouterr().out

@@ -4,6 +4,9 @@ Counts per split, batch, policy pair and confidence (Details 1, 6), token-length
 queries, references, chosen and rejected responses (Detail 4, the paper's Figures 9-10), how many
 queries needed truncation (Detail 2), the edge-case table of seed 002 (ties, too-short responses)
 and the length bias of human preferences, plus every skipped record by reason.
+
+Any format a stage reads can be analysed (docs/data-formats.md): `dataset=auto` detects it from the
+first record's columns, as pair data, SFT data or prompts, in that order, and prints what it read.
 """
 
 from __future__ import annotations
@@ -18,10 +21,21 @@ from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from ..plots import pyplot, save
-from . import load_pairs, usable
+from . import (
+    AUTO,
+    PAIRS,
+    PROMPTS,
+    SFT,
+    STANDARD_NAMES,
+    Role,
+    detected,
+    first_record,
+    format_columns,
+    load_role,
+    usable,
+)
 from .examples import query_limits, tokenize_pairs, tokenize_sft
-from .records import SkipLog
-from .tldr import load_sft
+from .records import MissingColumns, SkipLog
 
 TOO_SHORT_TOKENS = 3  # responses below this many tokens (EOS excluded) are counted as too short
 NO_LENGTH_LIMIT = 10**9
@@ -84,12 +98,36 @@ def edge_cases(raw_total: int, ties: int, chosen: list[int], rejected: list[int]
     return [{"condition": c, "count": n, "percent": round(100 * n / max(raw_total, 1), 2)} for c, n in rows]
 
 
-def analyze_sft(paths: list[str], tokenizer: PreTrainedTokenizerBase, max_query_length: int, hf_split: str = "") -> dict:
-    records, log = usable(load_sft(paths, hf_split), paths, "examples", "dataset=tldr-sft")
-    examples, _ = tokenize_sft(tqdm(records, desc="tokenizing", unit="post"), tokenizer, max_query_length, NO_LENGTH_LIMIT)
+# auto tries pair data first: its columns (chosen, rejected) are the most specific; prompts last, since any SFT data
+# has a prompt. A name two roles share (tldr-sft, hh) is read as SFT data or as pairs.
+DETECTION_ORDER = (PAIRS, SFT, PROMPTS)
+NAMED_ORDER = (SFT, PAIRS, PROMPTS)
+
+
+def analysis_role(dataset: str, paths: list[str], hf_split: str) -> Role:
+    """What `dataset` reads `paths` as: the role that names it, or with `auto` the first whose formats fit
+    the first record's columns."""
+    if dataset != AUTO:
+        return next(role for role in NAMED_ORDER if dataset in role.names)
+    row, record = first_record(paths, hf_split)
+    role = next((role for role in DETECTION_ORDER if detected(role, record, STANDARD_NAMES)), None)
+    if role is None:
+        formats = {name: format_columns(r, name, STANDARD_NAMES) for r in DETECTION_ORDER for name in r.detection_order}
+        accepted = "; ".join(f"{name} ({columns})" for name, columns in formats.items())
+        raise MissingColumns(f"{row.where}: no data format has the columns {', '.join(record) or '(none)'}; accepted: {accepted} "
+                             "(see docs/data-formats.md)", record)
+    return role
+
+
+def analyze_sft(paths: list[str], tokenizer: PreTrainedTokenizerBase, max_query_length: int, hf_split: str = "",
+                dataset: str = "tldr-sft", role: Role = SFT) -> dict:
+    """SFT data or prompts: query and reference lengths (a prompt without a reference has length 0)."""
+    records, log = usable(load_role(role, dataset, paths, hf_split, STANDARD_NAMES), paths, "examples", f"dataset={dataset}")
+    examples, _ = tokenize_sft(tqdm(records, desc="tokenizing", unit="record"), tokenizer, max_query_length, NO_LENGTH_LIMIT)
+    by_subreddit = all("subreddit" in r.fields for r in records)
     return {
         "records": log.to_dict(),
-        "counts": {"subreddit": counts([r.fields["subreddit"] for r in records])},
+        "counts": {"subreddit": counts([r.fields["subreddit"] for r in records])} if by_subreddit else {"task": counts([r.task for r in records])},
         "token_lengths": {
             "query_before_truncation": describe([e.query.original_length for e in examples]),
             "query": describe([len(e.query.ids) for e in examples]),
@@ -103,7 +141,7 @@ def analyze_sft(paths: list[str], tokenizer: PreTrainedTokenizerBase, max_query_
 def analyze_pairs(
     paths: list[str], tokenizer: PreTrainedTokenizerBase, limits: dict[str, int], fmt: str, hf_split: str = ""
 ) -> dict:
-    records, log = usable(load_pairs(fmt, paths, hf_split), paths, "pairs", f"dataset={fmt}")
+    records, log = usable(load_role(PAIRS, fmt, paths, hf_split, STANDARD_NAMES), paths, "pairs", f"dataset={fmt}")
     examples, _ = tokenize_pairs(tqdm(records, desc="tokenizing", unit="pair"), tokenizer, limits, NO_LENGTH_LIMIT)
     chosen = [len(e.chosen) - 1 for e in examples]
     rejected = [len(e.rejected) - 1 for e in examples]
@@ -195,18 +233,20 @@ def run_analysis(
     max_article_query_length: int,
     hf_split: str = "",
 ) -> dict:
-    """Analyse `paths` as `dataset`, write analysis.json and PNG plots to `out`, return the result."""
-    if dataset == "tldr-sft":
-        result = analyze_sft(paths, tokenizer, max_query_length, hf_split)
+    """Analyse `paths` as `dataset` (a format name, or auto), write analysis.json and PNG plots to `out`,
+    return the result."""
+    role = analysis_role(dataset, paths, hf_split)
+    if role is PAIRS:
+        result = analyze_pairs(paths, tokenizer, query_limits(max_query_length, max_article_query_length), dataset, hf_split)
     else:
-        limits = query_limits(max_query_length, max_article_query_length)
-        result = analyze_pairs(paths, tokenizer, limits, dataset, hf_split)
+        result = analyze_sft(paths, tokenizer, max_query_length, hf_split, dataset, role)
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     lengths = result.pop("_lengths")
     plots = plot_histograms(lengths, folder) + plot_counts(result["counts"], folder) if lengths["query"] else []
     result = {
         "dataset": dataset,
+        "read_as": f"{role.what} data",
         "paths": paths,
         "tokenizer": getattr(tokenizer, "name_or_path", ""),
         "max_query_length": max_query_length,
