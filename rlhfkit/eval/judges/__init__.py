@@ -18,8 +18,9 @@ reward model, each comparing two responses to one prompt.
 - each pair is shown in a randomised order decided by (seed, pair index) (`is_swapped`), and the
   verdict is mapped back to the caller's order; `Verdict.swapped` keeps position bias measurable;
 - replies are cached on disk (`VerdictCache`), so a repeated or crashed evaluation never pays twice;
-- API judges retry rate limits, server errors, timeouts and malformed bodies with backoff, run N
-  requests at a time and count tokens and cost (`JudgeStats`). API keys are read only from the
+- API judges retry rate limits, server errors and timeouts with backoff (a malformed body once, a
+  refused connection not at all), run N requests at a time and count tokens and cost (`JudgeStats`);
+  a pair that got no reply is a failure, counted apart from unparseable replies. API keys are read only from the
   environment and are kept out of every message, log line and cached record.
 
 The families live apart: `core` (the pair and verdict types, template, order, parser, cache and the
