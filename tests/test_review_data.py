@@ -129,11 +129,11 @@ def test_tldr_posts_at_64_tokens_skip_the_posts_whose_title_alone_is_too_long_an
     printed = capsys.readouterr()
     assert "Traceback" not in printed.err and "template alone" not in printed.err
     line = next(line for line in printed.out.splitlines() if line.startswith("query tokenization: "))
-    skipped = re.search(rf"training kept (\d+) prompts, skipped (\d+): query_too_long: \2 \(e\.g\. {re.escape(str(ppo_dirs['posts']))}:\d+\)",
-                        line)
-    assert skipped, line
-    loaded = re.search(r"split by prompt \(seed \d+\): (\d+) training prompts", printed.out)
-    assert int(skipped[1]) == int(loaded[1]) > 0  # the split counts the prompts kept; kept + skipped = the training side read
+    posts = re.escape(str(ppo_dirs["posts"]))
+    assert re.search(rf"training kept \d+ prompts, skipped (\d+): query_too_long: \1 \(e\.g\. {posts}:\d+\)", line), line
+    sides = re.findall(r"(?:training|held-out) kept (\d+) prompts, skipped (none|\d+)", line)
+    read = int(re.search(r"loaded: kept (\d+) prompts", printed.out)[1])
+    assert len(sides) == 2 and sum(int(kept) + (0 if skipped == "none" else int(skipped)) for kept, skipped in sides) == read
     assert (out / "model").is_dir()
 
 
