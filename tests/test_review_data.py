@@ -52,6 +52,7 @@ def kept_before(ending: str):
 FITTING = [
     ("text", {"prompt": POST + "\nTL;DR:"}, 16, kept_before("\nTL;DR:")),  # the review's "\nTL;DR:" alone no longer
     ("text", {"prompt": "Old context line.\n" + POST + "\nTL;DR:"}, 16, kept_before("\nTL;DR:")),
+    ("text", {"prompt": POST + "\n\nTL;DR:"}, 16, kept_before("\n\nTL;DR:")),  # a blank line is no content to keep
     ("text", {"prompt": "Summarize:\n" + WORDS}, 16, lambda text: WORDS.endswith(text)),  # a long last line is content
     ("hh", {"dialogue": f"{HH_TURN} {POST}{HH_ASSISTANT}"}, 16, kept_before(HH_ASSISTANT)),
     ("tldr", {"subreddit": "a", "title": "b", "post": POST}, 30, lambda text: "POST: My roommate" in text),
