@@ -122,7 +122,10 @@ def logprobs_entropy_of_chunk(
     logits = rows if weight is None else F.linear(rows, weight, bias)
     scaled = without_token(logits.float() / (temperature if temperature > 0 else 1.0), excluded_token)
     logp = scaled.log_softmax(-1)
-    return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), -(logp.exp() * logp).sum(-1)
+    picked = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    if excluded_token is not None:  # PAD only fills rows after their EOS, masked everywhere: 0 keeps masked products finite
+        picked = picked.masked_fill(tokens == excluded_token, 0.0)
+    return picked, -(logp.exp() * logp).sum(-1)
 
 
 def without_token(logits: torch.Tensor, token: int | None) -> torch.Tensor:

@@ -45,7 +45,8 @@ def from_sequence_classifier(source: str, tokenizer: PreTrainedTokenizerBase, tr
     from transformers import AutoModelForSequenceClassification
 
     with model_loading(source):
-        classifier = AutoModelForSequenceClassification.from_pretrained(source, trust_remote_code=trust_remote_code, dtype=torch.float32)
+        classifier = AutoModelForSequenceClassification.from_pretrained(source, trust_remote_code=trust_remote_code, dtype=torch.float32,
+                                                                        use_safetensors=True)  # never unpickled (docs/reliability.md)
     match_vocab(classifier, tokenizer, f"reward_model={source}")
     if classifier.config.num_labels != 1:
         raise ModelError(f"{source} is a sequence classifier with {classifier.config.num_labels} outputs; a reward model has one")

@@ -82,12 +82,14 @@ def test_the_pad_row_changes_no_other_tokens_probability(pad_is_eos_policy):
     ids = torch.tensor([[11, 12, 13, 14, 15, 16]])
     mask = torch.ones_like(ids)
     with torch.no_grad():
-        logprobs, _ = response_logprobs(policy, ids, mask, 2, 0.7)
-        expected = (original(ids).logits[:, 1:-1].float() / 0.7).log_softmax(-1).gather(-1, ids[:, 2:, None]).squeeze(-1)
-        torch.testing.assert_close(logprobs, expected, rtol=0, atol=1e-6)
-        with_pad = ids.clone()
-        with_pad[0, -1] = tokenizer.pad_token_id
-        assert response_logprobs(policy, with_pad, mask, 2, 0.7)[0][0, -1] < -1e30  # probability 0: never sampled
+        logprobs, entropies = response_logprobs(policy, ids, mask, 2, 0.7)
+        expected = (original(ids).logits[:, 1:-1].float() / 0.7).log_softmax(-1)
+    torch.testing.assert_close(logprobs, expected.gather(-1, ids[:, 2:, None]).squeeze(-1), rtol=0, atol=1e-6)
+    # the same entropy as without the row: PAD has probability 0 and every other token its old one
+    torch.testing.assert_close(entropies, -(expected.exp() * expected).sum(-1), rtol=0, atol=1e-5)
+    padded = ids.clone()
+    padded[0, -2:] = tokenizer.pad_token_id  # a response's padding after its EOS: finite, so masked products stay finite
+    assert torch.equal(response_logprobs(policy, padded, mask, 2, 0.7)[0][0, -2:], torch.zeros(2))
 
 
 def test_kl_is_exactly_zero_at_the_first_update_from_a_model_whose_pad_is_its_eos(ppo_dirs, pad_is_eos_policy, tmp_path):
