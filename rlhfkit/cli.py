@@ -216,6 +216,8 @@ def run_stage(argv: list[str]) -> int:
     config_file = parsed.config_file or resumed_run_config(parsed)
     if config_file and not parsed.config_file:  # the run's own options: its first start may have moved another run aside
         parsed.overrides.setdefault("overwrite", "false")
+        # where the run is now, not the output_dir its config.yaml names: the folder may have been moved or copied
+        parsed.overrides.setdefault("output_dir", str(Path(config_file).parent))
     # a command without a config class is given its positional argument (None without one)
     argument = (cfgmod.resolve(cmd.name, parsed.preset, config_file, parsed.overrides, parsed.num_processes) if cmd.config
                 else parsed.positional)

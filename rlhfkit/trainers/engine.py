@@ -136,7 +136,7 @@ def check_model_sources(cfg: RunConfig) -> None:
 
 def start_run(cfg: RunConfig, stage: str) -> tuple[Path, Path | None]:
     """(run directory, checkpoint to resume or None), with every RNG seeded before any model is
-    built, so `seed` also governs the reward head and the new [PAD] embedding row."""
+    built, so `seed` also governs the reward head (an added [PAD] row is zero: vocab.match_vocab)."""
     check_sharding(cfg, stage)
     # a bad resume path or model fails before any folder is made
     checkpoint = resume_checkpoint(cfg)
