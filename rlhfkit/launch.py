@@ -163,7 +163,10 @@ def launched_process_status():
 
     A process that ends non-zero as every process of the launch does (the same user error, a stop they
     agreed on) then exits 0: torch elastic's agent would stop the processes still ending (SIGTERM, which
-    kills one in its exit) and report a failure, where `relaunch` returns the code they recorded."""
+    kills one in its exit) and report a failure, where `relaunch` returns the code they recorded.
+
+    An error raised after another process failed or died (its connections closed in the middle of a
+    collective) follows from that failure: one line says so instead of its traceback."""
     outcome = Outcome()
     folder, rank = os.environ.get(STATUS_DIR), os.environ.get("RANK")
     if not folder or rank is None:
@@ -175,6 +178,11 @@ def launched_process_status():
         yield outcome
     except SystemExit as e:
         outcome.code = e.code if isinstance(e.code, int) else 1
+    except Exception as e:
+        cause = failed_peer(status, int(rank))
+        if cause is None:
+            raise
+        report(f"process {rank} stopped: process {cause} failed or died first ({type(e).__name__} in this one)")
     finally:
         write_number(status / f"rank-{rank}.exit", outcome.code)
     if outcome.code and not all_ended_alike(status, outcome.code):
@@ -182,13 +190,40 @@ def launched_process_status():
     outcome.code = 0
 
 
+def failed_peer(status: Path, rank: int) -> int | None:
+    """Another process of the launch that recorded a non-zero exit code, or that ended without recording one."""
+    others = [other for other in range(int(os.environ.get("WORLD_SIZE", "1"))) if other != rank]
+    return next((other for other in others if read_number(status / f"rank-{other}.exit") or died(status, other)), None)
+
+
+def died(status: Path, rank: int) -> bool:
+    """Whether process `rank` started and ended without recording its exit code (killed)."""
+    pid = read_number(status / f"rank-{rank}.pid")
+    return pid is not None and not running(pid) and read_number(status / f"rank-{rank}.exit") is None
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` runs: neither gone nor a zombie (dead, not yet reaped by the launcher)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: whether it can be signalled
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 0)
+            return True
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
 def all_ended_alike(status: Path, code: int) -> bool:
-    """Whether every process of the launch records `code`, waiting up to AGREEMENT_WAIT seconds for them."""
+    """Whether every process of the launch records `code`, waiting up to AGREEMENT_WAIT seconds for them
+    (not for one that died)."""
     ranks = range(int(os.environ.get("WORLD_SIZE", "1")))
     deadline = time.monotonic() + AGREEMENT_WAIT
     while True:
         codes = {read_number(status / f"rank-{rank}.exit") for rank in ranks}
-        if codes - {code, None} or time.monotonic() > deadline:
+        if codes - {code, None} or any(died(status, rank) for rank in ranks) or time.monotonic() > deadline:
             return False
         if codes == {code}:
             return True

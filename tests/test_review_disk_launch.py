@@ -305,6 +305,32 @@ def test_a_process_ending_unlike_the_others_exits_with_its_code(launched_rank, m
     assert 0.2 <= time.monotonic() - started < 5
 
 
+def dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.mark.parametrize("peer", ["failed", "died"])
+def test_an_error_after_another_process_failed_or_died_is_one_line(launched_rank, peer, capsys):
+    if peer == "failed":
+        (launched_rank / "rank-1.exit").write_text("2")  # e.g. a full disk while it wrote the checkpoint
+    else:
+        (launched_rank / "rank-1.pid").write_text(str(dead_pid()))  # SIGKILLed: no exit code
+    started = time.monotonic()
+    with pytest.raises(SystemExit) as exit_, launched_process_status():
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer")
+    assert exit_.value.code == 1 and time.monotonic() - started < launch.AGREEMENT_WAIT  # not waiting for the dead
+    assert capsys.readouterr().err == "rlhfkit: process 0 stopped: process 1 failed or died first (RuntimeError in this one)\n"
+
+
+def test_an_error_while_the_others_run_keeps_its_traceback(launched_rank):
+    (launched_rank / "rank-1.pid").write_text(str(os.getpid()))
+    with pytest.raises(RuntimeError, match="a bug"), launched_process_status():
+        raise RuntimeError("a bug")
+    assert (launched_rank / "rank-0.exit").read_text() == "1"
+
+
 def test_a_line_every_process_says_is_printed_once(launched_rank, capsys):
     say_once("rlhfkit: error: bad data")
     say_once("rlhfkit: error: bad data")  # the other process
