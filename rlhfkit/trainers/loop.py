@@ -6,6 +6,11 @@ every stage and every number of processes: the progress bar, metrics logged ever
 and whenever an evaluation ran, a checkpoint every `save_every` steps, a stop on SIGTERM/SIGINT agreed
 by all processes (so all save the same step), the final checkpoint, then the final evaluation (after
 the save: a failing evaluation must not lose the trained model), then closing the trackers.
+
+A signal does not wait for work that can be done again: an evaluation ends at once (its metrics are
+dropped), and so does a step inside a reward function's call (`preemption.interruptible`), which
+leaves the step's state as it was before it began; the loop then checkpoints that state. In the
+final evaluation the final checkpoint is already written, and a resumed run evaluates again.
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ class Steps(Protocol):
     total: int  # steps in the whole run
 
     def step(self, index: int, show: Show) -> dict[str, float]:
-        """Run step `index` (0-based) and return its metrics (the same on every process)."""
+        """Run step `index` (0-based) and return its metrics (the same on every process). One that raises
+        `Interrupted` leaves the state as it was before it began: the loop checkpoints it as `index` steps."""
         ...
 
     def evaluate(self, done: int) -> dict[str, float]:
