@@ -37,7 +37,9 @@ class Tracker:
 
     def drop_after(self, step: int) -> None:
         """On resume, forget metrics logged after the checkpoint so curves have no duplicates."""
-        drop_rows_after(self.path, step)
+        size = self.path.stat().st_size if self.path.exists() else 0
+        with room_for(self.run_dir, f"{self.path.name} again up to step {step}", size, continue_run(self.run_dir)):
+            drop_rows_after(self.path, step)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         row = {"step": step, **{k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in metrics.items()}}

@@ -29,7 +29,7 @@ from rlhfkit.errors import DiskFullError, RunLockedError
 from rlhfkit.faults import disk_full_reason, readable_size
 from rlhfkit.launch import ProcessStatus, launch_outcome, launched_process_status, say_once
 from rlhfkit.runlock import LOCK_FILE, holder_record, lock_run_dir, release_run_dir
-from rlhfkit.tracking import append_jsonl, read_jsonl, read_metrics
+from rlhfkit.tracking import Tracker, append_jsonl, read_jsonl, read_metrics
 
 from .helpers import cli_args, launcher_env, rlhfkit_command, stage_args
 
@@ -201,6 +201,22 @@ def test_a_metrics_row_the_disk_cannot_take_whole_is_cut_back(tmp_path, monkeypa
         append_jsonl(path, [{"step": 1, "loss": 0.5}])
     monkeypatch.undo()
     assert read_jsonl(path) == [{"step": 0, "loss": 1.0}]
+
+
+def test_rewriting_the_metrics_on_a_full_disk_keeps_them_and_says_so(tmp_path, monkeypatch):
+    rows = [{"step": 0, "loss": 1.0}, {"step": 1, "loss": 0.5}]
+    append_jsonl(tmp_path / "metrics.jsonl", rows)
+    real_write_text = type(tmp_path).write_text
+
+    def half_then_full(path, text, *args, **kwargs):
+        real_write_text(path, text[: len(text) // 2], *args, **kwargs)
+        raise NO_SPACE
+
+    monkeypatch.setattr(type(tmp_path), "write_text", half_then_full)
+    with pytest.raises(DiskFullError, match=f"no space left on device in {tmp_path} while writing metrics.jsonl again"):
+        Tracker(tmp_path, [], {}, resume_step=0)  # a run starting again: its rows go
+    monkeypatch.undo()
+    assert read_jsonl(tmp_path / "metrics.jsonl") == rows and os.listdir(tmp_path) == ["metrics.jsonl"]
 
 
 # ---------------------------------------------------------------- case 16: a lock left by a crash
