@@ -33,7 +33,7 @@ def shaped_model(name: str, seed: int = 0) -> torch.nn.Module:
     sizes without downloading them. Dropout off, as every rlhfkit stage has it (Detail 6)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rlhfkit.memory_plan import shipped_config
+    from rlhfkit.model_shape import shipped_config
     from rlhfkit.models import disable_dropout
 
     fields = shipped_config(name)

@@ -69,7 +69,7 @@ CONFIGS = {
 def write_config(arch: str, folder: Path) -> Path:
     spec = ARCHS[arch]
     if isinstance(spec, str):
-        from rlhfkit.memory_plan import shipped_config
+        from rlhfkit.model_shape import shipped_config
 
         spec = shipped_config(spec)
     (folder / "config.json").write_text(json.dumps(spec))
@@ -242,7 +242,7 @@ STEPS = {"sft": sft_steps, "rm": rm_steps, "dpo": dpo_steps, "ppo": on_policy_st
 def estimate(folder: Path, opts: dict):
     from rlhfkit.config import PlanConfig
     from rlhfkit.memory_plan import estimate as plan_estimate
-    from rlhfkit.memory_plan import read_shape
+    from rlhfkit.model_shape import read_shape
 
     return plan_estimate(PlanConfig(model=str(folder), **opts), read_shape(str(folder)))
 

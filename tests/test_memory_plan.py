@@ -16,7 +16,8 @@ import pytest
 from rlhfkit import cli
 from rlhfkit.config import ConfigError, PlanConfig, SFTConfig, resolve
 from rlhfkit.config_onpolicy import PPOConfig
-from rlhfkit.memory_plan import GIB, SHIPPED, estimate, plan, read_shape
+from rlhfkit.memory_plan import GIB, estimate, plan
+from rlhfkit.model_shape import SHIPPED, read_shape
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA, PYTHIA_1B = "meta-llama/Llama-3.2-1B", "EleutherAI/pythia-1b-deduped"

@@ -148,7 +148,7 @@ def test_plan_refuses_a_config_json_with_a_bad_size_naming_the_file_and_the_fiel
 def test_plan_reads_the_sizes_under_an_architectures_own_names(tmp_path):
     from transformers import GPT2Config
 
-    from rlhfkit.memory_plan import read_shape
+    from rlhfkit.model_shape import read_shape
 
     GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=100).save_pretrained(tmp_path)
     assert read_shape(str(tmp_path)).hidden == 64
