@@ -74,7 +74,7 @@ def test_a_stale_lock_is_reported_taken_over_and_released_when_the_run_ends(ppo_
     proc = subprocess.run(rlhfkit_command("sft", *cli_args(stage_args("sft", ppo_dirs, out, max_steps=1))), env=child_env(),
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    warnings = [line for line in proc.stderr.splitlines() if line.startswith("rlhfkit: warning:")]
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("rlhfkit: warning:") and "lock" in line]
     assert len(warnings) == 1 and f"left by process {gone}" in warnings[0] and "taking the folder over" in warnings[0]
     assert not (out / LOCK_FILE).exists() and (out / "model" / "model.safetensors").is_file()
 
