@@ -182,6 +182,7 @@ def test_sigterm_inside_a_reward_function_checkpoints_the_update_before_and_resu
     assert metrics_without_timings(out) == metrics_without_timings(straight)
 
 
+@pytest.mark.faults  # a run and its resume with an evaluation each: over 10 s
 def test_sigint_in_the_final_evaluation_names_the_final_checkpoint_and_resuming_finishes(
         ppo_dirs, functions_file, tmp_path, capsys, monkeypatch):
     out = tmp_path / "run"
@@ -221,7 +222,7 @@ def test_sigterm_in_dpo_reference_pass_says_how_to_start_again_which_finishes(pp
     assert (out / "model" / "model.safetensors").is_file()
 
 
-@pytest.mark.faults  # a child process and a real Ctrl-C: some 20 s
+@pytest.mark.faults  # a child process and a real Ctrl-C, which a loaded machine can make slow
 def test_ctrl_c_ends_a_hanging_reward_function_within_seconds(ppo_dirs, functions_file, tmp_path):
     out, log, entered = tmp_path / "run", tmp_path / "run.log", tmp_path / "entered"
     options = stage_args("grpo", ppo_dirs, out, max_steps=2, reward_functions=f"{functions_file}:slow")
