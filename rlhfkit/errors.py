@@ -40,7 +40,12 @@ class DiskFullError(UserError, RuntimeError):
 
 
 def warn(message: str) -> None:
-    """One `rlhfkit: warning:` line on stderr, at the start of a line (`grep '^rlhfkit: warning'` finds it in
-    a log): a progress bar on screen leaves its line open to redraw it after `\\r`, so that line is ended first."""
+    """One `rlhfkit: warning:` line on stderr (see `say`)."""
+    say(f"rlhfkit: warning: {message}")
+
+
+def say(line: str) -> None:
+    """`line` on stderr at the start of a line (`grep '^rlhfkit: warning'` finds it in a log): a progress bar on
+    screen leaves its line open to redraw it after `\\r`, so that line is ended first."""
     line_start = "\n" if tqdm._instances else ""  # tqdm's live bars; a closed or disabled bar leaves the set
-    print(f"{line_start}rlhfkit: warning: {message}", file=sys.stderr, flush=True)
+    print(f"{line_start}{line}", file=sys.stderr, flush=True)

@@ -25,7 +25,7 @@ import threading
 from pathlib import Path
 from typing import Any, NoReturn
 
-from tqdm import tqdm
+from .errors import say
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -138,12 +138,6 @@ def stopping_at_once(run_dir: Path, checkpointed: str | None, command: str):
 def exit_before_checkpoint(signum: int, restart: str) -> NoReturn:
     say(f"rlhfkit: stopped by {signal.Signals(signum).name} before the run's first checkpoint; start it again with: {restart}")
     raise SystemExit(exit_code(signum))
-
-
-def say(line: str) -> None:
-    """`line` on stderr at the start of a line: a progress bar the signal cut short leaves its line open
-    (as `errors.warn` does for warnings)."""
-    print(("\n" if tqdm._instances else "") + line, file=sys.stderr, flush=True)
 
 
 def exit_after_checkpoint(signum: int, step: str, run_dir: Path, resume: str, announce: bool = True) -> NoReturn:

@@ -205,3 +205,18 @@ def test_verification_hashes_once_until_a_file_changes(run, monkeypatch, capsys)
 def test_a_run_killed_during_its_first_save_has_no_checkpoint(tmp_path):
     (tmp_path / "checkpoints" / ".tmp-step-000002-x" / "model").mkdir(parents=True)
     assert find_checkpoint(tmp_path) is None
+
+
+def test_fault_points_fire_only_where_rlhfkit_fault_names_them(monkeypatch):
+    from rlhfkit import faults
+
+    killed = []
+    monkeypatch.setattr(faults.os, "kill", lambda pid, sig: killed.append((pid, sig)))
+    monkeypatch.delenv(faults.ENV, raising=False)
+    faults.fault_point("save", 1)
+    monkeypatch.setenv(faults.ENV, "save:2")
+    faults.fault_point("save", 1)
+    faults.fault_point("publish", 2)
+    assert killed == []
+    faults.fault_point("save", 2)
+    assert killed == [(faults.os.getpid(), faults.signal.SIGKILL)]

@@ -203,3 +203,24 @@ def test_sharding_on_one_process_is_refused_rather_than_recorded(ppo_dirs, tmp_p
     line = one_error_line(command("sft", ppo_dirs, out, sharding="fsdp2"), capsys)
     assert "sharding=fsdp2 splits the models across processes and this run has one: add --num-processes N" in line, line
     assert not out.exists()
+
+
+def test_an_unfinished_run_with_checkpoints_is_refused_before_any_data_is_read(ppo_dirs, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert cli_main(command("sft", ppo_dirs, out, max_steps=2, save_every=1)) == 0
+    shutil.rmtree(out / "model")  # as if stopped after its first checkpoint
+    before = files_of(out)
+    line = one_error_line(command("sft", ppo_dirs, out, data=tmp_path / "never-read.jsonl"), capsys)
+    assert line == (f"rlhfkit: error: output_dir={out} holds an unfinished run with checkpoints; pass resume={out} to continue "
+                    "it, choose a new output_dir, or set overwrite=true to move it aside")
+    assert files_of(out) == before
+
+
+def test_a_run_that_fails_before_it_starts_puts_back_the_run_it_moved_aside(ppo_dirs, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert cli_main(command("sft", ppo_dirs, out)) == 0
+    before = files_of(out)
+    unusable = tmp_path / "empty-posts.jsonl"
+    unusable.write_text(json.dumps({"subreddit": "a", "title": "b", "post": "", "summary": "c"}) + "\n")
+    one_error_line(command("sft", ppo_dirs, out, data=unusable, overwrite="true"), capsys)
+    assert files_of(out) == before and not list(tmp_path.glob("run.old-*"))
