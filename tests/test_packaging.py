@@ -107,3 +107,17 @@ def test_every_description_names_a_shipped_preset():
 def test_rm_eval_help_says_accuracy_is_shown_beside_the_always_longer_rule():
     about = help_text("rm-eval").split("\n\n")[1]
     assert "accuracy" in about and "beside the always-prefer-longer rule on the same pairs (always-longer)" in about
+
+
+def test_every_test_the_reliability_promises_name_exists():
+    """docs/reliability.md and the README's Resuming section name, after each promise, the test that checks it:
+    a renamed or deleted test must not leave a promise pointing at nothing."""
+    named = []
+    for doc in (REPO / "docs" / "reliability.md", REPO / "README.md"):
+        module = None
+        for path, name in re.findall(r"`(tests/\w+\.py)?::(\w+)`", doc.read_text()):
+            module = path or module
+            named.append((doc.name, module, name))
+    assert len(named) > 50
+    missing = [n for n in named if not re.search(rf"^def {n[2]}\(", (REPO / n[1]).read_text(), re.MULTILINE)]
+    assert not missing, missing
