@@ -343,7 +343,8 @@ def run_comparison(args: argparse.Namespace) -> None:
 def prepare_model(args: argparse.Namespace) -> None:
     """Save the policy (with our [PAD] token and dropout off) once: every run loads this copy, and TRL
     reloads its reference from it (`model.config._name_or_path`)."""
-    from rlhfkit.models import load_policy, tiny_policy
+    from rlhfkit.models import load_policy
+    from rlhfkit.tiny_models import tiny_policy
 
     model, tokenizer = tiny_policy() if args.model == "tiny" else load_policy(args.model)
     model.save_pretrained(args.model_dir)

@@ -56,7 +56,8 @@ CPU_SIDES = "ours-eager,ours-buckets,hf-eager"
 
 def load(model_name: str, device: torch.device, dtype: torch.dtype) -> tuple[torch.nn.Module, int, int, object]:
     """(model, eos id, pad id, tokenizer or None for random-weight shapes)."""
-    from rlhfkit.models import load_policy, tiny_policy
+    from rlhfkit.models import load_policy
+    from rlhfkit.tiny_models import tiny_policy
 
     if model_name.startswith("shape:"):
         model = shaped_model(model_name.removeprefix("shape:"))

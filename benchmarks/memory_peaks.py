@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCHS = {
-    # a small random Llama (the shapes of rlhfkit.models.tiny_config, wider), for the fast test
+    # a small random Llama (the shapes of rlhfkit.tiny_models.tiny_config, wider), for the fast test
     "tiny-llama": {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256, "intermediate_size": 640,
                    "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 8192,
                    "tie_word_embeddings": True, "max_position_embeddings": 2048},

@@ -29,7 +29,8 @@ from rlhfkit.data.formats import QueryTokens
 
 
 def build(stage: str, model_name: str):
-    from rlhfkit.models import load_policy, tiny_policy
+    from rlhfkit.models import load_policy
+    from rlhfkit.tiny_models import tiny_policy
 
     policy, tokenizer = tiny_policy() if model_name == "tiny" else load_policy(model_name)
     if stage == "sft":

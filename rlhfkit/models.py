@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 from platformdirs import user_cache_dir
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from .errors import ModelError
 from .vocab import ensure_pad_token, match_vocab
@@ -117,6 +117,8 @@ def check_model_source(name_or_path: str, key: str | None = None) -> None:
         return
     if not folder.is_dir():
         raise ModelError(f"{where}: no such folder; give a model folder, an embedded name ({', '.join(EMBEDDED)}) or a hub id (org/name)")
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES) and (folder / "model").is_dir():
+        raise ModelError(f"{where} is a run folder; give the model it wrote: {key or 'model'}={Path(name_or_path) / 'model'}")
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
         raise ModelError(f"{where}: the folder has no tokenizer files ({', '.join(TOKENIZER_FILES)}); save the model's tokenizer "
                          f"there (tokenizer.save_pretrained('{name_or_path}')) or give a folder that has one")
@@ -242,42 +244,6 @@ def refuse_non_causal_lm(folder: Path, name: str) -> None:
     if headless and len(headless) == len(architectures):
         raise ModelError(f"{name}: its config.json names {', '.join(headless)}, which has no language-model head; "
                          "give a causal LM (architectures such as LlamaForCausalLM) as the policy")
-
-
-def tiny_config(tokenizer: PreTrainedTokenizerBase, hidden_size: int = 64, layers: int = 2) -> LlamaConfig:
-    return LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=hidden_size * 2,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-    )
-
-
-def tiny_policy(
-    tokenizer_source: str = "smollm2-135m", seed: int = 0, hidden_size: int = 64, layers: int = 2
-) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
-    """A randomly initialised 2-layer Llama with the real tokenizer of `tokenizer_source`, for tests."""
-    tokenizer = load_tokenizer(tokenizer_source)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(tokenizer, hidden_size, layers), dtype=torch.float32)
-    match_vocab(model, tokenizer)
-    return disable_dropout(model), tokenizer
-
-
-def save_tiny_policy(folder: str | Path, **kwargs) -> Path:
-    model, tokenizer = tiny_policy(**kwargs)
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return Path(folder)
-
-
 
 
 def enable_activation_checkpointing(model: torch.nn.Module) -> None:

@@ -23,7 +23,7 @@ def tokenizer():
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A saved 2-layer d=64 random Llama with the real SmolLM2 tokenizer (and [PAD])."""
-    from rlhfkit.models import save_tiny_policy
+    from rlhfkit.tiny_models import save_tiny_policy
 
     return save_tiny_policy(tmp_path_factory.mktemp("tiny") / "policy")
 

@@ -525,7 +525,7 @@ def staggered_eos_model(rows: int = 8, finish_at: tuple[int, ...] = (1, 2, 3, 4,
     at every step before it; it is never an input before it is emitted, so nothing earlier changes."""
     from rlhfkit.data.collate import left_pad_queries
     from rlhfkit.generation import SamplingParams, generate
-    from rlhfkit.models import tiny_policy
+    from rlhfkit.tiny_models import tiny_policy
 
     model, tokenizer = tiny_policy(seed=seed)
     generator = torch.Generator().manual_seed(seed)

@@ -17,9 +17,8 @@ from rlhfkit.models import (
     disable_dropout,
     embedded_dir,
     load_policy,
-    tiny_config,
-    tiny_policy,
 )
+from rlhfkit.tiny_models import tiny_config, tiny_policy
 from rlhfkit.vocab import ensure_pad_token, match_vocab
 
 

@@ -137,6 +137,13 @@ def test_a_model_folder_that_cannot_serve_is_one_line_and_leaves_no_run_folder(c
     assert not out.exists()
 
 
+def test_a_run_folder_given_for_its_model_names_the_model_folder_to_give(finished_run, ppo_dirs, tmp_path, capsys):
+    out = tmp_path / "grpo"
+    line = one_error_line(command("grpo", ppo_dirs | {"rm": finished_run}, out), capsys)  # case 24
+    assert line == f"rlhfkit: error: reward_model={finished_run} is a run folder; give the model it wrote: reward_model={finished_run}/model"
+    assert not out.exists()
+
+
 # ---------------------------------------------------------------- cases 2, 3, 4, 13: run folders and options
 
 
