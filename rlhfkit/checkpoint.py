@@ -30,7 +30,7 @@ import torch
 from . import errors
 from .adapters import save_weights
 from .errors import CheckpointError
-from .faults import continue_run, fault_point, room_for
+from .faults import continue_run, fault_point, room_for, write_text_atomic
 
 LATEST = "latest"
 MANIFEST = "manifest.json"
@@ -66,12 +66,7 @@ def seed_everything(seed: int) -> None:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(json.dumps(data, indent=2))
-        os.replace(tmp, path)
-    finally:  # after a failed write (a full disk) no half-written file stays; after a good one it was renamed
-        tmp.unlink(missing_ok=True)
+    write_text_atomic(path, json.dumps(data, indent=2))
 
 
 def save_checkpoint(

@@ -66,6 +66,17 @@ def room_for(folder: Path, what: str, size: int, then: str) -> Iterator[None]:
         ) from None
 
 
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replace the file `path` by `text` through a temporary file beside it, renamed into place: a write cut
+    short (a full disk, a kill) leaves the old file whole, and no half-written temporary file holds the space."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:  # already renamed after a good write
+        tmp.unlink(missing_ok=True)
+
+
 def continue_run(run_dir: Path) -> str:
     """What to do after a full disk stopped the run in `run_dir`."""
     return f"continue with resume={run_dir} (from its last complete checkpoint)"

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from .faults import write_text_atomic
+
 
 def inside_launcher() -> bool:
     return "LOCAL_RANK" in os.environ or "ACCELERATE_PROCESS_ID" in os.environ
@@ -113,10 +115,8 @@ def read_number(path: Path) -> int | None:
 
 
 def write_number(path: Path, number: int) -> None:
-    """Through a temporary file: a process reading `path` meanwhile finds it whole or not at all."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(str(number))
-    os.replace(tmp, path)
+    """Whole or not at all, for a process reading `path` meanwhile."""
+    write_text_atomic(path, str(number))
 
 
 def launch_outcome(launcher_code: int, processes: list[ProcessStatus]) -> int:

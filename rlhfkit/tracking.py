@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .faults import continue_run, room_for
+from .faults import continue_run, room_for, write_text_atomic
 
 
 class Tracker:
@@ -85,15 +84,8 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Replace the file by `rows` through a temporary one, so that a write cut short (a full disk) loses
-    nothing of what it held."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        os.replace(tmp, path)
-    finally:  # renamed after a good write; after a failed one, it would hold the space
-        tmp.unlink(missing_ok=True)
+    """Replace the file by `rows`; a write cut short (a full disk) loses nothing of what it held."""
+    write_text_atomic(Path(path), "".join(json.dumps(r) + "\n" for r in rows))
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
