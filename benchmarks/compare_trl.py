@@ -400,7 +400,7 @@ def on_policy_prompts(args: argparse.Namespace, trainer: str, tokenizer) -> list
 
 def our_config(args: argparse.Namespace, trainer: str, run_dir: Path):
     """Our preset for the stage with the benchmark's shapes; TRL reads its hyperparameters from here too."""
-    from rlhfkit.config import resolve
+    from rlhfkit.stages import resolve
 
     common = {
         "model": str(args.model_dir),

@@ -197,7 +197,7 @@ def on_policy_steps(folder: Path, opts: dict, rng) -> None:
     (on the rollout's first two micro-batches: an update's peak is one micro-batch's)."""
     import torch
 
-    from rlhfkit.config_onpolicy import GRPOConfig, PPOConfig
+    from rlhfkit.config import GRPOConfig, PPOConfig
     from rlhfkit.generation import SamplingParams
     from rlhfkit.onpolicy.rollout import sample_responses
     from rlhfkit.onpolicy.update import (
@@ -243,8 +243,10 @@ def estimate(folder: Path, opts: dict):
     from rlhfkit.config import PlanConfig
     from rlhfkit.memory_plan import estimate as plan_estimate
     from rlhfkit.model_shape import read_shape
+    from rlhfkit.stages import STAGES
 
-    return plan_estimate(PlanConfig(model=str(folder), **opts), read_shape(str(folder)))
+    cfg = PlanConfig(model=str(folder), **opts)
+    return plan_estimate(cfg, STAGES[cfg.stage].config, read_shape(str(folder)))
 
 
 def compare(name: str) -> dict:

@@ -98,8 +98,8 @@ def main() -> None:
     parser.add_argument("--decoding", default="auto", help="auto, eager, cuda-graphs or buckets (rlhfkit/decoding.py)")
     args = parser.parse_args()
 
-    from rlhfkit.config import resolve
     from rlhfkit.onpolicy import trainer, update
+    from rlhfkit.stages import resolve
 
     device = best_device()
     models = build(args.model, device, with_value=args.algorithm == "ppo")

@@ -35,8 +35,8 @@ def examples_for(stage: str, cfg, tokenizer) -> list:
     from rlhfkit.data.examples import prepare_pairs
     from rlhfkit.data.split import split_comparisons
 
-    train_records, _, _ = split_comparisons(cfg)
-    return prepare_pairs(cfg, tokenizer, train_records)[0]
+    train_records, _, _ = split_comparisons(cfg.pair_selection)
+    return prepare_pairs(cfg.lengths, tokenizer, train_records)[0]
 
 
 def epoch_tokens(schedule, seed: int, widths: list[int], rows_per_example: int, bucketed: bool) -> tuple[int, int]:
@@ -52,7 +52,7 @@ def epoch_tokens(schedule, seed: int, widths: list[int], rows_per_example: int, 
 
 
 def count(stage: str, args, tokenizer) -> dict:
-    from rlhfkit.config import resolve
+    from rlhfkit.stages import resolve
     from rlhfkit.trainers.engine import plan_schedule
 
     overrides = {"data": ",".join(str(DATA / s) for s in SOURCES[stage])}

@@ -20,16 +20,13 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from .config import LoraOptions, ModelSource
 from .errors import ConfigError, ModelError
 from .faults import continue_run, room_for
 from .models import LENGTH_HEAD, PEFT_WRAPPER, SCALAR_HEAD, ScalarModel, decoder_layers, load_policy
 
 ADAPTER_FOLDER = "adapter"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-
-
-def lora_enabled(cfg: Any) -> bool:
-    return cfg.lora_rank > 0
 
 
 def decoder_linear_names(model: torch.nn.Module) -> list[str]:
@@ -46,15 +43,14 @@ def backbone_of(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, model.base_model_prefix)
 
 
-def lora_config(cfg: Any, model: torch.nn.Module):
+def lora_config(lora: LoraOptions, model: torch.nn.Module):
     from peft import LoraConfig
 
-    targets = list(cfg.lora_target_modules) or decoder_linear_names(model)
-    return LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout, target_modules=targets,
-                      bias="none")
+    targets = list(lora.target_modules) or decoder_linear_names(model)
+    return LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets, bias="none")
 
 
-def add_adapter(model: torch.nn.Module, cfg: Any, saved: Path | None = None) -> torch.nn.Module:
+def add_adapter(model: torch.nn.Module, lora: LoraOptions, saved: Path | None = None) -> torch.nn.Module:
     """`model` itself with a fresh LoRA adapter injected into its linear layers (base weights frozen),
     or the adapter saved in `saved` (a checkpoint's model folder) loaded over it. The model stays the
     transformers (or scalar) model it was, so every caller treats it as before; the peft wrapper that
@@ -64,9 +60,9 @@ def add_adapter(model: torch.nn.Module, cfg: Any, saved: Path | None = None) -> 
 
     target = model.backbone if isinstance(model, ScalarModel) else model
     try:
-        wrapper = get_peft_model(target, lora_config(cfg, model))
+        wrapper = get_peft_model(target, lora_config(lora, model))
     except ValueError as e:  # peft names the modules it could not match
-        raise ConfigError(f"lora_target_modules={cfg.lora_target_modules}: {e}") from e
+        raise ConfigError(f"lora_target_modules={lora.target_modules}: {e}") from e
     target.__dict__[PEFT_WRAPPER] = wrapper  # outside the module tree: no parameter is listed twice
     if saved is not None:
         weights = Path(saved) / ADAPTER_WEIGHTS
@@ -173,19 +169,19 @@ def save_final_model(model: torch.nn.Module, tokenizer: Any, run_dir: Path, fold
     return out
 
 
-def trained_policy(cfg: Any, checkpoint: Path | None) -> tuple[torch.nn.Module, Any]:
+def trained_policy(source: ModelSource, lora: LoraOptions, checkpoint: Path | None) -> tuple[torch.nn.Module, Any]:
     """The policy a stage trains, and its tokenizer: `model=`, or the checkpoint's model when resuming;
     with LoRA, `model=` with a fresh adapter, or with the checkpoint's adapter loaded over it."""
     saved = checkpoint / "model" if checkpoint else None
-    if not lora_enabled(cfg):
-        return load_policy(str(saved or cfg.model), cfg.trust_remote_code, allow_pickle=cfg.allow_pickle)
-    policy, tokenizer = load_policy(cfg.model, cfg.trust_remote_code, allow_pickle=cfg.allow_pickle)
-    return add_adapter(policy, cfg, saved), tokenizer
+    if not lora.enabled:
+        return load_policy(str(saved or source.model), source.trust_remote_code, allow_pickle=source.allow_pickle)
+    policy, tokenizer = load_policy(source.model, source.trust_remote_code, allow_pickle=source.allow_pickle)
+    return add_adapter(policy, lora, saved), tokenizer
 
 
-def frozen_reference(cfg: Any, policy: torch.nn.Module, source: str) -> torch.nn.Module:
-    """The frozen reference policy loaded from `source`; with LoRA and `source` the policy's own
-    starting model, the policy with its adapter off instead of a second copy."""
-    if is_adapted(policy) and source == cfg.model:
+def frozen_reference(source: ModelSource, policy: torch.nn.Module, path: str) -> torch.nn.Module:
+    """The frozen reference policy loaded from `path` as `source` allows; with LoRA and `path` the
+    policy's own starting model (`source.model`), the policy with its adapter off instead of a second copy."""
+    if is_adapted(policy) and path == source.model:
         return AdapterDisabled(policy)
-    return load_policy(source, cfg.trust_remote_code, allow_pickle=cfg.allow_pickle)[0]
+    return load_policy(path, source.trust_remote_code, allow_pickle=source.allow_pickle)[0]

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import config as cfgmod
-from .config import ConfigError
-from .errors import NonFiniteError, UserError
+from .errors import ConfigError, NonFiniteError, UserError
 from .launch import say_once
 from .presets import ABOUT
 from .run_folder import require_resume_path, unstarted_runs_taken_back
-from .stages import STAGES, Stage, multi_process_names
+from .stages import STAGES, Stage, multi_process_names, resolve
 
 
 def find_command(argv: list[str]) -> tuple[Stage, list[str]]:
@@ -142,47 +140,23 @@ def resumed_run_config(parsed: Parsed) -> str | None:
     return next((str(c) for c in candidates if c.is_file()), None)
 
 
-def run_analyze(cfg: cfgmod.AnalyzeConfig) -> int:
-    from .data.analyze import headline, run_analysis
-    from .models import load_tokenizer
-
-    if not cfg.path:
-        raise ConfigError("data analyze needs --path (files, folders or a hub dataset id)")
-    tokenizer = load_tokenizer(cfg.model)
-    result = run_analysis(
-        cfg.dataset, cfg.path, tokenizer, cfg.out, cfg.max_query_length, cfg.max_article_query_length, cfg.hf_split
-    )
-    (Path(cfg.out) / "config.yaml").write_text(cfgmod.to_yaml(cfg, "data-analyze"))
-    print(headline(result))
-    print(f"wrote {cfg.out}/analysis.json, config.yaml and {len(result['plots'])} plots")
-    return 0
-
-
-def run_prepare(name: str | None) -> int:
-    from .models import EMBEDDED, prepare_embedded
-
-    if not name:
-        raise ConfigError(f"models prepare needs a model name; embedded models: {', '.join(EMBEDDED)}")
-    print(prepare_embedded(name))
-    return 0
-
-
-def run_dist_check(_: None) -> int:
-    from .distributed import check_agreement
-
-    result = check_agreement()
-    # one write per line: processes share stdout, and print() writes the text and the newline apart
-    sys.stdout.write("dist-check " + json.dumps(result) + "\n")
-    sys.stdout.flush()
-    return 0 if result["ok"] else 1
-
-
 def main(argv: list[str] | None = None) -> int:
     from .launch import launched_process_status
 
-    with launched_process_status() as outcome:
-        outcome.code = run_command(list(sys.argv[1:] if argv is None else argv))
+    try:
+        with launched_process_status() as outcome:
+            outcome.code = run_command(list(sys.argv[1:] if argv is None else argv))
+    except BrokenPipeError:  # `rlhfkit sft --help | head`: the reader left; what it read is all it wanted
+        quiet_closed_stdout()
+        return 0
     return outcome.code
+
+
+def quiet_closed_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing it at exit raises no second BrokenPipeError."""
+    import os
+
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def run_command(argv: list[str]) -> int:
@@ -219,7 +193,7 @@ def run_stage(argv: list[str]) -> int:
         # where the run is now, not the output_dir its config.yaml names: the folder may have been moved or copied
         parsed.overrides.setdefault("output_dir", str(Path(config_file).parent))
     # a command without a config class is given its positional argument (None without one)
-    argument = (cfgmod.resolve(cmd.name, parsed.preset, config_file, parsed.overrides, parsed.num_processes) if cmd.config
+    argument = (resolve(cmd.name, parsed.preset, config_file, parsed.overrides, parsed.num_processes) if cmd.config
                 else parsed.positional)
     if parsed.num_processes > 1 and not inside_launcher():
         if not cmd.multi_process:

@@ -3,7 +3,9 @@ stand-in for the accelerator in a single process, and a smoke check that the pro
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 
 import torch
 
@@ -64,3 +66,12 @@ def check_agreement() -> dict:
     result["ok"] = result["rank_sum"] == result["rank_sum_expected"] and result["seeded_outputs_agree"]
     accelerator.wait_for_everyone()
     return result
+
+
+def run_dist_check(_: None) -> int:
+    """`rlhfkit dist-check`: one line per process saying whether the processes communicate and agree."""
+    result = check_agreement()
+    # one write per line: processes share stdout, and print() writes the text and the newline apart
+    sys.stdout.write("dist-check " + json.dumps(result) + "\n")
+    sys.stdout.flush()
+    return 0 if result["ok"] else 1

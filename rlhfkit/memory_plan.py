@@ -41,26 +41,24 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .config import DPOConfig, PlanConfig, RMConfig, SFTConfig
+from .config import DPOConfig, OnPolicyConfig, PlanConfig, RMConfig, SFTConfig
 from .decoding import decoding_buffers
-from .errors import ConfigError
 from .model_shape import Shape, read_shape
 from .onpolicy.algorithms import ALGORITHMS
 
 GIB = 1024**3
 CHUNK_ROWS = 256  # ops.chunked_logprobs_entropy's default
 COMPONENTS = ("weights", "gradients", "optimizer state", "activations", "KV cache", "logits")
-# the on-policy commands as the stage registry makes them, from the algorithm table
-STAGE_CONFIGS = {"sft": SFTConfig, "rm": RMConfig, "dpo": DPOConfig} | {name: a.config for name, a in ALGORITHMS.items()}
-ON_POLICY = tuple(ALGORITHMS)
 @dataclass(frozen=True)
 class Settings:
     """A plan's inputs with the stage's defaults filled in."""
 
     stage: str
+    kind: type  # the stage's config class: which memory model applies
     micro: int  # rows (pairs) per forward/backward pass
     forward: int  # rows (pairs) per no-grad pass
     generation: int  # rows per generation batch
@@ -76,6 +74,15 @@ class Settings:
     decoding: str
 
     @property
+    def on_policy(self) -> bool:
+        return issubclass(self.kind, OnPolicyConfig)
+
+    @property
+    def critic(self) -> bool:
+        """Whether the stage trains a value model beside the policy (PPO)."""
+        return self.on_policy and ALGORITHMS[self.stage].needs_value_model
+
+    @property
     def act_bytes(self) -> int:
         return 2 if self.bf16 else 4
 
@@ -89,14 +96,14 @@ class Settings:
         return self.devices if self.sharding in ("fsdp2", "zero3") else 1
 
 
-def settings_of(cfg: PlanConfig) -> Settings:
-    default = STAGE_CONFIGS[cfg.stage]()
+def settings_of(cfg: PlanConfig, kind: type) -> Settings:
+    default = kind()
 
     def pick(mine: int, name: str) -> int:
         return mine or getattr(default, name, 0)
 
     return Settings(
-        stage=cfg.stage, micro=pick(cfg.micro_batch_size, "micro_batch_size"), forward=pick(cfg.forward_batch_size, "forward_batch_size"),
+        stage=cfg.stage, kind=kind, micro=pick(cfg.micro_batch_size, "micro_batch_size"), forward=pick(cfg.forward_batch_size, "forward_batch_size"),
         generation=pick(cfg.generation_batch_size, "generation_batch_size"), samples=pick(cfg.samples_per_prompt, "samples_per_prompt") or 1,
         query=pick(cfg.max_query_length, "max_query_length"), response=pick(cfg.max_response_length, "max_response_length"),
         bf16=cfg.mixed_precision != "no", checkpointing=cfg.gradient_checkpointing, lora_rank=cfg.lora_rank,
@@ -133,14 +140,14 @@ class Held:
 def held_models(s: Settings, policy: Shape, reward: Shape) -> list[Held]:
     """The models each stage holds (models.py, trainers/, onpolicy/trainer.load_models). With LoRA the
     reference is the adapter-disabled policy: no copy."""
-    if s.stage == "sft":
+    if issubclass(s.kind, SFTConfig):
         return [Held("policy", policy, False, True)]
-    if s.stage == "rm":
+    if issubclass(s.kind, RMConfig):
         return [Held("reward", policy, True, True)]
     models = [Held("policy", policy, False, True)] + ([] if s.lora_rank else [Held("reference", policy, False, False)])
-    if s.stage in ON_POLICY:
+    if s.on_policy:
         models.append(Held("reward", reward, True, False))
-    if s.stage == "ppo":
+    if s.critic:
         models.append(Held("value", reward, True, True))
     return models
 
@@ -207,23 +214,23 @@ def phases(s: Settings, policy: Shape, reward: Shape) -> dict[str, dict[str, int
     optimizer = 8 * trained_params // s.shards
     replicated_copy = 4 * trained_params if s.devices > 1 and s.sharding == "none" else 0
     rows, width, scored = s.micro, s.query + s.response, s.micro * s.response
-    if s.stage == "rm":  # one packed row per pair: query + chosen + rejected (collate.pack_pairs)
+    if issubclass(s.kind, RMConfig):  # one packed row per pair: query + chosen + rejected (collate.pack_pairs)
         width, scored = s.query + 2 * s.response, 0
-    if s.stage == "dpo":  # chosen rows, then rejected rows (scoring.collate_pairs)
+    if issubclass(s.kind, DPOConfig):  # chosen rows, then rejected rows (scoring.collate_pairs)
         rows, scored = 2 * s.micro, 2 * s.micro * s.response
     biggest = max(models, key=lambda m: m.gathered_unit())
     out: dict[str, dict[str, int]] = {}
     acts = sum(training_activations(m, s, rows, width, scored) for m in trained)
-    out["update"] = {"weights": weights_bytes(models, s, trained), "gradients": grads + (replicated_copy if s.stage not in ON_POLICY else 0),
+    out["update"] = {"weights": weights_bytes(models, s, trained), "gradients": grads + (replicated_copy if not s.on_policy else 0),
                      "optimizer state": optimizer, "activations": acts,
                      "logits": update_transient(trained[0], s, rows * width, scored)}
     out["optimizer step"] = {"weights": weights_bytes(models, s, []), "gradients": grads + replicated_copy,
                              "optimizer state": optimizer + 4 * trained_params // s.shards}
-    if s.stage == "dpo":  # reference log-probabilities, computed before training (no optimizer state yet)
+    if issubclass(s.kind, DPOConfig):  # reference log-probabilities, computed before training (no optimizer state yet)
         pairs = 2 * s.forward
         out["reference pass"] = {"weights": weights_bytes(models, s, [biggest]), "activations": forward_working_set(policy, s, pairs, width),
                                  "logits": logits_bytes(policy, s, pairs * s.response)}
-    if s.stage in ON_POLICY:
+    if s.on_policy:
         queries = max(1, s.generation // s.samples)
         sampled = queries * s.samples
         kv = policy.layers * policy.kv_dim * (sampled * (s.query + s.response) * 2 * 4 + queries * s.query * (4 + s.act_bytes))
@@ -262,11 +269,9 @@ class Plan:
         return self.peak <= self.usable
 
 
-def estimate(cfg: PlanConfig, policy: Shape, reward: Shape | None = None) -> Plan:
-    """The plan of `cfg` for already-read shapes (no suggestions)."""
-    if cfg.stage not in STAGE_CONFIGS:
-        raise ConfigError(f"stage={cfg.stage}: choose one of {', '.join(STAGE_CONFIGS)}")
-    s = settings_of(cfg)
+def estimate(cfg: PlanConfig, kind: type, policy: Shape, reward: Shape | None = None) -> Plan:
+    """The plan of `cfg`, whose stage has config class `kind`, for already-read shapes (no suggestions)."""
+    s = settings_of(cfg, kind)
     by_phase = phases(s, policy, reward or policy)
     peak_phase = max(by_phase, key=lambda name: sum(by_phase[name].values()))
     return Plan(cfg, s, held_models(s, policy, reward or policy), by_phase, peak_phase)
@@ -285,7 +290,7 @@ def candidate_changes(plan: Plan) -> list[dict[str, Any]]:
         changes.append({"micro_batch_size": micro})
     if not s.checkpointing:
         changes.append({"gradient_checkpointing": True})
-    if s.stage in ON_POLICY:
+    if s.on_policy:
         generation = s.generation
         while generation > s.samples:
             generation //= 2
@@ -303,7 +308,7 @@ def suggest(plan: Plan, policy: Shape, reward: Shape | None) -> list[tuple[dict[
             change = {k: v for c in combo for k, v in c.items()}
             if len(change) < size:  # two sizes of one batch
                 continue
-            trial = estimate(dataclasses.replace(plan.cfg, **change), policy, reward)
+            trial = estimate(dataclasses.replace(plan.cfg, **change), plan.settings.kind, policy, reward)
             if trial.fits and not any(set(c) == set(change) for c, _ in found):
                 found.append((change, trial))  # halvings are listed largest first: the first that fits is kept
         if found:
@@ -311,10 +316,12 @@ def suggest(plan: Plan, policy: Shape, reward: Shape | None) -> list[tuple[dict[
     return []
 
 
-def plan(cfg: PlanConfig) -> Plan:
+def plan(cfg: PlanConfig, kind: type) -> Plan:
+    """The plan of `cfg`, whose stage has config class `kind` (the registry knows it), with the fewest
+    changes that make it fit when it does not."""
     policy = read_shape(cfg.model, "model")
-    reward = read_shape(cfg.reward_model, "reward_model") if cfg.reward_model and cfg.stage in ON_POLICY else None
-    result = estimate(cfg, policy, reward)
+    reward = read_shape(cfg.reward_model, "reward_model") if cfg.reward_model and issubclass(kind, OnPolicyConfig) else None
+    result = estimate(cfg, kind, policy, reward)
     if not result.fits:
         result.suggestions = suggest(result, policy, reward)
     return result
@@ -331,7 +338,7 @@ def describe_change(change: dict[str, Any]) -> str:
 def as_json(p: Plan) -> dict[str, Any]:
     s = p.settings
     return {
-        "model": p.cfg.model, "stage": s.stage, "settings": dataclasses.asdict(s),
+        "model": p.cfg.model, "stage": s.stage, "settings": {k: v for k, v in dataclasses.asdict(s).items() if k != "kind"},
         "models": [{"role": m.role, "architecture": m.shape.architecture, "parameters": m.params, "trained_parameters": m.trained_params(s)}
                    for m in p.models],
         "phases_gib": {name: {c: gib(v) for c, v in parts.items()} | {"total": gib(sum(parts.values()))} for name, parts in p.phases.items()},
@@ -351,9 +358,9 @@ def as_table(p: Plan) -> str:
     precision = "bf16 autocast" if s.bf16 else "fp32"
     lora = f"LoRA rank {s.lora_rank}" if s.lora_rank else "full fine-tuning"
     shapes = f"micro-batch {s.micro}, query {s.query} + response {s.response} tokens"
-    if s.stage in ON_POLICY:
+    if s.on_policy:
         shapes += f", generation batch {s.generation} ({s.samples} per prompt), forward batch {s.forward}"
-    elif s.stage == "dpo":
+    elif issubclass(s.kind, DPOConfig):
         shapes += f", forward batch {s.forward}"
     lines = [f"rlhfkit plan: {s.stage} on {p.cfg.model}, {s.devices} x {p.cfg.device_memory_gb:g} GiB, sharding {s.sharding}, "
              f"{lora}, {precision}{', activation checkpointing' if s.checkpointing else ''}", f"batch: {shapes}", "models:"]
@@ -378,7 +385,8 @@ def as_table(p: Plan) -> str:
     return "\n".join(lines)
 
 
-def run(cfg: PlanConfig) -> int:
-    result = plan(cfg)
+def run(cfg: PlanConfig, config_of: Callable[[str], type]) -> int:
+    """`rlhfkit plan`; `config_of` (from the stage registry) gives the planned stage's config class."""
+    result = plan(cfg, config_of(cfg.stage))
     print(json.dumps(as_json(result), indent=2) if cfg.format == "json" else as_table(result))
     return 0

@@ -99,6 +99,14 @@ def prepare_embedded(name: str, force: bool = False) -> Path:
     return target
 
 
+def run_prepare(name: str | None) -> int:
+    """`rlhfkit models prepare NAME`."""
+    if not name:
+        raise ModelError(f"models prepare needs a model name; embedded models: {', '.join(EMBEDDED)}")
+    print(prepare_embedded(name))
+    return 0
+
+
 def resolve_model_path(name_or_path: str) -> str:
     """Embedded name -> prepared cache folder; directory -> itself; anything else is a hub id."""
     if name_or_path in EMBEDDED:

@@ -34,46 +34,32 @@ from typing import Any
 
 import torch
 
-from .config_checks import launched_processes
+from .config import ShardingOptions, launched_processes
 from .errors import ConfigError
 from .models import ScalarModel, decoder_layers
-from .onpolicy.algorithms import ALGORITHMS
 
-SHARDED = ("fsdp2", "zero2", "zero3")
 ZERO_STAGES = {"zero2": 2, "zero3": 3}
-SUPERVISED = ("sft", "rm", "dpo")
-ON_POLICY = tuple(ALGORITHMS)  # every on-policy command, as the stage registry makes them
-
-
-def splits_models(cfg: Any, processes: int) -> bool:
-    """Whether `sharding=` splits the models over this launch: on one process it changes nothing."""
-    return cfg.sharding != "none" and processes > 1
 
 
 def deepspeed_installed() -> bool:
     return importlib.util.find_spec("deepspeed") is not None
 
 
-def check_sharding(cfg: Any, stage: str) -> None:
-    """Refuse, in one line naming what to use instead, a sharding choice this stage or machine cannot run."""
-    if cfg.sharding == "none":
+def check_sharding(options: ShardingOptions) -> None:
+    """Refuse, in one line naming what to use instead, a sharding choice this machine or these options
+    cannot run (which stages take which sharding, the registry checks as the config resolves)."""
+    if options.sharding == "none":
         return
-    if cfg.sharding in ZERO_STAGES:
-        if stage not in SUPERVISED:
-            raise ConfigError(f"sharding={cfg.sharding} is for {', '.join(SUPERVISED)}; for {stage} use sharding=fsdp2, which "
-                              "shards all four models and gathers the policy for sampling")
-        if not deepspeed_installed():
-            raise ConfigError(f"sharding={cfg.sharding} needs DeepSpeed: pip install 'rlhfkit[deepspeed]' (or use sharding=fsdp2)")
-    if stage not in SUPERVISED + ON_POLICY:
-        raise ConfigError(f"sharding={cfg.sharding} is for training stages ({', '.join(SUPERVISED + ON_POLICY)}), not {stage}")
-    if getattr(cfg, "frozen_device", ""):
-        raise ConfigError(f"sharding={cfg.sharding} with frozen_device={cfg.frozen_device}: a sharded reference and reward "
-                          "model live on every process's own device; leave frozen_device empty")
-    if cfg.lora_rank > 0:
-        raise ConfigError(f"sharding={cfg.sharding} with lora_rank={cfg.lora_rank}: choose one (LoRA already keeps gradients "
-                          "and optimizer state small; sharding splits full fine-tuning)")
+    if options.sharding in ZERO_STAGES and not deepspeed_installed():
+        raise ConfigError(f"sharding={options.sharding} needs DeepSpeed: pip install 'rlhfkit[deepspeed]' (or use sharding=fsdp2)")
+    if options.frozen_device:
+        raise ConfigError(f"sharding={options.sharding} with frozen_device={options.frozen_device}: a sharded reference and "
+                          "reward model live on every process's own device; leave frozen_device empty")
+    if options.lora_rank > 0:
+        raise ConfigError(f"sharding={options.sharding} with lora_rank={options.lora_rank}: choose one (LoRA already keeps "
+                          "gradients and optimizer state small; sharding splits full fine-tuning)")
     if launched_processes() < 2:  # run unsharded, it would be recorded as sharded and still not fit
-        raise ConfigError(f"sharding={cfg.sharding} splits the models across processes and this run has one: add "
+        raise ConfigError(f"sharding={options.sharding} splits the models across processes and this run has one: add "
                           "--num-processes N (N >= 2, one per device), or drop sharding (docs/scaling.md)")
 
 
@@ -101,16 +87,16 @@ def use_fsdp_on_cpu(accelerator, plugin) -> None:
     accelerator.state.fsdp_plugin = plugin
 
 
-def deepspeed_plugin(cfg: Any):
+def deepspeed_plugin(options: ShardingOptions):
     """ZeRO stage 2 or 3 at this run's micro-batch and gradient clipping. One DeepSpeed step per
     optimizer step: the engine steps when the last micro-batch's backward pass ends (`engine.run_step`
     marks it), its loss already normalised by rlhfkit, so DeepSpeed's own accumulation stays at 1."""
     from accelerate.utils import DeepSpeedPlugin
 
-    plugin = DeepSpeedPlugin(zero_stage=ZERO_STAGES[cfg.sharding], gradient_accumulation_steps=1, zero3_save_16bit_model=True,
+    plugin = DeepSpeedPlugin(zero_stage=ZERO_STAGES[options.sharding], gradient_accumulation_steps=1, zero3_save_16bit_model=True,
                              zero3_init_flag=False)
-    plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = cfg.micro_batch_size
-    plugin.deepspeed_config["gradient_clipping"] = cfg.max_grad_norm if cfg.max_grad_norm > 0 else 0.0
+    plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = options.micro_batch_size
+    plugin.deepspeed_config["gradient_clipping"] = options.max_grad_norm if options.max_grad_norm > 0 else 0.0
     return plugin
 
 

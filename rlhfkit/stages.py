@@ -1,18 +1,25 @@
-"""The stage registry: every `rlhfkit` command declared once, with its config class, runner, presets
-and whether it may run under `--num-processes N`. The CLI, config resolution and the pipeline read it.
+"""The stage registry, the one composition root: every `rlhfkit` command declared once, with its
+config class, runner, presets and capabilities (whether it may run under `--num-processes N`, which
+shardings it takes, whether it trains a policy, whose output it reads in a pipeline). Only the entry
+points import it (the CLI; tests and benchmarks drive the package the same way): everything a runner
+needs of the registry is handed to it here, so nothing below knows the list of stages.
 
-A runner is called with the stage's resolved config (a command without a config class gets its
-positional argument, or None) and returns an exit code (None means 0). Each entry names a small
-function that imports its runner: the trainers import torch and transformers, so only the stage
-that runs pays for its own imports.
+`resolve(name, ...)` is a command's config by name: the config package's `resolve` with the class this
+registry holds, then the checks that need the registry (a sharding the stage cannot run, a planned
+stage that does not exist). A runner is called with the stage's resolved config (a command without a
+config class gets its positional argument, or None) and returns an exit code (None means 0). Each
+entry names a small function that imports its runner: the trainers import torch and transformers, so
+only the stage that runs pays for its own imports.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from . import config
 from .config import (
     AnalyzeConfig,
     DPOConfig,
@@ -23,12 +30,16 @@ from .config import (
     PlanConfig,
     RMConfig,
     RMEvalConfig,
+    RunConfig,
     RunsReportConfig,
     SFTConfig,
 )
+from .errors import ConfigError
 from .onpolicy.algorithms import ALGORITHMS
 
 Runner = Callable[[Any], int | None]
+ALL_SHARDINGS = ("fsdp2", "zero2", "zero3")
+ON_POLICY_SHARDINGS = ("fsdp2",)  # ZeRO runs through accelerate's DeepSpeed plugin, which prepares one model
 
 
 @dataclass(frozen=True)
@@ -40,6 +51,9 @@ class Stage:
     presets: tuple[str, ...] = ()  # shipped presets whose `stage:` is this stage
     positional: str | None = None  # name of one positional argument
     multi_process: bool = False  # may run under --num-processes N
+    shardings: tuple[str, ...] = ()  # the `sharding=` values it runs (besides none)
+    trains_policy: bool = False  # writes a policy to model/ (the pipeline's eval stage compares them)
+    reads: tuple[str, ...] = ()  # stages whose output it reads in a pipeline (they must come before it)
 
     @property
     def name(self) -> str:
@@ -72,9 +86,13 @@ def on_policy_runner() -> Runner:
 
 
 def pipeline_runner() -> Runner:
-    from .pipeline import run
+    from .pipeline import Commands, run
 
-    return run
+    policies = tuple(s.name for s in STAGES.values() if s.trains_policy)
+    commands = Commands(resolve=resolve, run=run_resolved, policy_stages=policies,
+                        reads={s.name: s.reads for s in STAGES.values() if s.reads},
+                        configs={s.name: s.config for s in STAGES.values() if s.config})
+    return functools.partial(run, commands=commands)
 
 
 def report_runner() -> Runner:
@@ -108,13 +126,13 @@ def generate_runner() -> Runner:
 
 
 def analyze_runner() -> Runner:
-    from .cli import run_analyze
+    from .data.analyze import run
 
-    return run_analyze
+    return run
 
 
 def prepare_runner() -> Runner:
-    from .cli import run_prepare
+    from .models import run_prepare
 
     return run_prepare
 
@@ -122,27 +140,33 @@ def prepare_runner() -> Runner:
 def plan_runner() -> Runner:
     from .memory_plan import run
 
-    return run
+    return functools.partial(run, config_of=lambda name: STAGES[name].config)
 
 
 def dist_check_runner() -> Runner:
-    from .cli import run_dist_check
+    from .distributed import run_dist_check
 
     return run_dist_check
 
 
 STAGES: dict[str, Stage] = {stage.name: stage for stage in (
     Stage(("sft",), "supervised fine-tuning on TL;DR (Section 5, Table 3)",
-          sft_runner, SFTConfig, presets=("tldr-sft",), multi_process=True),
+          sft_runner, SFTConfig, presets=("tldr-sft",), multi_process=True, shardings=ALL_SHARDINGS,
+          trains_policy=True),
     Stage(("rm",), "reward-model training on human comparisons (Section 6, Table 4)",
-          rm_runner, RMConfig, presets=("tldr-rm", "hh-rm"), multi_process=True),
+          rm_runner, RMConfig, presets=("tldr-rm", "hh-rm"), multi_process=True, shardings=ALL_SHARDINGS),
     Stage(("dpo",), "DPO from the SFT policy on human comparisons (Appendix A equations 4-5, Table 6)",
-          dpo_runner, DPOConfig, presets=("tldr-dpo", "hh-dpo"), multi_process=True),
-    *(Stage((a.name,), a.about, on_policy_runner, a.config, presets=a.presets, multi_process=True) for a in ALGORITHMS.values()),
-    Stage(("pipeline",), "SFT -> RM -> PPO (and DPO, GRPO, RLOO) -> eval, each stage in its own folder, finished ones skipped",
+          dpo_runner, DPOConfig, presets=("tldr-dpo", "hh-dpo"), multi_process=True, shardings=ALL_SHARDINGS,
+          trains_policy=True),
+    *(Stage((a.name,), a.about, on_policy_runner, a.config, presets=a.presets, multi_process=True,
+            shardings=ON_POLICY_SHARDINGS, trains_policy=True, reads=("rm",))
+      for a in ALGORITHMS.values()),
+    Stage(("pipeline",), "SFT -> RM -> PPO (or DPO, GRPO, RLOO, REINFORCE) -> eval, each stage in its own folder, "
+          "finished ones skipped",
           pipeline_runner, PipelineConfig,
           presets=("quickstart", "paper-pythia-1b", "paper-pythia-2.8b", "paper-pythia-6.9b", "seed002-gpt2-hh")),
-    Stage(("report",), "several runs in one report.html: shared metrics on shared axes, last values and evaluations side by side",
+    Stage(("report",), "several runs in one report.html: shared metrics on shared axes, last values and evaluations "
+          "side by side",
           report_runner, RunsReportConfig),
     Stage(("rm-eval",), "reward-model evaluation: accuracy by split/batch/confidence, each shown beside the "
           "always-prefer-longer rule on the same pairs (always-longer) and the paired difference; calibration, "
@@ -150,13 +174,16 @@ STAGES: dict[str, Stage] = {stage.name: stage for stage in (
           rm_eval_runner, RMEvalConfig),
     Stage(("judge-eval",), "a judge's agreement with human labels and its position bias, beside the length baseline",
           judge_eval_runner, JudgeEvalConfig),
-    Stage(("eval",), "policies compared on their samples: judge win rates with intervals and length control, head to head, ROUGE-L, alarms",
+    Stage(("eval",), "policies compared on their samples: judge win rates with intervals and length control, "
+          "head to head, ROUGE-L, alarms",
           eval_runner, EvalConfig),
     Stage(("generate",), "summarise TL;DR posts with a policy, with ROUGE-L against the references",
           generate_runner, GenerateConfig),
-    Stage(("data", "analyze"), "dataset analysis (any format the stages read, detected): counts, token lengths, truncation, length bias",
+    Stage(("data", "analyze"), "dataset analysis (any format the stages read, detected): counts, token lengths, "
+          "truncation, length bias",
           analyze_runner, AnalyzeConfig),
-    Stage(("plan",), "estimated peak memory per device of a stage (weights, gradients, optimizer, activations, KV cache, logits): fits or not",
+    Stage(("plan",), "estimated peak memory per device of a stage (weights, gradients, optimizer, activations, "
+          "KV cache, logits): fits or not",
           plan_runner, PlanConfig),
     Stage(("models", "prepare"), "convert an embedded model (smollm2-135m) into the cache once",
           prepare_runner, positional="name"),
@@ -169,3 +196,56 @@ def multi_process_names() -> str:
     """"sft, rm, dpo and dist-check": the stages that --num-processes may launch, for its error message."""
     names = [stage.name for stage in STAGES.values() if stage.multi_process]
     return f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def training_stages() -> list[str]:
+    """The stages that train a model (the ones `rlhfkit plan` estimates)."""
+    return [stage.name for stage in STAGES.values() if stage.shardings]
+
+
+def check_sharding_supported(stage: Stage, sharding: str) -> None:
+    """The one check of `sharding=` against what a stage declares, for its own command and for `plan`."""
+    if sharding == "none" or sharding in stage.shardings:
+        return
+    takes = ", ".join(s.name for s in STAGES.values() if sharding in s.shardings)
+    if stage.shardings:  # a training stage that shards another way
+        raise ConfigError(f"sharding={sharding} is for {takes}; for {stage.name} use sharding={stage.shardings[0]}, "
+                          "which shards all four models and gathers the policy for sampling")
+    raise ConfigError(f"sharding={sharding} is for training stages ({takes}), not {stage.name}")
+
+
+def planned_stage(name: str) -> Stage:
+    if name not in training_stages():
+        raise ConfigError(f"stage={name}: choose one of {', '.join(training_stages())}")
+    return STAGES[name]
+
+
+def check_pipeline_stages(cfg: PipelineConfig) -> None:
+    read = {source for s in STAGES.values() for source in s.reads}
+    runnable = [s.name for s in STAGES.values() if s.trains_policy or s.name in read] + ["eval"]  # eval: the pipeline's own
+    for name in cfg.stages:
+        if name not in runnable:
+            raise ConfigError(f"stages: {name} is not a pipeline stage; choose from {', '.join(runnable)}")
+
+
+def check_with_registry(name: str, cfg: Any) -> None:
+    """The checks of a command's options that need the registry's declarations."""
+    if isinstance(cfg, RunConfig):
+        check_sharding_supported(STAGES[name], cfg.sharding)
+    if isinstance(cfg, PlanConfig):
+        check_sharding_supported(planned_stage(cfg.stage), cfg.sharding)
+    if isinstance(cfg, PipelineConfig):
+        check_pipeline_stages(cfg)
+
+
+def resolve(name: str, preset: str | None = None, config_file: str | None = None, overrides: dict[str, Any] | None = None,
+            processes: int = 1) -> Any:
+    """The checked config of the command `name`: defaults < preset or file < overrides (config.resolve)."""
+    cfg = config.resolve(STAGES[name].config, name, preset, config_file, overrides or {}, processes)
+    check_with_registry(name, cfg)
+    return cfg
+
+
+def run_resolved(name: str, cfg: Any) -> int:
+    """Run the command `name` on a config `resolve` made, in this process."""
+    return int(STAGES[name].runner()(cfg) or 0)

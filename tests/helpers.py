@@ -482,7 +482,7 @@ def one_update_gradient(model_dir: Path, options: dict[str, Any], micro_batch_si
     rows of the processes of `accelerator` (None: one process)."""
     import dataclasses
 
-    from rlhfkit.config_onpolicy import GRPOConfig
+    from rlhfkit.config import GRPOConfig
     from rlhfkit.distributed import ONE_PROCESS
     from rlhfkit.models import load_policy
     from rlhfkit.onpolicy.update import OnPolicyModels, Optimizers, update_on_rollout

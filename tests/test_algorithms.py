@@ -7,12 +7,11 @@ import pytest
 import torch
 
 from rlhfkit import ops
-from rlhfkit.config import resolve
-from rlhfkit.config_onpolicy import PPOConfig
+from rlhfkit.config import PPOConfig
 from rlhfkit.onpolicy.algorithms import ALGORITHMS, METHODS, algorithm_of
 from rlhfkit.onpolicy.rollout import RolloutBatch
 from rlhfkit.onpolicy.update import ESTIMATORS, Objective
-from rlhfkit.stages import STAGES
+from rlhfkit.stages import STAGES, resolve
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
@@ -80,7 +79,7 @@ def test_every_shipped_on_policy_preset_belongs_to_a_declared_method():
 def test_the_config_offers_exactly_the_policy_losses_and_aggregations_the_update_knows():
     import typing
 
-    from rlhfkit.config_onpolicy import OnPolicyConfig
+    from rlhfkit.config import OnPolicyConfig
     from rlhfkit.policy_losses import AGGREGATIONS, POLICY_LOSSES
 
     hints = typing.get_type_hints(OnPolicyConfig)

@@ -11,8 +11,9 @@ import shutil
 import pytest
 
 from rlhfkit.cli import main as cli_main
-from rlhfkit.config import resolve, to_yaml
+from rlhfkit.config import to_yaml
 from rlhfkit.models import check_model_source
+from rlhfkit.stages import resolve
 
 from .helpers import cli_args, files_of, one_error_line, stage_args
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlhfkit.checkpoint import find_checkpoint, load_training_state, rng_state, save_checkpoint, set_rng_state
-from rlhfkit.config import resolve
+from rlhfkit.stages import resolve
 from rlhfkit.tracking import Tracker, read_metrics
 from rlhfkit.trainers.engine import batch_indices, plan_schedule
 
@@ -88,7 +88,7 @@ def test_length_bucketed_micro_batches_hold_the_same_examples_with_less_padding(
 
 
 def test_a_batch_that_does_not_divide_is_refused_with_the_config_and_by_the_schedule_on_more_processes():
-    from rlhfkit.config import ConfigError
+    from rlhfkit.errors import ConfigError
 
     with pytest.raises(ConfigError, match="total_batch_size=6"):
         resolve("sft", None, None, {"total_batch_size": 6, "micro_batch_size": 4})

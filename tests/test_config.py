@@ -8,7 +8,9 @@ import pytest
 import yaml
 
 from rlhfkit import cli
-from rlhfkit.config import AnalyzeConfig, ConfigError, RMConfig, SFTConfig, field_info, resolve, to_yaml
+from rlhfkit.config import AnalyzeConfig, RMConfig, SFTConfig, field_info, to_yaml
+from rlhfkit.errors import ConfigError
+from rlhfkit.stages import resolve
 
 TLDR_SFT_DATA = ["vwxyzjn/summarize_from_feedback_tldr_3_filtered"]
 

@@ -195,8 +195,7 @@ def test_gpt_neox_decodes_alike_in_buckets_with_either_attention(attention):
 def test_the_stages_decoding_options_are_the_decoders_and_an_unknown_one_is_refused(staggered):
     from typing import get_args, get_type_hints
 
-    from rlhfkit.config import PlanConfig
-    from rlhfkit.config_onpolicy import OnPolicyConfig
+    from rlhfkit.config import OnPolicyConfig, PlanConfig
 
     for config in (OnPolicyConfig, PlanConfig):
         assert get_args(get_type_hints(config)["decoding"]) == decoding.DECODING

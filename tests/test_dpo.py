@@ -9,7 +9,7 @@ import torch
 
 from rlhfkit import generation as rollout
 from rlhfkit.cli import main as cli_main
-from rlhfkit.config import RMEvalConfig, resolve
+from rlhfkit.config import RMEvalConfig
 from rlhfkit.data.collate import pad
 from rlhfkit.data.examples import prepare_pairs
 from rlhfkit.data.split import split_comparisons
@@ -19,6 +19,7 @@ from rlhfkit.models import DPO_RECORD, load_policy
 from rlhfkit.preference_ops import PreferenceObjective
 from rlhfkit.reward_models import ImplicitRewardModel, recorded_objective
 from rlhfkit.scoring import collate_pairs
+from rlhfkit.stages import resolve
 from rlhfkit.trainers import dpo
 
 from .helpers import (
@@ -33,8 +34,8 @@ from .helpers import (
 
 
 def pairs_for(cfg, tokenizer):
-    train_records, val_records, _ = split_comparisons(cfg)
-    return prepare_pairs(cfg, tokenizer, train_records)[0], prepare_pairs(cfg, tokenizer, val_records)[0]
+    train_records, val_records, _ = split_comparisons(cfg.pair_selection)
+    return prepare_pairs(cfg.lengths, tokenizer, train_records)[0], prepare_pairs(cfg.lengths, tokenizer, val_records)[0]
 
 
 def test_sequence_logprobs_do_not_depend_on_padding_side_or_batch_company(tiny_model):

@@ -90,7 +90,7 @@ def test_eval_rejects_bad_sample_specs(tmp_path, capsys):
 
 
 def test_builtin_hh_suite_loads_and_bad_suites_fail_naming_the_entry(tmp_path):
-    from rlhfkit.config import ConfigError
+    from rlhfkit.errors import ConfigError
     from rlhfkit.eval.prompt_suite import load_suite
 
     suite = load_suite("builtin-hh")

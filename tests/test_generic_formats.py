@@ -11,13 +11,13 @@ import shutil
 import pytest
 
 from rlhfkit.cli import main as cli_main
-from rlhfkit.config import resolve
-from rlhfkit.data import FieldNames, field_names, load_pairs, load_prompts, load_sft_data
+from rlhfkit.data import FieldNames, load_pairs, load_prompts, load_sft_data
 from rlhfkit.data.examples import tokenize_sft
 from rlhfkit.data.generic import split_common_prefix
 from rlhfkit.data.split import split_by_prompt, split_comparisons
 from rlhfkit.data.tldr import load_comparisons, load_sft
 from rlhfkit.onpolicy import evaluation, trainer
+from rlhfkit.stages import resolve
 from rlhfkit.trainers import dpo, reward, sft
 
 from .helpers import PRESETS, stage_args
@@ -238,9 +238,9 @@ def test_field_options_map_other_column_names_in_every_stage(pairs, posts, tmp_p
     data = write_rows(tmp_path / "pairs.jsonl", renamed)
     cfg = resolve("rm", PRESETS["rm"], None, {"data": str(data), "data_format": "auto", "prompt_field": "question",
                                               "chosen_field": "better", "rejected_field": "worse", "validation_fraction": 0.25})
-    train, validation, _ = split_comparisons(cfg)
+    train, validation, _ = split_comparisons(cfg.pair_selection)
     assert len(train) + len(validation) == len(pairs) and train[0].fields["prompt"].endswith("TL;DR:")
-    names = field_names(resolve("sft", PRESETS["sft"], None, {"prompt_field": "question", "completion_field": "answer"}))
+    names = resolve("sft", PRESETS["sft"], None, {"prompt_field": "question", "completion_field": "answer"}).fields
     assert names == FieldNames(prompt="question", completion="answer")
     sft_data = write_rows(tmp_path / "sft.jsonl", [{"question": query(p), "answer": s} for p, s in posts])
     records, _ = load_sft_data("prompt-completion", [str(sft_data)], names=names)

@@ -7,10 +7,11 @@ import torch
 
 from rlhfkit import generation as rollout
 from rlhfkit.cli import main as cli_main
-from rlhfkit.config import ConfigError, resolve
 from rlhfkit.data.collate import left_pad_queries
+from rlhfkit.errors import ConfigError
 from rlhfkit.onpolicy import evaluation, trainer, update
 from rlhfkit.onpolicy.rollout import chunk_generator, sample_responses
+from rlhfkit.stages import resolve
 
 from .helpers import (
     PRESETS,

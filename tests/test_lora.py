@@ -19,11 +19,11 @@ from rlhfkit.adapters import (
     save_weights,
 )
 from rlhfkit.cli import main as cli_main
-from rlhfkit.config import resolve
 from rlhfkit.errors import ConfigError
 from rlhfkit.generation import response_logprobs
 from rlhfkit.models import ScalarModel, load_policy
 from rlhfkit.onpolicy import evaluation, trainer, update
+from rlhfkit.stages import resolve
 
 from .helpers import assert_same_files, assert_same_metrics, cli_args, stage_args, straight_and_resumed
 
@@ -31,7 +31,7 @@ LORA = {"lora_rank": 4, "lora_alpha": 8}
 
 
 def lora_cfg(**extra):
-    return resolve("sft", None, None, {**LORA, **extra})
+    return resolve("sft", None, None, {**LORA, **extra}).lora
 
 
 def perturb_adapter(model: torch.nn.Module, seed: int = 0) -> None:

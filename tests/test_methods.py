@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from rlhfkit.cli import main as cli_main
-from rlhfkit.config import ConfigError, resolve
+from rlhfkit.errors import ConfigError
 from rlhfkit.onpolicy import evaluation, trainer, update
 from rlhfkit.onpolicy.collect import PromptStream, collect
 from rlhfkit.onpolicy.rollout import prompt_indices
+from rlhfkit.stages import resolve
 
 from .helpers import cli_args, stage_args, straight_and_resumed
 

@@ -9,9 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlhfkit import config as cfgmod
+from rlhfkit.config import RunConfig
 from rlhfkit.errors import ModelError
 from rlhfkit.models import load_policy
+from rlhfkit.stages import resolve
 
 from .helpers import data_file
 
@@ -61,9 +62,9 @@ def test_allow_pickle_still_reads_safetensors_when_a_folder_has_both(tmp_path, t
 
 def test_allow_pickle_is_off_unless_set():
     assert inspect.signature(load_policy).parameters["allow_pickle"].default is False
-    assert cfgmod.RunConfig().allow_pickle is False and cfgmod.RunConfig().trust_remote_code is False
-    assert cfgmod.resolve("sft", None, None, {"allow_pickle": "true"}).allow_pickle is True
-    assert cfgmod.resolve("rm", None, None, {}).allow_pickle is False
+    assert RunConfig().allow_pickle is False and RunConfig().trust_remote_code is False
+    assert resolve("sft", None, None, {"allow_pickle": "true"}).allow_pickle is True
+    assert resolve("rm", None, None, {}).allow_pickle is False
 
 
 class Loaded(Exception):

@@ -5,8 +5,9 @@ import json
 import pytest
 
 from rlhfkit.cli import main as cli_main
-from rlhfkit.config import ConfigError, resolve
+from rlhfkit.errors import ConfigError
 from rlhfkit.pipeline import check_order
+from rlhfkit.stages import resolve
 from rlhfkit.tracking import read_metrics
 
 from .helpers import cli_args, first_lines, stage_args

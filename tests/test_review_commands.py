@@ -245,17 +245,17 @@ def sharded_stages() -> list[str]:
 
 
 def test_every_stage_with_a_sharding_option_accepts_fsdp2_and_on_policy_ones_refuse_zero_naming_fsdp2(monkeypatch):
-    from rlhfkit.config import resolve
     from rlhfkit.onpolicy.algorithms import ALGORITHMS
     from rlhfkit.sharding import check_sharding
+    from rlhfkit.stages import resolve
 
     monkeypatch.setenv("WORLD_SIZE", "2")  # as under --num-processes 2
     assert "reinforce" in sharded_stages()
     for stage in sharded_stages():
-        check_sharding(resolve(stage, None, None, {"sharding": "fsdp2"}), stage)
+        check_sharding(resolve(stage, None, None, {"sharding": "fsdp2"}).sharding_options)
     for stage in ALGORITHMS:
         with pytest.raises(Exception, match=f"for {stage} use sharding=fsdp2"):
-            check_sharding(resolve(stage, None, None, {"sharding": "zero2"}), stage)
+            check_sharding(resolve(stage, None, None, {"sharding": "zero2"}).sharding_options)
 
 
 @pytest.mark.slow

@@ -15,7 +15,6 @@ import pytest
 from tqdm import tqdm
 
 from rlhfkit.cli import main as cli_main
-from rlhfkit.config import resolve
 from rlhfkit.data import DataFormatError, load_sft
 from rlhfkit.data.examples import tokenize_pairs, tokenize_sft
 from rlhfkit.data.formats import HH_ASSISTANT, HH_TURN, QueryTooLong, encode_query
@@ -23,6 +22,7 @@ from rlhfkit.data.tldr import Comparison, SFTRecord
 from rlhfkit.errors import ConfigError, warn
 from rlhfkit.models import load_tokenizer
 from rlhfkit.onpolicy import evaluation
+from rlhfkit.stages import resolve
 
 from .helpers import PRESETS, cli_args, one_error_line, stage_args
 

@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from rlhfkit.cli import main as cli_main
-from rlhfkit.config import ConfigError, resolve
+from rlhfkit.errors import ConfigError
 from rlhfkit.preemption import Interrupted, StopSignal, interruptible
 from rlhfkit.rewards import BUILTINS, RewardFunctions, required_columns
 from rlhfkit.runlock import LOCK_FILE
+from rlhfkit.stages import resolve
 
 from .helpers import PRESETS, child_env, cli_args, rlhfkit_command, stage_args
 

@@ -9,8 +9,7 @@ import torch
 
 from rlhfkit import ops
 from rlhfkit.cli import main as cli_main
-from rlhfkit.config import RMConfig
-from rlhfkit.config_onpolicy import PPOConfig
+from rlhfkit.config import PPOConfig, RMConfig
 from rlhfkit.data import load_pairs
 from rlhfkit.data.examples import length_balanced_indices, query_limits, tokenize_pairs
 from rlhfkit.data.split import split_by_upstream_split
@@ -187,13 +186,13 @@ def test_split_disjoint_protocol_trains_and_validates_on_different_splits_and_pr
     records = [comparison("p1", "valid2"), comparison("p2", "valid2"), comparison("p3", "valid1"), comparison("p1", "valid1"),
                comparison("p4", "train")]
     cfg = RMConfig(validation_splits=["valid1"], splits=["valid2"])
-    train, validation, notes = split_by_upstream_split(cfg, records)
+    train, validation, notes = split_by_upstream_split(cfg.pair_selection, records)
     assert [r.prompt_id for r in train] == ["p1", "p2"] and [r.prompt_id for r in validation] == ["p3"]
     assert "1 validation pairs dropped" in notes[0]
-    train, _, _ = split_by_upstream_split(RMConfig(validation_splits=["valid1"]), records)
+    train, _, _ = split_by_upstream_split(RMConfig(validation_splits=["valid1"]).pair_selection, records)
     assert [r.split for r in train] == ["valid2", "valid2", "train"]
     with pytest.raises(Exception, match="the data has splits"):
-        split_by_upstream_split(RMConfig(validation_splits=["test"]), records)
+        split_by_upstream_split(RMConfig(validation_splits=["test"]).pair_selection, records)
 
 
 def test_trainable_layers_freezes_everything_below_the_top_blocks(tiny_model_dir):

@@ -7,9 +7,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlhfkit.config import resolve
 from rlhfkit.data.examples import tokenize_sft
 from rlhfkit.data.tldr import load_sft
+from rlhfkit.stages import resolve
 from rlhfkit.tracking import read_metrics
 from rlhfkit.trainers import sft
 from rlhfkit.trainers.engine import NonFiniteError

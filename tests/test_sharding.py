@@ -150,11 +150,11 @@ def test_sharding_that_cannot_run_is_refused_at_start_in_one_line(stage, extra, 
 
 
 def test_zero_without_deepspeed_installed_names_the_extra_to_install(monkeypatch):
-    from rlhfkit import config as cfgmod
     from rlhfkit import sharding
     from rlhfkit.errors import ConfigError
+    from rlhfkit.stages import resolve
 
     monkeypatch.setattr(sharding, "deepspeed_installed", lambda: False)
     with pytest.raises(ConfigError, match=r"sharding=zero2 needs DeepSpeed: pip install 'rlhfkit\[deepspeed\]'"):
-        sharding.check_sharding(cfgmod.resolve("sft", None, None, {"sharding": "zero2"}), "sft")
+        sharding.check_sharding(resolve("sft", None, None, {"sharding": "zero2"}).sharding_options)
 

@@ -52,8 +52,8 @@ def test_real_reward_model_left_and_right_padding_agree(real_examples):
 
 def test_real_model_ppo_starts_with_kl_zero_and_ratio_one(real_examples):
     """The PPO invariants at real scale: four SmolLM2-135M models, real posts, one update."""
-    from rlhfkit.config import resolve
     from rlhfkit.onpolicy import trainer, update
+    from rlhfkit.stages import resolve
 
     policy, tok = load_policy("smollm2-135m")
     reference, _ = load_policy("smollm2-135m")

@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from rlhfkit import cli, pipeline
-from rlhfkit.config import ConfigError, preset_names, resolve
-from rlhfkit.stages import STAGES, multi_process_names
+from rlhfkit.config import preset_names
+from rlhfkit.errors import ConfigError
+from rlhfkit.stages import STAGES, multi_process_names, resolve
 
 CONFIGURED = [stage for stage in STAGES.values() if stage.config is not None]
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from . import generic
 from .formats import HH_TURN
-from .generic import FieldNames, field_names
+from .generic import FieldNames
 from .gsm8k import load_gsm8k
 from .hh import load_hh
 from .records import DataFormatError, MissingColumns, Row, SkipLog, iter_rows

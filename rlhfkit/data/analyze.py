@@ -20,6 +20,9 @@ import numpy as np
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from ..config import AnalyzeConfig, to_yaml
+from ..errors import ConfigError
+from ..models import load_tokenizer
 from ..plots import pyplot, save
 from . import (
     AUTO,
@@ -272,3 +275,17 @@ def headline(result: dict) -> str:
             f"(median tokens chosen {bias['chosen_median']:.0f}, rejected {bias['rejected_median']:.0f})"
         )
     return "\n".join(lines)
+
+
+def run(cfg: AnalyzeConfig) -> int:
+    """`rlhfkit data analyze`: the analysis of `cfg.path`, its config and plots in `cfg.out`."""
+    if not cfg.path:
+        raise ConfigError("data analyze needs --path (files, folders or a hub dataset id)")
+    tokenizer = load_tokenizer(cfg.model)
+    result = run_analysis(
+        cfg.dataset, cfg.path, tokenizer, cfg.out, cfg.max_query_length, cfg.max_article_query_length, cfg.hf_split
+    )
+    (Path(cfg.out) / "config.yaml").write_text(to_yaml(cfg, "data-analyze"))
+    print(headline(result))
+    print(f"wrote {cfg.out}/analysis.json, config.yaml and {len(result['plots'])} plots")
+    return 0

@@ -7,6 +7,7 @@ from typing import TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
+from ..config.sections import PairLengths
 from ..errors import ConfigError, warn
 from .formats import QueryTokens, QueryTooLong, encode_completion, encode_query
 from .records import SkipLog
@@ -118,22 +119,25 @@ def tokenize_pairs(
     return out, log
 
 
-def tokenize_stage_pairs(cfg, tokenizer: PreTrainedTokenizerBase, records: list[Comparison]) -> tuple[list[PairExample], SkipLog]:
-    """`tokenize_pairs` under a pair stage's length limits (`cfg.max_query_length`, `max_article_query_length`,
-    `max_response_length`)."""
-    limits = query_limits(cfg.max_query_length, cfg.max_article_query_length)
-    return tokenize_pairs(records, tokenizer, limits, cfg.max_response_length)
+def tokenize_stage_pairs(lengths: PairLengths, tokenizer: PreTrainedTokenizerBase,
+                         records: list[Comparison]) -> tuple[list[PairExample], SkipLog]:
+    """`tokenize_pairs` under a pair stage's length limits."""
+    limits = query_limits(lengths.max_query_length, lengths.max_article_query_length)
+    return tokenize_pairs(records, tokenizer, limits, lengths.max_response_length)
 
 
-def prepare_pairs(cfg, tokenizer: PreTrainedTokenizerBase, records: list[Comparison]) -> tuple[list[PairExample], str]:
+def prepare_pairs(lengths: PairLengths, tokenizer: PreTrainedTokenizerBase,
+                  records: list[Comparison]) -> tuple[list[PairExample], str]:
     """(`tokenize_stage_pairs`' examples, a note of what was skipped)."""
-    examples, log = tokenize_stage_pairs(cfg, tokenizer, records)
+    examples, log = tokenize_stage_pairs(lengths, tokenizer, records)
     return examples, log.summary("pairs")
 
 
-def prepare_training_pairs(cfg, tokenizer: PreTrainedTokenizerBase, records: list[Comparison]) -> tuple[list[PairExample], str]:
+def prepare_training_pairs(lengths: PairLengths, tokenizer: PreTrainedTokenizerBase,
+                           records: list[Comparison]) -> tuple[list[PairExample], str]:
     """`prepare_pairs` for the pairs a stage trains on, checked as `training_examples` checks them."""
-    examples, log = training_examples(tokenize_stage_pairs(cfg, tokenizer, records), cfg.max_query_length, "training pairs")
+    pairs = tokenize_stage_pairs(lengths, tokenizer, records)
+    examples, log = training_examples(pairs, lengths.max_query_length, "training pairs")
     return examples, log.summary("pairs")
 
 

@@ -36,6 +36,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ..config.sections import FieldNames
 from .formats import CHAT
 from .records import Row, SkipLog, Unparsable, has_text, iter_rows, require_fields, unless_lone_surrogate
 from .tldr import Comparison, SFTRecord, text_id
@@ -48,26 +49,6 @@ TRAILING_WORD = re.compile(r"\S*$")
 
 class Skip(Exception):
     """A record that cannot be used; the message is its SkipLog reason."""
-
-
-@dataclass(frozen=True)
-class FieldNames:
-    """The columns each role is read from (the stages' `*_field` options)."""
-
-    prompt: str = "prompt"
-    completion: str = "completion"
-    chosen: str = "chosen"
-    rejected: str = "rejected"
-    text: str = ""  # empty: `text`, or `messages` for a conversation
-
-    def text_columns(self) -> tuple[str, ...]:
-        return (self.text,) if self.text else ("text", "messages")
-
-
-def field_names(cfg: Any) -> FieldNames:
-    """A config's `prompt_field`, `completion_field`, ... options; each one left empty keeps the standard name."""
-    names = {name: getattr(cfg, f"{name}_field", "") for name in ("prompt", "completion", "chosen", "rejected", "text")}
-    return FieldNames(**{name: value for name, value in names.items() if value})
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ import hashlib
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from ..config import PairConfig
+from ..config.sections import PairSelection
 from ..errors import ConfigError
-from . import field_names, load_pairs, usable
+from . import load_pairs, usable
 from .tldr import Comparison
 
 T = TypeVar("T")
@@ -62,45 +62,45 @@ def filter_comparisons(records: list[Comparison], splits: list[str], batches: li
     return [r for r in records if (not splits or r.split in splits) and (not batches or r.batch in batches)]
 
 
-def split_comparisons(cfg: PairConfig) -> tuple[list[Comparison], list[Comparison], list[str]]:
+def split_comparisons(selection: PairSelection) -> tuple[list[Comparison], list[Comparison], list[str]]:
     """(training comparisons, validation comparisons, notes): filters, then the split by prompt that
     `rlhfkit rm-eval side=validation` repeats, then at most max_pairs training pairs."""
-    loaded = load_pairs(cfg.data_format, cfg.data, cfg.hf_split, field_names(cfg))
-    records, load_log = usable(loaded, cfg.data, "pairs", f"data_format={cfg.data_format}")
+    loaded = load_pairs(selection.data_format, selection.data, selection.hf_split, selection.fields)
+    records, load_log = usable(loaded, selection.data, "pairs", f"data_format={selection.data_format}")
     notes = [f"loaded: {load_log.summary('pairs')}"]
-    if cfg.validation_splits:
-        train_records, val_records, split_notes = split_by_upstream_split(cfg, filter_comparisons(records, [], cfg.batches))
+    if selection.validation_splits:
+        train_records, val_records, split_notes = split_by_upstream_split(selection, filter_comparisons(records, [], selection.batches))
         notes += split_notes
     else:
-        records = filter_comparisons(records, cfg.splits, cfg.batches)
+        records = filter_comparisons(records, selection.splits, selection.batches)
         if not records:
-            raise ConfigError(f"no comparisons left after splits={cfg.splits} batches={cfg.batches} (loaded: {load_log.summary('pairs')})")
-        train_records, val_records = split_by_prompt(records, lambda r: r.prompt_id, validation_fraction=cfg.validation_fraction, seed=cfg.seed)
+            raise ConfigError(f"no comparisons left after splits={selection.splits} batches={selection.batches} (loaded: {load_log.summary('pairs')})")
+        train_records, val_records = split_by_prompt(records, lambda r: r.prompt_id, validation_fraction=selection.validation_fraction, seed=selection.seed)
         notes += [
             f"after split/batch filters: {len(records)} pairs",
             f"split by prompt: {len(train_records)} train pairs ({len({r.prompt_id for r in train_records})} prompts), "
             f"{len(val_records)} validation pairs ({len({r.prompt_id for r in val_records})} prompts), no prompt on both sides",
         ]
-    if cfg.max_pairs and len(train_records) > cfg.max_pairs:
-        train_records = train_records[: cfg.max_pairs]
-        notes.append(f"training on the first {cfg.max_pairs} training pairs (max_pairs)")
+    if selection.max_pairs and len(train_records) > selection.max_pairs:
+        train_records = train_records[: selection.max_pairs]
+        notes.append(f"training on the first {selection.max_pairs} training pairs (max_pairs)")
     return train_records, val_records, notes
 
 
-def split_by_upstream_split(cfg: PairConfig, records: list[Comparison]) -> tuple[list[Comparison], list[Comparison], list[str]]:
+def split_by_upstream_split(selection: PairSelection, records: list[Comparison]) -> tuple[list[Comparison], list[Comparison], list[str]]:
     """Split-disjoint protocol: validate on the upstream `validation_splits` (TL;DR valid1, whose
     summaries come from other policies than valid2's, Detail 6), train on `splits` (empty: every other
     split). Validation pairs whose prompt is also trained on are dropped and counted, so validation is
     prompt-disjoint as well."""
-    validation = [r for r in records if r.split in cfg.validation_splits]
-    train = [r for r in records if r.split not in cfg.validation_splits and (not cfg.splits or r.split in cfg.splits)]
+    validation = [r for r in records if r.split in selection.validation_splits]
+    train = [r for r in records if r.split not in selection.validation_splits and (not selection.splits or r.split in selection.splits)]
     if not validation or not train:
         found = sorted({r.split or "(none)" for r in records})
-        raise ConfigError(f"validation_splits={cfg.validation_splits} splits={cfg.splits} leave {len(train)} training and "
+        raise ConfigError(f"validation_splits={selection.validation_splits} splits={selection.splits} leave {len(train)} training and "
                           f"{len(validation)} validation pairs; the data has splits {found}")
     trained = {r.prompt_id for r in train}
     disjoint = [r for r in validation if r.prompt_id not in trained]
-    notes = [f"split-disjoint: {len(train)} training pairs from splits {cfg.splits or 'other than ' + str(cfg.validation_splits)}, "
-             f"{len(disjoint)} validation pairs from {cfg.validation_splits}; {len(validation) - len(disjoint)} validation pairs "
+    notes = [f"split-disjoint: {len(train)} training pairs from splits {selection.splits or 'other than ' + str(selection.validation_splits)}, "
+             f"{len(disjoint)} validation pairs from {selection.validation_splits}; {len(validation) - len(disjoint)} validation pairs "
              "dropped because their prompt is also in training"]
     return train, disjoint, notes

@@ -26,10 +26,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..config import ConfigError, EvalConfig
+from ..config import EvalConfig, parse_named
 from ..data.examples import SFTExample, tokenize_sft
 from ..data.gsm8k import load_gsm8k
 from ..devices import evaluation_mode, model_device
+from ..errors import ConfigError
 from ..generation import SamplingParams, response_logprobs
 from ..models import load_policy
 from ..onpolicy.rollout import EVALUATION_STREAM, RolloutBatch, chunk_generator, sample_responses
@@ -37,7 +38,6 @@ from ..onpolicy.update import completion_texts
 from ..rewards import answer_format, is_correct
 from ..tracking import write_jsonl
 from .caveats import fell_caveat, few_prompts_caveat
-from .compare import parse_named
 from .report import Report, with_intervals
 from .winrate import bootstrap_interval
 

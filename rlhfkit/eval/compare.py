@@ -18,8 +18,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError, EvalConfig
+from ..config import EvalConfig, parse_named
 from ..data.records import DataFormatError, decode_json, open_text, reading
+from ..errors import ConfigError
 from ..models import load_policy
 from ..reward_models import load_reward_model
 from ..scoring import score_texts
@@ -35,19 +36,6 @@ from .winrate import length_adjusted_win_rate, length_bins, win_rate
 
 SAMPLE_FIELDS = ("prompt_id", "query", "reference", "text")
 OUTCOME = {"A": "win", "B": "loss", "tie": "tie", "unparseable": "unparseable"}
-
-
-def parse_named(specs: list[str], key: str, example: str) -> dict[str, str]:
-    """`name=value` entries in order, each name once."""
-    named: dict[str, str] = {}
-    for spec in specs:
-        name, sep, value = spec.partition("=")
-        if not sep or not name or not value:
-            raise ConfigError(f"{key} entry {spec!r} must be name=path (e.g. {example})")
-        if name in named:
-            raise ConfigError(f"{key}: the name {name!r} is given twice")
-        named[name] = value
-    return named
 
 
 def parse_named_paths(specs: list[str], key: str = "samples", folders: bool = False) -> dict[str, Path]:

@@ -21,10 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from ..config import ConfigError, JudgeEvalConfig
+from ..config import JudgeEvalConfig
 from ..data import load_pairs, usable
 from ..data.split import filter_comparisons
 from ..data.tldr import Comparison
+from ..errors import ConfigError
 from . import rm_metrics
 from .caveats import judge_caveat
 from .judges import ApiOptions, Pair, Verdict, make_judge

@@ -19,12 +19,13 @@ from typing import Any
 import torch
 
 from .. import ops
-from ..config import ConfigError, RMEvalConfig
-from ..data import field_names, load_pairs, usable
+from ..config import RMEvalConfig
+from ..data import load_pairs, usable
 from ..data.examples import PairExample, prepare_pairs, query_limits
 from ..data.formats import encode_completion, encode_query
 from ..data.split import filter_comparisons, split_by_prompt
 from ..data.tldr import Comparison
+from ..errors import ConfigError
 from ..models import DPO_RECORD, SCALAR_CONFIG, ScalarModel
 from ..reward_features import FeatureCache
 from ..reward_models import load_implicit_reward_model, load_reward_model
@@ -154,14 +155,14 @@ def run_eval(cfg: RMEvalConfig) -> int:
     model, tokenizer = load_pair_scorer(cfg)
     if torch.cuda.is_available():
         model = model.cuda()
-    loaded = load_pairs(cfg.data_format, cfg.data, cfg.hf_split, field_names(cfg))
+    loaded = load_pairs(cfg.data_format, cfg.data, cfg.hf_split, cfg.fields)
     records, log = usable(loaded, cfg.data, "pairs", f"data_format={cfg.data_format}")
     records = filter_comparisons(records, cfg.splits, cfg.batches)
     if cfg.side != "all":
         train_side, val_side = split_by_prompt(records, lambda r: r.prompt_id, validation_fraction=cfg.validation_fraction, seed=cfg.seed)
         records = val_side if cfg.side == "validation" else train_side
     records = records[: cfg.max_pairs] if cfg.max_pairs else records
-    examples, note = prepare_pairs(cfg, tokenizer, records)
+    examples, note = prepare_pairs(cfg.lengths, tokenizer, records)
     print(f"loaded: {log.summary('pairs')}; scoring: {note}")
     if not examples:
         raise ConfigError(f"no pairs left to evaluate (filters splits={cfg.splits} batches={cfg.batches} side={cfg.side}; "

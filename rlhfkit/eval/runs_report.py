@@ -14,7 +14,8 @@ from typing import Any
 
 import yaml
 
-from ..config import ConfigError, RunsReportConfig
+from ..config import RunsReportConfig
+from ..errors import ConfigError
 from ..plots import integer_steps, pyplot, save
 from ..tracking import read_metrics
 from .caveats import budget_caveat

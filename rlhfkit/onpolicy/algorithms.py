@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..config_onpolicy import GRPOConfig, OnPolicyConfig, PPOConfig, ReinforceConfig, RLOOConfig
+from ..config import GRPOConfig, OnPolicyConfig, PPOConfig, ReinforceConfig, RLOOConfig
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import ops
-from ..config_onpolicy import OnPolicyConfig
+from ..config import OnPolicyConfig
 from ..devices import autocast, evaluation_mode, model_device
 from ..distributed import ONE_PROCESS
 from ..generation import SamplingParams

@@ -8,13 +8,12 @@ from pathlib import Path
 
 import torch
 
-from ..config import ConfigError
-from ..config_onpolicy import OnPolicyConfig
+from ..config import OnPolicyConfig
 from ..data import SFTRecord, load_prompts, usable
 from ..data.examples import SFTExample, tokenize_sft, training_examples
-from ..data.generic import field_names
 from ..data.split import split_by_prompt
 from ..devices import evaluation_mode, model_device
+from ..errors import ConfigError
 from ..eval.alarms import alarms
 from ..eval.caveats import (
     alarm_caveat,
@@ -42,7 +41,7 @@ PERF_CURVES = ["perf/generation_s", "perf/scoring_s", "perf/update_s", "perf/gen
 
 def split_posts(cfg: OnPolicyConfig, tokenizer) -> tuple[list[SFTExample], list[SFTExample], list[str]]:
     """(prompts to train on, held-out prompts to evaluate on, notes): the post split of `rlhfkit sft`."""
-    records, log = usable(load_prompts(cfg.prompt_format, cfg.data, cfg.hf_split, field_names(cfg)), cfg.data, "prompts",
+    records, log = usable(load_prompts(cfg.prompt_format, cfg.data, cfg.hf_split, cfg.fields), cfg.data, "prompts",
                           f"prompt_format={cfg.prompt_format}")
     train_records, val_records = split_by_prompt(records, lambda r: r.prompt_id, validation_size=cfg.validation_posts, seed=cfg.seed)
     train, train_log = training_examples(tokenize_sft(train_records, tokenizer, cfg.max_query_length, 10**9), cfg.max_query_length,

@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..config import ConfigError
-from ..config_onpolicy import OnPolicyConfig
+from ..config import OnPolicyConfig
 from ..data.examples import SFTExample
-from ..errors import warn
+from ..errors import ConfigError, warn
 from ..rewards import ROLLOUT_COLUMNS, RewardError, RewardFunctions
 
 REWARD_MODEL = "reward_model"

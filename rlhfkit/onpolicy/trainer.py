@@ -21,13 +21,11 @@ from typing import Any
 
 import torch
 
-from ..adapters import add_adapter, frozen_reference, lora_enabled, save_final_model, trained_policy
+from ..adapters import add_adapter, frozen_reference, save_final_model, trained_policy
 from ..checkpoint import load_training_state, save_checkpoint
-from ..config import ConfigError
-from ..config_checks import check_update_split
-from ..config_onpolicy import OnPolicyConfig
+from ..config import OnPolicyConfig, check_update_split
 from ..data.examples import SFTExample
-from ..errors import ModelError
+from ..errors import ConfigError, ModelError
 from ..models import (
     ScalarModel,
     check_model_source,
@@ -36,7 +34,7 @@ from ..models import (
 from ..ops import adaptive_kl_coef
 from ..preemption import Interrupted, resume_command
 from ..reward_models import load_reward_model
-from ..sharding import SavedState, ShardedOptimizerState, ShardedRun, shard_on_policy, splits_models
+from ..sharding import SavedState, ShardedOptimizerState, ShardedRun, shard_on_policy
 from ..tracking import append_jsonl, drop_rows_after, write_jsonl
 from ..trainers.engine import accelerator_for, autocast_precision, start_run
 from ..trainers.loop import Show, run_loop
@@ -98,8 +96,8 @@ def load_models(cfg: OnPolicyConfig, checkpoint: Path | None, device: torch.devi
         raise ConfigError(f"{algorithm_of(cfg).name} trains a value model, which starts from the reward model (Detail 22): give "
                           "reward_model= or value_model=")
     frozen = torch.device(cfg.frozen_device) if cfg.frozen_device else device
-    policy, tokenizer = trained_policy(cfg, checkpoint)
-    reference = frozen_reference(cfg, policy, cfg.model)
+    policy, tokenizer = trained_policy(cfg.model_source, cfg.lora, checkpoint)
+    reference = frozen_reference(cfg.model_source, policy, cfg.model)
     reward = None
     if cfg.reward_model:
         require_folder(cfg.reward_model, "reward_model", "give the model/ folder written by `rlhfkit rm`, or a sequence-classification model")
@@ -113,10 +111,10 @@ def load_models(cfg: OnPolicyConfig, checkpoint: Path | None, device: torch.devi
 def trained_value_model(cfg: OnPolicyConfig, source: str, checkpoint: Path | None, tokenizer) -> ScalarModel:
     """The value model to train: `source`, or the checkpoint's `value/` when resuming; with LoRA,
     `source` with a fresh adapter, or with the checkpoint's adapter and head loaded over it."""
-    if not lora_enabled(cfg):
+    if not cfg.lora.enabled:
         return load_value_model(str(checkpoint / "value") if checkpoint else source, tokenizer, cfg.model, cfg.trust_remote_code)
     value = load_value_model(source, tokenizer, cfg.model, cfg.trust_remote_code)
-    return add_adapter(value, cfg, checkpoint / "value" if checkpoint else None)
+    return add_adapter(value, cfg.lora, checkpoint / "value" if checkpoint else None)
 
 
 def prepare_for_training(models: OnPolicyModels, cfg: OnPolicyConfig) -> None:
@@ -273,7 +271,7 @@ def train_on_policy(models: OnPolicyModels, prompts: list[list[int]], cfg: OnPol
     accelerator = accelerator or accelerator_for(cfg)
     num_updates = planned_updates(cfg, accelerator.num_processes)
     prepare_for_training(models, cfg)
-    copies = shard_on_policy(models, accelerator.device, accelerator.is_main_process) if splits_models(cfg, accelerator.num_processes) else {}
+    copies = shard_on_policy(models, accelerator.device, accelerator.is_main_process) if cfg.sharding_options.splits_models(accelerator.num_processes) else {}
     optimizers = build_optimizers(models, cfg, num_updates)
     sharded = {name: ShardedRun(model, optimizer, copies[name]) for name, model, optimizer in
                (("policy", models.policy, optimizers.policy), ("value", models.value, optimizers.value)) if name in copies}
@@ -300,7 +298,7 @@ def run(cfg: OnPolicyConfig) -> int:
     accelerator = accelerator_for(cfg)
     planned_updates(cfg, accelerator.num_processes)  # a batch that does not split fails before any model loads
     # sharded models load on the host and move to the device one shard at a time
-    models = load_models(cfg, checkpoint, torch.device("cpu") if splits_models(cfg, accelerator.num_processes) else accelerator.device)
+    models = load_models(cfg, checkpoint, torch.device("cpu") if cfg.sharding_options.splits_models(accelerator.num_processes) else accelerator.device)
     train, held_out, notes = split_posts(cfg, models.tokenizer)
     models.reward_sources().check_prompts(PromptTexts.of(train + held_out[: cfg.eval_samples]))
     if accelerator.is_main_process:

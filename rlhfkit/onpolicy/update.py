@@ -29,7 +29,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from .. import ops
-from ..config_onpolicy import GRPOConfig, OnPolicyConfig, PPOConfig, ReinforceConfig, RLOOConfig
+from ..config import GRPOConfig, OnPolicyConfig, PPOConfig, ReinforceConfig, RLOOConfig
 from ..devices import autocast, model_device
 from ..distributed import ONE_PROCESS
 from ..generation import response_logprobs

@@ -40,7 +40,6 @@ from ..preemption import restart_command, resume_command, stopping_at_once
 from ..preference_ops import PreferenceLoss, PreferenceObjective, preference_loss
 from ..reward_models import ImplicitRewardModel
 from ..scoring import collate_pairs
-from ..sharding import splits_models
 from ..tracking import read_metrics, write_jsonl
 from .engine import (
     Stage,
@@ -77,7 +76,7 @@ def preference_objective(cfg: DPOConfig) -> PreferenceObjective:
 
 def frozen_policy(cfg: DPOConfig, policy: torch.nn.Module, source: str, device: torch.device) -> torch.nn.Module:
     """`source` frozen on `device`: the loss's reference, or the starting policy SimPO's result is compared with."""
-    return frozen_reference(cfg, policy, source).to(device).eval().requires_grad_(False)
+    return frozen_reference(cfg.model_source, policy, source).to(device).eval().requires_grad_(False)
 
 
 def collate_dpo(examples: list[DPOExample], pad_id: int) -> dict[str, torch.Tensor]:
@@ -251,14 +250,14 @@ def checkpoint_label(checkpoint: Path) -> str:
 
 def run(cfg: DPOConfig) -> int:
     run_dir, checkpoint = start_run(cfg, "dpo")
-    train_records, val_records, notes = split_comparisons(cfg)
+    train_records, val_records, notes = split_comparisons(cfg.pair_selection)
     reference_name = cfg.reference_model or cfg.model
     objective = preference_objective(cfg)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    policy, tokenizer = trained_policy(cfg, checkpoint)
+    policy, tokenizer = trained_policy(cfg.model_source, cfg.lora, checkpoint)
     reference = frozen_policy(cfg, policy, reference_name, device) if objective.uses_reference else None
-    train_pairs, train_note = prepare_training_pairs(cfg, tokenizer, train_records)
-    val_pairs, val_note = prepare_pairs(cfg, tokenizer, val_records)
+    train_pairs, train_note = prepare_training_pairs(cfg.lengths, tokenizer, train_records)
+    val_pairs, val_note = prepare_pairs(cfg.lengths, tokenizer, val_records)
     notes += [f"train tokenization: {train_note}", f"validation tokenization: {val_note}", objective_note(objective, reference_name)]
     print("\n".join(notes))
     pad_id = tokenizer.pad_token_id
@@ -278,7 +277,7 @@ def run(cfg: DPOConfig) -> int:
     stage = Stage("dpo", policy.to(device), tokenizer, train_examples, lambda b: collate_dpo(b, pad_id), make_dpo_loss(objective), evaluate,
                   length=lambda example: example.width())
     # its log-probabilities are cached: off the device while the sharded policy trains
-    if reference is not None and splits_models(cfg, processes):
+    if reference is not None and cfg.sharding_options.splits_models(processes):
         reference.to("cpu")
     result = train(cfg, stage, run_dir, checkpoint)
     if not is_main_process():

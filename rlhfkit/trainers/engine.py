@@ -32,10 +32,9 @@ from ..checkpoint import (
     save_checkpoint,
     seed_everything,
 )
-from ..config import ConfigError, RunConfig, TrainConfig, to_yaml
-from ..config_checks import check_batch_split
+from ..config import RunConfig, TrainConfig, check_batch_split, to_yaml
 from ..distributed import processes_need_cpu
-from ..errors import NonFiniteError
+from ..errors import ConfigError, NonFiniteError
 from ..launch import RUN_STAMP
 from ..models import check_model_source, enable_activation_checkpointing
 from ..preemption import resume_command
@@ -137,7 +136,7 @@ def check_model_sources(cfg: RunConfig) -> None:
 def start_run(cfg: RunConfig, stage: str) -> tuple[Path, Path | None]:
     """(run directory, checkpoint to resume or None), with every RNG seeded before any model is
     built, so `seed` also governs the reward head (an added [PAD] row is zero: vocab.match_vocab)."""
-    check_sharding(cfg, stage)
+    check_sharding(cfg.sharding_options)
     # a bad resume path or model fails before any folder is made
     checkpoint = resume_checkpoint(cfg)
     check_model_sources(cfg)
@@ -226,7 +225,7 @@ def accelerator_for(cfg: RunConfig, model: torch.nn.Module | None = None):
 
     AcceleratorState._reset_state()
     plugin = fsdp2_plugin(model) if model is not None and cfg.sharding == "fsdp2" else None
-    zero = deepspeed_plugin(cfg) if model is not None and cfg.sharding in ZERO_STAGES else None
+    zero = deepspeed_plugin(cfg.sharding_options) if model is not None and cfg.sharding in ZERO_STAGES else None
     accelerator = Accelerator(cpu=processes_need_cpu(), mixed_precision=autocast_precision(cfg), fsdp_plugin=plugin,
                               deepspeed_plugin=zero)
     on_cpu_processes = processes_need_cpu() and accelerator.num_processes > 1

@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
-from ..adapters import add_adapter, is_adapted, lora_enabled, save_final_model, trainable_summary
-from ..config import ConfigError, RMConfig
-from ..data import AUTO, field_names, load_sft_data, usable
+from ..adapters import add_adapter, is_adapted, save_final_model, trainable_summary
+from ..config import RMConfig
+from ..data import AUTO, load_sft_data, usable
 from ..data.examples import (
     PairExample,
     length_balanced_indices,
@@ -29,6 +29,7 @@ from ..data.examples import (
     tokenize_sft,
 )
 from ..data.split import split_comparisons
+from ..errors import ConfigError
 from ..eval import rm_metrics, rm_report
 from ..eval.rm_eval import builtin_probes_for, evaluate_reward_model, write_rm_report
 from ..models import ScalarModel, freeze_below_top_layers, load_policy
@@ -88,7 +89,7 @@ pairwise_loss_fn = make_pair_loss()
 @torch.no_grad()
 def normalize_to_references(model: ScalarModel, tokenizer, sft_data: list[str], cfg: RMConfig) -> dict[str, float]:
     """Detail 15: shift the head bias so the SFT reference summaries (any SFT data format) average a reward of 0."""
-    records, log = usable(load_sft_data(AUTO, sft_data, "train", field_names(cfg)), sft_data, "reference summaries", "sft_data (SFT data, its format detected)")
+    records, log = usable(load_sft_data(AUTO, sft_data, "train", cfg.fields), sft_data, "reference summaries", "sft_data (SFT data, its format detected)")
     examples, _ = tokenize_sft(records[: cfg.normalization_samples], tokenizer, cfg.max_query_length, cfg.max_response_length)
     rewards = score_texts(model, tokenizer.pad_token_id, [e.query.ids for e in examples], [e.response for e in examples],
                           cfg.micro_batch_size * 2, "normalising (Detail 15)")
@@ -101,16 +102,16 @@ def load_trained_reward_model(cfg: RMConfig, checkpoint: Path | None) -> tuple[S
     """The reward model to train (Detail 10: from the SFT policy's backbone, a fresh head), or the
     checkpoint's when resuming; with LoRA the backbone is always rebuilt from `model=` and the
     adapter and heads read from the checkpoint."""
-    if checkpoint and not lora_enabled(cfg):
+    if checkpoint and not cfg.lora.enabled:
         model, tokenizer = load_reward_model(checkpoint / "model", cfg.trust_remote_code)
         return model.train(), tokenizer
-    if lora_enabled(cfg) and cfg.trainable_layers >= 0:
+    if cfg.lora.enabled and cfg.trainable_layers >= 0:
         raise ConfigError(f"lora_rank={cfg.lora_rank} with trainable_layers={cfg.trainable_layers}: choose one way to "
                           "limit training (set trainable_layers=-1 with LoRA, or lora_rank=0)")
     policy, tokenizer = load_policy(cfg.model, cfg.trust_remote_code, allow_pickle=cfg.allow_pickle)
     model = ScalarModel.from_policy(policy, cfg.head, cfg.length_head)
-    if lora_enabled(cfg):
-        model = add_adapter(model, cfg, checkpoint / "model" if checkpoint else None)
+    if cfg.lora.enabled:
+        model = add_adapter(model, cfg.lora, checkpoint / "model" if checkpoint else None)
     return model, tokenizer
 
 
@@ -134,11 +135,11 @@ def frozen_features(cfg: RMConfig, model: ScalarModel, run_dir: Path) -> Feature
 
 def run(cfg: RMConfig) -> int:
     run_dir, checkpoint = start_run(cfg, "rm")
-    train_records, val_records, notes = split_comparisons(cfg)
+    train_records, val_records, notes = split_comparisons(cfg.pair_selection)
     model, tokenizer = load_trained_reward_model(cfg, checkpoint)
     notes.append(configure_model(model, cfg))
-    all_train_examples, train_note = prepare_training_pairs(cfg, tokenizer, train_records)
-    val_examples, val_note = prepare_pairs(cfg, tokenizer, val_records)
+    all_train_examples, train_note = prepare_training_pairs(cfg.lengths, tokenizer, train_records)
+    val_examples, val_note = prepare_pairs(cfg.lengths, tokenizer, val_records)
     notes += [f"train tokenization: {train_note}", f"validation tokenization: {val_note}"]
     train_idx = list(range(len(all_train_examples)))
     if cfg.length_balance:

@@ -26,9 +26,10 @@ from typing import Any
 import numpy as np
 
 from ..checkpoint import write_json_atomic
-from ..config import ConfigError, RMConfig
+from ..config import RMConfig
 from ..data.examples import PairExample, length_balanced_indices, response_length_columns
 from ..data.split import prompt_folds
+from ..errors import ConfigError
 from ..eval import rm_metrics, rm_report
 from ..eval.report import Table
 from ..models import ScalarModel

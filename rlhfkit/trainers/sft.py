@@ -17,11 +17,12 @@ from typing import Any
 import torch
 
 from ..adapters import save_final_model, trained_policy
-from ..config import ConfigError, GenerateConfig, SFTConfig
-from ..data import field_names, load_prompts, load_sft_data, usable
+from ..config import GenerateConfig, SFTConfig
+from ..data import load_prompts, load_sft_data, usable
 from ..data.collate import IGNORE_INDEX, right_pad_query_response
 from ..data.examples import SFTExample, tokenize_sft, training_examples
 from ..data.split import split_by_prompt
+from ..errors import ConfigError
 from ..eval.caveats import budget_caveat, fell_caveat, few_prompts_caveat
 from ..eval.report import Report, config_text, trained_amount, training_summary
 from ..eval.rouge import mean, rouge_l
@@ -119,10 +120,10 @@ def write_sft_report(run_dir: Path, cfg: SFTConfig, metrics: dict[str, float], r
 
 def run(cfg: SFTConfig) -> int:
     run_dir, checkpoint = start_run(cfg, "sft")
-    loaded = load_sft_data(cfg.data_format, cfg.data, cfg.hf_split, field_names(cfg))
+    loaded = load_sft_data(cfg.data_format, cfg.data, cfg.hf_split, cfg.fields)
     records, load_log = usable(loaded, cfg.data, "examples", f"data_format={cfg.data_format}")
     train_records, val_records = split_by_prompt(records, lambda r: r.prompt_id, validation_size=cfg.validation_posts, seed=cfg.seed)
-    model, tokenizer = trained_policy(cfg, checkpoint)
+    model, tokenizer = trained_policy(cfg.model_source, cfg.lora, checkpoint)
     train_examples, train_log = training_examples(tokenize_sft(train_records, tokenizer, cfg.max_query_length, cfg.max_response_length),
                                                   cfg.max_query_length, "training examples")
     val_examples, val_log = tokenize_sft(val_records, tokenizer, cfg.max_query_length, cfg.max_response_length)
@@ -181,7 +182,7 @@ def run_generate(cfg: GenerateConfig) -> int:
         return answer_prompt_suite(cfg)
     if not cfg.data:
         raise ConfigError("generate needs data=... (prompts: hub id, files or folders) or prompt_suite=...")
-    records, log = usable(load_prompts(cfg.prompt_format, cfg.data, cfg.hf_split, field_names(cfg)), cfg.data, "prompts",
+    records, log = usable(load_prompts(cfg.prompt_format, cfg.data, cfg.hf_split, cfg.fields), cfg.data, "prompts",
                           f"prompt_format={cfg.prompt_format}")
     if cfg.split != "all":
         train_records, val_records = split_by_prompt(records, lambda r: r.prompt_id, validation_size=cfg.validation_posts, seed=cfg.seed)

@@ -9,18 +9,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .config import (
-    AnalyzeConfig,
-    DPOConfig,
-    EvalConfig,
-    GenerateConfig,
-    JudgeEvalConfig,
-    RMEvalConfig,
-    RunConfig,
-    TrainConfig,
-)
-from .config_onpolicy import OnPolicyConfig
-from .errors import ConfigError
+from ..errors import ConfigError
+from .commands import AnalyzeConfig, EvalConfig, GenerateConfig, JudgeEvalConfig, RMEvalConfig
+from .onpolicy import OnPolicyConfig
+from .training import DPOConfig, RunConfig, TrainConfig
 
 
 def launched_processes(requested: int = 1) -> int:

@@ -4,11 +4,14 @@ these options select are declared in `onpolicy/algorithms.py` and documented in 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Literal
 
-from .config import PROMPT_FORMATS_HELP, RunConfig, opt
+from .sections import ShardingOptions
+from .training import RunConfig
+from .values import PROMPT_FORMATS_HELP, opt
 
 
 @dataclass
@@ -96,6 +99,10 @@ class OnPolicyConfig(RunConfig):
     entropy_coef: float = opt(0.0, "entropy bonus coefficient in the policy loss (seed 002's PPO: 0.01)")
     sample_every: int = opt(10, "log the highest- and lowest-scored samples every N updates (0: never)")
     log_samples: int = opt(2, "samples logged at each end (highest and lowest scored)", minimum=1)
+
+    @property
+    def sharding_options(self) -> ShardingOptions:
+        return dataclasses.replace(super().sharding_options, frozen_device=self.frozen_device)
 
 
 @dataclass

@@ -8,11 +8,12 @@ import dataclasses
 import difflib
 import types
 import typing
+from dataclasses import field
 from typing import Any, Literal
 
 import yaml
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def describe_type(tp: Any) -> str:
@@ -126,3 +127,57 @@ def apply(cls: type, values: dict[str, Any], where: str, base: Any = None) -> An
         # a mapping (a pipeline stage's options) is merged into the one it overrides, not replaced
         current[key] = {**current.get(key, {}), **value} if isinstance(value, dict) else value
     return cls(**current)
+
+
+def opt(default: Any, help: str, source: str | None = None, minimum: float = 0, below: float | None = None) -> Any:
+    """A config field with help text, the paper source of its default, and (numbers) its lower bound and
+    the bound it must stay below (a fraction of the data: below 1)."""
+    meta = {"help": help, "source": source, "minimum": minimum, "below": below}
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def query_length_opt() -> Any:
+    return opt(512, "query tokens; a longer post loses paragraphs from its end (a dialogue or prompt text: from its start), and a "
+                    "record of which no text fits is skipped and counted", "Detail 2", minimum=1)
+
+
+# the formats one option away, as the help of `data_format` / `prompt_format` lists them (docs/data-formats.md)
+PAIR_FORMATS_HELP = ("format of `data`; the default reads OpenAI's TL;DR comparisons. Other data is one option away: hh (HH-RLHF "
+                     "chosen/rejected dialogues), preference (TRL's chosen, rejected and optional prompt columns, strings or chat "
+                     "messages), or auto (detected from the first record's columns and printed); docs/data-formats.md")
+PROMPT_FORMATS_HELP = ("format of `data`; the default reads TL;DR posts. Other data is one option away: prompt-only (TRL's prompt "
+                       "column, a string or chat messages; a completion column is the reference), hh (HH-RLHF dialogues; the chosen "
+                       "response is the reference), gsm8k (question, answer: the reference solution, its final number the `answer` "
+                       "column the gsm8k reward reads), or auto (detected from the first record's columns and printed); "
+                       "docs/data-formats.md")
+
+
+def article_length_opt() -> Any:
+    return opt(2047, "query token budget for CNN/DM articles", "Detail 5", minimum=1)
+
+
+def remote_code_opt() -> Any:
+    return opt(False, "allow model code from the hub (off: safer)")
+
+
+def output_overwrite_opt() -> Any:
+    return opt(False, "write over what `out` already holds (off: an existing output is refused, never overwritten silently)")
+
+
+def pickle_opt() -> Any:
+    return opt(False, "load pickle weights (pytorch_model.bin, *.pt) from a folder without safetensors (off: unpickling can run code)")
+
+
+def parse_named(specs: list[str], key: str, example: str) -> dict[str, str]:
+    """`name=value` entries in order, each name once."""
+    named: dict[str, str] = {}
+    for spec in specs:
+        name, sep, value = spec.partition("=")
+        if not sep or not name or not value:
+            raise ConfigError(f"{key} entry {spec!r} must be name=path (e.g. {example})")
+        if name in named:
+            raise ConfigError(f"{key}: the name {name!r} is given twice")
+        named[name] = value
+    return named
