@@ -16,8 +16,9 @@ from .errors import ConfigError
 # published config.json files shipped with rlhfkit (rlhfkit/model_configs), read without network
 SHIPPED_IDS = {"meta-llama/Llama-3.2-1B": "llama-3.2-1b", "HuggingFaceTB/SmolLM2-135M": "smollm2-135m"} | {
     f"EleutherAI/pythia-{size}-deduped": f"pythia-{size}-deduped" for size in ("1b", "2.8b", "6.9b")}
-# looked up case-insensitively; the embedded SmolLM2-135M-Instruct has the base model's shapes
-SHIPPED = {k.lower(): v for k, v in SHIPPED_IDS.items()} | {"smollm2-135m": "smollm2-135m"}
+# looked up case-insensitively, by hub id or by its name alone (Llama-3.2-1B, as `rlhfkit plan --help`
+# spells it); the embedded SmolLM2-135M-Instruct has the base model's shapes
+SHIPPED = {spelling.lower(): name for hub_id, name in SHIPPED_IDS.items() for spelling in (hub_id, hub_id.split("/")[1])}
 
 
 def shipped_config(name: str) -> dict[str, Any]:

@@ -86,13 +86,9 @@ def on_policy_runner() -> Runner:
 
 
 def pipeline_runner() -> Runner:
-    from .pipeline import Commands, run
+    from .pipeline import run
 
-    policies = tuple(s.name for s in STAGES.values() if s.trains_policy)
-    commands = Commands(resolve=resolve, run=run_resolved, policy_stages=policies,
-                        reads={s.name: s.reads for s in STAGES.values() if s.reads},
-                        configs={s.name: s.config for s in STAGES.values() if s.config})
-    return functools.partial(run, commands=commands)
+    return functools.partial(run, commands=pipeline_commands())
 
 
 def report_runner() -> Runner:
@@ -244,6 +240,15 @@ def resolve(name: str, preset: str | None = None, config_file: str | None = None
     cfg = config.resolve(STAGES[name].config, name, preset, config_file, overrides or {}, processes)
     check_with_registry(name, cfg)
     return cfg
+
+
+def pipeline_commands():
+    """What the pipeline needs of the registry (pipeline.Commands)."""
+    from .pipeline import Commands
+
+    return Commands(resolve=resolve, run=run_resolved, policy_stages=tuple(s.name for s in STAGES.values() if s.trains_policy),
+                    reads={s.name: s.reads for s in STAGES.values() if s.reads},
+                    configs={s.name: s.config for s in STAGES.values() if s.config})
 
 
 def run_resolved(name: str, cfg: Any) -> int:

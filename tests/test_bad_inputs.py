@@ -164,15 +164,16 @@ def test_a_folder_holding_a_run_with_other_options_is_refused_naming_them(ppo_di
 
 def test_the_pipeline_restarts_an_interrupted_stage_that_saved_nothing_and_moves_aside_one_with_other_options(tmp_path):
     from rlhfkit.pipeline import stage_config
+    from rlhfkit.stages import pipeline_commands
 
     cfg = resolve("pipeline", "quickstart", None, {"output_dir": str(tmp_path)})
     (tmp_path / "sft").mkdir()
-    (tmp_path / "sft" / "config.yaml").write_text(to_yaml(stage_config("sft", cfg, tmp_path), "sft"))
-    sft = stage_config("sft", cfg, tmp_path)
+    (tmp_path / "sft" / "config.yaml").write_text(to_yaml(stage_config("sft", cfg, tmp_path, pipeline_commands()), "sft"))
+    sft = stage_config("sft", cfg, tmp_path, pipeline_commands())
     assert not sft.overwrite and not sft.resume  # the same stage: it starts again in its folder
     changed = resolve("pipeline", "quickstart", None, {"output_dir": str(tmp_path), "sft": "{learning_rate: 0.5}"})
-    assert stage_config("sft", changed, tmp_path).overwrite  # the attempt with the old options is moved aside first
-    assert not stage_config("rm", changed, tmp_path).overwrite  # no earlier attempt there
+    assert stage_config("sft", changed, tmp_path, pipeline_commands()).overwrite  # the attempt with the old options is moved aside first
+    assert not stage_config("rm", changed, tmp_path, pipeline_commands()).overwrite  # no earlier attempt there
 
 
 def test_the_same_run_stopped_before_it_saved_anything_starts_again_in_its_folder(ppo_dirs, tmp_path, capsys):

@@ -1,6 +1,7 @@
-"""Module boundaries (DESIGN.md, layers): dependencies point downwards only, and no package file
-outgrows 500 lines. Read from the import statements themselves (top level or inside a function), so
-a boundary cannot be crossed silently by a late import."""
+"""Module boundaries (docs/architecture.md): no import cycle, dependencies point downwards only, nothing
+below the stage layer receives a stage config, and no package file outgrows 500 lines. Read from the
+import statements themselves (top level or inside a function), so a boundary cannot be crossed
+silently by a late import."""
 
 import ast
 from pathlib import Path
@@ -9,13 +10,34 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "rlhfkit"
 MAX_LINES = 500
+# the ground: imports nothing of rlhfkit but these
+GROUND = {
+    "config": ("rlhfkit.errors", "rlhfkit.config"),
+    "errors.py": (),
+    "ops.py": (),
+    "policy_losses.py": ("rlhfkit.ops",),
+    "preference_ops.py": (),
+    "plots.py": (),
+    "devices.py": (),
+    "distributed.py": (),
+    "faults.py": ("rlhfkit.errors",),
+    "launch.py": ("rlhfkit.faults", "rlhfkit.errors"),
+    "preemption.py": ("rlhfkit.errors",),
+}
 # a file or folder of the package -> the packages none of its files may import
 FORBIDDEN = {
-    "eval": ("rlhfkit.trainers",),
-    "data": ("rlhfkit.eval", "rlhfkit.trainers"),
-    "scoring.py": ("rlhfkit.eval", "rlhfkit.trainers"),
-    "plots.py": ("rlhfkit.eval", "rlhfkit.trainers"),
+    "eval": ("rlhfkit.trainers", "rlhfkit.onpolicy", "rlhfkit.stages", "rlhfkit.pipeline"),
+    "data": ("rlhfkit.eval", "rlhfkit.trainers", "rlhfkit.onpolicy", "rlhfkit.stages"),
+    "scoring.py": ("rlhfkit.eval", "rlhfkit.trainers", "rlhfkit.onpolicy"),
+    "generation.py": ("rlhfkit.eval", "rlhfkit.trainers", "rlhfkit.onpolicy"),
+    "trainers": ("rlhfkit.onpolicy", "rlhfkit.stages", "rlhfkit.pipeline"),
+    "onpolicy": ("rlhfkit.stages", "rlhfkit.pipeline"),
 }
+ENTRY_POINTS = ("cli.py", "stages.py")  # the only files that may import the registry
+# the stage layer and above: commands and stages receive their whole config, everything below a typed section
+STAGE_LAYER = ("cli.py", "stages.py", "pipeline.py", "memory_plan.py", "config", "trainers", "onpolicy",
+               "data/analyze.py", "eval/compare.py", "eval/accuracy.py", "eval/judge_eval.py", "eval/rm_eval.py",
+               "eval/runs_report.py", "eval/generate.py")
 
 
 def imports_of(source: str, package: list[str]) -> list[tuple[int, str]]:
@@ -33,6 +55,10 @@ def imports_of(source: str, package: list[str]) -> list[tuple[int, str]]:
     return found
 
 
+def module_name(path: Path) -> str:
+    return ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+
+
 def file_imports(path: Path) -> list[tuple[int, str]]:
     parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
     return imports_of(path.read_text(), parts[:-1])  # an __init__.py's package is its folder, like a module's
@@ -47,6 +73,57 @@ def within(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
+def import_graph(sources: dict[str, str], packages: set[str]) -> dict[str, set[str]]:
+    """module -> the modules of `sources` it imports, late imports included; a package in `packages` is
+    named by its folder and its source is its __init__.py."""
+    graph = {}
+    for name, source in sources.items():
+        package = name.split(".") if name in packages else name.split(".")[:-1]
+        graph[name] = {module for _, module in imports_of(source, package) if module in sources and module != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def package_graph() -> dict[str, set[str]]:
+    files = list(PACKAGE.rglob("*.py"))
+    packages = {module_name(p) for p in files if p.name == "__init__.py"}
+    return import_graph({module_name(p): p.read_text() for p in files}, packages)
+
+
 def test_relative_imports_are_resolved_against_the_importing_package():
     source = "from .. import ops\nfrom ..trainers.reward import run\n\ndef f():\n    from .rm_eval import run_eval\n"
     assert {module for _, module in imports_of(source, ["rlhfkit", "eval"])} == {
@@ -55,12 +132,54 @@ def test_relative_imports_are_resolved_against_the_importing_package():
     assert (5, "rlhfkit.eval.rm_eval") in imports_of(source, ["rlhfkit", "eval"])  # a late import counts too
 
 
+def test_a_cycle_closed_by_a_function_level_import_is_found():
+    planted = {"p": "", "p.a": "from .b import x\n", "p.b": "def f():\n    from .c import y\n", "p.c": "from . import a\n",
+               "p.d": ""}
+    assert cycles(import_graph(planted, {"p"})) == [["p.a", "p.b", "p.c"]]
+    assert cycles(import_graph(planted | {"p.c": "from . import d\n"}, {"p"})) == []
+
+
+def test_no_import_cycle_among_package_files():
+    found = cycles(package_graph())
+    assert not found, "import cycles (function-level imports included):\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+@pytest.mark.parametrize("layer", sorted(GROUND))
+def test_the_ground_imports_nothing_of_rlhfkit_but_what_it_names(layer):
+    crossings = [f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}"
+                 for path in files_under(layer) for line, module in file_imports(path)
+                 if within(module, "rlhfkit") and not any(within(module, allowed) for allowed in GROUND[layer])]
+    assert not crossings, "\n".join(crossings)
+
+
 @pytest.mark.parametrize("layer", sorted(FORBIDDEN))
 def test_no_upward_imports(layer):
     crossings = [f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}"
                  for path in files_under(layer) for line, module in file_imports(path)
                  if any(within(module, package) for package in FORBIDDEN[layer])]
     assert not crossings, "\n".join(crossings)
+
+
+def test_only_the_entry_points_import_the_stage_registry():
+    importers = sorted(f"{path.relative_to(PACKAGE.parent)}:{line}" for path in PACKAGE.rglob("*.py")
+                       if path.relative_to(PACKAGE).as_posix() not in ENTRY_POINTS
+                       for line, module in file_imports(path) if within(module, "rlhfkit.stages"))
+    assert not importers, importers
+
+
+def below_the_stage_layer(path: Path) -> bool:
+    relative = path.relative_to(PACKAGE).as_posix()
+    return not any(relative == part or relative.startswith(part + "/") for part in STAGE_LAYER)
+
+
+def test_nothing_below_the_stage_layer_receives_a_stage_config():
+    """Below the stages a function gets a typed section (LoraOptions, ShardingOptions, ...), never `cfg`."""
+    takers = [f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name}"
+              for path in PACKAGE.rglob("*.py") if below_the_stage_layer(path)
+              for node in ast.walk(ast.parse(path.read_text()))
+              if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+              and any(arg.arg == "cfg" for arg in node.args.args + node.args.kwonlyargs)]
+    assert not takers, "\n".join(takers)
 
 
 def test_no_package_file_over_500_lines():

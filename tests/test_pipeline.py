@@ -7,7 +7,7 @@ import pytest
 from rlhfkit.cli import main as cli_main
 from rlhfkit.errors import ConfigError
 from rlhfkit.pipeline import check_order
-from rlhfkit.stages import resolve
+from rlhfkit.stages import pipeline_commands, resolve
 from rlhfkit.tracking import read_metrics
 
 from .helpers import cli_args, first_lines, stage_args
@@ -108,7 +108,7 @@ def test_paper_and_seed002_pipeline_presets_wire_each_stage_to_its_table(tmp_pat
         cfg = resolve("pipeline", f"paper-pythia-{size}", None, {"output_dir": str(tmp_path / size)})
         root = tmp_path / size
         assert cfg.stages == ["sft", "rm", "dpo", "ppo", "eval"] and cfg.judge == "openai:gpt-3.5-turbo-0125"
-        sft, rm, dpo, ppo = (stage_config(s, cfg, root) for s in ("sft", "rm", "dpo", "ppo"))
+        sft, rm, dpo, ppo = (stage_config(s, cfg, root, pipeline_commands()) for s in ("sft", "rm", "dpo", "ppo"))
         assert sft.model == f"EleutherAI/pythia-{size}-deduped"
         assert (sft.learning_rate, sft.total_batch_size, sft.lr_scheduler) == (3e-6, 128, "cosine")  # Table 3
         assert (rm.learning_rate, rm.total_batch_size, rm.model) == (3e-6, 64, str(root / "sft" / "model"))  # Table 4
@@ -116,28 +116,28 @@ def test_paper_and_seed002_pipeline_presets_wire_each_stage_to_its_table(tmp_pat
         assert (ppo.learning_rate, ppo.total_batch_size, ppo.kl_coef, ppo.temperature, ppo.lam, ppo.vf_coef, ppo.total_episodes) == (
             3e-6, 512, 0.05, 0.7, 0.95, 0.1, 1_000_000)  # Table 7
         assert ppo.reward_model == str(root / "rm" / "model") and rm.sft_data == ppo.data  # Details 15, 21
-        prompts = held_out_prompts(cfg, root)
+        prompts = held_out_prompts(cfg, root, pipeline_commands())
         assert (prompts["hf_split"], prompts["split"], prompts["max_new_tokens"]) == ("validation", "all", 53)  # Figure 1
     cfg = resolve("pipeline", "seed002-gpt2-hh", None, {"output_dir": str(tmp_path / "hh")})
-    rm, ppo, grpo = (stage_config(s, cfg, tmp_path / "hh") for s in ("rm", "ppo", "grpo"))
+    rm, ppo, grpo = (stage_config(s, cfg, tmp_path / "hh", pipeline_commands()) for s in ("rm", "ppo", "grpo"))
     assert cfg.task == "hh" and "sft" not in cfg.stages and rm.model == ppo.model == "openai-community/gpt2"
     assert (rm.learning_rate, rm.total_batch_size, rm.num_epochs, rm.weight_decay, rm.data_format) == (2e-5, 16, 3, 0.01, "hh")
     assert (ppo.kl_coef, ppo.entropy_coef, ppo.vf_coef, ppo.prompt_format) == (0.1, 0.01, 0.5, "hh")
     assert (grpo.samples_per_prompt, grpo.kl_placement) == (4, "loss")
-    options = eval_options(cfg, tmp_path / "hh", samples=[])
+    options = eval_options(cfg, tmp_path / "hh", [], pipeline_commands())
     assert options["template"] == "builtin:hh-helpfulness" and options["reference_model"] == "openai-community/gpt2"
     assert options["models"][0] == "base=openai-community/gpt2" and options["reward_model"] == str(tmp_path / "hh" / "rm" / "model")
 
 
 def test_stages_must_come_after_what_they_read():
-    check_order(["sft", "rm", "ppo", "dpo", "eval"])
-    check_order(["rm", "dpo", "ppo", "eval"], "hh")
+    check_order(["sft", "rm", "ppo", "dpo", "eval"], pipeline_commands().reads)
+    check_order(["rm", "dpo", "ppo", "eval"], pipeline_commands().reads, "hh")
     with pytest.raises(ConfigError, match="hh task has no SFT data"):
-        check_order(["sft", "rm"], "hh")
+        check_order(["sft", "rm"], pipeline_commands().reads, "hh")
     with pytest.raises(ConfigError, match="ppo reads the output of rm"):
-        check_order(["sft", "ppo", "rm"])
+        check_order(["sft", "ppo", "rm"], pipeline_commands().reads)
     with pytest.raises(ConfigError, match="twice"):
-        check_order(["sft", "sft"])
+        check_order(["sft", "sft"], pipeline_commands().reads)
 
 
 def test_stage_options_merge_into_the_preset_and_reject_non_mappings():

@@ -13,7 +13,7 @@ import yaml
 from rlhfkit import cli, pipeline
 from rlhfkit.config import preset_names
 from rlhfkit.errors import ConfigError
-from rlhfkit.stages import STAGES, multi_process_names, resolve
+from rlhfkit.stages import STAGES, multi_process_names, pipeline_commands, resolve, run_resolved
 
 CONFIGURED = [stage for stage in STAGES.values() if stage.config is not None]
 
@@ -74,7 +74,7 @@ def test_pipeline_runs_each_stage_through_the_registry(monkeypatch, tmp_path):
     calls = fake_runner(monkeypatch, "sft")
     (tmp_path / "sft").mkdir()  # the run folder a real stage makes
     cfg = resolve("pipeline", None, None, {"stages": "sft", "output_dir": str(tmp_path), "model": "m", "sft_data": "posts.jsonl"})
-    assert pipeline.run(cfg) == 0
+    assert run_resolved("pipeline", cfg) == 0
     assert [(c.model, c.data, c.output_dir) for c in calls] == [("m", ["posts.jsonl"], str(tmp_path / "sft"))]
     assert (tmp_path / "sft" / pipeline.DONE).is_file()
 
@@ -82,4 +82,38 @@ def test_pipeline_runs_each_stage_through_the_registry(monkeypatch, tmp_path):
 def test_pipeline_stops_on_a_stage_that_fails(monkeypatch):
     fake_runner(monkeypatch, "rm", code=3)
     with pytest.raises(ConfigError, match="rm stopped with exit code 3"):
-        pipeline.call("rm", resolve("rm", None, None, {}))
+        pipeline.call(pipeline_commands(), "rm", resolve("rm", None, None, {}))
+
+
+TRAINING_STAGES = [stage for stage in STAGES.values() if stage.shardings]
+
+
+@pytest.mark.parametrize("sharding", ["fsdp2", "zero2", "zero3"])
+@pytest.mark.parametrize("stage", TRAINING_STAGES, ids=lambda s: s.name)
+def test_a_stage_and_its_memory_plan_accept_or_refuse_a_sharding_alike(stage, sharding, monkeypatch):
+    """The command and `rlhfkit plan stage=...` go through the one check of the registry's declaration."""
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as under --num-processes 2
+    outcomes = []
+    for name, overrides in ((stage.name, {"sharding": sharding}), ("plan", {"stage": stage.name, "sharding": sharding})):
+        try:
+            resolve(name, None, None, overrides)
+            outcomes.append("accepted")
+        except ConfigError as e:
+            outcomes.append(str(e))
+    assert outcomes[0] == outcomes[1]
+    assert (outcomes[0] == "accepted") == (sharding in stage.shardings), outcomes[0]
+
+
+def test_plan_refuses_a_stage_that_trains_nothing_naming_those_that_do():
+    with pytest.raises(ConfigError, match=r"stage=generate: choose one of sft, rm, dpo, ppo, grpo, rloo, reinforce"):
+        resolve("plan", None, None, {"stage": "generate"})
+
+
+def test_every_stage_the_pipeline_runs_has_its_options_field_and_unknown_ones_are_refused():
+    commands = pipeline_commands()
+    defaults = resolve("pipeline", None, None, {})
+    for stage in (*commands.policy_stages, *{s for reads in commands.reads.values() for s in reads}):
+        assert isinstance(defaults.options_of(stage), dict), stage
+        resolve("pipeline", None, None, {"stages": stage})
+    with pytest.raises(ConfigError, match=r"stages: generate is not a pipeline stage; choose from sft, rm, dpo, ppo, grpo, rloo, reinforce, eval"):
+        resolve("pipeline", None, None, {"stages": "sft,generate"})

@@ -184,8 +184,9 @@ class PlanConfig:
     A batch or length option left at 0 takes the stage's own default."""
 
     model: str = opt("smollm2-135m", "model: embedded name, folder with config.json, a config.json file, or hub id (shipped "
-                     "configs need no network: Llama-3.2-1B, Pythia 1B/2.8B/6.9B deduped, SmolLM2-135M)")
-    stage: Literal["sft", "rm", "dpo", "ppo", "grpo", "rloo", "reinforce"] = opt("ppo", "the stage whose peak memory is estimated")
+                     "configs need no network: Llama-3.2-1B, pythia-1b-deduped, pythia-2.8b-deduped, "
+                     "pythia-6.9b-deduped, SmolLM2-135M, or their hub ids)")
+    stage: str = opt("ppo", "the stage whose peak memory is estimated: any stage that trains (sft, rm, dpo, ppo, grpo, rloo, reinforce)")
     reward_model: str = opt("", "on-policy: architecture of the reward and value models, given as `model` is (empty: the policy's)")
     micro_batch_size: int = opt(0, "rows (rm, dpo: pairs) per forward/backward pass (0: the stage's default)")
     forward_batch_size: int = opt(0, "dpo, on-policy: rows (dpo: pairs) per no-grad forward pass (0: the stage's default)")
