@@ -10,7 +10,7 @@ from rlhfkit.pipeline import check_order
 from rlhfkit.stages import pipeline_commands, resolve
 from rlhfkit.tracking import read_metrics
 
-from .helpers import cli_args, first_lines, stage_args
+from .helpers import TINY, cli_args, first_lines, stage_args
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +56,19 @@ def test_pipeline_runs_every_stage_then_skips_finished_ones_and_resumes_an_inter
     assert cli_main(["pipeline", "--preset", "quickstart", *args]) == 0
     assert (out / "ppo" / "metrics.jsonl").read_text() == before  # nothing retrained: the last checkpoint was the end
     assert "resume:" in (out / "ppo" / "config.yaml").read_text()
+
+
+
+def test_pipeline_runs_reinforce_on_the_reward_model_it_trained(small_inputs, tmp_path):
+    out = tmp_path / "pipe"
+    tiny = {k: v for k, v in TINY["pipeline"]["ppo"].items() if k != "save_every"} | {"eval_samples": 0}
+    options = stage_args("pipeline", small_inputs, out, stages="sft,rm,reinforce", judge="",
+                         reinforce={"preset": "tldr-reinforce-pp"} | tiny)
+    assert cli_main(["pipeline", "--preset", "quickstart", *cli_args(options)]) == 0
+    config = (out / "reinforce" / "config.yaml").read_text()
+    assert f"model: {out / 'sft' / 'model'}" in config and f"reward_model: {out / 'rm' / 'model'}" in config
+    assert (out / "reinforce" / "model" / "model.safetensors").is_file()
+    assert list(json.loads((out / "pipeline.json").read_text())) == ["sft", "rm", "reinforce"]
 
 
 def assert_caveats_follow_the_numbers(out):
