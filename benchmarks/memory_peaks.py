@@ -131,7 +131,7 @@ def scalar_model(folder: Path):
 
 
 def supervised_steps(model, loss_fn, batches, bf16: bool) -> None:
-    """Two optimizer steps of two micro-batches each, as trainers/engine.run_step makes them."""
+    """Two optimizer steps of two micro-batches each, as trainers/supervised.run_step makes them."""
     import torch
 
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, eps=1e-5)

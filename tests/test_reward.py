@@ -149,7 +149,7 @@ def test_detail13_reward_logits_dump_covers_every_response_token_and_marks_eos(r
 
 
 def test_seed_governs_the_reward_head_initialisation(tmp_path):
-    from rlhfkit.trainers.engine import start_run
+    from rlhfkit.trainers.run import start_run
 
     heads = []
     for i, seed in enumerate((1, 1, 2)):

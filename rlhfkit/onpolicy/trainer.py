@@ -38,8 +38,8 @@ from ..preemption import Interrupted, resume_command
 from ..reward_models import load_reward_model
 from ..sharding import SavedState, ShardedOptimizerState, ShardedRun, shard_on_policy, splits_models
 from ..tracking import append_jsonl, drop_rows_after, write_jsonl
-from ..trainers.engine import accelerator_for, autocast_precision, start_run
 from ..trainers.loop import Show, run_loop
+from ..trainers.run import accelerator_for, autocast_precision, start_run
 from .algorithms import Algorithm, algorithm_of
 from .collect import PromptStream, collect, prompts_per_update
 from .evaluation import (

@@ -37,7 +37,7 @@ from ..models import ScalarModel
 from ..policy_losses import POLICY_LOSSES, ClipRange, aggregate, loss_units
 from ..scoring import scores_at_eos
 from ..sharding import fsdp_modules, full_number
-from ..trainers.engine import build_optimizer, check_finite
+from ..trainers.run import build_optimizer, check_finite
 from .algorithms import ValueOptions, algorithm_of
 from .rewarding import PromptTexts, RewardSources
 from .rollout import RolloutBatch, process_share

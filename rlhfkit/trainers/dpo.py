@@ -42,15 +42,8 @@ from ..reward_models import ImplicitRewardModel
 from ..scoring import collate_pairs
 from ..sharding import splits_models
 from ..tracking import read_metrics, write_jsonl
-from .engine import (
-    Stage,
-    autocast_precision,
-    batch_indices,
-    is_main_process,
-    plan_schedule,
-    start_run,
-    train,
-)
+from .run import autocast_precision, is_main_process, start_run
+from .supervised import SupervisedStage, batch_indices, plan_schedule, train
 
 REFERENCE_CACHE = "reference_logps.pt"
 LOSS_NAMES = {"dpo": "DPO", "ipo": "IPO", "cdpo": "cDPO", "simpo": "SimPO"}
@@ -87,7 +80,8 @@ def collate_dpo(examples: list[DPOExample], pad_id: int) -> dict[str, torch.Tens
     if examples[0].ref_chosen is None:
         return batch
     if any(math.isnan(e.ref_chosen) for e in examples):
-        raise RuntimeError("a batched pair has no reference log-probability: visited_indices and the engine's order disagree")
+        raise RuntimeError("a batched pair has no reference log-probability: visited_indices and the "
+                           "supervised trainer's order disagree")
     batch["ref_chosen"] = torch.tensor([e.ref_chosen for e in examples], dtype=torch.float32)
     batch["ref_rejected"] = torch.tensor([e.ref_rejected for e in examples], dtype=torch.float32)
     return batch
@@ -102,8 +96,8 @@ def pair_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tup
 def preference_metrics(out: PreferenceLoss, objective: PreferenceObjective, prefix: str,
                        reduce: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
     """The reward model's metrics (same names, so the RM and DPO curves share plots) over the implicit
-    rewards, reduced over pairs (the engine averages sums itself), and, where there is a reference,
-    log pi - log pi_ref summed over the chosen response: the sequence KL estimate on the data."""
+    rewards, reduced over pairs (`supervised.run_step` averages sums itself), and, where there is a
+    reference, log pi - log pi_ref summed over the chosen response: the sequence KL estimate on the data."""
     margin = out.chosen_rewards - out.rejected_rewards
     metrics = {f"{prefix}/accuracy": reduce((margin > 0).float()), f"{prefix}/chosen_reward": reduce(out.chosen_rewards),
                f"{prefix}/rejected_reward": reduce(out.rejected_rewards), f"{prefix}/margin": reduce(margin)}
@@ -275,7 +269,7 @@ def run(cfg: DPOConfig) -> int:
             return {}
         return validation_metrics(held_out_loss(current, eval_examples, pad_id, cfg, objective), objective)
 
-    stage = Stage("dpo", policy.to(device), tokenizer, train_examples, lambda b: collate_dpo(b, pad_id), make_dpo_loss(objective), evaluate,
+    stage = SupervisedStage("dpo", policy.to(device), tokenizer, train_examples, lambda b: collate_dpo(b, pad_id), make_dpo_loss(objective), evaluate,
                   length=lambda example: example.width())
     # its log-probabilities are cached: off the device while the sharded policy trains
     if reference is not None and splits_models(cfg, processes):

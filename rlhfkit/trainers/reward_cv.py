@@ -32,9 +32,9 @@ from ..data.split import prompt_folds
 from ..eval import rm_metrics, rm_report
 from ..eval.report import Table
 from ..models import ScalarModel
-from .engine import Stage, train
+from .supervised import SupervisedStage, train
 
-StageFactory = Callable[[ScalarModel, list[int]], Stage]  # (fresh model, indices of its training pairs) -> Stage
+StageFactory = Callable[[ScalarModel, list[int]], SupervisedStage]  # (fresh model, indices of its training pairs) -> Stage
 PairScorer = Callable[[ScalarModel, list[PairExample], str], tuple[np.ndarray, np.ndarray]]  # (model, pairs, bar) -> (chosen, rejected)
 
 

@@ -29,7 +29,8 @@ from ..generation import SamplingParams, generate_texts, target_logprobs
 from ..models import load_policy
 from ..plots import metric_series, plot_curves
 from ..tracking import read_jsonl, read_metrics, write_jsonl
-from .engine import Stage, is_main_process, start_run, train
+from .run import is_main_process, start_run
+from .supervised import SupervisedStage, train
 
 
 def collate_sft(examples: list[SFTExample], pad_id: int, loss_on_query: bool) -> dict[str, torch.Tensor]:
@@ -145,7 +146,7 @@ def run(cfg: SFTConfig) -> int:
             return {}
         return {"val/loss": validation_loss(current, eval_examples, tokenizer.pad_token_id, cfg.loss_on_query, cfg.micro_batch_size)}
 
-    stage = Stage(
+    stage = SupervisedStage(
         "sft",
         model,
         tokenizer,
