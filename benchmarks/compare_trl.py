@@ -448,7 +448,8 @@ def our_stage(args: argparse.Namespace, trainer: str, cfg, run_dir: Path):
     from rlhfkit.checkpoint import seed_everything
     from rlhfkit.data.examples import PairExample, SFTExample
     from rlhfkit.data.formats import QueryTokens
-    from rlhfkit.models import ScalarModel, load_policy
+    from rlhfkit.models import load_policy
+    from rlhfkit.reward_models import ScalarModel
     from rlhfkit.trainers.supervised import SupervisedStage
 
     seed_everything(cfg.seed)  # as start_run does before any model is built (the reward head's init)

@@ -124,7 +124,8 @@ def scalar_model(folder: Path):
     import torch
     from transformers import AutoConfig, AutoModel
 
-    from rlhfkit.models import ScalarModel, disable_dropout
+    from rlhfkit.models import disable_dropout
+    from rlhfkit.reward_models import ScalarModel
 
     config = AutoConfig.from_pretrained(folder)
     return ScalarModel(disable_dropout(AutoModel.from_config(config, dtype=torch.float32)), "eos-linear", config.vocab_size - 2)

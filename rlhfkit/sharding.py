@@ -35,9 +35,11 @@ from typing import Any
 import torch
 
 from .config_checks import launched_processes
+from .devices import is_deepspeed_engine
 from .errors import ConfigError
-from .models import ScalarModel, decoder_layers
+from .models import decoder_layers
 from .onpolicy.algorithms import ALGORITHMS
+from .reward_models import ScalarModel
 
 SHARDED = ("fsdp2", "zero2", "zero3")
 ZERO_STAGES = {"zero2": 2, "zero3": 3}
@@ -122,10 +124,6 @@ def use_deepspeed_on_cpu(accelerator, plugin, precision: str) -> None:
     plugin.select(_from_accelerator_state=True)
     accelerator.state.deepspeed_plugins = plugin
     accelerator.state.distributed_type = DistributedType.DEEPSPEED
-
-
-def is_deepspeed_engine(model: Any) -> bool:
-    return type(model).__name__ == "DeepSpeedEngine"
 
 
 def backward(accelerator, model: Any, loss: torch.Tensor, last: bool) -> None:

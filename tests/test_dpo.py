@@ -15,9 +15,9 @@ from rlhfkit.data.examples import prepare_pairs
 from rlhfkit.data.split import split_comparisons
 from rlhfkit.errors import ConfigError
 from rlhfkit.eval.rm_eval import evaluate_reward_model, load_pair_scorer
-from rlhfkit.models import DPO_RECORD, load_policy
+from rlhfkit.models import load_policy
 from rlhfkit.preference_ops import PreferenceObjective
-from rlhfkit.reward_models import ImplicitRewardModel, recorded_objective
+from rlhfkit.reward_models import DPO_RECORD, ImplicitRewardModel, recorded_objective
 from rlhfkit.scoring import collate_pairs
 from rlhfkit.trainers import dpo
 

@@ -11,8 +11,7 @@ from rlhfkit.config import resolve
 from rlhfkit.data.collate import pad
 from rlhfkit.data.formats import encode_completion, encode_query
 from rlhfkit.eval import rm_eval
-from rlhfkit.models import ScalarModel, linear_head
-from rlhfkit.reward_models import load_reward_model
+from rlhfkit.reward_models import ScalarModel, linear_head, load_reward_model
 from rlhfkit.trainers import reward
 
 from .helpers import cli_args, first_lines, stage_args

@@ -25,9 +25,9 @@ from ..data.examples import PairExample, prepare_pairs, query_limits
 from ..data.formats import encode_completion, encode_query
 from ..data.split import filter_comparisons, split_by_prompt
 from ..data.tldr import Comparison
-from ..models import DPO_RECORD, SCALAR_CONFIG, ScalarModel
+from ..models import SCALAR_CONFIG
 from ..reward_features import FeatureCache
-from ..reward_models import load_implicit_reward_model, load_reward_model
+from ..reward_models import DPO_RECORD, ScalarModel, load_implicit_reward_model, load_reward_model
 from ..scoring import collate_scored, response_lengths, score_pair_heads, score_texts
 from ..tracking import read_metrics
 from . import rm_metrics, rm_report

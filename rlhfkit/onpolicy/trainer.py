@@ -28,14 +28,10 @@ from ..config_checks import check_update_split
 from ..config_onpolicy import OnPolicyConfig
 from ..data.examples import SFTExample
 from ..errors import ModelError
-from ..models import (
-    ScalarModel,
-    check_model_source,
-    enable_activation_checkpointing,
-)
+from ..models import check_model_source, enable_activation_checkpointing
 from ..ops import adaptive_kl_coef
 from ..preemption import Interrupted, resume_command
-from ..reward_models import load_reward_model
+from ..reward_models import ScalarModel, load_reward_model
 from ..sharding import SavedState, ShardedOptimizerState, ShardedRun, shard_on_policy, splits_models
 from ..tracking import append_jsonl, drop_rows_after, write_jsonl
 from ..trainers.loop import Show, run_loop

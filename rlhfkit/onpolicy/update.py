@@ -33,8 +33,8 @@ from ..config_onpolicy import GRPOConfig, OnPolicyConfig, PPOConfig, ReinforceCo
 from ..devices import autocast, model_device
 from ..distributed import ONE_PROCESS
 from ..generation import response_logprobs
-from ..models import ScalarModel
 from ..policy_losses import POLICY_LOSSES, ClipRange, aggregate, loss_units
+from ..reward_models import ScalarModel
 from ..scoring import scores_at_eos
 from ..sharding import fsdp_modules, full_number
 from ..trainers.run import build_optimizer, check_finite

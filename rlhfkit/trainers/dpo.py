@@ -34,11 +34,10 @@ from ..eval import rm_metrics, rm_report
 from ..eval.report import Table
 from ..eval.rm_eval import builtin_probes_for, evaluate_reward_model, write_rm_report
 from ..generation import SamplingParams, generate_texts, sequence_logprobs
-from ..models import DPO_RECORD
 from ..plots import plot_training_curves
 from ..preemption import restart_command, resume_command, stopping_at_once
 from ..preference_ops import PreferenceLoss, PreferenceObjective, preference_loss
-from ..reward_models import ImplicitRewardModel
+from ..reward_models import DPO_RECORD, ImplicitRewardModel
 from ..scoring import collate_pairs
 from ..sharding import splits_models
 from ..tracking import read_metrics, write_jsonl

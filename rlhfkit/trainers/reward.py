@@ -31,10 +31,10 @@ from ..data.examples import (
 from ..data.split import split_comparisons
 from ..eval import rm_metrics, rm_report
 from ..eval.rm_eval import builtin_probes_for, evaluate_reward_model, write_rm_report
-from ..models import ScalarModel, freeze_below_top_layers, load_policy
+from ..models import load_policy
 from ..plots import plot_training_curves
 from ..reward_features import FeatureCache, collate_features
-from ..reward_models import load_reward_model
+from ..reward_models import ScalarModel, freeze_below_top_layers, load_reward_model
 from ..scoring import collate_packed_pairs, pair_scores, score_pairs, score_texts
 from ..tracking import read_metrics
 from .reward_cv import cross_validate, cross_validation_tables

@@ -31,7 +31,7 @@ from ..data.examples import PairExample, length_balanced_indices, response_lengt
 from ..data.split import prompt_folds
 from ..eval import rm_metrics, rm_report
 from ..eval.report import Table
-from ..models import ScalarModel
+from ..reward_models import ScalarModel
 from .supervised import SupervisedStage, train
 
 StageFactory = Callable[[ScalarModel, list[int]], SupervisedStage]  # (fresh model, indices of its training pairs) -> Stage

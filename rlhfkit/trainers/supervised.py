@@ -30,6 +30,7 @@ from ..checkpoint import (
 )
 from ..config import TrainConfig
 from ..config_checks import check_batch_split
+from ..devices import is_deepspeed_engine
 from ..errors import ConfigError
 from ..models import enable_activation_checkpointing
 from ..preemption import resume_command
@@ -40,7 +41,6 @@ from ..sharding import (
     ZeroRun,
     backward,
     clipped_grad_norm,
-    is_deepspeed_engine,
 )
 from .loop import run_loop
 from .run import accelerator_for, build_optimizer, check_finite
