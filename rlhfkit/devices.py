@@ -8,6 +8,11 @@ from typing import Any
 import torch
 
 
+def default_device() -> torch.device:
+    """The device a model runs on outside a launched training run: the GPU when there is one, else the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def autocast(device: torch.device, precision: str):
     """bf16 autocast on `device` when `precision` is "bf16" (Detail 8), a no-op otherwise."""
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=precision == "bf16")

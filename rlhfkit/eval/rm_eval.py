@@ -25,6 +25,7 @@ from ..data.examples import PairExample, prepare_pairs, query_limits
 from ..data.formats import encode_completion, encode_query
 from ..data.split import filter_comparisons, split_by_prompt
 from ..data.tldr import Comparison
+from ..devices import default_device
 from ..models import SCALAR_CONFIG
 from ..reward_features import FeatureCache
 from ..reward_models import DPO_RECORD, ScalarModel, load_implicit_reward_model, load_reward_model
@@ -152,8 +153,7 @@ def run_eval(cfg: RMEvalConfig) -> int:
     if not cfg.model or not cfg.data:
         raise ConfigError("rm-eval needs model=<reward model or DPO policy folder> and data=<comparisons>")
     model, tokenizer = load_pair_scorer(cfg)
-    if torch.cuda.is_available():
-        model = model.cuda()
+    model = model.to(default_device())
     loaded = load_pairs(cfg.data_format, cfg.data, cfg.hf_split, field_names(cfg))
     records, log = usable(loaded, cfg.data, "pairs", f"data_format={cfg.data_format}")
     records = filter_comparisons(records, cfg.splits, cfg.batches)

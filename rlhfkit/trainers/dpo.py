@@ -29,7 +29,7 @@ from ..adapters import frozen_reference, save_final_model, trained_policy
 from ..config import DPOConfig
 from ..data.examples import PairExample, prepare_pairs, prepare_training_pairs, query_limits
 from ..data.split import split_comparisons
-from ..devices import autocast, evaluation_mode, model_device
+from ..devices import autocast, default_device, evaluation_mode, model_device
 from ..eval import rm_metrics, rm_report
 from ..eval.report import Table
 from ..eval.rm_eval import builtin_probes_for, evaluate_reward_model, write_rm_report
@@ -247,7 +247,7 @@ def run(cfg: DPOConfig) -> int:
     train_records, val_records, notes = split_comparisons(cfg)
     reference_name = cfg.reference_model or cfg.model
     objective = preference_objective(cfg)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = default_device()
     policy, tokenizer = trained_policy(cfg, checkpoint)
     reference = frozen_policy(cfg, policy, reference_name, device) if objective.uses_reference else None
     train_pairs, train_note = prepare_training_pairs(cfg, tokenizer, train_records)
