@@ -467,10 +467,11 @@ def our_stage(args: argparse.Namespace, trainer: str, cfg, run_dir: Path):
     pairs = [PairExample(None, q, c, r) for q, c, r in zip(encoded, chosen, rejected, strict=True)]
     if trainer == "rm":
         from rlhfkit.scoring import collate_packed_pairs
-        from rlhfkit.trainers.reward import pairwise_loss_fn
+        from rlhfkit.trainers.reward import make_pair_loss
 
         model = ScalarModel.from_policy(policy)
-        return SupervisedStage("rm", model, tokenizer, pairs, lambda b: collate_packed_pairs(b, pad), pairwise_loss_fn), []
+        return SupervisedStage("rm", model, tokenizer, pairs, lambda b: collate_packed_pairs(b, pad),
+                               make_pair_loss()), []
     from rlhfkit.trainers.dpo import REFERENCE_CACHE, collate_dpo, make_dpo_loss, visited_with_reference
 
     reference = load_policy(cfg.model)[0].eval().requires_grad_(False)

@@ -158,13 +158,13 @@ def sft_steps(folder: Path, opts: dict, rng) -> None:
 
 def rm_steps(folder: Path, opts: dict, rng) -> None:
     from rlhfkit.data.collate import pack_pairs
-    from rlhfkit.trainers.reward import pairwise_loss_fn
+    from rlhfkit.trainers.reward import make_pair_loss
 
     model = scalar_model(folder).train()
     vocab, micro, q, r = model.config.vocab_size, opts["micro_batch_size"], opts["max_query_length"], opts["max_response_length"]
     batches = [pack_pairs(rows_of(rng, micro, q, vocab), rows_of(rng, micro, r, vocab), rows_of(rng, micro, r, vocab, short=5), vocab - 2)
                for _ in range(2)]
-    supervised_steps(model, pairwise_loss_fn, batches, opts["mixed_precision"] == "bf16")
+    supervised_steps(model, make_pair_loss(), batches, opts["mixed_precision"] == "bf16")
 
 
 def dpo_steps(folder: Path, opts: dict, rng) -> None:

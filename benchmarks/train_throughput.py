@@ -42,9 +42,9 @@ def build(stage: str, model_name: str):
 
         return policy, tokenizer, make_dpo_loss(0.05)
     from rlhfkit.reward_models import ScalarModel
-    from rlhfkit.trainers.reward import pairwise_loss_fn
+    from rlhfkit.trainers.reward import make_pair_loss
 
-    return ScalarModel.from_policy(policy), tokenizer, pairwise_loss_fn
+    return ScalarModel.from_policy(policy), tokenizer, make_pair_loss()
 
 
 def random_batch(stage: str, tokenizer, batch: int, seq: int, device) -> dict[str, torch.Tensor]:

@@ -76,7 +76,7 @@ class FixedRewards(torch.nn.Module):
 def test_pairwise_loss_and_accuracy_against_hand_values():
     model = FixedRewards([2.0, -1.0, 0.5], [0.0, 1.0, 0.5])
     batch = {"input_ids": torch.zeros(3, 1), "attention_mask": torch.ones(3, 1)}
-    loss, extras = reward.pairwise_loss_fn(model, batch)
+    loss, extras = reward.make_pair_loss()(model, batch)
     expected = sum(math.log(1 + math.exp(-m)) for m in (2.0, -2.0, 0.0))
     assert loss.item() == pytest.approx(expected, rel=1e-6)
     assert extras["train/accuracy"].item() == 1.0  # only the first pair; a tie is not correct

@@ -83,9 +83,6 @@ def make_pair_loss(length_weight: float = 1.0, orthogonality_weight: float = 1.0
     return pair_loss_fn
 
 
-pairwise_loss_fn = make_pair_loss()
-
-
 @torch.no_grad()
 def normalize_to_references(model: ScalarModel, tokenizer, sft_data: list[str], cfg: RMConfig) -> dict[str, float]:
     """Detail 15: shift the head bias so the SFT reference summaries (any SFT data format) average a reward of 0."""
