@@ -268,8 +268,8 @@ def run(cfg: DPOConfig) -> int:
             return {}
         return validation_metrics(held_out_loss(current, eval_examples, pad_id, cfg, objective), objective)
 
-    stage = SupervisedStage("dpo", policy.to(device), tokenizer, train_examples, lambda b: collate_dpo(b, pad_id), make_dpo_loss(objective), evaluate,
-                  length=lambda example: example.width())
+    stage = SupervisedStage("dpo", policy.to(device), tokenizer, train_examples, lambda b: collate_dpo(b, pad_id),
+                            make_dpo_loss(objective), evaluate, length=lambda example: example.width())
     # its log-probabilities are cached: off the device while the sharded policy trains
     if reference is not None and splits_models(cfg, processes):
         reference.to("cpu")

@@ -163,7 +163,8 @@ def run(cfg: RMConfig) -> int:
         picked = [items[i] for i in indices]
         if features is not None:
             return SupervisedStage("rm", current, tokenizer, picked, collate_features, loss, validate)
-        return SupervisedStage("rm", current, tokenizer, picked, lambda b: collate_packed_pairs(b, pad_id), loss, validate, length=lambda e: e.packed_width())
+        return SupervisedStage("rm", current, tokenizer, picked, lambda b: collate_packed_pairs(b, pad_id), loss,
+                               validate, length=lambda e: e.packed_width())
 
     if cfg.cross_validation_folds and not checkpoint:  # a checkpoint means the final model's training had begun: CV was done
         cross_validate(cfg, model, make_stage, score, all_train_examples, run_dir)

@@ -34,7 +34,8 @@ from ..eval.report import Table
 from ..reward_models import ScalarModel
 from .supervised import SupervisedStage, train
 
-StageFactory = Callable[[ScalarModel, list[int]], SupervisedStage]  # (fresh model, indices of its training pairs) -> Stage
+# (fresh model, indices of its training pairs) -> the stage that trains it
+StageFactory = Callable[[ScalarModel, list[int]], SupervisedStage]
 PairScorer = Callable[[ScalarModel, list[PairExample], str], tuple[np.ndarray, np.ndarray]]  # (model, pairs, bar) -> (chosen, rejected)
 
 
