@@ -254,7 +254,8 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
 
 
 def decoder_layers(backbone: torch.nn.Module) -> tuple[str, torch.nn.ModuleList]:
-    """(attribute name, blocks) of a backbone's transformer blocks: the ModuleList with one entry per layer."""
+    """(attribute name, blocks) of a backbone's transformer blocks: the ModuleList with one entry per
+    layer."""
     count = backbone.config.num_hidden_layers
     for name, child in backbone.named_children():
         if isinstance(child, torch.nn.ModuleList) and len(child) == count:
