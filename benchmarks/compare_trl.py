@@ -14,8 +14,8 @@ parent drops the warm-up steps, takes each run's mean seconds per step, and prin
 repeats, the per-run step times (so the noise is visible), tokens/s, peak RSS and ours/TRL ratios.
 
 What runs on each side
-    ours: the real training loops. SFT, RM and DPO build the trainer's `Stage` (its collate and loss
-    function) and call `engine.train`, which times every step itself (`perf/step_s` in metrics.jsonl:
+    ours: the real training loops. SFT, RM and DPO build the trainer's `SupervisedStage` (its collate and loss
+    function) and call `supervised.train`, which times every step itself (`perf/step_s` in metrics.jsonl:
     collation, forward, backward, clipping, AdamW and schedule). GRPO, RLOO and PPO call
     `rlhfkit.onpolicy.trainer.train_on_policy` on models built by `onpolicy_throughput.build` with the stage's preset;
     a step is one update (`perf/update_total_s`: generation, scoring, K epochs of updates).
@@ -448,8 +448,9 @@ def our_stage(args: argparse.Namespace, trainer: str, cfg, run_dir: Path):
     from rlhfkit.checkpoint import seed_everything
     from rlhfkit.data.examples import PairExample, SFTExample
     from rlhfkit.data.formats import QueryTokens
-    from rlhfkit.models import ScalarModel, load_policy
-    from rlhfkit.trainers.engine import Stage
+    from rlhfkit.models import load_policy
+    from rlhfkit.reward_models import ScalarModel
+    from rlhfkit.trainers.supervised import SupervisedStage
 
     seed_everything(cfg.seed)  # as start_run does before any model is built (the reward head's init)
     policy, tokenizer = load_policy(cfg.model)
@@ -460,21 +461,22 @@ def our_stage(args: argparse.Namespace, trainer: str, cfg, run_dir: Path):
         from rlhfkit.trainers.sft import collate_sft, sft_loss
 
         examples = [SFTExample(None, q, r) for q, r in zip(encoded, chosen, strict=True)]
-        return Stage(
+        return SupervisedStage(
             "sft", policy, tokenizer, examples, lambda b: collate_sft(b, pad, cfg.loss_on_query), sft_loss
         ), []
     pairs = [PairExample(None, q, c, r) for q, c, r in zip(encoded, chosen, rejected, strict=True)]
     if trainer == "rm":
         from rlhfkit.scoring import collate_packed_pairs
-        from rlhfkit.trainers.reward import pairwise_loss_fn
+        from rlhfkit.trainers.reward import make_pair_loss
 
         model = ScalarModel.from_policy(policy)
-        return Stage("rm", model, tokenizer, pairs, lambda b: collate_packed_pairs(b, pad), pairwise_loss_fn), []
+        return SupervisedStage("rm", model, tokenizer, pairs, lambda b: collate_packed_pairs(b, pad),
+                               make_pair_loss()), []
     from rlhfkit.trainers.dpo import REFERENCE_CACHE, collate_dpo, make_dpo_loss, visited_with_reference
 
     reference = load_policy(cfg.model)[0].eval().requires_grad_(False)
     examples = visited_with_reference(reference, cfg.model, pairs, pad, cfg, run_dir / REFERENCE_CACHE)
-    return Stage(
+    return SupervisedStage(
         "dpo", policy, tokenizer, examples, lambda b: collate_dpo(b, pad), make_dpo_loss(cfg.beta)
     ), [reference]
 
@@ -485,7 +487,7 @@ def run_ours(args: argparse.Namespace, trainer: str, run_dir: Path) -> dict:
     cfg = our_config(args, trainer, run_dir)
     if trainer in ON_POLICY:
         return run_ours_on_policy(args, trainer, cfg, run_dir)
-    from rlhfkit.trainers.engine import train
+    from rlhfkit.trainers.supervised import train
 
     # the DPO reference stays referenced until training ends, as `rlhfkit dpo` keeps it for its evaluation
     stage, _kept_in_memory = our_stage(args, trainer, cfg, run_dir)

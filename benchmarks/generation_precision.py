@@ -206,7 +206,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from rlhfkit.trainers.engine import native_bf16
+    from rlhfkit.trainers.run import native_bf16
 
     device = best_device()
     machine = {"cpu_model": cpu_model(), "auto_precision": "bf16" if native_bf16() else "no"}

@@ -124,14 +124,15 @@ def scalar_model(folder: Path):
     import torch
     from transformers import AutoConfig, AutoModel
 
-    from rlhfkit.models import ScalarModel, disable_dropout
+    from rlhfkit.models import disable_dropout
+    from rlhfkit.reward_models import ScalarModel
 
     config = AutoConfig.from_pretrained(folder)
     return ScalarModel(disable_dropout(AutoModel.from_config(config, dtype=torch.float32)), "eos-linear", config.vocab_size - 2)
 
 
 def supervised_steps(model, loss_fn, batches, bf16: bool) -> None:
-    """Two optimizer steps of two micro-batches each, as trainers/engine.run_step makes them."""
+    """Two optimizer steps of two micro-batches each, as trainers/supervised.run_step makes them."""
     import torch
 
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, eps=1e-5)
@@ -157,13 +158,13 @@ def sft_steps(folder: Path, opts: dict, rng) -> None:
 
 def rm_steps(folder: Path, opts: dict, rng) -> None:
     from rlhfkit.data.collate import pack_pairs
-    from rlhfkit.trainers.reward import pairwise_loss_fn
+    from rlhfkit.trainers.reward import make_pair_loss
 
     model = scalar_model(folder).train()
     vocab, micro, q, r = model.config.vocab_size, opts["micro_batch_size"], opts["max_query_length"], opts["max_response_length"]
     batches = [pack_pairs(rows_of(rng, micro, q, vocab), rows_of(rng, micro, r, vocab), rows_of(rng, micro, r, vocab, short=5), vocab - 2)
                for _ in range(2)]
-    supervised_steps(model, pairwise_loss_fn, batches, opts["mixed_precision"] == "bf16")
+    supervised_steps(model, make_pair_loss(), batches, opts["mixed_precision"] == "bf16")
 
 
 def dpo_steps(folder: Path, opts: dict, rng) -> None:

@@ -53,8 +53,9 @@ def shape_policy(name: str):
 
 
 def build(model_name: str, device: torch.device, with_value: bool):
-    from rlhfkit.models import ScalarModel, load_policy
+    from rlhfkit.models import load_policy
     from rlhfkit.onpolicy.update import OnPolicyModels
+    from rlhfkit.reward_models import ScalarModel
     from rlhfkit.tiny_models import tiny_policy
 
     def policy():

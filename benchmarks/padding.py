@@ -4,7 +4,7 @@ preset's schedule, as one JSON line per stage. Deterministic: it counts, it does
     python benchmarks/padding.py
     python benchmarks/padding.py --stages sft --limit 64 --total-batch 16 --micro-batch 4   # smoke test
 
-Each optimizer step's examples are the engine's (`batch_indices`: the same seed and permutation as a
+Each optimizer step's examples are the supervised trainer's (`batch_indices`: the same seed and permutation as a
 run); a micro-batch is right-padded to its longest row, so the rows it computes are micro batch x that
 width. Bucketing cuts a step's examples into micro-batches in order of length; the step still sees the
 same examples. SFT rows are query + reference summary (the SFT sample); RM and DPO rows are query +
@@ -41,7 +41,7 @@ def examples_for(stage: str, cfg, tokenizer) -> list:
 
 def epoch_tokens(schedule, seed: int, widths: list[int], rows_per_example: int, bucketed: bool) -> tuple[int, int]:
     """(tokens computed, padding included; tokens of the examples themselves) over one epoch."""
-    from rlhfkit.trainers.engine import batch_indices
+    from rlhfkit.trainers.supervised import batch_indices
 
     computed = real = 0
     for step in range(schedule.steps_per_epoch):
@@ -53,7 +53,7 @@ def epoch_tokens(schedule, seed: int, widths: list[int], rows_per_example: int, 
 
 def count(stage: str, args, tokenizer) -> dict:
     from rlhfkit.stages import resolve
-    from rlhfkit.trainers.engine import plan_schedule
+    from rlhfkit.trainers.supervised import plan_schedule
 
     overrides = {"data": ",".join(str(DATA / s) for s in SOURCES[stage])}
     overrides |= {key: value for key, value in (("total_batch_size", args.total_batch), ("micro_batch_size", args.micro_batch)) if value}

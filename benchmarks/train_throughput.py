@@ -41,10 +41,10 @@ def build(stage: str, model_name: str):
         from rlhfkit.trainers.dpo import make_dpo_loss
 
         return policy, tokenizer, make_dpo_loss(0.05)
-    from rlhfkit.models import ScalarModel
-    from rlhfkit.trainers.reward import pairwise_loss_fn
+    from rlhfkit.reward_models import ScalarModel
+    from rlhfkit.trainers.reward import make_pair_loss
 
-    return ScalarModel.from_policy(policy), tokenizer, pairwise_loss_fn
+    return ScalarModel.from_policy(policy), tokenizer, make_pair_loss()
 
 
 def random_batch(stage: str, tokenizer, batch: int, seq: int, device) -> dict[str, torch.Tensor]:

@@ -23,7 +23,8 @@ from safetensors.torch import load_file
 from .config import LoraOptions, ModelSource
 from .errors import ConfigError, ModelError
 from .faults import continue_run, room_for
-from .models import LENGTH_HEAD, PEFT_WRAPPER, SCALAR_HEAD, ScalarModel, decoder_layers, load_policy
+from .models import decoder_layers, load_policy
+from .reward_models import LENGTH_HEAD, PEFT_WRAPPER, SCALAR_HEAD, ScalarModel
 
 ADAPTER_FOLDER = "adapter"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"

@@ -92,7 +92,7 @@ def graph_obstacle(model: torch.nn.Module, device: torch.device) -> str | None:
     """Why the model's decoding step cannot be captured as a CUDA graph, or None."""
     from torch.distributed.fsdp import FSDPModule
 
-    from .sharding import is_deepspeed_engine
+    from .devices import is_deepspeed_engine
 
     if device.type != "cuda":
         return f"CUDA graphs need a CUDA device; the model is on {device.type}"

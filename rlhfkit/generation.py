@@ -21,6 +21,7 @@ from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
 from . import decoding
 from .data.collate import left_pad_queries
+from .devices import is_deepspeed_engine
 from .ops import (
     chunked_logprobs_entropy,
     filter_logits,
@@ -29,7 +30,6 @@ from .ops import (
     position_ids_from_mask,
     truncate_after_eos,
 )
-from .sharding import is_deepspeed_engine
 
 
 @dataclass

@@ -22,7 +22,7 @@ from .data.collate import pack_pairs
 from .data.examples import PairExample
 from .devices import autocast, evaluation_mode, model_device
 from .errors import ConfigError
-from .models import ScalarModel
+from .reward_models import ScalarModel
 
 
 @dataclass

@@ -23,8 +23,8 @@ from . import ops
 from .data.collate import pack_pairs, right_pad_query_response
 from .data.examples import PairExample, response_length_columns
 from .devices import evaluation_mode, model_device
-from .models import ScalarModel
 from .reward_features import FeatureCache, collate_features
+from .reward_models import ScalarModel
 
 # the fields of a pair batch the model reads; the rest (lengths, loss units) are for the loss
 MODEL_INPUTS = ("input_ids", "attention_mask", "pair_mask", "position_ids", "chosen_mask", "rejected_mask",

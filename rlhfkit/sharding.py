@@ -35,8 +35,10 @@ from typing import Any
 import torch
 
 from .config import ShardingOptions, launched_processes
+from .devices import is_deepspeed_engine
 from .errors import ConfigError
-from .models import ScalarModel, decoder_layers
+from .models import decoder_layers
+from .reward_models import ScalarModel
 
 ZERO_STAGES = {"zero2": 2, "zero3": 3}
 
@@ -89,7 +91,7 @@ def use_fsdp_on_cpu(accelerator, plugin) -> None:
 
 def deepspeed_plugin(options: ShardingOptions):
     """ZeRO stage 2 or 3 at this run's micro-batch and gradient clipping. One DeepSpeed step per
-    optimizer step: the engine steps when the last micro-batch's backward pass ends (`engine.run_step`
+    optimizer step: the engine steps when the last micro-batch's backward pass ends (`supervised.run_step`
     marks it), its loss already normalised by rlhfkit, so DeepSpeed's own accumulation stays at 1."""
     from accelerate.utils import DeepSpeedPlugin
 
@@ -108,10 +110,6 @@ def use_deepspeed_on_cpu(accelerator, plugin, precision: str) -> None:
     plugin.select(_from_accelerator_state=True)
     accelerator.state.deepspeed_plugins = plugin
     accelerator.state.distributed_type = DistributedType.DEEPSPEED
-
-
-def is_deepspeed_engine(model: Any) -> bool:
-    return type(model).__name__ == "DeepSpeedEngine"
 
 
 def backward(accelerator, model: Any, loss: torch.Tensor, last: bool) -> None:

@@ -116,7 +116,7 @@ def eval_runner() -> Runner:
 
 
 def generate_runner() -> Runner:
-    from .trainers.sft import run_generate
+    from .eval.generate import run_generate
 
     return run_generate
 

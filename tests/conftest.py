@@ -58,7 +58,8 @@ def tiny_model(tiny_model_dir):
 def ppo_dirs(tmp_path_factory, tiny_model_dir):
     """The inputs of every stage's tiny runs (helpers.stage_args): a tiny policy, a reward model made
     from it (scalar head at seed 1), 40 real TL;DR posts and 80 real TL;DR human comparisons."""
-    from rlhfkit.models import ScalarModel, load_policy
+    from rlhfkit.models import load_policy
+    from rlhfkit.reward_models import ScalarModel
 
     root = tmp_path_factory.mktemp("ppo")
     policy, tok = load_policy(str(tiny_model_dir))

@@ -10,7 +10,7 @@ import torch
 from rlhfkit.checkpoint import find_checkpoint, load_training_state, rng_state, save_checkpoint, set_rng_state
 from rlhfkit.stages import resolve
 from rlhfkit.tracking import Tracker, read_metrics
-from rlhfkit.trainers.engine import batch_indices, plan_schedule
+from rlhfkit.trainers.supervised import batch_indices, plan_schedule
 
 
 def optimizer_and_scheduler(model):

@@ -15,9 +15,9 @@ from rlhfkit.data.examples import prepare_pairs
 from rlhfkit.data.split import split_comparisons
 from rlhfkit.errors import ConfigError
 from rlhfkit.eval.rm_eval import evaluate_reward_model, load_pair_scorer
-from rlhfkit.models import DPO_RECORD, load_policy
+from rlhfkit.models import load_policy
 from rlhfkit.preference_ops import PreferenceObjective
-from rlhfkit.reward_models import ImplicitRewardModel, recorded_objective
+from rlhfkit.reward_models import DPO_RECORD, ImplicitRewardModel, recorded_objective
 from rlhfkit.scoring import collate_pairs
 from rlhfkit.stages import resolve
 from rlhfkit.trainers import dpo
@@ -328,7 +328,7 @@ def test_reference_log_probabilities_cover_exactly_the_pairs_the_run_visits(tiny
     monkeypatch.setattr(dpo, "pair_logprobs_all", lambda model, pairs, *a: counted.append(len(pairs)) or original(model, pairs, *a))
     examples = dpo.visited_with_reference(policy, "ref", train_pairs, tok.pad_token_id, cfg, tmp_path / "ref.pt")
     assert counted == [8] and len(examples) == len(train_pairs) > 8
-    from rlhfkit.trainers.engine import batch_indices, plan_schedule
+    from rlhfkit.trainers.supervised import batch_indices, plan_schedule
 
     micro_batches = batch_indices(plan_schedule(cfg, len(train_pairs), 1), cfg.seed, 0, 0)
     visited = {i for micro in micro_batches for i in micro}

@@ -106,7 +106,8 @@ def test_builtin_hh_suite_loads_and_bad_suites_fail_naming_the_entry(tmp_path):
 def test_prompt_suite_answers_are_compared_by_category(tiny_model_dir, tmp_path):
     import torch
 
-    from rlhfkit.models import ScalarModel, load_policy
+    from rlhfkit.models import load_policy
+    from rlhfkit.reward_models import ScalarModel
 
     policy, tok = load_policy(str(tiny_model_dir))
     torch.manual_seed(2)

@@ -95,7 +95,8 @@ def test_a_judge_that_always_answers_a_shows_full_position_bias_and_chance_agree
 def test_a_reward_model_judge_is_consistent_across_orders(tiny_model_dir, comparisons, tmp_path):
     import torch
 
-    from rlhfkit.models import ScalarModel, load_policy
+    from rlhfkit.models import load_policy
+    from rlhfkit.reward_models import ScalarModel
 
     policy, tok = load_policy(str(tiny_model_dir))
     torch.manual_seed(3)

@@ -327,7 +327,8 @@ def test_api_keys_never_reach_logs_output_errors_or_files(keys, tmp_path, caplog
 
 @pytest.fixture(scope="module")
 def reward_model_dir(tiny_model_dir, tmp_path_factory):
-    from rlhfkit.models import ScalarModel, load_policy
+    from rlhfkit.models import load_policy
+    from rlhfkit.reward_models import ScalarModel
 
     policy, tokenizer = load_policy(str(tiny_model_dir))
     torch.manual_seed(1)

@@ -21,8 +21,9 @@ from rlhfkit.adapters import (
 from rlhfkit.cli import main as cli_main
 from rlhfkit.errors import ConfigError
 from rlhfkit.generation import response_logprobs
-from rlhfkit.models import ScalarModel, load_policy
+from rlhfkit.models import load_policy
 from rlhfkit.onpolicy import evaluation, trainer, update
+from rlhfkit.reward_models import ScalarModel
 from rlhfkit.stages import resolve
 
 from .helpers import assert_same_files, assert_same_metrics, cli_args, stage_args, straight_and_resumed

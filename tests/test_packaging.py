@@ -17,8 +17,9 @@ from transformers.utils import logging as hf_logging
 
 from rlhfkit import cli
 from rlhfkit.config import preset_names
-from rlhfkit.models import ScalarModel, load_policy
+from rlhfkit.models import load_policy
 from rlhfkit.presets import ABOUT
+from rlhfkit.reward_models import ScalarModel
 from rlhfkit.stages import STAGES
 
 from .helpers import REPO

@@ -93,7 +93,7 @@ def patch_every_load_policy(monkeypatch, loader):
 @pytest.mark.parametrize("stage", ["sft", "rm", "dpo", "ppo"])
 def test_every_training_stage_passes_allow_pickle_to_the_loader(stage, monkeypatch, tmp_path, tiny_model, tiny_model_dir):
     from rlhfkit.cli import main
-    from rlhfkit.models import ScalarModel
+    from rlhfkit.reward_models import ScalarModel
 
     seen = {}
 

@@ -11,9 +11,9 @@ from rlhfkit import generation as rollout
 from rlhfkit import ops
 from rlhfkit.cli import main as cli_main
 from rlhfkit.data.collate import left_pad_queries
-from rlhfkit.models import ScalarModel
 from rlhfkit.onpolicy import evaluation, trainer, update
 from rlhfkit.onpolicy.rollout import RolloutBatch, prompt_indices
+from rlhfkit.reward_models import ScalarModel
 from rlhfkit.stages import resolve
 
 from .helpers import assert_same_files, assert_same_metrics, stage_args, straight_and_resumed

@@ -10,8 +10,7 @@ from rlhfkit.cli import main as cli_main
 from rlhfkit.data.collate import pad
 from rlhfkit.data.formats import encode_completion, encode_query
 from rlhfkit.eval import rm_eval
-from rlhfkit.models import ScalarModel, linear_head
-from rlhfkit.reward_models import load_reward_model
+from rlhfkit.reward_models import ScalarModel, linear_head, load_reward_model
 from rlhfkit.stages import resolve
 from rlhfkit.trainers import reward
 
@@ -77,7 +76,7 @@ class FixedRewards(torch.nn.Module):
 def test_pairwise_loss_and_accuracy_against_hand_values():
     model = FixedRewards([2.0, -1.0, 0.5], [0.0, 1.0, 0.5])
     batch = {"input_ids": torch.zeros(3, 1), "attention_mask": torch.ones(3, 1)}
-    loss, extras = reward.pairwise_loss_fn(model, batch)
+    loss, extras = reward.make_pair_loss()(model, batch)
     expected = sum(math.log(1 + math.exp(-m)) for m in (2.0, -2.0, 0.0))
     assert loss.item() == pytest.approx(expected, rel=1e-6)
     assert extras["train/accuracy"].item() == 1.0  # only the first pair; a tie is not correct
@@ -149,7 +148,7 @@ def test_detail13_reward_logits_dump_covers_every_response_token_and_marks_eos(r
 
 
 def test_seed_governs_the_reward_head_initialisation(tmp_path):
-    from rlhfkit.trainers.engine import start_run
+    from rlhfkit.trainers.run import start_run
 
     heads = []
     for i, seed in enumerate((1, 1, 2)):

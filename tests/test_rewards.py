@@ -12,10 +12,9 @@ import torch
 from rlhfkit.data.gsm8k import calculator_steps, final_number, load_gsm8k
 from rlhfkit.errors import ConfigError
 from rlhfkit.eval import accuracy
-from rlhfkit.models import ScalarModel
 from rlhfkit.onpolicy import evaluation, trainer
 from rlhfkit.onpolicy.rewarding import PromptTexts
-from rlhfkit.reward_models import load_reward_model
+from rlhfkit.reward_models import ScalarModel, load_reward_model
 from rlhfkit.rewards import RewardFunctions, answer_format, extract_answer, gsm8k_exact_match, length_penalty
 from rlhfkit.stages import resolve
 

@@ -10,7 +10,7 @@ from rlhfkit.data import load_pairs
 from rlhfkit.data.collate import left_pad_queries, pad
 from rlhfkit.data.examples import query_limits, tokenize_pairs
 from rlhfkit.data.formats import encode_completion, encode_query
-from rlhfkit.models import ScalarModel
+from rlhfkit.reward_models import ScalarModel
 
 from .helpers import data_file
 

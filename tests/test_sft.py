@@ -9,10 +9,10 @@ from safetensors.torch import load_file
 
 from rlhfkit.data.examples import tokenize_sft
 from rlhfkit.data.tldr import load_sft
+from rlhfkit.errors import NonFiniteError
 from rlhfkit.stages import resolve
 from rlhfkit.tracking import read_metrics
 from rlhfkit.trainers import sft
-from rlhfkit.trainers.engine import NonFiniteError
 
 from .helpers import (
     cli_args,
@@ -236,13 +236,13 @@ def test_resume_into_a_new_folder_carries_the_metrics_history(ppo_dirs, tmp_path
     (False, True, False, "bf16"), (False, False, True, "bf16"), (False, False, False, "no"),
 ])
 def test_auto_precision_is_bf16_only_where_the_hardware_computes_it(monkeypatch, cuda, avx512_bf16, amx, expected):
-    from rlhfkit.trainers import engine
+    from rlhfkit.trainers import run
 
-    monkeypatch.setattr(engine, "processes_need_cpu", lambda: not cuda)
+    monkeypatch.setattr(run, "processes_need_cpu", lambda: not cuda)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
-    assert engine.autocast_precision(resolve("sft", None, None, {"mixed_precision": "auto"})) == expected
-    assert engine.autocast_precision(resolve("sft", None, None, {"mixed_precision": "no"})) == "no"
+    assert run.autocast_precision(resolve("sft", None, None, {"mixed_precision": "auto"})) == expected
+    assert run.autocast_precision(resolve("sft", None, None, {"mixed_precision": "no"})) == "no"
 
 
 def test_bf16_autocast_losses_stay_within_2_percent_of_fp32(ppo_dirs, tmp_path):

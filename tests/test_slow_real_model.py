@@ -8,7 +8,8 @@ import torch
 
 from rlhfkit.data.examples import tokenize_sft
 from rlhfkit.data.tldr import load_sft
-from rlhfkit.models import ScalarModel, load_policy
+from rlhfkit.models import load_policy
+from rlhfkit.reward_models import ScalarModel
 from rlhfkit.scoring import collate_scored
 from rlhfkit.trainers import sft
 

@@ -194,5 +194,5 @@ def usable(loaded: tuple[list, SkipLog], paths: list[str], what: str, option: st
     return loaded
 
 
-__all__ = ["AUTO", "Comparison", "DataFormatError", "FieldNames", "SFTRecord", "SkipLog", "field_names", "hh_prompts", "load_comparisons",
+__all__ = ["AUTO", "Comparison", "DataFormatError", "FieldNames", "SFTRecord", "SkipLog", "hh_prompts", "load_comparisons",
            "load_gsm8k", "load_hh", "load_pairs", "load_prompts", "load_sft", "load_sft_data", "usable"]

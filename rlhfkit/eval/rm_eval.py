@@ -25,10 +25,11 @@ from ..data.examples import PairExample, prepare_pairs, query_limits
 from ..data.formats import encode_completion, encode_query
 from ..data.split import filter_comparisons, split_by_prompt
 from ..data.tldr import Comparison
+from ..devices import default_device
 from ..errors import ConfigError
-from ..models import DPO_RECORD, SCALAR_CONFIG, ScalarModel
+from ..models import SCALAR_CONFIG
 from ..reward_features import FeatureCache
-from ..reward_models import load_implicit_reward_model, load_reward_model
+from ..reward_models import DPO_RECORD, ScalarModel, load_implicit_reward_model, load_reward_model
 from ..scoring import collate_scored, response_lengths, score_pair_heads, score_texts
 from ..tracking import read_metrics
 from . import rm_metrics, rm_report
@@ -153,8 +154,7 @@ def run_eval(cfg: RMEvalConfig) -> int:
     if not cfg.model or not cfg.data:
         raise ConfigError("rm-eval needs model=<reward model or DPO policy folder> and data=<comparisons>")
     model, tokenizer = load_pair_scorer(cfg)
-    if torch.cuda.is_available():
-        model = model.cuda()
+    model = model.to(default_device())
     loaded = load_pairs(cfg.data_format, cfg.data, cfg.hf_split, cfg.fields)
     records, log = usable(loaded, cfg.data, "pairs", f"data_format={cfg.data_format}")
     records = filter_comparisons(records, cfg.splits, cfg.batches)

@@ -5,7 +5,7 @@ model. A `Method` is a published recipe run by one of those commands: the option
 policy loss, loss aggregation, estimator, clipping, KL...), its presets and its citation; `METHODS`
 is the table docs/algorithms.md lists, and a test checks that every method's presets set its options.
 
-A new algorithm is a new `Algorithm` (with its config class in `config_onpolicy.py` and its presets in
+A new algorithm is a new `Algorithm` (with its config class in `config/onpolicy.py` and its presets in
 `presets/`); the stage registry (`stages.py`) makes each one a command; a new advantage estimator is a
 function in `update.ESTIMATORS` named in the config class's `advantage_estimator` choices; a new policy
 loss is a function in `policy_losses.POLICY_LOSSES` named in `policy_loss`'s choices. Kept free of

@@ -26,18 +26,14 @@ from ..checkpoint import load_training_state, save_checkpoint
 from ..config import OnPolicyConfig, check_update_split
 from ..data.examples import SFTExample
 from ..errors import ConfigError, ModelError
-from ..models import (
-    ScalarModel,
-    check_model_source,
-    enable_activation_checkpointing,
-)
+from ..models import check_model_source, enable_activation_checkpointing
 from ..ops import adaptive_kl_coef
 from ..preemption import Interrupted, resume_command
-from ..reward_models import load_reward_model
+from ..reward_models import ScalarModel, load_reward_model
 from ..sharding import SavedState, ShardedOptimizerState, ShardedRun, shard_on_policy
 from ..tracking import append_jsonl, drop_rows_after, write_jsonl
-from ..trainers.engine import accelerator_for, autocast_precision, start_run
 from ..trainers.loop import Show, run_loop
+from ..trainers.run import accelerator_for, autocast_precision, start_run
 from .algorithms import Algorithm, algorithm_of
 from .collect import PromptStream, collect, prompts_per_update
 from .evaluation import (
@@ -131,7 +127,7 @@ def prepare_for_training(models: OnPolicyModels, cfg: OnPolicyConfig) -> None:
 
 def planned_updates(cfg: OnPolicyConfig, processes: int = 1) -> int:
     """Updates in the run, after checking that an update's batch splits on the processes the run has,
-    as the config was checked (`config_checks.check_update_split`)."""
+    as the config was checked (`config.check_update_split`)."""
     check_update_split(cfg, processes)
     return cfg.max_steps or cfg.total_episodes // cfg.total_batch_size
 

@@ -33,11 +33,11 @@ from ..config import GRPOConfig, OnPolicyConfig, PPOConfig, ReinforceConfig, RLO
 from ..devices import autocast, model_device
 from ..distributed import ONE_PROCESS
 from ..generation import response_logprobs
-from ..models import ScalarModel
 from ..policy_losses import POLICY_LOSSES, ClipRange, aggregate, loss_units
+from ..reward_models import ScalarModel
 from ..scoring import scores_at_eos
 from ..sharding import fsdp_modules, full_number
-from ..trainers.engine import build_optimizer, check_finite
+from ..trainers.run import build_optimizer, check_finite
 from .algorithms import ValueOptions, algorithm_of
 from .rewarding import PromptTexts, RewardSources
 from .rollout import RolloutBatch, process_share

@@ -29,27 +29,19 @@ from ..adapters import frozen_reference, save_final_model, trained_policy
 from ..config import DPOConfig
 from ..data.examples import PairExample, prepare_pairs, prepare_training_pairs, query_limits
 from ..data.split import split_comparisons
-from ..devices import autocast, evaluation_mode, model_device
+from ..devices import autocast, default_device, evaluation_mode, model_device
 from ..eval import rm_metrics, rm_report
 from ..eval.report import Table
 from ..eval.rm_eval import builtin_probes_for, evaluate_reward_model, write_rm_report
 from ..generation import SamplingParams, generate_texts, sequence_logprobs
-from ..models import DPO_RECORD
 from ..plots import plot_training_curves
 from ..preemption import restart_command, resume_command, stopping_at_once
 from ..preference_ops import PreferenceLoss, PreferenceObjective, preference_loss
-from ..reward_models import ImplicitRewardModel
+from ..reward_models import DPO_RECORD, ImplicitRewardModel
 from ..scoring import collate_pairs
 from ..tracking import read_metrics, write_jsonl
-from .engine import (
-    Stage,
-    autocast_precision,
-    batch_indices,
-    is_main_process,
-    plan_schedule,
-    start_run,
-    train,
-)
+from .run import autocast_precision, is_main_process, start_run
+from .supervised import SupervisedStage, batch_indices, plan_schedule, train
 
 REFERENCE_CACHE = "reference_logps.pt"
 LOSS_NAMES = {"dpo": "DPO", "ipo": "IPO", "cdpo": "cDPO", "simpo": "SimPO"}
@@ -86,7 +78,8 @@ def collate_dpo(examples: list[DPOExample], pad_id: int) -> dict[str, torch.Tens
     if examples[0].ref_chosen is None:
         return batch
     if any(math.isnan(e.ref_chosen) for e in examples):
-        raise RuntimeError("a batched pair has no reference log-probability: visited_indices and the engine's order disagree")
+        raise RuntimeError("a batched pair has no reference log-probability: visited_indices and the "
+                           "supervised trainer's order disagree")
     batch["ref_chosen"] = torch.tensor([e.ref_chosen for e in examples], dtype=torch.float32)
     batch["ref_rejected"] = torch.tensor([e.ref_rejected for e in examples], dtype=torch.float32)
     return batch
@@ -101,8 +94,8 @@ def pair_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tup
 def preference_metrics(out: PreferenceLoss, objective: PreferenceObjective, prefix: str,
                        reduce: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
     """The reward model's metrics (same names, so the RM and DPO curves share plots) over the implicit
-    rewards, reduced over pairs (the engine averages sums itself), and, where there is a reference,
-    log pi - log pi_ref summed over the chosen response: the sequence KL estimate on the data."""
+    rewards, reduced over pairs (`supervised.run_step` averages sums itself), and, where there is a
+    reference, log pi - log pi_ref summed over the chosen response: the sequence KL estimate on the data."""
     margin = out.chosen_rewards - out.rejected_rewards
     metrics = {f"{prefix}/accuracy": reduce((margin > 0).float()), f"{prefix}/chosen_reward": reduce(out.chosen_rewards),
                f"{prefix}/rejected_reward": reduce(out.rejected_rewards), f"{prefix}/margin": reduce(margin)}
@@ -253,7 +246,7 @@ def run(cfg: DPOConfig) -> int:
     train_records, val_records, notes = split_comparisons(cfg.pair_selection)
     reference_name = cfg.reference_model or cfg.model
     objective = preference_objective(cfg)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = default_device()
     policy, tokenizer = trained_policy(cfg.model_source, cfg.lora, checkpoint)
     reference = frozen_policy(cfg, policy, reference_name, device) if objective.uses_reference else None
     train_pairs, train_note = prepare_training_pairs(cfg.lengths, tokenizer, train_records)
@@ -274,8 +267,8 @@ def run(cfg: DPOConfig) -> int:
             return {}
         return validation_metrics(held_out_loss(current, eval_examples, pad_id, cfg, objective), objective)
 
-    stage = Stage("dpo", policy.to(device), tokenizer, train_examples, lambda b: collate_dpo(b, pad_id), make_dpo_loss(objective), evaluate,
-                  length=lambda example: example.width())
+    stage = SupervisedStage("dpo", policy.to(device), tokenizer, train_examples, lambda b: collate_dpo(b, pad_id),
+                            make_dpo_loss(objective), evaluate, length=lambda example: example.width())
     # its log-probabilities are cached: off the device while the sharded policy trains
     if reference is not None and cfg.sharding_options.splits_models(processes):
         reference.to("cpu")

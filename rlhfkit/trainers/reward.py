@@ -32,14 +32,15 @@ from ..data.split import split_comparisons
 from ..errors import ConfigError
 from ..eval import rm_metrics, rm_report
 from ..eval.rm_eval import builtin_probes_for, evaluate_reward_model, write_rm_report
-from ..models import ScalarModel, freeze_below_top_layers, load_policy
+from ..models import load_policy
 from ..plots import plot_training_curves
 from ..reward_features import FeatureCache, collate_features
-from ..reward_models import load_reward_model
+from ..reward_models import ScalarModel, freeze_below_top_layers, load_reward_model
 from ..scoring import collate_packed_pairs, pair_scores, score_pairs, score_texts
 from ..tracking import read_metrics
-from .engine import Stage, autocast_precision, is_main_process, start_run, train
 from .reward_cv import cross_validate, cross_validation_tables
+from .run import autocast_precision, is_main_process, start_run
+from .supervised import SupervisedStage, train
 
 
 def pair_metrics(margin: torch.Tensor, chosen: torch.Tensor, rejected: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -81,9 +82,6 @@ def make_pair_loss(length_weight: float = 1.0, orthogonality_weight: float = 1.0
         return -F.logsigmoid(total_margin).sum() + pairs * regulariser, extras
 
     return pair_loss_fn
-
-
-pairwise_loss_fn = make_pair_loss()
 
 
 @torch.no_grad()
@@ -161,12 +159,13 @@ def run(cfg: RMConfig) -> int:
         c, r = score(current, eval_examples, "validating")
         return {"val/accuracy": rm_metrics.pairwise_accuracy(c, r), "val/loss": rm_metrics.pairwise_loss(c, r), "val/margin": float((c - r).mean())}
 
-    def make_stage(current: ScalarModel, indices: list[int], validate=None) -> Stage:
+    def make_stage(current: ScalarModel, indices: list[int], validate=None) -> SupervisedStage:
         loss = make_pair_loss(cfg.length_head_weight, cfg.orthogonality_weight)
         picked = [items[i] for i in indices]
         if features is not None:
-            return Stage("rm", current, tokenizer, picked, collate_features, loss, validate)
-        return Stage("rm", current, tokenizer, picked, lambda b: collate_packed_pairs(b, pad_id), loss, validate, length=lambda e: e.packed_width())
+            return SupervisedStage("rm", current, tokenizer, picked, collate_features, loss, validate)
+        return SupervisedStage("rm", current, tokenizer, picked, lambda b: collate_packed_pairs(b, pad_id), loss,
+                               validate, length=lambda e: e.packed_width())
 
     if cfg.cross_validation_folds and not checkpoint:  # a checkpoint means the final model's training had begun: CV was done
         cross_validate(cfg, model, make_stage, score, all_train_examples, run_dir)

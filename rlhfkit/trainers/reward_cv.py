@@ -32,10 +32,11 @@ from ..data.split import prompt_folds
 from ..errors import ConfigError
 from ..eval import rm_metrics, rm_report
 from ..eval.report import Table
-from ..models import ScalarModel
-from .engine import Stage, train
+from ..reward_models import ScalarModel
+from .supervised import SupervisedStage, train
 
-StageFactory = Callable[[ScalarModel, list[int]], Stage]  # (fresh model, indices of its training pairs) -> Stage
+# (fresh model, indices of its training pairs) -> the stage that trains it
+StageFactory = Callable[[ScalarModel, list[int]], SupervisedStage]
 PairScorer = Callable[[ScalarModel, list[PairExample], str], tuple[np.ndarray, np.ndarray]]  # (model, pairs, bar) -> (chosen, rejected)
 
 

@@ -17,20 +17,20 @@ from typing import Any
 import torch
 
 from ..adapters import save_final_model, trained_policy
-from ..config import GenerateConfig, SFTConfig
-from ..data import load_prompts, load_sft_data, usable
+from ..config import SFTConfig
+from ..data import load_sft_data, usable
 from ..data.collate import IGNORE_INDEX, right_pad_query_response
 from ..data.examples import SFTExample, tokenize_sft, training_examples
 from ..data.split import split_by_prompt
-from ..errors import ConfigError
+from ..devices import default_device, evaluation_mode, model_device
 from ..eval.caveats import budget_caveat, fell_caveat, few_prompts_caveat
 from ..eval.report import Report, config_text, trained_amount, training_summary
 from ..eval.rouge import mean, rouge_l
 from ..generation import SamplingParams, generate_texts, target_logprobs
-from ..models import load_policy
 from ..plots import metric_series, plot_curves
 from ..tracking import read_jsonl, read_metrics, write_jsonl
-from .engine import Stage, is_main_process, start_run, train
+from .run import is_main_process, start_run
+from .supervised import SupervisedStage, train
 
 
 def collate_sft(examples: list[SFTExample], pad_id: int, loss_on_query: bool) -> dict[str, torch.Tensor]:
@@ -47,16 +47,16 @@ def sft_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[to
 
 
 @torch.no_grad()
-def validation_loss(model: torch.nn.Module, examples: list[SFTExample], pad_id: int, loss_on_query: bool, batch_size: int) -> float:
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
+def validation_loss(model: torch.nn.Module, examples: list[SFTExample], pad_id: int, loss_on_query: bool,
+                    batch_size: int) -> float:
+    device = model_device(model)
     total, units = 0.0, 0
-    for i in range(0, len(examples), batch_size):
-        batch = {k: v.to(device) for k, v in collate_sft(examples[i : i + batch_size], pad_id, loss_on_query).items()}
-        total += sft_loss(model, batch)[0].item()
-        units += int(batch["loss_units"].sum())
-    model.train(was_training)
+    with evaluation_mode(model):
+        for i in range(0, len(examples), batch_size):
+            collated = collate_sft(examples[i : i + batch_size], pad_id, loss_on_query)
+            batch = {k: v.to(device) for k, v in collated.items()}
+            total += sft_loss(model, batch)[0].item()
+            units += int(batch["loss_units"].sum())
     return total / max(units, 1)
 
 
@@ -138,15 +138,14 @@ def run(cfg: SFTConfig) -> int:
     answered = [e for e in eval_examples if e.query.ids]  # a text without a prompt has nothing to answer
     base_path = run_dir / "samples_base.jsonl"
     if answered and not base_path.exists() and checkpoint is None and is_main_process():
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        write_jsonl(base_path, summarise(model.to(device), tokenizer, answered, cfg, "base model"))
+        write_jsonl(base_path, summarise(model.to(default_device()), tokenizer, answered, cfg, "base model"))
 
     def evaluate(current: torch.nn.Module, step: int) -> dict[str, float]:
         if not eval_examples:
             return {}
         return {"val/loss": validation_loss(current, eval_examples, tokenizer.pad_token_id, cfg.loss_on_query, cfg.micro_batch_size)}
 
-    stage = Stage(
+    stage = SupervisedStage(
         "sft",
         model,
         tokenizer,
@@ -172,58 +171,4 @@ def run(cfg: SFTConfig) -> int:
     report = write_sft_report(run_dir, cfg, metrics, rows, notes)
     print(json.dumps(metrics, indent=2))
     print(f"model: {run_dir / 'model'}\nreport: {report}")
-    return 0
-
-
-def run_generate(cfg: GenerateConfig) -> int:
-    """`rlhfkit generate`: responses (and ROUGE-L against the references) for one side of the prompt split,
-    or answers to a prompt suite."""
-    if cfg.prompt_suite:
-        return answer_prompt_suite(cfg)
-    if not cfg.data:
-        raise ConfigError("generate needs data=... (prompts: hub id, files or folders) or prompt_suite=...")
-    records, log = usable(load_prompts(cfg.prompt_format, cfg.data, cfg.hf_split, cfg.fields), cfg.data, "prompts",
-                          f"prompt_format={cfg.prompt_format}")
-    if cfg.split != "all":
-        train_records, val_records = split_by_prompt(records, lambda r: r.prompt_id, validation_size=cfg.validation_posts, seed=cfg.seed)
-        records = val_records if cfg.split == "validation" else train_records
-    records = records[: cfg.num_samples] if cfg.num_samples else records
-    model, tokenizer = load_policy(cfg.model, cfg.trust_remote_code)
-    if torch.cuda.is_available():
-        model = model.cuda()
-    examples, tok_log = tokenize_sft(records, tokenizer, cfg.max_query_length, 10**9)
-    print(f"loaded: {log.summary('prompts')}; queries: {tok_log.summary('prompts')}; generating for {len(examples)} prompts")
-    params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed)
-    outputs = generate_texts(model, tokenizer, [e.query.ids for e in examples], params, cfg.batch_size)
-    scores = rouge_l([o["text"] for o in outputs], [e.record.summary.strip() for e in examples])
-    rows = [
-        {"prompt_id": e.record.prompt_id, "query": e.query.text, "query_ids": e.query.ids, "reference": e.record.summary.strip(),
-         **o, "rouge_l": s}
-        for e, o, s in zip(examples, outputs, scores, strict=True)
-    ]
-    Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
-    write_jsonl(Path(cfg.out), rows)
-    print(json.dumps({"posts": len(rows), "rouge_l": mean(scores), "eos_rate": mean([float(o["has_eos"]) for o in outputs])}))
-    return 0
-
-
-def answer_prompt_suite(cfg: GenerateConfig) -> int:
-    """Each suite prompt as one HH-RLHF user turn; rows carry the category and, for capability
-    prompts, whether an accepted answer appears (`rlhfkit eval` breaks results down by category)."""
-    from ..data.formats import encode_query
-    from ..eval.prompt_suite import as_dialogue, load_suite
-
-    prompts = load_suite(cfg.prompt_suite)
-    model, tokenizer = load_policy(cfg.model, cfg.trust_remote_code)
-    if torch.cuda.is_available():
-        model = model.cuda()
-    queries = [encode_query(tokenizer, "hh", {"dialogue": as_dialogue(p.prompt)}, cfg.max_query_length) for p in prompts]
-    params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed)
-    outputs = generate_texts(model, tokenizer, [q.ids for q in queries], params, cfg.batch_size, desc="answering the suite")
-    rows = [{"prompt_id": p.id, "category": p.category, "query": q.text, "query_ids": q.ids, "reference": "", **o,
-             "capability_pass": p.passes(o["text"])} for p, q, o in zip(prompts, queries, outputs, strict=True)]
-    Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
-    write_jsonl(Path(cfg.out), rows)
-    checked = [r["capability_pass"] for r in rows if r["capability_pass"] is not None]
-    print(json.dumps({"prompts": len(rows), "capability_pass_rate": mean([float(c) for c in checked]) if checked else None}))
     return 0

@@ -1,6 +1,7 @@
-"""The steps every supervised stage shares (SFT, reward model, DPO), run by the loop driver (`loop.py`).
+"""The optimizer steps every supervised stage shares (SFT, reward model, DPO), run by the loop driver
+(`loop.py`); the services every stage shares (start-up, precision, optimizer) are `run.py`'s.
 
-A stage gives examples, a collate function and a loss function; the engine owns the data order,
+A stage gives examples, a collate function and a loss function; `train` owns the data order,
 gradient accumulation, the optimizer and schedule (Tables 3-4), non-finite checks and checkpoints
 with exact resume. Data order is a function of (seed, step) alone,
 so resuming at step k replays exactly the batches an uninterrupted run would see.
@@ -11,56 +12,41 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import os
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from transformers import get_scheduler
 
 from ..checkpoint import (
     apply_schedule,
-    find_checkpoint,
     load_optimizer_state,
     load_training_state,
     save_checkpoint,
     seed_everything,
 )
-from ..config import RunConfig, TrainConfig, check_batch_split, to_yaml
-from ..distributed import processes_need_cpu
-from ..errors import ConfigError, NonFiniteError
-from ..launch import RUN_STAMP
-from ..models import check_model_source, enable_activation_checkpointing
+from ..config import TrainConfig, check_batch_split
+from ..devices import is_deepspeed_engine
+from ..errors import ConfigError
+from ..models import enable_activation_checkpointing
 from ..preemption import resume_command
-from ..run_folder import open_run_folder, require_resume_path, resumed_changes
 from ..sharding import (
     ZERO_STAGES,
     SavedState,
     ShardedRun,
     ZeroRun,
     backward,
-    check_sharding,
     clipped_grad_norm,
-    deepspeed_plugin,
-    fsdp2_plugin,
-    is_deepspeed_engine,
-    use_deepspeed_on_cpu,
-    use_fsdp_on_cpu,
 )
 from .loop import run_loop
+from .run import accelerator_for, build_optimizer, check_finite
 
 # loss_fn(model, batch) -> (loss summed over the batch's units, extra metrics summed the same way).
 # A collated batch carries `loss_units` (per row: tokens for SFT, 1 per pair for the RM).
 LossFn = Callable[[torch.nn.Module, dict[str, torch.Tensor]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
-MODEL_OPTIONS = ("model", "reference_model", "reward_model", "value_model")  # the options of a stage that name a model
-
-
 
 
 @dataclass
@@ -81,12 +67,16 @@ def plan_schedule(cfg: TrainConfig, examples: int, processes: int) -> Schedule:
     check_batch_split(cfg, processes)  # as the config was checked, now on the processes the run has
     steps_per_epoch = examples // cfg.total_batch_size
     if steps_per_epoch == 0:
-        raise ConfigError(f"only {examples} training examples, fewer than total_batch_size={cfg.total_batch_size}")
+        raise ConfigError(
+            f"only {examples} training examples, fewer than total_batch_size={cfg.total_batch_size}"
+        )
     total = cfg.max_steps or max(1, math.floor(cfg.num_epochs * steps_per_epoch))
     return Schedule(examples, cfg.total_batch_size, cfg.micro_batch_size, processes, steps_per_epoch, total)
 
 
-def batch_indices(schedule: Schedule, seed: int, step: int, rank: int, lengths: Sequence[int] | None = None) -> list[list[int]]:
+def batch_indices(
+    schedule: Schedule, seed: int, step: int, rank: int, lengths: Sequence[int] | None = None
+) -> list[list[int]]:
     """Micro-batches of example indices for optimizer step `step` on process `rank`.
 
     Each epoch is a fresh permutation drawn from (seed, epoch), sampled without replacement. Given
@@ -104,103 +94,8 @@ def batch_indices(schedule: Schedule, seed: int, step: int, rank: int, lengths: 
     return [mine[i : i + schedule.micro_batch_size] for i in range(0, per_rank, schedule.micro_batch_size)]
 
 
-def is_main_process() -> bool:
-    """True on the process that writes files (rank 0 under `accelerate launch`, or the only one)."""
-    return int(os.environ.get("RANK", "0")) == 0
-
-
-def make_run_dir(cfg: RunConfig, stage: str, checkpoint: Path | None) -> Path:
-    if cfg.output_dir:
-        run_dir = Path(cfg.output_dir)
-    elif checkpoint is not None:
-        run_dir = checkpoint.parents[1]
-    else:
-        # one stamp for every process of a launch: their clocks may cross a second apart
-        run_dir = Path("runs") / f"{stage}-{os.environ.get(RUN_STAMP) or format(datetime.now(), '%Y%m%d-%H%M%S')}"
-    changes = resumed_changes(checkpoint.parents[1], to_yaml(cfg, stage), cfg.resume) if checkpoint is not None else []
-    if is_main_process():
-        for line in changes:
-            print(line)
-        continuing = checkpoint is not None and checkpoint.parents[1].resolve() == run_dir.resolve()
-        open_run_folder(run_dir, to_yaml(cfg, stage), cfg.overwrite, continuing)
-    return run_dir
-
-
-def check_model_sources(cfg: RunConfig) -> None:
-    """Every model the run reads can load, as far as can be told without loading it."""
-    for key in MODEL_OPTIONS:
-        if getattr(cfg, key, ""):
-            check_model_source(getattr(cfg, key), key)
-
-
-def start_run(cfg: RunConfig, stage: str) -> tuple[Path, Path | None]:
-    """(run directory, checkpoint to resume or None), with every RNG seeded before any model is
-    built, so `seed` also governs the reward head (an added [PAD] row is zero: vocab.match_vocab)."""
-    check_sharding(cfg.sharding_options)
-    # a bad resume path or model fails before any folder is made
-    checkpoint = resume_checkpoint(cfg)
-    check_model_sources(cfg)
-    run_dir = make_run_dir(cfg, stage, checkpoint)
-    if checkpoint is not None and is_main_process():
-        carry_history(checkpoint.parents[1], run_dir)
-    seed_everything(cfg.seed)
-    return run_dir, checkpoint
-
-
-def carry_history(source: Path, run_dir: Path) -> None:
-    """Resuming into a new folder: bring the curves and base-model samples along, so the new run's
-    plots and report cover the whole run, not just the part after the checkpoint."""
-    for name in ("metrics.jsonl", "samples_base.jsonl"):
-        if (source / name).is_file() and not (run_dir / name).exists() and source.resolve() != run_dir.resolve():
-            shutil.copy2(source / name, run_dir / name)
-
-
-def resume_checkpoint(cfg: RunConfig) -> Path | None:
-    if not cfg.resume:
-        return None
-    require_resume_path(cfg.resume)
-    ckpt = find_checkpoint(cfg.resume)
-    if ckpt is None:
-        raise ConfigError(f"resume={cfg.resume}: no complete checkpoint there (looked for checkpoints/latest)")
-    return ckpt
-
-
-def native_bf16() -> bool:
-    """Whether the device the run trains on computes bf16 natively: a CUDA GPU that supports it, or a
-    CPU with AVX-512 BF16 or AMX, where oneDNN's bf16 matmuls run about twice as fast as fp32 ones.
-    Other CPUs would emulate bf16, slower than fp32."""
-    if not processes_need_cpu():
-        return torch.cuda.is_bf16_supported()
-    cpu = torch.cpu
-    return any(getattr(cpu, probe, lambda: False)() for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
-
-
-def autocast_precision(cfg: RunConfig) -> str:
-    """bf16 autocast where the hardware computes bf16 natively (Detail 8), fp32 otherwise."""
-    if cfg.mixed_precision == "auto":
-        return "bf16" if native_bf16() else "no"
-    return cfg.mixed_precision
-
-
-def build_optimizer(model: torch.nn.Module, cfg: RunConfig, total_steps: int) -> tuple[torch.optim.Optimizer, Any]:
-    """AdamW with the paper's epsilon (Tables 3, 4, 7) and the configured schedule over `total_steps`."""
-    trained = [p for p in model.parameters() if p.requires_grad]  # a LoRA adapter's, not the frozen base's
-    optimizer = torch.optim.AdamW(trained, lr=cfg.learning_rate, eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
-    # transformers' "constant" schedule ignores warm-up; "constant_with_warmup" is the same without it
-    name = "constant_with_warmup" if cfg.lr_scheduler == "constant" else cfg.lr_scheduler
-    return optimizer, get_scheduler(name, optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=total_steps)
-
-
-def check_finite(step: int, name: str, value: torch.Tensor) -> None:
-    if not torch.isfinite(value).all():
-        raise NonFiniteError(
-            f"step {step}: {name} is {value.item() if value.numel() == 1 else 'non-finite'}; stopping. "
-            "The last good checkpoint is untouched; lower the learning rate or inspect the data and resume."
-        )
-
-
 @dataclass
-class Stage:
+class SupervisedStage:
     name: str
     model: torch.nn.Module
     tokenizer: Any
@@ -208,7 +103,8 @@ class Stage:
     collate: Callable[[list[Any]], dict[str, torch.Tensor]]
     loss_fn: LossFn
     evaluate: Callable[[torch.nn.Module, int], dict[str, float]] | None = None
-    length: Callable[[Any], int] | None = None  # padded width of an example, for length-bucketed micro-batches
+    # padded width of an example, for length-bucketed micro-batches
+    length: Callable[[Any], int] | None = None
 
 
 def count_tokens(batch: dict[str, torch.Tensor]) -> int:
@@ -216,31 +112,11 @@ def count_tokens(batch: dict[str, torch.Tensor]) -> int:
     return int(batch["attention_mask"].sum()) if "attention_mask" in batch else 0
 
 
-def accelerator_for(cfg: RunConfig, model: torch.nn.Module | None = None):
-    """An Accelerator with this run's precision, sharding `model` as `sharding=` asks. accelerate keeps the first precision of a process for
-    good and refuses another, but one process may run stages that differ in it (the pipeline, a
-    notebook, the tests), so the precision part of its state is reset; the process group stays."""
-    from accelerate import Accelerator
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state()
-    plugin = fsdp2_plugin(model) if model is not None and cfg.sharding == "fsdp2" else None
-    zero = deepspeed_plugin(cfg.sharding_options) if model is not None and cfg.sharding in ZERO_STAGES else None
-    accelerator = Accelerator(cpu=processes_need_cpu(), mixed_precision=autocast_precision(cfg), fsdp_plugin=plugin,
-                              deepspeed_plugin=zero)
-    on_cpu_processes = processes_need_cpu() and accelerator.num_processes > 1
-    if plugin is not None and on_cpu_processes:
-        use_fsdp_on_cpu(accelerator, plugin)
-    if zero is not None and on_cpu_processes:
-        use_deepspeed_on_cpu(accelerator, zero, autocast_precision(cfg))
-    return accelerator
-
-
 @dataclass
 class SupervisedSteps:
     """A supervised stage's optimizer steps, as the loop driver runs them."""
 
-    stage: Stage
+    stage: SupervisedStage
     cfg: TrainConfig
     run_dir: Path
     accelerator: Any
@@ -262,31 +138,42 @@ class SupervisedSteps:
 
     def step(self, index: int, _show) -> dict[str, float]:
         began = time.perf_counter()
-        metrics, tokens = run_step(self.accelerator, self.model, self.stage, self.schedule, self.cfg, index, self.lengths)
+        metrics, tokens = run_step(
+            self.accelerator, self.model, self.stage, self.schedule, self.cfg, index, self.lengths
+        )
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         elapsed = time.perf_counter() - began
-        return metrics | {"train/lr": self.scheduler.get_last_lr()[0], "perf/tokens_per_s": tokens / elapsed, "perf/step_s": elapsed}
+        lr = self.scheduler.get_last_lr()[0]
+        return metrics | {"train/lr": lr, "perf/tokens_per_s": tokens / elapsed, "perf/step_s": elapsed}
 
     def evaluate(self, done: int) -> dict[str, float]:
-        return self.stage.evaluate(in_training(self.accelerator, self.model), done) if self.stage.evaluate else {}
+        if not self.stage.evaluate:
+            return {}
+        return self.stage.evaluate(in_training(self.accelerator, self.model), done)
 
     def save(self, done: int) -> None:
         model, optimizer = in_training(self.accelerator, self.model), self.optimizer
         if self.sharded is not None:  # gathered on every process, written by process 0
             model, optimizer = self.sharded.gather(), SavedState(self.sharded.optimizer_state().state_dict())
-        save(self.accelerator, self.run_dir, done, model, self.stage.tokenizer, optimizer, self.scheduler, self.schedule,
-             self.cfg.keep_checkpoints)
+        save(self.accelerator, self.run_dir, done, model, self.stage.tokenizer, optimizer, self.scheduler,
+             self.schedule, self.cfg.keep_checkpoints)
 
     def finish(self) -> dict[str, float]:
-        return self.stage.evaluate(unwrap(self.accelerator, self.model), self.total) if self.stage.evaluate else {}
+        if not self.stage.evaluate:
+            return {}
+        return self.stage.evaluate(unwrap(self.accelerator, self.model), self.total)
 
     def postfix(self, metrics: dict[str, float]) -> dict[str, str]:
-        return {"loss": f"{metrics['train/loss']:.4f}", "lr": f"{metrics['train/lr']:.2e}", "tok_s": f"{metrics['perf/tokens_per_s']:.0f}"}
+        return {"loss": f"{metrics['train/loss']:.4f}", "lr": f"{metrics['train/lr']:.2e}",
+                "tok_s": f"{metrics['perf/tokens_per_s']:.0f}"}
 
 
-def train(cfg: TrainConfig, stage: Stage, run_dir: Path, checkpoint: Path | None = None, resume: str | None = None) -> dict[str, Any]:
+def train(
+    cfg: TrainConfig, stage: SupervisedStage, run_dir: Path, checkpoint: Path | None = None,
+    resume: str | None = None,
+) -> dict[str, Any]:
     """Run the optimizer steps of `stage`, resuming from `checkpoint` when given. `resume` is the command a
     preempted run prints to continue (default: `rlhfkit <stage> resume=<run_dir>`)."""
     accelerator = accelerator_for(cfg, stage.model)
@@ -300,7 +187,9 @@ def train(cfg: TrainConfig, stage: Stage, run_dir: Path, checkpoint: Path | None
     zero = accelerator.state.deepspeed_plugin is not None
     gathered = ShardedRun.keep_copy(model, accelerator.is_main_process) if fsdp or zero else None
     # a sharded optimizer's state loads after sharding, split over this launch's processes
-    start = load_training_state(checkpoint, None if fsdp or zero else optimizer, scheduler)["step"] if checkpoint else 0
+    start = 0
+    if checkpoint:
+        start = load_training_state(checkpoint, None if fsdp or zero else optimizer, scheduler)["step"]
     model, optimizer = accelerator.prepare(model, optimizer)
     sharded = (ShardedRun(model, optimizer, gathered) if fsdp else
                ZeroRun(accelerator, model, gathered, ZERO_STAGES[cfg.sharding]) if zero else None)
@@ -311,13 +200,16 @@ def train(cfg: TrainConfig, stage: Stage, run_dir: Path, checkpoint: Path | None
         apply_schedule(scheduler)
     model.train()
     lengths = [stage.length(e) for e in stage.examples] if stage.length else None
-    steps = SupervisedSteps(stage, cfg, run_dir, accelerator, schedule, model, optimizer, scheduler, lengths, sharded)
-    last = run_loop(steps, cfg, run_dir, start, accelerator, resume or resume_command(stage.name, run_dir, accelerator.num_processes))
+    steps = SupervisedSteps(stage, cfg, run_dir, accelerator, schedule, model, optimizer, scheduler, lengths,
+                            sharded)
+    resume = resume or resume_command(stage.name, run_dir, accelerator.num_processes)
+    last = run_loop(steps, cfg, run_dir, start, accelerator, resume)
     final_model = sharded.gather() if sharded is not None else unwrap(accelerator, model)
-    return {"model": final_model, "steps": schedule.total_steps, "schedule": dataclasses.asdict(schedule), "last_metrics": last}
+    return {"model": final_model, "steps": schedule.total_steps, "schedule": dataclasses.asdict(schedule),
+            "last_metrics": last}
 
 
-def run_step(accelerator, model, stage: Stage, schedule: Schedule, cfg: TrainConfig, step: int,
+def run_step(accelerator, model, stage: SupervisedStage, schedule: Schedule, cfg: TrainConfig, step: int,
              lengths: Sequence[int] | None) -> tuple[dict[str, float], int]:
     """Forward and backward over this process's micro-batches; return averaged metrics and tokens seen."""
     indices = batch_indices(schedule, cfg.seed, step, accelerator.process_index, lengths)
@@ -363,7 +255,8 @@ def in_training(accelerator, model):
     return model if is_deepspeed_engine(model) else accelerator.unwrap_model(model, keep_fp32_wrapper=True)
 
 
-def save(accelerator, run_dir: Path, step: int, model, tokenizer, optimizer, scheduler, schedule: Schedule, keep: int) -> None:
+def save(accelerator, run_dir: Path, step: int, model, tokenizer, optimizer, scheduler, schedule: Schedule,
+         keep: int) -> None:
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         state = {"examples_seen": step * schedule.total_batch_size, "epoch": step / schedule.steps_per_epoch}
