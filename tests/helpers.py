@@ -30,9 +30,14 @@ DATA = Path(os.environ.get("RLHFKIT_SHARED_DATA", REPO.parent / "shared" / "data
 
 
 def data_file(*parts: str) -> Path:
+    """A file of ../shared/data. Without it a test skips, saying why; under CI (CI=true) it fails, so a
+    run whose data went missing cannot pass by skipping a third of the suite."""
     path = DATA.joinpath(*parts)
     if not path.exists():
-        pytest.skip(f"{path} not found: the tests expect ../shared/data beside the repository")
+        missing = f"{path} not found: the tests expect ../shared/data beside the repository"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{missing} (CI=true: a missing data file fails instead of skipping)")
+        pytest.skip(missing)
     return path
 
 

@@ -9,6 +9,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 import torch
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
@@ -22,7 +23,7 @@ from rlhfkit.presets import ABOUT
 from rlhfkit.reward_models import ScalarModel
 from rlhfkit.stages import STAGES
 
-from .helpers import REPO
+from .helpers import REPO, data_file
 
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 
@@ -122,3 +123,12 @@ def test_every_test_the_reliability_promises_name_exists():
     assert len(named) > 50
     missing = [n for n in named if not re.search(rf"^def {n[2]}\(", (REPO / n[1]).read_text(), re.MULTILINE)]
     assert not missing, missing
+
+
+def test_a_missing_shared_data_file_fails_under_ci_and_skips_elsewhere(monkeypatch):
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true"):
+        data_file("no-such-folder", "no-such-file.jsonl")
+    monkeypatch.setenv("CI", "")
+    with pytest.raises(pytest.skip.Exception, match="not found"):
+        data_file("no-such-folder", "no-such-file.jsonl")
