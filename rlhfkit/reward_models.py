@@ -89,7 +89,7 @@ class ImplicitRewardModel(torch.nn.Module):
         self.policy, self.reference, self.objective = policy, reference, objective
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-        from .generation import sequence_logprobs
+        from .logprobs import sequence_logprobs
 
         policy = sequence_logprobs(self.policy, input_ids, attention_mask, response_mask)
         reference = sequence_logprobs(self.reference, input_ids, attention_mask, response_mask) if self.objective.uses_reference else None

@@ -9,9 +9,10 @@ import torch
 from rlhfkit import ops
 from rlhfkit.config import resolve
 from rlhfkit.config_onpolicy import PPOConfig
+from rlhfkit.generation import RolloutBatch
+from rlhfkit.onpolicy.advantages import ESTIMATORS
 from rlhfkit.onpolicy.algorithms import ALGORITHMS, METHODS, algorithm_of
-from rlhfkit.onpolicy.rollout import RolloutBatch
-from rlhfkit.onpolicy.update import ESTIMATORS, Objective
+from rlhfkit.onpolicy.update import Objective
 from rlhfkit.stages import STAGES
 
 

@@ -25,7 +25,8 @@ from ..data.split import split_by_prompt
 from ..eval.caveats import budget_caveat, fell_caveat, few_prompts_caveat
 from ..eval.report import Report, config_text, trained_amount, training_summary
 from ..eval.rouge import mean, rouge_l
-from ..generation import SamplingParams, generate_texts, target_logprobs
+from ..generation import SamplingParams, generate_texts
+from ..logprobs import target_logprobs
 from ..models import load_policy
 from ..plots import metric_series, plot_curves
 from ..tracking import read_jsonl, read_metrics, write_jsonl
