@@ -249,7 +249,7 @@ class RolloutBatch:
     logprobs: torch.Tensor | None = None  # (B, R) policy at sampling time (the "old" policy)
     ref_logprobs: torch.Tensor | None = None  # (B, R) frozen reference policy
     values: torch.Tensor | None = None  # (B, R) value model at sampling time
-    reward_components: torch.Tensor | None = None  # (B, C) each reward function's score, then the reward model's
+    reward_components: torch.Tensor | None = None  # (B, C) each reward function's score, then the RM's
     reward_failures: torch.Tensor | None = None  # (B, F) bool: the row a reward function failed on
     raw_scores: torch.Tensor | None = None  # (B,) the components' weighted sum
     scores: torch.Tensor | None = None  # (B,) after the EOS trick
@@ -257,7 +257,7 @@ class RolloutBatch:
     rewards: torch.Tensor | None = None  # (B, R) equation 3
     advantages: torch.Tensor | None = None  # (B, R)
     returns: torch.Tensor | None = None  # (B, R)
-    baseline_scores: torch.Tensor | None = None  # (B,) ReMax: the shaped score of the prompt's greedy response
+    baseline_scores: torch.Tensor | None = None  # (B,) ReMax: the shaped score of the prompt's greedy answer
 
     @property
     def size(self) -> int:
@@ -278,7 +278,8 @@ class RolloutBatch:
         return torch.cat([self.query_mask, self.mask.to(self.query_mask.dtype)], dim=1)
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {name: value for name, value in values.items() if value is not None}
 
     def map_tensors(self, fn) -> RolloutBatch:
         return dataclasses.replace(self, **{k: fn(v) for k, v in self.tensors().items()})
@@ -351,8 +352,8 @@ def sample_responses(
         lengths[rows], has_eos[rows] = out.lengths, out.has_eos
     mask = torch.arange(width, device=device).unsqueeze(0) < lengths.unsqueeze(1)
     prompts = torch.arange(len(queries), device=device).repeat_interleave(group)
-    return RolloutBatch(prompts, query_ids.repeat_interleave(group, 0), query_mask.repeat_interleave(group, 0),
-                        responses, mask, has_eos)
+    query_ids, query_mask = query_ids.repeat_interleave(group, 0), query_mask.repeat_interleave(group, 0)
+    return RolloutBatch(prompts, query_ids, query_mask, responses, mask, has_eos)
 
 
 def completion_texts(batch: RolloutBatch, tokenizer: PreTrainedTokenizerBase) -> list[str]:
@@ -366,7 +367,8 @@ def response_texts(rollout: Rollout | RolloutBatch, tokenizer: PreTrainedTokeniz
     texts = []
     for row, length in zip(rollout.responses, rollout.lengths.tolist(), strict=True):
         ids = row[:length].tolist()
-        texts.append(tokenizer.decode([t for t in ids if t not in (tokenizer.eos_token_id, tokenizer.pad_token_id)]))
+        ends = (tokenizer.eos_token_id, tokenizer.pad_token_id)
+        texts.append(tokenizer.decode([t for t in ids if t not in ends]))
     return texts
 
 
@@ -385,7 +387,7 @@ def generate_texts(
     generator = torch.Generator(device=model_device(model)).manual_seed(params.seed)
     with evaluation_mode(model):
         batch = sample_responses(model, queries, params, tokenizer, batch_size, lambda _: generator, desc)
-    lengths = batch.lengths.tolist()
-    return [{"text": text.strip(), "tokens": length, "has_eos": bool(has_eos), "ids": row[:length].tolist()}
-            for text, length, has_eos, row in zip(response_texts(batch, tokenizer), lengths, batch.has_eos.tolist(),
-                                                  batch.responses, strict=True)]
+    rows = zip(response_texts(batch, tokenizer), batch.lengths.tolist(), batch.has_eos.tolist(), batch.responses,
+               strict=True)
+    return [{"text": text.strip(), "tokens": length, "has_eos": has_eos, "ids": ids[:length].tolist()}
+            for text, length, has_eos, ids in rows]

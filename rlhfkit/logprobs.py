@@ -25,12 +25,14 @@ def plain_lm_head(model: torch.nn.Module) -> torch.nn.Linear | None:
     unknown transform falls back to the slower exact path instead of giving wrong log-probabilities."""
     from torch.distributed.fsdp import FSDPModule
 
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel | FSDPModule) or is_deepspeed_engine(model):
+    wrapper = isinstance(model, torch.nn.parallel.DistributedDataParallel | FSDPModule)
+    if wrapper or is_deepspeed_engine(model):
         # calling the backbone directly would bypass DDP's gradient sync, FSDP's gathering of the root's
         # weights, or DeepSpeed's (the engine's forward also drives ZeRO-3's gathering)
         return None
     head = model.get_output_embeddings()
-    if not isinstance(head, torch.nn.Linear) or any(getattr(model.config, key, None) not in (None, 0) for key in LOGIT_TRANSFORMS):
+    transformed = any(getattr(model.config, key, None) not in (None, 0) for key in LOGIT_TRANSFORMS)
+    if not isinstance(head, torch.nn.Linear) or transformed:
         return None
     if PLAIN_HEAD_CHECKED not in model.__dict__:
         device = head.weight.device
@@ -39,13 +41,15 @@ def plain_lm_head(model: torch.nn.Module) -> torch.nn.Linear | None:
         with torch.no_grad(), torch.autocast(device_type=device.type, enabled=False):
             hidden = getattr(model, model.base_model_prefix)(input_ids=ids).last_hidden_state
             logits = model(input_ids=ids).logits
-            model.__dict__[PLAIN_HEAD_CHECKED] = torch.allclose(head(hidden).float(), logits.float(), atol=1e-4, rtol=1e-3)
+            plain = torch.allclose(head(hidden).float(), logits.float(), atol=1e-4, rtol=1e-3)
+            model.__dict__[PLAIN_HEAD_CHECKED] = plain
     return head if model.__dict__[PLAIN_HEAD_CHECKED] else None
 
 
 def pad_token_of(model: torch.nn.Module) -> int | None:
     """The PAD id a model's config carries (vocab.match_vocab sets it), through DDP's and DeepSpeed's
-    wrappers: the token no log-probability gives mass to, as `generation.pick_next` never samples it (Detail 3)."""
+    wrappers: the token no log-probability gives mass to, as `generation.pick_next` never samples it
+    (Detail 3)."""
     config = getattr(getattr(model, "module", model), "config", None)
     pad, eos = getattr(config, "pad_token_id", None), getattr(config, "eos_token_id", None)
     return pad if isinstance(pad, int) and pad != eos else None
@@ -74,13 +78,18 @@ def response_logprobs(
         return chunked_logprobs_entropy(logits, responses, temperature=temperature, chunk_rows=chunk_rows,
                                         excluded_token=pad_token_of(model))
     backbone = getattr(model, model.base_model_prefix)
-    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).last_hidden_state
-    return chunked_logprobs_entropy(hidden[:, context_length - 1 : -1], responses, head.weight, head.bias, temperature, chunk_rows,
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions)
+    features = hidden.last_hidden_state[:, context_length - 1 : -1]
+    return chunked_logprobs_entropy(features, responses, head.weight, head.bias, temperature, chunk_rows,
                                     pad_token_of(model))
 
 
 def target_logprobs(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, targets: torch.Tensor, chunk_rows: int = 256
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    targets: torch.Tensor,
+    chunk_rows: int = 256,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probabilities (temperature 1) of the tokens `input_ids[:, 1:][targets]`, each predicted from
     the position before it, as a flat (N,) tensor with the row of each. Any padding side; logits are
@@ -89,21 +98,29 @@ def target_logprobs(
     targets = targets.bool()
     positions = position_ids_from_mask(attention_mask)
     head = plain_lm_head(model)
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": positions}
     if head is None:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).logits[:, :-1]
+        logits = model(**inputs).logits[:, :-1]
         features, weight, bias = logits[targets], None, None
     else:
-        hidden = getattr(model, model.base_model_prefix)(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions)
+        hidden = getattr(model, model.base_model_prefix)(**inputs)
         features, weight, bias = hidden.last_hidden_state[:, :-1][targets], head.weight, head.bias
-    logprobs = chunked_logprobs_entropy(features, input_ids[:, 1:][targets], weight, bias, 1.0, chunk_rows, pad_token_of(model))[0]
+    tokens = input_ids[:, 1:][targets]
+    excluded = pad_token_of(model)
+    logprobs, _ = chunked_logprobs_entropy(features, tokens, weight, bias, 1.0, chunk_rows, excluded)
     rows = torch.arange(input_ids.size(0), device=input_ids.device).unsqueeze(1).expand_as(targets)[targets]
     return logprobs, rows
 
 
 def sequence_logprobs(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor, chunk_rows: int = 256
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_mask: torch.Tensor,
+    chunk_rows: int = 256,
 ) -> torch.Tensor:
     """(B,) summed log-probabilities (temperature 1) of the tokens where `response_mask` is set: log
     pi(y|x) of DPO (equation 4) and of its implicit reward (equation 5)."""
     logprobs, rows = target_logprobs(model, input_ids, attention_mask, response_mask[:, 1:], chunk_rows)
-    return torch.zeros(input_ids.size(0), dtype=logprobs.dtype, device=logprobs.device).index_add(0, rows, logprobs)
+    sums = torch.zeros(input_ids.size(0), dtype=logprobs.dtype, device=logprobs.device)
+    return sums.index_add(0, rows, logprobs)

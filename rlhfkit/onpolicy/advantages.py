@@ -43,7 +43,7 @@ class EstimatorNeeds:
 
 @dataclass(frozen=True)
 class Estimator:
-    """An advantage estimator as declared: its name (an `advantage_estimator` choice), its function and needs."""
+    """An advantage estimator as declared: its name (an `advantage_estimator` choice), function and needs."""
 
     name: str
     function: EstimatorFunction
@@ -76,7 +76,8 @@ def gae_advantages(cfg: PPOConfig, rewards, mask, batch, _groups):
 @estimator("grpo", needs_groups=True)
 def grpo_advantages(cfg: GRPOConfig, rewards, mask, _batch, groups):
     """GRPO: the sequence reward minus its group's mean, over the group's std unless scale_rewards=false."""
-    return ops.sequence_advantages(ops.group_relative_advantages(rewards.sum(-1), groups, cfg.scale_rewards), mask)
+    relative = ops.group_relative_advantages(rewards.sum(-1), groups, cfg.scale_rewards)
+    return ops.sequence_advantages(relative, mask)
 
 
 @estimator("rloo", needs_groups=True)
@@ -97,8 +98,8 @@ def reinforce_pp_advantages(cfg: ReinforceConfig, rewards, mask, _batch, _groups
 def reinforce_pp_baseline_advantages(_cfg: ReinforceConfig, rewards, mask, _batch, groups):
     """REINFORCE++-baseline: the sequence reward minus its group's mean, whitened over the whole
     batch's tokens."""
-    centred, _ = ops.sequence_advantages(ops.group_relative_advantages(rewards.sum(-1), groups, scale_by_std=False),
-                                         mask)
+    relative = ops.group_relative_advantages(rewards.sum(-1), groups, scale_by_std=False)
+    centred, _ = ops.sequence_advantages(relative, mask)
     return ops.masked_whiten(centred, mask), centred
 
 
@@ -130,19 +131,22 @@ def check_estimator_needs(cfg: OnPolicyConfig) -> None:
     elif cfg.dynamic_sampling or needs.groups:
         compared = ("dynamic_sampling=true drops every group" if cfg.dynamic_sampling
                     else f"advantage_estimator={cfg.advantage_estimator} compares them")
-        alike = f"the samples_per_prompt={cfg.samples_per_prompt} responses to a prompt are identical ({compared})"
+        alike = (f"the samples_per_prompt={cfg.samples_per_prompt} responses to a prompt are identical "
+                 f"({compared})")
     else:
         return
-    raise ConfigError(f"temperature={cfg.temperature:g} samples greedily: {alike}, so every advantage is 0 and the "
-                      "run learns nothing; set temperature above 0 (e.g. 0.7)")
+    raise ConfigError(f"temperature={cfg.temperature:g} samples greedily: {alike}, so every advantage is 0 "
+                      "and the run learns nothing; set temperature above 0 (e.g. 0.7)")
 
 
-def shaped_scores(cfg: OnPolicyConfig, raw: torch.Tensor, lengths: torch.Tensor, has_eos: torch.Tensor) -> torch.Tensor:
+def shaped_scores(cfg: OnPolicyConfig, raw: torch.Tensor, lengths: torch.Tensor,
+                  has_eos: torch.Tensor) -> torch.Tensor:
     """(B,) what the advantages see of each response: its raw score minus the length penalty, the EOS
     trick (Detail 23), plus DAPO's overlong punishment."""
     scores = ops.length_penalised_scores(raw, lengths, cfg.reward_length_penalty)
     scores = ops.eos_trick(scores, has_eos, cfg.missing_eos_score) if cfg.eos_trick else scores
-    overlong = ops.overlong_penalty(lengths, cfg.max_response_length, cfg.overlong_buffer, cfg.overlong_penalty)
+    overlong = ops.overlong_penalty(lengths, cfg.max_response_length, cfg.overlong_buffer,
+                                    cfg.overlong_penalty)
     return scores + overlong.to(scores.device)
 
 
@@ -161,7 +165,9 @@ def compute_advantages(batch: RolloutBatch, cfg: OnPolicyConfig, kl_coef: float)
     rewards, _ = ops.rlhf_rewards(scores, kl, mask, kl_coef if cfg.kl_placement == "reward" else 0.0)
     if cfg.whiten_rewards:  # Detail 24
         rewards = ops.masked_whiten(rewards, mask, shift_mean=False)
-    advantages, returns = ESTIMATORS[cfg.advantage_estimator](cfg, rewards, mask, batch, row_groups(batch, cfg))
+    estimate = ESTIMATORS[cfg.advantage_estimator]
+    advantages, returns = estimate(cfg, rewards, mask, batch, row_groups(batch, cfg))
     if cfg.whiten_advantages:  # Detail 25
         advantages = ops.masked_whiten(advantages, mask)
-    return dataclasses.replace(batch, scores=scores, kl=kl, rewards=rewards, advantages=advantages, returns=returns)
+    return dataclasses.replace(batch, scores=scores, kl=kl, rewards=rewards, advantages=advantages,
+                               returns=returns)

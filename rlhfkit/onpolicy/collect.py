@@ -76,12 +76,13 @@ def collect(setup: RolloutSetup, update: int, timings: dict[str, float], show=la
         return draw_rollout(setup, update, attempt, stream, timings, show)
 
     if cfg.dynamic_sampling:
-        return dynamic_sample(draw, cfg, counts if counts is not None else {}, setup.models.tokenizer.pad_token_id)
+        tallies = counts if counts is not None else {}
+        return dynamic_sample(draw, cfg, tallies, setup.models.tokenizer.pad_token_id)
     return draw(0)
 
 
-def draw_rollout(setup: RolloutSetup, update: int, attempt: int, stream: PromptStream, timings: dict[str, float],
-                 show) -> RolloutBatch:
+def draw_rollout(setup: RolloutSetup, update: int, attempt: int, stream: PromptStream,
+                 timings: dict[str, float], show) -> RolloutBatch:
     """The next draw of the stream, sampled by every process for its share and gathered, scored."""
     models, cfg, accelerator = setup.models, setup.cfg, setup.accelerator
     device = next(models.policy.parameters()).device
@@ -90,15 +91,17 @@ def draw_rollout(setup: RolloutSetup, update: int, attempt: int, stream: PromptS
     stream.position += per_update
     share = process_share(per_update, accelerator.process_index, accelerator.num_processes)
     offset = attempt * per_update  # the chunk RNGs of a refill are keyed past those of the earlier draws
-    params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.temperature, decoding=cfg.decoding)
+    params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.temperature,
+                            decoding=cfg.decoding)
     own = [setup.prompts[i] for i in picked[share]]
     show("sampling")
     began = time.perf_counter()
     # eval mode: with activation checkpointing on, a model in train mode refuses the KV cache
     with autocast(device, setup.precision), evaluation_mode(models.policy):
-        batch = sample_responses(models.policy, own, params, models.tokenizer, cfg.generation_batch_size,
-                                 lambda i: chunk_generator(cfg.seed, update, offset + share.start + i, device),
-                                 samples_per_prompt=cfg.samples_per_prompt)
+        batch = sample_responses(
+            models.policy, own, params, models.tokenizer, cfg.generation_batch_size,
+            lambda i: chunk_generator(cfg.seed, update, offset + share.start + i, device),
+            samples_per_prompt=cfg.samples_per_prompt)
     batch.prompts = torch.as_tensor(picked[share], device=device).repeat_interleave(cfg.samples_per_prompt)
     if needs_of(cfg).greedy_baseline:  # its greedy answers count as generation time
         prompt_ids = batch.prompts[:: cfg.samples_per_prompt]
@@ -124,8 +127,9 @@ def greedy_baseline(setup: RolloutSetup, queries: list[list[int]], prompt_ids: t
     device = next(models.policy.parameters()).device
     params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=0.0, decoding=cfg.decoding)
     with autocast(device, precision), evaluation_mode(models.policy):
-        greedy = sample_responses(models.policy, queries, params, models.tokenizer, cfg.generation_batch_size,
-                                  lambda i: chunk_generator(cfg.seed, update, position + i, device, GREEDY_STREAM))
+        greedy = sample_responses(
+            models.policy, queries, params, models.tokenizer, cfg.generation_batch_size,
+            lambda i: chunk_generator(cfg.seed, update, position + i, device, GREEDY_STREAM))
     greedy.prompts = prompt_ids
     # under the autocast score_rollout scores in
     with autocast(model_device(models.reward) if models.reward is not None else device, precision):
@@ -136,7 +140,8 @@ def greedy_baseline(setup: RolloutSetup, queries: list[list[int]], prompt_ids: t
 
 
 def informative_groups(batch: RolloutBatch, cfg: OnPolicyConfig) -> torch.Tensor:
-    """(B,) True for the rows of groups whose shaped scores spread by more than dynamic_sampling_min_spread."""
+    """(B,) True for the rows of groups whose shaped scores spread by more than
+    dynamic_sampling_min_spread."""
     scores = shaped_scores(cfg, batch.raw_scores, batch.lengths, batch.has_eos)
     return ops.group_spread(scores, row_groups(batch, cfg)) > cfg.dynamic_sampling_min_spread
 
@@ -159,7 +164,8 @@ def dynamic_sample(draw, cfg: OnPolicyConfig, counts: dict[str, float], pad_id: 
         dropped_groups += int((~keep).sum()) // group
     filled = max(0, wanted - kept_groups)
     counts |= {"sampling/draws": float(draws), "sampling/dropped_groups": float(dropped_groups),
-               "sampling/filled_groups": float(filled), "sampling/kept_share": kept_groups / max(1, kept_groups + dropped_groups)}
+               "sampling/filled_groups": float(filled),
+               "sampling/kept_share": kept_groups / max(1, kept_groups + dropped_groups)}
     return concatenate_rows(kept + dropped, wanted * group, pad_id)
 
 
@@ -180,7 +186,8 @@ def prompt_indices(num_prompts: int, count: int, seed: int, start: int) -> np.nd
     A function of (seed, position) only, so a resumed run draws exactly the prompts it would have."""
     positions = np.arange(start, start + count)
     epochs, offsets = np.divmod(positions, num_prompts)
-    perms = {int(e): np.random.default_rng([seed, int(e)]).permutation(num_prompts) for e in np.unique(epochs)}
+    perms = {int(e): np.random.default_rng([seed, int(e)]).permutation(num_prompts)
+             for e in np.unique(epochs)}
     return np.array([perms[int(e)][o] for e, o in zip(epochs, offsets, strict=True)], dtype=np.int64)
 
 

@@ -85,10 +85,12 @@ def extreme_samples(batch: RolloutBatch, tokenizer, update: int, count: int) -> 
         query = batch.query_ids[i][batch.query_mask[i].bool()].tolist()
         response = batch.responses[i][batch.mask[i]].tolist()
         rows.append({
-            "step": update, "rank": rank, "score": float(batch.scores[i]), "raw_score": float(batch.raw_scores[i]),
-            "kl": float(batch.kl[i].sum()), "advantage": float(ops.masked_mean(batch.advantages[i], batch.mask[i])),
+            "step": update, "rank": rank, "score": float(batch.scores[i]),
+            "raw_score": float(batch.raw_scores[i]), "kl": float(batch.kl[i].sum()),
+            "advantage": float(ops.masked_mean(batch.advantages[i], batch.mask[i])),
             "length": len(response), "has_eos": bool(batch.has_eos[i]),
-            "query": tokenizer.decode(query), "response": tokenizer.decode(response, skip_special_tokens=True),
+            "query": tokenizer.decode(query),
+            "response": tokenizer.decode(response, skip_special_tokens=True),
         })
     return rows
 

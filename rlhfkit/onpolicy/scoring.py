@@ -46,7 +46,8 @@ class PromptTexts:
 
     @classmethod
     def of(cls, examples: list[SFTExample]) -> PromptTexts:
-        return cls([e.query.text for e in examples], [e.record.columns for e in examples], [e.record.where for e in examples])
+        return cls([e.query.text for e in examples], [e.record.columns for e in examples],
+                   [e.record.where for e in examples])
 
 
 @dataclass
@@ -56,20 +57,23 @@ class RewardSources:
     functions: RewardFunctions
     has_model: bool
     weights: list[float]
-    last_problem: dict[str, str] = field(default_factory=dict)  # by function: what went wrong on its last failed row
+    # by function: what went wrong on its last failed row
+    last_problem: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, cfg: OnPolicyConfig) -> RewardSources:
         if not cfg.reward_functions and not cfg.reward_model:
-            raise ConfigError("nothing to optimise: give reward_model= (a reward model folder) and/or reward_functions= "
+            raise ConfigError("nothing to optimise: give reward_model= (a reward model folder) and/or "
+                              "reward_functions= "
                               "(e.g. gsm8k,format; see rlhfkit/rewards.py)")
-        functions = RewardFunctions.from_specs(cfg.reward_functions, cfg.reward_error_score, cfg.stop_on_reward_error, cfg.reward_timeout)
+        functions = RewardFunctions.from_specs(cfg.reward_functions, cfg.reward_error_score,
+                                               cfg.stop_on_reward_error, cfg.reward_timeout)
         count = len(functions) + bool(cfg.reward_model)
         weights = list(cfg.reward_weights) or [1.0] * count
         if len(weights) != count:
             names = ", ".join(functions.names + ([REWARD_MODEL] if cfg.reward_model else []))
-            raise ConfigError(f"reward_weights has {len(weights)} values for {count} rewards ({names}): give one per reward "
-                              "function, then one for the reward model")
+            raise ConfigError(f"reward_weights has {len(weights)} values for {count} rewards ({names}): "
+                              "give one per reward function, then one for the reward model")
         return cls(functions, bool(cfg.reward_model), weights)
 
     @classmethod
@@ -80,15 +84,17 @@ class RewardSources:
     def names(self) -> list[str]:
         return self.functions.names + ([REWARD_MODEL] if self.has_model else [])
 
-    def function_scores(self, prompts: PromptTexts, rows: list[int], completions: list[str], lengths: list[int],
-                        has_eos: list[bool], max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def function_scores(self, prompts: PromptTexts, rows: list[int], completions: list[str],
+                        lengths: list[int], has_eos: list[bool],
+                        max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """((B, F) scores, (B, F) bool: the row failed) of the reward functions on completions of
         prompts `rows`; failures are printed (the first few) and flagged for counting."""
-        columns = {key: [prompts.columns[i].get(key) for i in rows] for key in set().union(*(prompts.columns[i] for i in rows))}
+        keys = set().union(*(prompts.columns[i] for i in rows))
+        columns = {key: [prompts.columns[i].get(key) for i in rows] for key in keys}
         columns |= dict(zip(ROLLOUT_COLUMNS, (lengths, has_eos, max_length), strict=True))
         where = [prompts.where[i] for i in rows]
-        scores = torch.tensor(self.functions.score([prompts.texts[i] for i in rows], completions, columns, where),
-                              dtype=torch.float32).reshape(len(self.functions), len(rows)).T
+        scored = self.functions.score([prompts.texts[i] for i in rows], completions, columns, where)
+        scores = torch.tensor(scored, dtype=torch.float32).reshape(len(self.functions), len(rows)).T
         failed = torch.zeros_like(scores, dtype=torch.bool)
         errors = self.functions.take_errors()
         for error in errors:
@@ -108,9 +114,10 @@ class RewardSources:
             return
         for name, all_failed in zip(self.functions.names, failed.all(dim=0).tolist(), strict=True):
             if all_failed:
-                raise ConfigError(f"reward function {name!r} failed on all {failed.size(0)} rows of update {update} (the last: "
-                                  f"{self.last_problem.get(name, 'see the warnings above')}): the run would learn from "
-                                  "reward_error_score alone: fix the function, then run again")
+                last = self.last_problem.get(name, "see the warnings above")
+                raise ConfigError(f"reward function {name!r} failed on all {failed.size(0)} rows of update "
+                                  f"{update} (the last: {last}): the run would learn from reward_error_score "
+                                  "alone: fix the function, then run again")
 
     def combine(self, components: torch.Tensor) -> torch.Tensor:
         """(B,) the weighted sum of the (B, C) components."""
@@ -121,14 +128,17 @@ def report_errors(errors: list[RewardError]) -> None:
     for error in errors[:REPORTED_ERRORS]:
         warn(error.line())
     if len(errors) > REPORTED_ERRORS:
-        warn(f"{len(errors) - REPORTED_ERRORS} more reward-function failures in this batch (counted in rewards/<name>_errors)")
+        warn(f"{len(errors) - REPORTED_ERRORS} more reward-function failures in this batch (counted in "
+             "rewards/<name>_errors)")
 
 
-def component_metrics(names: list[str], components: torch.Tensor, failed: torch.Tensor | None, prefix: str = "rewards/") -> dict[str, float]:
+def component_metrics(names: list[str], components: torch.Tensor, failed: torch.Tensor | None,
+                      prefix: str = "rewards/") -> dict[str, float]:
     """The mean of each component and, for reward functions, the number of rows it failed on."""
     metrics = {f"{prefix}{name}": float(components[:, c].mean()) for c, name in enumerate(names)}
     if failed is not None:
-        metrics |= {f"{prefix}{name}_errors": float(failed[:, c].sum()) for c, name in enumerate(names[: failed.size(1)])}
+        functions = names[: failed.size(1)]
+        metrics |= {f"{prefix}{name}_errors": float(failed[:, c].sum()) for c, name in enumerate(functions)}
     return metrics
 
 
@@ -137,7 +147,7 @@ class OnPolicyModels:
     policy: torch.nn.Module  # trained
     reference: torch.nn.Module  # frozen copy of the starting (SFT) policy
     reward: ScalarModel | None  # frozen; None when reward functions alone score
-    value: ScalarModel | None  # trained, when the algorithm has a critic (Detail 22: starts as the reward model)
+    value: ScalarModel | None  # trained, when the algorithm has a critic (Detail 22: from the reward model)
     tokenizer: PreTrainedTokenizerBase
     sources: RewardSources | None = None  # reward functions and weights (None: the reward model alone)
 
@@ -152,7 +162,8 @@ class OnPolicyModels:
 
 
 def policy_logprobs(policy, batch: RolloutBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    return response_logprobs(policy, batch.input_ids(), batch.attention_mask(), batch.context_length, temperature)
+    return response_logprobs(policy, batch.input_ids(), batch.attention_mask(), batch.context_length,
+                             temperature)
 
 
 def value_estimates(value: ScalarModel, batch: RolloutBatch) -> torch.Tensor:
@@ -164,7 +175,8 @@ def value_estimates(value: ScalarModel, batch: RolloutBatch) -> torch.Tensor:
 def reward_scores(reward: ScalarModel, batch: RolloutBatch) -> torch.Tensor:
     """(B,) reward-model scores read at each response's EOS (Detail 12; the last token when there is
     none), the query left padded (Detail 14): the same index equation 3 puts the score on."""
-    return scores_at_eos(reward, batch.input_ids(), batch.attention_mask(), batch.context_length, batch.lengths)
+    return scores_at_eos(reward, batch.input_ids(), batch.attention_mask(), batch.context_length,
+                         batch.lengths)
 
 
 def model_scores(models: OnPolicyModels, batch, cfg: OnPolicyConfig) -> torch.Tensor | None:
@@ -172,12 +184,13 @@ def model_scores(models: OnPolicyModels, batch, cfg: OnPolicyConfig) -> torch.Te
     if models.reward is None:
         return None
     scored = batch.to(model_device(models.reward))
-    return torch.cat([reward_scores(models.reward, scored.select(slice(i, i + cfg.forward_batch_size))).float().cpu()
-                      for i in range(0, batch.size, cfg.forward_batch_size)])
+    step = cfg.forward_batch_size
+    return torch.cat([reward_scores(models.reward, scored.select(slice(i, i + step))).float().cpu()
+                      for i in range(0, batch.size, step)])
 
 
-def reward_components(models: OnPolicyModels, batch: RolloutBatch, model_scores: torch.Tensor | None, prompts: PromptTexts | None,
-                      max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+def reward_components(models: OnPolicyModels, batch: RolloutBatch, model_scores: torch.Tensor | None,
+                      prompts: PromptTexts | None, max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
     """((B, C) reward components: the functions' then the reward model's, (B, F) failed rows);
     `batch.prompts` index `prompts`."""
     sources = models.reward_sources()
@@ -185,7 +198,8 @@ def reward_components(models: OnPolicyModels, batch: RolloutBatch, model_scores:
     if len(sources.functions):
         if prompts is None:
             raise ValueError("reward functions need the prompts' texts and columns")
-        scores, failed = sources.function_scores(prompts, batch.prompts.tolist(), completion_texts(batch, models.tokenizer),
+        completions = completion_texts(batch, models.tokenizer)
+        scores, failed = sources.function_scores(prompts, batch.prompts.tolist(), completions,
                                                  batch.lengths.tolist(), batch.has_eos.tolist(), max_length)
         columns.append(scores)
     if model_scores is not None:
@@ -212,11 +226,13 @@ def score_rollout(models: OnPolicyModels, batch: RolloutBatch, cfg: OnPolicyConf
                 parts["values"].append(value_estimates(models.value, part).float())
         with autocast(frozen, precision):
             remote = part.to(frozen)  # the reference and reward models share the frozen device
-            parts["ref_logprobs"].append(policy_logprobs(models.reference, remote, cfg.temperature)[0].to(device))
+            reference, _ = policy_logprobs(models.reference, remote, cfg.temperature)
+            parts["ref_logprobs"].append(reference.to(device))
             if models.reward is not None:
                 parts["model_scores"].append(reward_scores(models.reward, remote).float().to(device))
     filled = {k: torch.cat(v) for k, v in parts.items()}
-    components, failed = reward_components(models, batch, filled.pop("model_scores", None), prompts, cfg.max_response_length)
+    scores = filled.pop("model_scores", None)
+    components, failed = reward_components(models, batch, scores, prompts, cfg.max_response_length)
     filled |= {"reward_components": components, "raw_scores": models.reward_sources().combine(components)}
     if failed.numel():
         filled["reward_failures"] = failed
