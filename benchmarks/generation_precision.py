@@ -126,6 +126,32 @@ def generate_all(model, batches: list[dict], new_tokens: int, pad_id: int):
     return [generate(model, b["input_ids"], b["attention_mask"], params, -1, pad_id) for b in batches]
 
 
+def picked_logprobs(model, batches: list[dict], new_tokens: int, pad_id: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(responses, log-probabilities of the picked tokens under the logits they were picked from) of each
+    batch, from an untimed pass: generation keeps no log-probabilities, so they are taken as the tokens
+    are picked, to tell bit-identical modes apart."""
+    from rlhfkit import generation
+    from rlhfkit.ops import logprobs_from_logits
+
+    pick_next, steps = generation.pick_next, []
+
+    def recording(logits, params, generator, pad_id=None):
+        token = pick_next(logits, params, generator, pad_id)
+        steps.append(logprobs_from_logits(logits, token, params.temperature))
+        return token
+
+    outputs = []
+    generation.pick_next = recording
+    try:
+        for batch in batches:
+            steps.clear()
+            responses = generate_all(model, [batch], new_tokens, pad_id)[0].responses
+            outputs.append((responses, torch.stack(steps, dim=1)))
+    finally:
+        generation.pick_next = pick_next
+    return outputs
+
+
 def measure(model_name: str, args, device: torch.device, machine: dict) -> list[dict]:
     from rlhfkit.data.collate import left_pad_queries
 
@@ -145,11 +171,14 @@ def measure(model_name: str, args, device: torch.device, machine: dict) -> list[
             with mode_of(model, name, device):
                 forwards.marks.clear()
                 began = time.perf_counter()
-                outputs[name] = generate_all(model, batches, args.new_tokens, tokenizer.pad_token_id)
+                generate_all(model, batches, args.new_tokens, tokenizer.pad_token_id)
                 total = time.perf_counter() - began
             marks, per_batch = forwards.marks, 2 * args.new_tokens  # a start and an end mark per forward
             prefill = sum(marks[i * per_batch + 1] - marks[i * per_batch] for i in range(len(batches)))
             runs[name].append((total, prefill, total - prefill))
+    for name in modes:
+        with mode_of(model, name, device):
+            outputs[name] = picked_logprobs(model, batches, args.new_tokens, tokenizer.pad_token_id)
     casts = {}
     for name in modes:
         first = batches[0]
@@ -166,7 +195,7 @@ def measure(model_name: str, args, device: torch.device, machine: dict) -> list[
 
     def same(a: str, b: str, logprobs: bool) -> bool:
         pairs = zip(outputs[a], outputs[b], strict=True)
-        return all(torch.equal(x.responses, y.responses) and (not logprobs or torch.equal(x.logprobs, y.logprobs)) for x, y in pairs)
+        return all(torch.equal(x[0], y[0]) and (not logprobs or torch.equal(x[1], y[1])) for x, y in pairs)
 
     rows = []
     decoded = len(queries) * (args.new_tokens - 1)  # positions after the one the prefill predicts

@@ -171,7 +171,7 @@ def dpo_steps(folder: Path, opts: dict, rng) -> None:
     import torch
 
     from rlhfkit.data.collate import right_pad_query_response
-    from rlhfkit.generation import sequence_logprobs
+    from rlhfkit.logprobs import sequence_logprobs
     from rlhfkit.trainers.dpo import make_dpo_loss
 
     policy, reference = policy_model(folder, opts), policy_model(folder, opts, trained=False)
@@ -199,15 +199,10 @@ def on_policy_steps(folder: Path, opts: dict, rng) -> None:
     import torch
 
     from rlhfkit.config import GRPOConfig, PPOConfig
-    from rlhfkit.generation import SamplingParams
-    from rlhfkit.onpolicy.rollout import sample_responses
-    from rlhfkit.onpolicy.update import (
-        OnPolicyModels,
-        build_optimizers,
-        compute_advantages,
-        score_rollout,
-        update_on_rollout,
-    )
+    from rlhfkit.generation import SamplingParams, sample_responses
+    from rlhfkit.onpolicy.advantages import compute_advantages
+    from rlhfkit.onpolicy.scoring import OnPolicyModels, score_rollout
+    from rlhfkit.onpolicy.update import build_optimizers, update_on_rollout
 
     policy = policy_model(folder, opts)
     vocab = policy.config.vocab_size

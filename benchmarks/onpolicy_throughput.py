@@ -54,7 +54,7 @@ def shape_policy(name: str):
 
 def build(model_name: str, device: torch.device, with_value: bool):
     from rlhfkit.models import load_policy
-    from rlhfkit.onpolicy.update import OnPolicyModels
+    from rlhfkit.onpolicy.scoring import OnPolicyModels
     from rlhfkit.reward_models import ScalarModel
     from rlhfkit.tiny_models import tiny_policy
 
@@ -100,6 +100,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from rlhfkit.onpolicy import trainer, update
+    from rlhfkit.onpolicy.advantages import compute_advantages
+    from rlhfkit.onpolicy.collect import RolloutSetup, collect
     from rlhfkit.stages import resolve
 
     device = best_device()
@@ -115,12 +117,13 @@ def main() -> None:
     queries = args.batch // cfg.samples_per_prompt
     prompts = torch.randint(100, len(models.tokenizer) - 1, (queries, args.query_length), generator=generator).tolist()
     precision = "bf16" if args.bf16 else "no"
+    setup = RolloutSetup(models, prompts, cfg, precision)
     rows = []
     for index in range(args.warmup + args.updates):
         timings: dict[str, float] = {}
         began = time.perf_counter()
         phase_peak(device)
-        batch = trainer.collect(models, prompts, cfg, index, cfg.kl_coef, precision, timings)
+        batch = compute_advantages(collect(setup, index, timings), cfg, cfg.kl_coef)
         timings["collect_peak_bytes"] = phase_peak(device)
         tick = time.perf_counter()
         update.update_on_rollout(models, optimizers, batch, cfg, index + 1, precision, cfg.kl_coef)

@@ -1,5 +1,6 @@
 """What the trainers need of the processes of a launch (`launch.py` starts them): the device, a
-stand-in for the accelerator in a single process, and a smoke check that the processes agree."""
+stand-in for the accelerator in a single process, each process's share of a batch, and a smoke check
+that the processes agree."""
 
 from __future__ import annotations
 
@@ -27,6 +28,12 @@ class OneProcess:
 
 
 ONE_PROCESS = OneProcess()
+
+
+def process_share(count: int, rank: int, processes: int) -> slice:
+    """The contiguous part of `count` items (an update's prompts or rows) that process `rank` handles."""
+    per_process = count // processes
+    return slice(rank * per_process, (rank + 1) * per_process)
 
 
 def leave_process_group() -> None:

@@ -1,19 +1,22 @@
-"""Batched generation from left-padded queries, with the KV cache, and the log-probabilities of a
-rollout's response tokens from one forward pass.
+"""Sampling from a policy: batched generation from left-padded queries with the KV cache, and the
+one way to sample many prompts (`sample_responses`: chunks, longest queries first, each chunk with its
+own RNG, G samples per prompt, into one `RolloutBatch`), with the decoded texts.
 
-`generate` returns the sampled tokens, their log-probabilities under the temperature used to sample
-(Table 7: the temperature divides the logits in every forward pass), and responses truncated after
-the first EOS with PAD after it: the mechanics the PPO EOS trick (Detail 23) needs. Rows that never
-emit EOS keep all their tokens. `response_logprobs` recomputes those log-probabilities (and the
-entropies) the way the trainers do.
+`generate` returns the sampled tokens and the responses truncated after the first EOS with PAD after
+it: the mechanics the PPO EOS trick (Detail 23) needs. Rows that never emit EOS keep all their tokens.
+Sampling divides the logits by the temperature (Table 7); the log-probabilities of the sampled tokens
+are recomputed in one forward pass where they are needed (`logprobs.response_logprobs`), the way the
+trainers compute them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from tqdm import tqdm
 from transformers import DynamicCache, PreTrainedTokenizerBase, StaticCache
@@ -21,15 +24,14 @@ from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
 from . import decoding
 from .data.collate import left_pad_queries
-from .devices import is_deepspeed_engine
+from .devices import evaluation_mode, model_device
 from .ops import (
-    chunked_logprobs_entropy,
     filter_logits,
     first_true_indices,
-    logprobs_from_logits,
     position_ids_from_mask,
     truncate_after_eos,
 )
+from .sharding import gathered_for_generation
 
 
 @dataclass
@@ -46,7 +48,6 @@ class SamplingParams:
 class Rollout:
     queries: torch.Tensor  # (B, Q) left padded
     responses: torch.Tensor  # (B, R) truncated after the first EOS, PAD after it
-    logprobs: torch.Tensor  # (B, R) log-probabilities of the sampled tokens; 0 after the EOS
     lengths: torch.Tensor  # (B,) tokens up to and including EOS (R when there is none)
     has_eos: torch.Tensor  # (B,) whether the response contains EOS
     decoding: str = "eager"  # how the steps ran: eager, buckets or cuda-graphs
@@ -172,12 +173,11 @@ def prefill_and_decode(model: torch.nn.Module, query_ids: torch.Tensor, query_ma
                 use_cache=True, logits_to_keep=1)
     query_ids, query_mask, logits = (t.repeat_interleave(samples_per_prompt, dim=0) for t in (query_ids, query_mask, out.logits[:, -1]))
     steps = decoding_steps(model, decoding.returned_cache(out), query_mask, samples_per_prompt, params, logits)
-    tokens, logps = [], []
+    tokens = []
     finished = torch.zeros(query_ids.size(0), dtype=torch.bool, device=device)
     for step in range(params.max_new_tokens):
         nxt = pick_next(logits, params, generator, pad_id)
         tokens.append(nxt)
-        logps.append(logprobs_from_logits(logits, nxt, params.temperature))
         finished |= nxt == eos_id
         if bool(finished.all()) or len(tokens) == params.max_new_tokens:
             break
@@ -187,9 +187,7 @@ def prefill_and_decode(model: torch.nn.Module, query_ids: torch.Tensor, query_ma
     eos_at = first_true_indices(raw == eos_id)
     has_eos = eos_at < raw.size(1)
     lengths = torch.where(has_eos, eos_at + 1, torch.full_like(eos_at, raw.size(1)))
-    valid = torch.arange(raw.size(1), device=device).unsqueeze(0) < lengths.unsqueeze(1)
-    logprobs = torch.stack(logps, dim=1) * valid
-    return Rollout(query_ids, responses, logprobs, lengths, has_eos, steps.name)
+    return Rollout(query_ids, responses, lengths, has_eos, steps.name)
 
 
 class EagerSteps:
@@ -242,109 +240,140 @@ def decoding_steps(model: torch.nn.Module, prefill: Cache, query_mask: torch.Ten
     return EagerSteps(model, prefill, query_mask, repeats, params.max_new_tokens)
 
 
-# Config fields of models whose logits are not a plain linear map of the last hidden state
-# (soft-capping, scaling): their log-probabilities come from the model's own logits instead.
-LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale",
-                    "lm_head_multiplier", "softcap")
-PLAIN_HEAD_CHECKED = "_rlhfkit_plain_lm_head"
+@dataclass
+class RolloutBatch:
+    """Sampled episodes and everything computed on them. B rows; queries left padded to Q columns,
+    responses R columns. `sample_responses` fills the first six fields; the on-policy phases the rest."""
+
+    prompts: torch.Tensor  # (B,) index of each row's prompt
+    query_ids: torch.Tensor  # (B, Q)
+    query_mask: torch.Tensor  # (B, Q)
+    responses: torch.Tensor  # (B, R) cut after the first EOS, PAD after it
+    mask: torch.Tensor  # (B, R) bool: tokens up to and including EOS
+    has_eos: torch.Tensor  # (B,)
+    logprobs: torch.Tensor | None = None  # (B, R) policy at sampling time (the "old" policy)
+    ref_logprobs: torch.Tensor | None = None  # (B, R) frozen reference policy
+    values: torch.Tensor | None = None  # (B, R) value model at sampling time
+    reward_components: torch.Tensor | None = None  # (B, C) each reward function's score, then the RM's
+    reward_failures: torch.Tensor | None = None  # (B, F) bool: the row a reward function failed on
+    raw_scores: torch.Tensor | None = None  # (B,) the components' weighted sum
+    scores: torch.Tensor | None = None  # (B,) after the EOS trick
+    kl: torch.Tensor | None = None  # (B, R) per-token KL estimate
+    rewards: torch.Tensor | None = None  # (B, R) equation 3
+    advantages: torch.Tensor | None = None  # (B, R)
+    returns: torch.Tensor | None = None  # (B, R)
+    baseline_scores: torch.Tensor | None = None  # (B,) ReMax: the shaped score of the prompt's greedy answer
+
+    @property
+    def size(self) -> int:
+        return self.responses.size(0)
+
+    @property
+    def context_length(self) -> int:
+        return self.query_ids.size(1)
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.mask.sum(-1)
+
+    def input_ids(self) -> torch.Tensor:
+        return torch.cat([self.query_ids, self.responses], dim=1)
+
+    def attention_mask(self) -> torch.Tensor:
+        return torch.cat([self.query_mask, self.mask.to(self.query_mask.dtype)], dim=1)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {name: value for name, value in values.items() if value is not None}
+
+    def map_tensors(self, fn) -> RolloutBatch:
+        return dataclasses.replace(self, **{k: fn(v) for k, v in self.tensors().items()})
+
+    def select(self, rows: torch.Tensor | np.ndarray | slice) -> RolloutBatch:
+        """The same fields for a subset of rows (columns unchanged, so every row is computed alike)."""
+        return self.map_tensors(lambda v: v[rows])
+
+    def to(self, device: torch.device) -> RolloutBatch:
+        return self.map_tensors(lambda v: v.to(device))
 
 
-def plain_lm_head(model: torch.nn.Module) -> torch.nn.Linear | None:
-    """The LM head when logits = head(last hidden state) exactly, else None. Besides the known config
-    fields, this is checked once per model against the model's own logits on a few tokens, so an
-    unknown transform falls back to the slower exact path instead of giving wrong log-probabilities."""
-    from torch.distributed.fsdp import FSDPModule
-
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel | FSDPModule) or is_deepspeed_engine(model):
-        # calling the backbone directly would bypass DDP's gradient sync, FSDP's gathering of the root's
-        # weights, or DeepSpeed's (the engine's forward also drives ZeRO-3's gathering)
-        return None
-    head = model.get_output_embeddings()
-    if not isinstance(head, torch.nn.Linear) or any(getattr(model.config, key, None) not in (None, 0) for key in LOGIT_TRANSFORMS):
-        return None
-    if PLAIN_HEAD_CHECKED not in model.__dict__:
-        device = head.weight.device
-        ids = torch.arange(3, device=device).unsqueeze(0)
-        # in fp32 whatever the caller's autocast: a wrapper may return fp32 logits from a bf16 forward
-        with torch.no_grad(), torch.autocast(device_type=device.type, enabled=False):
-            hidden = getattr(model, model.base_model_prefix)(input_ids=ids).last_hidden_state
-            logits = model(input_ids=ids).logits
-            model.__dict__[PLAIN_HEAD_CHECKED] = torch.allclose(head(hidden).float(), logits.float(), atol=1e-4, rtol=1e-3)
-    return head if model.__dict__[PLAIN_HEAD_CHECKED] else None
+TRAINING_STREAM, EVALUATION_STREAM = 7, 13
 
 
-def pad_token_of(model: torch.nn.Module) -> int | None:
-    """The PAD id a model's config carries (vocab.match_vocab sets it), through DDP's and DeepSpeed's
-    wrappers: the token no log-probability gives mass to, as `pick_next` never samples it (Detail 3)."""
-    config = getattr(getattr(model, "module", model), "config", None)
-    pad, eos = getattr(config, "pad_token_id", None), getattr(config, "eos_token_id", None)
-    return pad if isinstance(pad, int) and pad != eos else None
+def chunk_generator(seed: int, update: int, position: int, device: torch.device,
+                    stream: int = TRAINING_STREAM) -> torch.Generator:
+    """The sampling RNG of the generation chunk whose first prompt is prompt `position` of the update,
+    derived from (seed, update, stream, position) alone: a resumed run needs no RNG state, and a
+    prompt sampled alone in its chunk gets the same responses however an update is split across
+    processes."""
+    key = np.random.default_rng([seed, update, stream, position]).integers(2**62)
+    return torch.Generator(device=device).manual_seed(int(key))
 
 
-def response_logprobs(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    context_length: int,
-    temperature: float,
-    chunk_rows: int = 256,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log-probabilities, entropies), both (B, R), of the response tokens `input_ids[:, context_length:]`
-    under `model` at the sampling temperature, from one forward pass over left-padded query + response.
-
-    Logits are formed from the hidden states a chunk at a time (ops.chunked_logprobs_entropy), never
-    as a (B, L, vocab) tensor; only the positions that predict response tokens are computed.
-    """
-    responses = input_ids[:, context_length:]
-    positions = position_ids_from_mask(attention_mask)
-    head = plain_lm_head(model)
-    if head is None:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                       logits_to_keep=responses.size(1) + 1).logits[:, :-1]
-        return chunked_logprobs_entropy(logits, responses, temperature=temperature, chunk_rows=chunk_rows,
-                                        excluded_token=pad_token_of(model))
-    backbone = getattr(model, model.base_model_prefix)
-    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).last_hidden_state
-    return chunked_logprobs_entropy(hidden[:, context_length - 1 : -1], responses, head.weight, head.bias, temperature, chunk_rows,
-                                    pad_token_of(model))
+def trim_left_padding(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drop the leading columns that are padding in every row (a length-sorted chunk needs fewer)."""
+    used = mask.sum(0).nonzero()
+    first = int(used[0]) if used.numel() else 0
+    return ids[:, first:], mask[:, first:]
 
 
-def target_logprobs(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, targets: torch.Tensor, chunk_rows: int = 256
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probabilities (temperature 1) of the tokens `input_ids[:, 1:][targets]`, each predicted from
-    the position before it, as a flat (N,) tensor with the row of each. Any padding side; logits are
-    formed only at those positions, a chunk at a time: the SFT loss and DPO read a few response
-    tokens of each row, and a (B, L, vocab) tensor would be the largest of the step."""
-    targets = targets.bool()
-    positions = position_ids_from_mask(attention_mask)
-    head = plain_lm_head(model)
-    if head is None:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).logits[:, :-1]
-        features, weight, bias = logits[targets], None, None
-    else:
-        hidden = getattr(model, model.base_model_prefix)(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions)
-        features, weight, bias = hidden.last_hidden_state[:, :-1][targets], head.weight, head.bias
-    logprobs = chunked_logprobs_entropy(features, input_ids[:, 1:][targets], weight, bias, 1.0, chunk_rows, pad_token_of(model))[0]
-    rows = torch.arange(input_ids.size(0), device=input_ids.device).unsqueeze(1).expand_as(targets)[targets]
-    return logprobs, rows
+@torch.no_grad()
+def sample_responses(
+    policy: torch.nn.Module,
+    queries: list[list[int]],
+    params: SamplingParams,
+    tokenizer: PreTrainedTokenizerBase,
+    batch_size: int,
+    generator_for: Callable[[int], torch.Generator],
+    desc: str = "",
+    samples_per_prompt: int = 1,
+) -> RolloutBatch:
+    """Sample `samples_per_prompt` (G) responses per query, longest queries first to pad less. Row
+    g + G*i is sample g of query i; `batch_size` counts rows, and each query is encoded once.
+    `generator_for(i)` is the RNG of the chunk whose first query is query i."""
+    device = model_device(policy)
+    group = samples_per_prompt
+    padded = left_pad_queries(queries, tokenizer.pad_token_id)
+    query_ids, query_mask = padded["input_ids"].to(device), padded["attention_mask"].to(device)
+    order = sorted(range(len(queries)), key=lambda i: -len(queries[i]))
+    per_chunk = max(1, batch_size // group)
+    chunks = []
+    with gathered_for_generation(policy):
+        for start in tqdm(range(0, len(order), per_chunk), desc=desc or "sampling", unit="batch", leave=False,
+                          disable=not desc):
+            picked = torch.tensor(order[start : start + per_chunk], device=device)
+            ids, mask = trim_left_padding(query_ids[picked], query_mask[picked])
+            out = generate(policy, ids, mask, params, tokenizer.eos_token_id, tokenizer.pad_token_id,
+                           generator_for(order[start]), group)
+            rows = (picked.unsqueeze(1) * group + torch.arange(group, device=device)).reshape(-1)
+            chunks.append((rows, out))
+    total = len(queries) * group
+    width = max(out.responses.size(1) for _, out in chunks)
+    responses = torch.full((total, width), tokenizer.pad_token_id, dtype=torch.long, device=device)
+    lengths = torch.zeros(total, dtype=torch.long, device=device)
+    has_eos = torch.zeros(total, dtype=torch.bool, device=device)
+    for rows, out in chunks:
+        responses[rows, : out.responses.size(1)] = out.responses
+        lengths[rows], has_eos[rows] = out.lengths, out.has_eos
+    mask = torch.arange(width, device=device).unsqueeze(0) < lengths.unsqueeze(1)
+    prompts = torch.arange(len(queries), device=device).repeat_interleave(group)
+    query_ids, query_mask = query_ids.repeat_interleave(group, 0), query_mask.repeat_interleave(group, 0)
+    return RolloutBatch(prompts, query_ids, query_mask, responses, mask, has_eos)
 
 
-def sequence_logprobs(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor, chunk_rows: int = 256
-) -> torch.Tensor:
-    """(B,) summed log-probabilities (temperature 1) of the tokens where `response_mask` is set: log
-    pi(y|x) of DPO (equation 4) and of its implicit reward (equation 5)."""
-    logprobs, rows = target_logprobs(model, input_ids, attention_mask, response_mask[:, 1:], chunk_rows)
-    return torch.zeros(input_ids.size(0), dtype=logprobs.dtype, device=logprobs.device).index_add(0, rows, logprobs)
+def completion_texts(batch: RolloutBatch, tokenizer: PreTrainedTokenizerBase) -> list[str]:
+    """The decoded responses without special tokens: what reward functions and evaluations read."""
+    return [tokenizer.decode(batch.responses[i][batch.mask[i]].tolist(), skip_special_tokens=True)
+            for i in range(batch.size)]
 
 
-def response_texts(rollout: Rollout, tokenizer: PreTrainedTokenizerBase) -> list[str]:
-    """Decoded responses without EOS or PAD."""
+def response_texts(rollout: Rollout | RolloutBatch, tokenizer: PreTrainedTokenizerBase) -> list[str]:
+    """Decoded responses without EOS or PAD (other special tokens kept)."""
     texts = []
     for row, length in zip(rollout.responses, rollout.lengths.tolist(), strict=True):
         ids = row[:length].tolist()
-        texts.append(tokenizer.decode([t for t in ids if t not in (tokenizer.eos_token_id, tokenizer.pad_token_id)]))
+        ends = (tokenizer.eos_token_id, tokenizer.pad_token_id)
+        texts.append(tokenizer.decode([t for t in ids if t not in ends]))
     return texts
 
 
@@ -356,23 +385,14 @@ def generate_texts(
     batch_size: int = 8,
     desc: str = "generating",
 ) -> list[dict]:
-    """Generate for many queries in batches (longest first, to pad less); results keep input order."""
-    device = next(model.parameters()).device
-    order = sorted(range(len(queries)), key=lambda i: -len(queries[i]))
-    results: list[dict | None] = [None] * len(queries)
-    generator = torch.Generator(device=device).manual_seed(params.seed)
-    was_training = model.training
-    model.eval()
-    for start in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch"):
-        idx = order[start : start + batch_size]
-        batch = left_pad_queries([queries[i] for i in idx], tokenizer.pad_token_id)
-        rollout = generate(
-            model, batch["input_ids"].to(device), batch["attention_mask"].to(device), params,
-            tokenizer.eos_token_id, tokenizer.pad_token_id, generator,
-        )
-        for j, (i, text) in enumerate(zip(idx, response_texts(rollout, tokenizer), strict=True)):
-            length = int(rollout.lengths[j])
-            results[i] = {"text": text.strip(), "tokens": length, "has_eos": bool(rollout.has_eos[j]),
-                          "ids": rollout.responses[j, :length].tolist()}
-    model.train(was_training)
-    return results
+    """One response per query, in input order, by `sample_responses` with the model in eval mode. Every
+    chunk draws from one generator seeded with `params.seed`, continued from chunk to chunk (not one
+    RNG per chunk as the on-policy rollouts draw), so that the samples SFT and DPO report at a seed
+    stay those they always reported."""
+    generator = torch.Generator(device=model_device(model)).manual_seed(params.seed)
+    with evaluation_mode(model):
+        batch = sample_responses(model, queries, params, tokenizer, batch_size, lambda _: generator, desc)
+    rows = zip(response_texts(batch, tokenizer), batch.lengths.tolist(), batch.has_eos.tolist(), batch.responses,
+               strict=True)
+    return [{"text": text.strip(), "tokens": length, "has_eos": has_eos, "ids": ids[:length].tolist()}
+            for text, length, has_eos, ids in rows]

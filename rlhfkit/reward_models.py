@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, PreTrainedTokenizerBase
 
 from .errors import ModelError
-from .generation import sequence_logprobs
+from .logprobs import sequence_logprobs
 from .models import (
     SCALAR_CONFIG,
     check_model_source,

@@ -454,12 +454,22 @@ class GlooProcesses:
         torch.distributed.barrier()
 
 
+def collected(models, prompts: list[list[int]], cfg, update: int, kl_coef: float, texts=None, stream=None, counts=None):
+    """Update `update`'s rollout with its advantages, as `OnPolicySteps.step` collects it in one process
+    without autocast; dynamic sampling's tallies go to `counts`."""
+    from rlhfkit.onpolicy.advantages import compute_advantages
+    from rlhfkit.onpolicy.collect import RolloutSetup, collect
+
+    batch = collect(RolloutSetup(models, prompts, cfg, "no", texts=texts), update, {}, stream=stream, counts=counts)
+    return compute_advantages(batch, cfg, kl_coef)
+
+
 def synthetic_rollout(policy, pad_id: int, temperature: float, seed: int = 0):
     """8 episodes with responses of 1 to 6 tokens (three cut at 6 without EOS), a left-padded query,
     rollout log-probabilities a little off the policy's (ratios != 1, some clipped), a reference
     further off, and per-sequence advantages with per-token noise."""
-    from rlhfkit.onpolicy.rollout import RolloutBatch
-    from rlhfkit.onpolicy.update import policy_logprobs
+    from rlhfkit.generation import RolloutBatch
+    from rlhfkit.onpolicy.scoring import policy_logprobs
 
     g = torch.Generator().manual_seed(seed)
     rows, width = 8, 6
@@ -490,7 +500,8 @@ def one_update_gradient(model_dir: Path, options: dict[str, Any], micro_batch_si
     from rlhfkit.config import GRPOConfig
     from rlhfkit.distributed import ONE_PROCESS
     from rlhfkit.models import load_policy
-    from rlhfkit.onpolicy.update import OnPolicyModels, Optimizers, update_on_rollout
+    from rlhfkit.onpolicy.scoring import OnPolicyModels
+    from rlhfkit.onpolicy.update import Optimizers, update_on_rollout
 
     cfg = dataclasses.replace(GRPOConfig(), num_minibatches=1, update_epochs=1, micro_batch_size=micro_batch_size, kl_coef=0.1,
                               kl_placement="loss", entropy_coef=0.01, max_response_length=6, **options)
@@ -518,6 +529,34 @@ def split_invariance_worker(rank: int, world: int, port: int, model_dir: str, ca
 
 
 # ---------------------------------------------------------------- decoding
+
+
+class SamplingLogprobs:
+    """The log-probability of each token `generation.generate` picks, under the logits it was picked
+    from at the sampling temperature: the decoding steps' own numbers, which generation keeps no copy
+    of (the trainers recompute log-probabilities in one forward pass). Tests compare two ways of
+    decoding, or decoding and that forward pass, by them."""
+
+    def __init__(self, monkeypatch):
+        from rlhfkit import generation
+        from rlhfkit.ops import logprobs_from_logits
+
+        self.steps: list[torch.Tensor] = []
+        pick_next = generation.pick_next
+
+        def recording(logits, params, generator, pad_id=None):
+            token = pick_next(logits, params, generator, pad_id)
+            self.steps.append(logprobs_from_logits(logits, token, params.temperature))
+            return token
+
+        monkeypatch.setattr(generation, "pick_next", recording)
+
+    def of(self, run) -> torch.Tensor:
+        """(B, R) for `run`, the latest `generate` call's result; 0 after each row's EOS. Forgets them."""
+        width = run.responses.size(1)
+        logprobs = torch.stack(self.steps[-width:], dim=1)  # after a fallback to eager steps, the eager pass's
+        self.steps.clear()
+        return logprobs * (torch.arange(width, device=logprobs.device).unsqueeze(0) < run.lengths.unsqueeze(1))
 
 
 def staggered_eos_model(rows: int = 8, finish_at: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7), seed: int = 0):

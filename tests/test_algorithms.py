@@ -8,9 +8,12 @@ import torch
 
 from rlhfkit import ops
 from rlhfkit.config import PPOConfig
+from rlhfkit.errors import ConfigError
+from rlhfkit.generation import RolloutBatch
+from rlhfkit.onpolicy import advantages
+from rlhfkit.onpolicy.advantages import ESTIMATORS, EstimatorNeeds, check_estimator_needs
 from rlhfkit.onpolicy.algorithms import ALGORITHMS, METHODS, algorithm_of
-from rlhfkit.onpolicy.rollout import RolloutBatch
-from rlhfkit.onpolicy.update import ESTIMATORS, Objective
+from rlhfkit.onpolicy.update import Objective
 from rlhfkit.stages import STAGES, resolve
 
 
@@ -47,6 +50,62 @@ def test_estimators_read_their_settings_from_the_config():
         per_row = ops.group_relative_advantages(rewards.sum(-1), groups, scale)
         torch.testing.assert_close(advantages, per_row.unsqueeze(1) * mask)
 
+
+def test_estimators_declare_their_needs_where_they_are_defined():
+    needs = {name: (e.needs.groups, e.needs.greedy_baseline) for name, e in ESTIMATORS.items()}
+    assert needs == {"gae": (False, False), "grpo": (True, False), "rloo": (True, False), "reinforce-pp": (False, False),
+                     "reinforce-pp-baseline": (True, False), "remax": (False, True)}
+
+
+GREEDY = "so every advantage is 0 and the run learns nothing; set temperature above 0 (e.g. 0.7)"
+
+
+@pytest.mark.parametrize(("stage", "options", "message"), [
+    ("reinforce", {"advantage_estimator": "reinforce-pp-baseline", "samples_per_prompt": 1},
+     "advantage_estimator=reinforce-pp-baseline compares the samples of a prompt: set samples_per_prompt to 2 or more"),
+    ("ppo", {"dynamic_sampling": True}, "dynamic_sampling=true compares the samples of a prompt: set samples_per_prompt to 2 or more"),
+    ("reinforce", {"advantage_estimator": "remax", "temperature": 0.0},
+     f"temperature=0 samples greedily: each response is its own greedy baseline (advantage_estimator=remax), {GREEDY}"),
+    ("rloo", {"temperature": 0.0}, "temperature=0 samples greedily: the samples_per_prompt=4 responses to a prompt are identical "
+     f"(advantage_estimator=rloo compares them), {GREEDY}"),
+    ("grpo", {"temperature": 0.0, "dynamic_sampling": True}, "temperature=0 samples greedily: the samples_per_prompt=4 responses "
+     f"to a prompt are identical (dynamic_sampling=true drops every group), {GREEDY}"),
+    ("reinforce", {"advantage_estimator": "reinforce-pp", "temperature": 0.0}, None),
+    ("ppo", {"temperature": 0.0}, None),
+])
+def test_a_config_that_cannot_give_its_estimator_what_it_needs_is_refused(stage, options, message):
+    cfg = dataclasses.replace(resolve(stage, None, None, {}), **options)
+    if message is None:
+        check_estimator_needs(cfg)
+    else:
+        with pytest.raises(ConfigError) as refused:
+            check_estimator_needs(cfg)
+        assert str(refused.value) == message
+
+
+def test_an_estimator_declared_elsewhere_with_the_decorator_is_registered_checked_and_used(monkeypatch):
+    monkeypatch.setattr(advantages, "ESTIMATORS", dict(ESTIMATORS))  # the shipped registry stays as it was
+
+    @advantages.estimator("best-of-group", needs_groups=True)
+    def best_of_group(_cfg, rewards, mask, _batch, groups):
+        """1 for each token of its group's best response, else 0."""
+        totals = rewards.sum(-1)
+        best = torch.stack([totals[groups == g].max() for g in groups.tolist()])
+        return (totals == best).float().unsqueeze(1) * mask, rewards
+
+    assert advantages.ESTIMATORS["best-of-group"].needs == EstimatorNeeds(groups=True)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 0]], dtype=torch.bool)
+    zeros = torch.zeros(4, 3)
+    batch = RolloutBatch(torch.tensor([0, 0, 1, 1]), None, None, torch.zeros(4, 3, dtype=torch.long), mask,
+                         torch.ones(4, dtype=torch.bool), logprobs=zeros, ref_logprobs=zeros,
+                         raw_scores=torch.tensor([0.5, 0.9, 0.2, -0.3]))
+    grpo = resolve("grpo", None, None, {})
+    cfg = dataclasses.replace(grpo, advantage_estimator="best-of-group", samples_per_prompt=2, whiten_advantages=False)
+    out = advantages.compute_advantages(batch, cfg, 0.0)
+    assert out.advantages.tolist() == [[0, 0, 0], [1, 1, 1], [1, 0, 0], [0, 0, 0]]
+    with pytest.raises(ConfigError, match="advantage_estimator=best-of-group compares the samples of a prompt"):
+        check_estimator_needs(dataclasses.replace(cfg, samples_per_prompt=1))
+    assert "best-of-group" not in ESTIMATORS
 
 def test_the_objective_counts_tokens_or_sequences_and_drops_truncated_rows_when_asked():
     mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0]], dtype=torch.bool)

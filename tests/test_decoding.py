@@ -11,7 +11,7 @@ import torch
 from rlhfkit import decoding
 from rlhfkit.generation import SamplingParams, generate
 from rlhfkit.ops import truncate_after_eos
-from tests.helpers import HostSyncDetector, staggered_eos_model
+from tests.helpers import HostSyncDetector, SamplingLogprobs, staggered_eos_model
 
 NEW_TOKENS = 10  # the last row of staggered_eos_model never emits EOS within this many
 
@@ -23,13 +23,23 @@ def staggered():
 
 def decode(model, tok, ids, mask, eos, mode, temperature=0.0, group=1, seed=0):
     params = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=temperature, seed=seed, decoding=mode)
-    return generate(model, ids, mask, params, eos, tok.pad_token_id, samples_per_prompt=group)
+    return generate_recording(model, ids, mask, params, eos, tok.pad_token_id, samples_per_prompt=group)
+
+
+def generate_recording(*args, **kwargs):
+    """`generate`'s rollout, with the log-probabilities its decoding steps gave the tokens it picked
+    (`step_logprobs`): two ways of decoding must compute the same logits, not only pick the same tokens."""
+    with pytest.MonkeyPatch.context() as patch:
+        sampling = SamplingLogprobs(patch)
+        run = generate(*args, **kwargs)
+    run.step_logprobs = sampling.of(run)
+    return run
 
 
 def assert_same_rollout(a, b):
     assert torch.equal(a.responses, b.responses)
     assert torch.equal(a.lengths, b.lengths) and torch.equal(a.has_eos, b.has_eos)
-    torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(a.step_logprobs, b.step_logprobs, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("group", [1, 2])
@@ -186,7 +196,7 @@ def test_gpt_neox_decodes_alike_in_buckets_with_either_attention(attention):
     generator = torch.Generator().manual_seed(0)
     queries = [torch.randint(2, 500, (n,), generator=generator).tolist() for n in (3, 9, 17, 5)]
     batch = left_pad_queries(queries, 1)
-    runs = [generate(model, batch["input_ids"], batch["attention_mask"], SamplingParams(12, 0.0, decoding=mode), 7, 1)
+    runs = [generate_recording(model, batch["input_ids"], batch["attention_mask"], SamplingParams(12, 0.0, decoding=mode), 7, 1)
             for mode in ("eager", "buckets")]
     assert runs[1].decoding == "buckets"
     assert_same_rollout(runs[1], runs[0])

@@ -7,7 +7,6 @@ import math
 import pytest
 import torch
 
-from rlhfkit import generation as rollout
 from rlhfkit.cli import main as cli_main
 from rlhfkit.config import RMEvalConfig
 from rlhfkit.data.collate import pad
@@ -15,6 +14,7 @@ from rlhfkit.data.examples import prepare_pairs
 from rlhfkit.data.split import split_comparisons
 from rlhfkit.errors import ConfigError
 from rlhfkit.eval.rm_eval import evaluate_reward_model, load_pair_scorer
+from rlhfkit.logprobs import plain_lm_head, sequence_logprobs
 from rlhfkit.models import load_policy
 from rlhfkit.preference_ops import PreferenceObjective
 from rlhfkit.reward_models import DPO_RECORD, ImplicitRewardModel, recorded_objective
@@ -57,7 +57,7 @@ def test_sequence_logprobs_do_not_depend_on_padding_side_or_batch_company(tiny_m
             start = 0 if side == "right" else ids.size(1) - len(row)
             response[i, start + q : start + len(row)] = True
         with torch.no_grad():
-            got = rollout.sequence_logprobs(model, ids, mask, response)
+            got = sequence_logprobs(model, ids, mask, response)
         torch.testing.assert_close(got, torch.tensor(alone), atol=1e-4, rtol=1e-5, msg=side)
 
 
@@ -208,8 +208,8 @@ def test_each_loss_type_trains_and_rm_eval_scores_its_own_implicit_reward(loss_t
     policy, reference = load_policy(str(out / "model"))[0], load_policy(str(tiny_model_dir))[0]
     with torch.no_grad():
         scores = scorer(batch["input_ids"], batch["attention_mask"], batch["response_mask"])
-        logps = rollout.sequence_logprobs(policy, batch["input_ids"], batch["attention_mask"], batch["response_mask"])
-        ref_logps = rollout.sequence_logprobs(reference, batch["input_ids"], batch["attention_mask"], batch["response_mask"])
+        logps = sequence_logprobs(policy, batch["input_ids"], batch["attention_mask"], batch["response_mask"])
+        ref_logps = sequence_logprobs(reference, batch["input_ids"], batch["attention_mask"], batch["response_mask"])
     lengths = torch.tensor([len(p.chosen) for p in pairs] + [len(p.rejected) for p in pairs])
     # SimPO: 2.0 x log pi / |y|; IPO, cDPO: equation 5, 0.05 x (log pi - log pi_ref)
     want = 2.0 * logps / lengths if loss_type == "simpo" else 0.05 * (logps - ref_logps)
@@ -315,7 +315,7 @@ def test_the_lm_head_check_holds_under_accelerates_bf16_wrapper(tiny_model_dir):
     model, _ = load_policy(str(tiny_model_dir))
     model.forward = convert_outputs_to_fp32(model.forward)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert rollout.plain_lm_head(model) is model.get_output_embeddings()
+        assert plain_lm_head(model) is model.get_output_embeddings()
 
 
 def test_reference_log_probabilities_cover_exactly_the_pairs_the_run_visits(tiny_model_dir, ppo_dirs, tmp_path, monkeypatch):

@@ -3,25 +3,30 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from rlhfkit.data.collate import left_pad_queries
 from rlhfkit.generation import SamplingParams, generate, generate_texts
+from rlhfkit.logprobs import response_logprobs
+
+from .helpers import SamplingLogprobs
 
 
 def encode(tokenizer, text):
     return tokenizer(text, add_special_tokens=False).input_ids
 
 
-def test_left_padded_batch_generates_same_tokens_as_each_row_alone(tiny_model):
+def test_left_padded_batch_generates_same_tokens_as_each_row_alone(tiny_model, monkeypatch):
     model, tok = tiny_model
+    sampling = SamplingLogprobs(monkeypatch)
     model.eval()
     queries = [encode(tok, "SUBREDDIT: r/test\n\nTITLE: a long title here\n\nPOST: words words words\n\nTL;DR:"), encode(tok, "hi there")]
     params = SamplingParams(max_new_tokens=12, temperature=0)
     batch = left_pad_queries(queries, tok.pad_token_id)
     together = generate(model, batch["input_ids"], batch["attention_mask"], params, tok.eos_token_id, tok.pad_token_id)
+    together_logprobs = sampling.of(together)
     for i, q in enumerate(queries):
         alone_batch = left_pad_queries([q], tok.pad_token_id)
         alone = generate(model, alone_batch["input_ids"], alone_batch["attention_mask"], params, tok.eos_token_id, tok.pad_token_id)
         width = alone.responses.size(1)
         assert together.responses[i, :width].tolist() == alone.responses[0].tolist()
-        torch.testing.assert_close(together.logprobs[i, :width], alone.logprobs[0], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(together_logprobs[i, :width], sampling.of(alone)[0], atol=1e-5, rtol=1e-4)
 
 
 class ScriptedLM(torch.nn.Module):
@@ -50,7 +55,6 @@ def test_eos_truncation_pads_after_first_eos_and_handles_rows_without_eos():
     assert out.responses.tolist() == [[5, 2, pad, pad, pad], [5, 6, 7, 8, 9], [2, pad, pad, pad, pad]]
     assert out.has_eos.tolist() == [True, False, True]
     assert out.lengths.tolist() == [2, 5, 1]
-    assert (out.logprobs[0, 2:] == 0).all() and (out.logprobs[1] != 0).all()
 
 
 def test_generation_stops_early_once_every_row_has_eos():
@@ -85,9 +89,12 @@ def greedy_without_cache(model, ids, mask, steps):
     return torch.stack(tokens, 1), torch.stack(logps, 1)
 
 
-def test_decoding_into_the_preallocated_cache_matches_full_forwards_without_cache(tiny_model):
+def test_decoding_into_the_preallocated_cache_matches_full_forwards_without_cache(tiny_model, monkeypatch):
+    """The same tokens, from the same logits, as full forwards; and the one forward pass the trainers
+    score a rollout with (`logprobs.response_logprobs`) gives the sampled tokens those log-probabilities."""
     model, tok = tiny_model
     model.eval()
+    sampling = SamplingLogprobs(monkeypatch)
     queries = [encode(tok, "SUBREDDIT: r/test\n\nPOST: a much longer post than the other one\n\nTL;DR:"), encode(tok, "short")]
     batch = left_pad_queries(queries, tok.pad_token_id)
     # a huge EOS id: no row stops, so every one of the 10 positions is compared
@@ -95,7 +102,12 @@ def test_decoding_into_the_preallocated_cache_matches_full_forwards_without_cach
     with torch.no_grad():
         tokens, logps = greedy_without_cache(model, batch["input_ids"], batch["attention_mask"], 10)
     assert out.responses.tolist() == tokens.tolist()
-    torch.testing.assert_close(out.logprobs, logps, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(sampling.of(out), logps, atol=1e-5, rtol=1e-4)
+    ids = torch.cat([batch["input_ids"], out.responses], dim=1)
+    mask = torch.cat([batch["attention_mask"], torch.ones_like(out.responses)], dim=1)
+    with torch.no_grad():
+        teacher_forced, _ = response_logprobs(model, ids, mask, batch["input_ids"].size(1), 0.0)
+    torch.testing.assert_close(teacher_forced, logps, atol=1e-5, rtol=1e-4)
 
 
 def test_prompt_cache_is_laid_out_once_with_each_row_repeated_for_its_group(tiny_model):
@@ -125,16 +137,18 @@ def test_decoding_under_bf16_autocast_stores_fp32_keys_and_bf16_values_in_one_bu
 
     model, tok = tiny_model
     model.eval()
+    sampling = SamplingLogprobs(monkeypatch)
     batch = left_pad_queries([encode(tok, "one two three four"), encode(tok, "five")], tok.pad_token_id)
     params = SamplingParams(max_new_tokens=8, temperature=0)
-    runs = []
+    runs, logprobs = [], []
     for preallocate in (True, False):
         if not preallocate:
             monkeypatch.setattr(rollout, "static_decode_cache", lambda *args: None)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             runs.append(generate(model, batch["input_ids"], batch["attention_mask"], params, 10**9, -1))
+        logprobs.append(sampling.of(runs[-1]))
     assert runs[0].responses.tolist() == runs[1].responses.tolist()
-    torch.testing.assert_close(runs[0].logprobs, runs[1].logprobs, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(logprobs[0], logprobs[1], atol=2e-2, rtol=2e-2)
 
 
 class Casts(TorchDispatchMode):
@@ -162,13 +176,15 @@ def test_bf16_autocast_decoding_casts_no_weight_twice_and_never_the_cache(tiny_m
 
     model, tok = tiny_model
     model.eval()
+    sampling = SamplingLogprobs(monkeypatch)
     batch = left_pad_queries([encode(tok, "one two three four"), encode(tok, "five six")], tok.pad_token_id)
     params = SamplingParams(max_new_tokens=6, temperature=0)
-    runs = {}
+    runs, logprobs = {}, {}
     for frozen in (False, True):
         model.requires_grad_(not frozen)
         with torch.autocast("cpu", dtype=torch.bfloat16), Casts(model, batch["input_ids"].size(1) + 6) as casts:
             runs[frozen] = generate(model, batch["input_ids"], batch["attention_mask"], params, 10**9, -1)
+        logprobs[frozen] = sampling.of(runs[frozen])
         assert casts.cache_casts == 0
         assert casts.weight_casts and len(casts.weight_casts) == len(set(casts.weight_casts)), frozen
         assert all(p.requires_grad is not frozen for p in model.parameters())
@@ -179,5 +195,6 @@ def test_bf16_autocast_decoding_casts_no_weight_twice_and_never_the_cache(tiny_m
     monkeypatch.setattr(rollout, "cache_dtype", lambda keys, values: torch.promote_types(keys.dtype, values.dtype))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         fp32_cache = generate(model, batch["input_ids"], batch["attention_mask"], params, 10**9, -1)
-    for run in runs.values():
-        assert torch.equal(run.responses, fp32_cache.responses) and torch.equal(run.logprobs, fp32_cache.logprobs)
+    fp32_cache_logprobs = sampling.of(fp32_cache)
+    for frozen, run in runs.items():
+        assert torch.equal(run.responses, fp32_cache.responses) and torch.equal(logprobs[frozen], fp32_cache_logprobs)

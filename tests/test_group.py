@@ -5,18 +5,22 @@ import json
 import pytest
 import torch
 
-from rlhfkit import generation as rollout
+from rlhfkit import generation
 from rlhfkit.cli import main as cli_main
 from rlhfkit.data.collate import left_pad_queries
 from rlhfkit.errors import ConfigError
+from rlhfkit.generation import chunk_generator, sample_responses
 from rlhfkit.onpolicy import evaluation, trainer, update
-from rlhfkit.onpolicy.rollout import chunk_generator, sample_responses
+from rlhfkit.onpolicy.advantages import compute_advantages
+from rlhfkit.onpolicy.scoring import score_rollout
 from rlhfkit.stages import resolve
 
 from .helpers import (
     PRESETS,
+    SamplingLogprobs,
     assert_same_files,
     assert_same_metrics,
+    collected,
     data_file,
     stage_args,
     straight_and_resumed,
@@ -31,8 +35,9 @@ def setup(stage, dirs, tmp_path, **extra):
     return cfg, models, [e.query.ids for e in train]
 
 
-def test_group_sampling_encodes_each_prompt_once_and_matches_repeated_prompts(ppo_dirs, tmp_path):
+def test_group_sampling_encodes_each_prompt_once_and_matches_repeated_prompts(ppo_dirs, tmp_path, monkeypatch):
     cfg, models, prompts = setup("grpo", ppo_dirs, tmp_path)
+    sampling = SamplingLogprobs(monkeypatch)
     tok, queries = models.tokenizer, prompts[:3]
     prefill_rows = []
     forward = models.policy.forward
@@ -43,20 +48,22 @@ def test_group_sampling_encodes_each_prompt_once_and_matches_repeated_prompts(pp
         return forward(*args, **kwargs)
 
     models.policy.forward = recording_forward
-    params = rollout.SamplingParams(max_new_tokens=6, temperature=0.0)
+    params = generation.SamplingParams(max_new_tokens=6, temperature=0.0)
     padded = left_pad_queries(queries, tok.pad_token_id)
-    shared = rollout.generate(models.policy, padded["input_ids"], padded["attention_mask"], params, tok.eos_token_id,
-                              tok.pad_token_id, samples_per_prompt=4)
+    shared = generation.generate(models.policy, padded["input_ids"], padded["attention_mask"], params, tok.eos_token_id,
+                                 tok.pad_token_id, samples_per_prompt=4)
+    shared_logprobs = sampling.of(shared)
     assert prefill_rows == [3]  # one prefill row per prompt, not per sample
     repeated = left_pad_queries([q for q in queries for _ in range(4)], tok.pad_token_id)
-    plain = rollout.generate(models.policy, repeated["input_ids"], repeated["attention_mask"], params, tok.eos_token_id, tok.pad_token_id)
+    plain = generation.generate(models.policy, repeated["input_ids"], repeated["attention_mask"], params, tok.eos_token_id,
+                                tok.pad_token_id)
     assert torch.equal(shared.responses, plain.responses) and torch.equal(shared.queries, plain.queries)
-    torch.testing.assert_close(shared.logprobs, plain.logprobs, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(shared_logprobs, sampling.of(plain), atol=1e-5, rtol=1e-4)
 
 
 def test_rows_come_in_groups_of_the_same_prompt(ppo_dirs, tmp_path):
     cfg, models, prompts = setup("rloo", ppo_dirs, tmp_path, generation_batch_size=4)
-    batch = trainer.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
+    batch = collected(models, prompts, cfg, 0, cfg.kl_coef)
     assert batch.size == 8 and batch.prompts.view(2, 4).unique(dim=1).size(1) == 1
     for group in batch.query_ids.view(2, 4, -1):
         assert all(torch.equal(group[0], row) for row in group)
@@ -66,12 +73,12 @@ def test_rows_come_in_groups_of_the_same_prompt(ppo_dirs, tmp_path):
 @pytest.mark.parametrize("stage", ["grpo", "rloo"])
 def test_equal_scores_in_a_group_give_zero_advantages_and_no_update(stage, ppo_dirs, tmp_path):
     cfg, models, prompts = setup(stage, ppo_dirs, tmp_path, kl_coef=0.0)
-    batch = update.score_rollout(models, sample_responses(
-        models.policy, prompts[:2], rollout.SamplingParams(max_new_tokens=10), models.tokenizer, 8,
+    batch = score_rollout(models, sample_responses(
+        models.policy, prompts[:2], generation.SamplingParams(max_new_tokens=10), models.tokenizer, 8,
         lambda i: chunk_generator(1, 0, i, torch.device("cpu")), samples_per_prompt=4), cfg, "no")
     batch.raw_scores = torch.tensor([0.3] * 4 + [-2.0] * 4)
     batch.has_eos = torch.ones(8, dtype=torch.bool)
-    batch = update.compute_advantages(batch, cfg, cfg.kl_coef)
+    batch = compute_advantages(batch, cfg, cfg.kl_coef)
     assert batch.advantages.abs().max() == 0
     before = {k: v.clone() for k, v in models.policy.state_dict().items()}
     update.update_on_rollout(models, update.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
@@ -82,7 +89,7 @@ def test_kl_as_a_loss_term_is_zero_at_step_0_and_pulls_towards_the_reference(ppo
     # eos_trick off: a tiny random model rarely emits EOS, and equal -1 scores would leave nothing to learn
     cfg, models, prompts = setup("grpo", ppo_dirs, tmp_path, kl_coef=0.1, update_epochs=2, eos_trick=False)
     assert cfg.kl_placement == "loss" and cfg.kl_estimator == "k3"
-    batch = trainer.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
+    batch = collected(models, prompts, cfg, 0, cfg.kl_coef)
     last = batch.mask.sum(-1) - 1
     score_only = torch.zeros_like(batch.rewards)
     score_only[torch.arange(batch.size), last] = batch.scores
@@ -98,13 +105,13 @@ def reset(models, cfg, prompts, **changes):
 
     cfg = dataclasses.replace(cfg, **changes)
     models.policy.load_state_dict(models.reference.state_dict())
-    batch = trainer.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
+    batch = collected(models, prompts, cfg, 0, cfg.kl_coef)
     return models, update.build_optimizers(models, cfg, 2), batch, cfg, 1
 
 
 def test_clipping_can_be_turned_off(ppo_dirs, tmp_path):
     cfg, models, prompts = setup("grpo", ppo_dirs, tmp_path, clip_range=0.0, update_epochs=3, learning_rate=3e-2, eos_trick=False)
-    batch = trainer.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
+    batch = collected(models, prompts, cfg, 0, cfg.kl_coef)
     metrics = update.update_on_rollout(models, update.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
     assert metrics["policy/clipfrac_avg"] == 0 and metrics["val/ratio_var"] > 0
 

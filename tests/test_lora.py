@@ -20,13 +20,21 @@ from rlhfkit.adapters import (
 )
 from rlhfkit.cli import main as cli_main
 from rlhfkit.errors import ConfigError
-from rlhfkit.generation import response_logprobs
+from rlhfkit.logprobs import response_logprobs
 from rlhfkit.models import load_policy
 from rlhfkit.onpolicy import evaluation, trainer, update
+from rlhfkit.onpolicy.scoring import policy_logprobs
 from rlhfkit.reward_models import ScalarModel
 from rlhfkit.stages import resolve
 
-from .helpers import assert_same_files, assert_same_metrics, cli_args, stage_args, straight_and_resumed
+from .helpers import (
+    assert_same_files,
+    assert_same_metrics,
+    cli_args,
+    collected,
+    stage_args,
+    straight_and_resumed,
+)
 
 LORA = {"lora_rank": 4, "lora_alpha": 8}
 
@@ -121,7 +129,7 @@ def test_ppo_with_lora_has_kl_exactly_zero_and_ratio_exactly_one_against_the_ada
     trainer.prepare_for_training(models, cfg)
     prompts = [e.query.ids for e in train]
     before = {name: p.detach().clone() for m in (models.policy, models.value) for name, p in m.named_parameters()}
-    batch = trainer.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
+    batch = collected(models, prompts, cfg, 0, cfg.kl_coef)
     assert torch.equal(batch.logprobs, batch.ref_logprobs) and torch.equal(batch.kl, torch.zeros_like(batch.kl))
     metrics = update.update_on_rollout(models, update.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
     assert metrics["val/ratio"] == 1.0 and metrics["policy/clipfrac_avg"] == 0 and metrics["policy/approxkl_avg"] == 0
@@ -131,8 +139,8 @@ def test_ppo_with_lora_has_kl_exactly_zero_and_ratio_exactly_one_against_the_ada
     assert any("lora_B" in name for name in changed) and "head.weight" in changed
     # after the update the reference still computes the SFT policy's log-probs; the policy's moved
     with torch.no_grad():
-        reference_now = update.policy_logprobs(models.reference, batch, cfg.temperature)[0]
-        policy_now = update.policy_logprobs(models.policy, batch, cfg.temperature)[0]
+        reference_now = policy_logprobs(models.reference, batch, cfg.temperature)[0]
+        policy_now = policy_logprobs(models.policy, batch, cfg.temperature)[0]
     assert torch.equal(reference_now[batch.mask], batch.ref_logprobs[batch.mask])
     assert not torch.equal(policy_now[batch.mask], batch.logprobs[batch.mask])
 

@@ -11,11 +11,10 @@ import torch
 from rlhfkit.cli import main as cli_main
 from rlhfkit.errors import ConfigError
 from rlhfkit.onpolicy import evaluation, trainer, update
-from rlhfkit.onpolicy.collect import PromptStream, collect
-from rlhfkit.onpolicy.rollout import prompt_indices
+from rlhfkit.onpolicy.collect import PromptStream, prompt_indices
 from rlhfkit.stages import resolve
 
-from .helpers import cli_args, stage_args, straight_and_resumed
+from .helpers import cli_args, collected, stage_args, straight_and_resumed
 
 # a reward that ties within the groups of prompts of even length (every answer scores 0.5) and
 # varies with the answer's length for the others: dynamic sampling must drop exactly the former
@@ -63,7 +62,7 @@ def test_dynamic_sampling_drops_groups_whose_scores_tie_and_refills_from_the_str
     cfg, models, train = tied_setup(ppo_dirs, tmp_path, dynamic_sampling_max_draws=8)
     prompts, texts = [e.query.ids for e in train], trainer.PromptTexts.of(train)
     stream, counts = PromptStream(), {}
-    batch = collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {}, texts=texts, stream=stream, counts=counts)
+    batch = collected(models, prompts, cfg, 0, cfg.kl_coef, texts=texts, stream=stream, counts=counts)
     groups = batch.raw_scores.view(-1, 4)
     assert batch.size == 8 and bool((groups.max(1).values > groups.min(1).values).all())  # only informative groups kept
     even = [len(train[int(i)].query.text) % 2 == 0 for i in batch.prompts[::4]]
@@ -71,14 +70,14 @@ def test_dynamic_sampling_drops_groups_whose_scores_tie_and_refills_from_the_str
     draws = int(counts["sampling/draws"])
     assert stream.position == draws * 2 and counts["sampling/filled_groups"] == 0  # 2 prompts per draw, all read
     assert counts["sampling/dropped_groups"] + 2 <= draws * 2  # the dropped and the kept come from the draws
-    plain = collect(models, prompts, dataclasses.replace(cfg, dynamic_sampling=False), 0, cfg.kl_coef, "no", {}, texts=texts)
+    plain = collected(models, prompts, dataclasses.replace(cfg, dynamic_sampling=False), 0, cfg.kl_coef, texts=texts)
     assert plain.size == 8
 
 
 def test_dynamic_sampling_fills_the_update_with_dropped_groups_when_the_draws_run_out(ppo_dirs, tmp_path):
     cfg, models, train = tied_setup(ppo_dirs, tmp_path, dynamic_sampling_max_draws=1, dynamic_sampling_min_spread=1e9)
     counts = {}
-    batch = collect(models, [e.query.ids for e in train], cfg, 0, cfg.kl_coef, "no", {}, texts=trainer.PromptTexts.of(train),
+    batch = collected(models, [e.query.ids for e in train], cfg, 0, cfg.kl_coef, texts=trainer.PromptTexts.of(train),
                     counts=counts)
     assert batch.size == 8 and counts["sampling/filled_groups"] == 2 and counts["sampling/kept_share"] == 0
     # the one draw's groups, dropped, fill the update in their order: the stream's first two prompts
@@ -88,7 +87,7 @@ def test_dynamic_sampling_fills_the_update_with_dropped_groups_when_the_draws_ru
 def test_overlong_punishment_reaches_the_scores_and_filtering_drops_truncated_rows_from_the_loss(ppo_dirs, tmp_path):
     cfg, models, train = setup("grpo", "tldr-dapo", ppo_dirs, tmp_path, samples_per_prompt=4, overlong_buffer=4, dynamic_sampling=False,
                                eos_trick=False)
-    batch = collect(models, [e.query.ids for e in train], cfg, 0, cfg.kl_coef, "no", {})
+    batch = collected(models, [e.query.ids for e in train], cfg, 0, cfg.kl_coef)
     excess = (batch.lengths.float() - (cfg.max_response_length - 4)).clamp(min=0)
     torch.testing.assert_close(batch.scores, batch.raw_scores - torch.clamp(excess / 4, max=1.0))
     objective = update.Objective.of(cfg)
@@ -100,10 +99,10 @@ def test_remax_baseline_is_the_greedy_answers_score(ppo_dirs, tmp_path):
     # KL every advantage is its score minus that same score
     cfg, models, train = setup("reinforce", "tldr-reinforce-pp", ppo_dirs, tmp_path, advantage_estimator="remax", kl_coef=0.0)
     cfg = dataclasses.replace(cfg, temperature=0.0)  # a run is refused this no-op (test_review_rewards_signals): its update is not
-    batch = collect(models, [e.query.ids for e in train], cfg, 0, cfg.kl_coef, "no", {})
+    batch = collected(models, [e.query.ids for e in train], cfg, 0, cfg.kl_coef)
     torch.testing.assert_close(batch.baseline_scores, batch.scores)
     assert float(batch.advantages.abs().max()) < 1e-5
-    sampled = collect(models, [e.query.ids for e in train], dataclasses.replace(cfg, temperature=1.0), 0, 0.0, "no", {})
+    sampled = collected(models, [e.query.ids for e in train], dataclasses.replace(cfg, temperature=1.0), 0, 0.0)
     torch.testing.assert_close(sampled.advantages[:, 0], sampled.scores - sampled.baseline_scores)
 
 

@@ -7,16 +7,26 @@ import numpy as np
 import pytest
 import torch
 
-from rlhfkit import generation as rollout
-from rlhfkit import ops
+from rlhfkit import generation, ops
 from rlhfkit.cli import main as cli_main
 from rlhfkit.data.collate import left_pad_queries
+from rlhfkit.generation import RolloutBatch
+from rlhfkit.logprobs import response_logprobs
 from rlhfkit.onpolicy import evaluation, trainer, update
-from rlhfkit.onpolicy.rollout import RolloutBatch, prompt_indices
+from rlhfkit.onpolicy.advantages import compute_advantages
+from rlhfkit.onpolicy.collect import prompt_indices
+from rlhfkit.onpolicy.scoring import policy_logprobs, score_rollout
 from rlhfkit.reward_models import ScalarModel
 from rlhfkit.stages import resolve
 
-from .helpers import assert_same_files, assert_same_metrics, stage_args, straight_and_resumed
+from .helpers import (
+    SamplingLogprobs,
+    assert_same_files,
+    assert_same_metrics,
+    collected,
+    stage_args,
+    straight_and_resumed,
+)
 
 
 def setup(dirs, tmp_path, **extra):
@@ -41,18 +51,18 @@ def scripted_batch(models, cfg, prompts, eos_at: list[int | None], width: int = 
     mask = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
     has_eos = torch.tensor([at is not None for at in eos_at])
     batch = RolloutBatch(torch.arange(len(eos_at)), padded["input_ids"], padded["attention_mask"], responses, mask, has_eos)
-    return update.score_rollout(models, batch, cfg, "no")
+    return score_rollout(models, batch, cfg, "no")
 
 
 def test_kl_is_exactly_zero_and_the_ratio_exactly_one_before_any_update(ppo_dirs, tmp_path):
     # forward batches of 3 rows at sampling time, shuffled micro-batches of 5 with gradients at update time
     cfg, models, prompts = setup(ppo_dirs, tmp_path, forward_batch_size=3, micro_batch_size=5, update_epochs=1)
-    batch = trainer.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
+    batch = collected(models, prompts, cfg, 0, cfg.kl_coef)
     assert torch.equal(batch.logprobs, batch.ref_logprobs)
     assert torch.equal(batch.kl, torch.zeros_like(batch.kl))
     rows = torch.as_tensor(np.random.default_rng(0).permutation(batch.size)[:5])
     micro = batch.select(rows)
-    new, _ = update.policy_logprobs(models.policy, micro, cfg.temperature)
+    new, _ = policy_logprobs(models.policy, micro, cfg.temperature)
     assert torch.equal(torch.exp(new - micro.logprobs)[micro.mask], torch.ones(int(micro.mask.sum())))
     metrics = update.update_on_rollout(models, update.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
     assert metrics["val/ratio"] == 1.0 and metrics["policy/clipfrac_avg"] == 0 and metrics["policy/approxkl_avg"] == 0
@@ -61,9 +71,9 @@ def test_kl_is_exactly_zero_and_the_ratio_exactly_one_before_any_update(ppo_dirs
 def test_kl_moves_after_an_update_and_the_reference_stays_frozen(ppo_dirs, tmp_path):
     cfg, models, prompts = setup(ppo_dirs, tmp_path, update_epochs=1)
     reference_before = {k: v.clone() for k, v in models.reference.state_dict().items()}
-    batch = trainer.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
+    batch = collected(models, prompts, cfg, 0, cfg.kl_coef)
     update.update_on_rollout(models, update.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
-    after = trainer.collect(models, prompts, cfg, 1, cfg.kl_coef, "no", {})
+    after = collected(models, prompts, cfg, 1, cfg.kl_coef)
     assert after.kl.abs().sum() > 0 and not torch.equal(after.logprobs, after.ref_logprobs)
     assert all(torch.equal(v, reference_before[k]) for k, v in models.reference.state_dict().items())
 
@@ -85,7 +95,7 @@ def test_gradient_checkpointing_samples_the_same_and_updates_alike(ppo_dirs, tmp
     results = []
     for checkpointing in (False, True):
         cfg, models, prompts = setup(ppo_dirs, tmp_path, update_epochs=1, gradient_checkpointing=checkpointing)
-        batch = trainer.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
+        batch = collected(models, prompts, cfg, 0, cfg.kl_coef)
         update.update_on_rollout(models, update.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
         results.append((batch.responses, models.policy.state_dict()))
     assert torch.equal(results[0][0], results[1][0])
@@ -99,17 +109,17 @@ def test_sampling_never_emits_pad(tiny_model):
         model.get_output_embeddings().weight[tok.pad_token_id] = 100.0  # PAD would win every step
     padded = left_pad_queries([[1, 2, 3], [4, 5]], tok.pad_token_id)
     for temperature in (0.0, 0.7):
-        params = rollout.SamplingParams(max_new_tokens=5, temperature=temperature)
-        out = rollout.generate(model, padded["input_ids"], padded["attention_mask"], params, tok.eos_token_id, tok.pad_token_id)
+        params = generation.SamplingParams(max_new_tokens=5, temperature=temperature)
+        out = generation.generate(model, padded["input_ids"], padded["attention_mask"], params, tok.eos_token_id, tok.pad_token_id)
         assert not (out.responses == tok.pad_token_id).any()
 
 
 def test_detail23_score_lands_on_the_eos_index_and_missing_eos_scores_minus_one(ppo_dirs, tmp_path):
     cfg, models, prompts = setup(ppo_dirs, tmp_path)
     eos_at = [2, None, 0, 5]
-    batch = update.compute_advantages(scripted_batch(models, cfg, prompts, eos_at), cfg, kl_coef=0.05)
+    batch = compute_advantages(scripted_batch(models, cfg, prompts, eos_at), cfg, kl_coef=0.05)
     assert batch.scores.tolist() == [batch.raw_scores[0].item(), -1.0, batch.raw_scores[2].item(), batch.raw_scores[3].item()]
-    metrics = update.rollout_metrics(batch, 0.05)
+    metrics = evaluation.rollout_metrics(batch, 0.05)
     assert metrics["objective/scores_with_eos"] == pytest.approx(float(batch.raw_scores[[0, 2, 3]].mean()))
     assert metrics["response/eos_rate"] == 0.75
     score_part = batch.rewards + cfg.kl_coef * batch.kl
@@ -132,10 +142,10 @@ def test_everything_after_eos_is_masked_in_every_loss_and_metric(ppo_dirs, tmp_p
     after_eos = ~clean.mask
     for key in ("logprobs", "ref_logprobs", "values"):
         setattr(dirty, key, getattr(clean, key).masked_fill(after_eos, 1e3))
-    clean, dirty = (update.compute_advantages(b, cfg, 0.05) for b in (clean, dirty))
+    clean, dirty = (compute_advantages(b, cfg, 0.05) for b in (clean, dirty))
     for key in ("rewards", "advantages", "returns", "kl"):
         torch.testing.assert_close(getattr(dirty, key), getattr(clean, key), msg=key)
-    assert update.rollout_metrics(dirty, 0.05) == update.rollout_metrics(clean, 0.05)
+    assert evaluation.rollout_metrics(dirty, 0.05) == evaluation.rollout_metrics(clean, 0.05)
     dirty.advantages = dirty.advantages.masked_fill(after_eos, 1e3)
     dirty.returns = dirty.returns.masked_fill(after_eos, -1e3)
     results = []
@@ -151,38 +161,39 @@ def test_everything_after_eos_is_masked_in_every_loss_and_metric(ppo_dirs, tmp_p
 
 def test_one_update_raises_the_logprob_of_positive_advantage_tokens(ppo_dirs, tmp_path):
     cfg, models, prompts = setup(ppo_dirs, tmp_path, update_epochs=1, learning_rate=3e-4)
-    batch = trainer.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
+    batch = collected(models, prompts, cfg, 0, cfg.kl_coef)
     sign = torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(batch.size)]).unsqueeze(1)
     batch.advantages = sign * batch.mask
     update.update_on_rollout(models, update.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
     with torch.no_grad():
-        new, _ = update.policy_logprobs(models.policy, batch, cfg.temperature)
+        new, _ = policy_logprobs(models.policy, batch, cfg.temperature)
     change = (new - batch.logprobs)
     positive, negative = batch.mask & (sign > 0), batch.mask & (sign < 0)
     assert change[positive].mean() > 0 > change[negative].mean()
 
 
-def test_logprobs_at_sampling_and_at_training_agree_for_the_same_weights(ppo_dirs, tmp_path):
+def test_logprobs_at_sampling_and_at_training_agree_for_the_same_weights(ppo_dirs, tmp_path, monkeypatch):
     cfg, models, prompts = setup(ppo_dirs, tmp_path)
     tok = models.tokenizer
+    sampling = SamplingLogprobs(monkeypatch)
     padded = left_pad_queries(prompts[:4], tok.pad_token_id)
-    params = rollout.SamplingParams(max_new_tokens=8, temperature=0.7, seed=3)
-    sampled = rollout.generate(models.policy, padded["input_ids"], padded["attention_mask"], params, tok.eos_token_id, tok.pad_token_id)
+    params = generation.SamplingParams(max_new_tokens=8, temperature=0.7, seed=3)
+    sampled = generation.generate(models.policy, padded["input_ids"], padded["attention_mask"], params, tok.eos_token_id, tok.pad_token_id)
     valid = torch.arange(sampled.responses.size(1)).unsqueeze(0) < sampled.lengths.unsqueeze(1)
     ids = torch.cat([padded["input_ids"], sampled.responses], 1)
     mask = torch.cat([padded["attention_mask"], valid.long()], 1)
     with torch.no_grad():
-        trained, _ = rollout.response_logprobs(models.policy, ids, mask, padded["input_ids"].size(1), 0.7)
-    torch.testing.assert_close(trained * valid, sampled.logprobs, atol=1e-5, rtol=1e-4)
+        trained, _ = response_logprobs(models.policy, ids, mask, padded["input_ids"].size(1), 0.7)
+    torch.testing.assert_close(trained * valid, sampling.of(sampled), atol=1e-5, rtol=1e-4)
 
 
 def test_logits_fallback_path_matches_the_chunked_hidden_state_path(ppo_dirs, tmp_path, monkeypatch):
     cfg, models, prompts = setup(ppo_dirs, tmp_path)
     batch = scripted_batch(models, cfg, prompts, [2, None, 4])
     with torch.no_grad():
-        chunked = update.policy_logprobs(models.policy, batch, 0.7)
-        monkeypatch.setattr(rollout, "plain_lm_head", lambda model: None)
-        from_logits = update.policy_logprobs(models.policy, batch, 0.7)
+        chunked = policy_logprobs(models.policy, batch, 0.7)
+        monkeypatch.setattr("rlhfkit.logprobs.plain_lm_head", lambda model: None)
+        from_logits = policy_logprobs(models.policy, batch, 0.7)
     for a, b in zip(chunked, from_logits, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
@@ -212,7 +223,7 @@ def test_detail22_value_model_starts_as_the_reward_model_and_trains_apart_from_i
     for key, value in models.value.state_dict().items():
         assert torch.equal(value, reward_before[key]), key
     assert models.value is not models.reward and not any(p.requires_grad for p in models.reward.parameters())
-    batch = trainer.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
+    batch = collected(models, prompts, cfg, 0, cfg.kl_coef)
     update.update_on_rollout(models, update.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
     assert all(torch.equal(v, reward_before[k]) for k, v in models.reward.state_dict().items())
     assert not torch.equal(models.value.head.weight, reward_before["head.weight"])
@@ -222,7 +233,7 @@ def test_gradient_accumulation_matches_one_large_micro_batch(ppo_dirs, tmp_path)
     weights = []
     for micro in (2, 8):
         cfg, models, prompts = setup(ppo_dirs, tmp_path, micro_batch_size=micro, update_epochs=1)
-        batch = trainer.collect(models, prompts, cfg, 0, cfg.kl_coef, "no", {})
+        batch = collected(models, prompts, cfg, 0, cfg.kl_coef)
         update.update_on_rollout(models, update.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
         weights.append(models.policy.state_dict())
     for key in weights[0]:

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
 
 from rlhfkit.cli import main as cli_main
-from rlhfkit.generation import response_logprobs
+from rlhfkit.logprobs import response_logprobs
 from rlhfkit.models import load_policy
 from rlhfkit.reward_models import load_reward_model
 

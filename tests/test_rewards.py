@@ -13,12 +13,12 @@ from rlhfkit.data.gsm8k import calculator_steps, final_number, load_gsm8k
 from rlhfkit.errors import ConfigError
 from rlhfkit.eval import accuracy
 from rlhfkit.onpolicy import evaluation, trainer
-from rlhfkit.onpolicy.rewarding import PromptTexts
+from rlhfkit.onpolicy.scoring import PromptTexts
 from rlhfkit.reward_models import ScalarModel, load_reward_model
 from rlhfkit.rewards import RewardFunctions, answer_format, extract_answer, gsm8k_exact_match, length_penalty
 from rlhfkit.stages import resolve
 
-from .helpers import PRESETS, data_file, stage_args
+from .helpers import PRESETS, collected, data_file, stage_args
 
 GSM8K_TEST = data_file("gsm8k", "test.jsonl.gz")
 
@@ -124,8 +124,7 @@ def test_the_score_is_the_weighted_sum_of_functions_and_reward_model(ppo_dirs, t
     monkeypatch.syspath_prepend(str(tmp_path))
     cfg, models, train = on_policy_setup("grpo", ppo_dirs, tmp_path, reward_functions="toy_rewards:vowels,length",
                                          reward_weights="0.5,2.0,3.0")
-    batch = trainer.collect(models, [e.query.ids for e in train], cfg, 0, cfg.kl_coef, "no", {},
-                            texts=PromptTexts.of(train))
+    batch = collected(models, [e.query.ids for e in train], cfg, 0, cfg.kl_coef, texts=PromptTexts.of(train))
     vowels, length, rm = batch.reward_components.T
     texts = [models.tokenizer.decode(batch.responses[i][batch.mask[i]].tolist(), skip_special_tokens=True) for i in range(batch.size)]
     assert vowels.tolist() == [float(sum(ch in "aeiou" for ch in t)) for t in texts]
@@ -186,7 +185,7 @@ def test_a_sequence_classification_reward_model_scores_at_eos_like_its_own_head(
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
     cfg, models, train = on_policy_setup("ppo", ppo_dirs, tmp_path, reward_model=str(tmp_path / "trl-rm"))
     assert torch.equal(models.value.head.weight, models.reward.head.weight)  # Detail 22: the value model starts as it
-    batch = trainer.collect(models, [e.query.ids for e in train], cfg, 0, cfg.kl_coef, "no", {})
+    batch = collected(models, [e.query.ids for e in train], cfg, 0, cfg.kl_coef)
     assert batch.reward_components.shape == (batch.size, 1)
 
 

@@ -13,7 +13,7 @@ from rlhfkit.reward_models import ScalarModel
 from rlhfkit.scoring import collate_scored
 from rlhfkit.trainers import sft
 
-from .helpers import data_file, sft_losses_on_fixed_batch
+from .helpers import collected, data_file, sft_losses_on_fixed_batch
 
 pytestmark = pytest.mark.slow
 
@@ -54,6 +54,7 @@ def test_real_reward_model_left_and_right_padding_agree(real_examples):
 def test_real_model_ppo_starts_with_kl_zero_and_ratio_one(real_examples):
     """The PPO invariants at real scale: four SmolLM2-135M models, real posts, one update."""
     from rlhfkit.onpolicy import trainer, update
+    from rlhfkit.onpolicy.scoring import OnPolicyModels
     from rlhfkit.stages import resolve
 
     policy, tok = load_policy("smollm2-135m")
@@ -62,7 +63,7 @@ def test_real_model_ppo_starts_with_kl_zero_and_ratio_one(real_examples):
     reward_model = ScalarModel.from_policy(load_policy("smollm2-135m")[0])
     value = ScalarModel.from_policy(load_policy("smollm2-135m")[0])
     value.load_state_dict(reward_model.state_dict())
-    models = update.OnPolicyModels(policy, reference, reward_model, value, tok)
+    models = OnPolicyModels(policy, reference, reward_model, value, tok)
     # the scoring and the update forward the same number of rows: a CPU's matmul kernels, like cuBLAS, may
     # round the last bit differently for another row count (here 2 rows against 3 differ by ~3e-5 in a
     # log-probability), and only equal shapes make the ratio exactly 1
@@ -70,7 +71,7 @@ def test_real_model_ppo_starts_with_kl_zero_and_ratio_one(real_examples):
                                             "forward_batch_size": 2, "max_response_length": 8, "update_epochs": 1})
     trainer.prepare_for_training(models, cfg)
     examples, _ = tokenize_sft(real_examples, tok, 128, 53)
-    batch = trainer.collect(models, [e.query.ids for e in examples], cfg, 0, cfg.kl_coef, "no", {})
+    batch = collected(models, [e.query.ids for e in examples], cfg, 0, cfg.kl_coef)
     assert torch.equal(batch.kl, torch.zeros_like(batch.kl))
     metrics = update.update_on_rollout(models, update.build_optimizers(models, cfg, 1), batch, cfg, 1, "no", cfg.kl_coef)
     assert metrics["val/ratio"] == 1.0 and metrics["policy/approxkl_avg"] == 0

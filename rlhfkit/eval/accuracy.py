@@ -31,10 +31,16 @@ from ..data.examples import SFTExample, tokenize_sft
 from ..data.gsm8k import load_gsm8k
 from ..devices import evaluation_mode, model_device
 from ..errors import ConfigError
-from ..generation import SamplingParams, response_logprobs
+from ..generation import (
+    EVALUATION_STREAM,
+    RolloutBatch,
+    SamplingParams,
+    chunk_generator,
+    completion_texts,
+    sample_responses,
+)
+from ..logprobs import response_logprobs
 from ..models import load_policy
-from ..onpolicy.rollout import EVALUATION_STREAM, RolloutBatch, chunk_generator, sample_responses
-from ..onpolicy.update import completion_texts
 from ..rewards import answer_format, is_correct
 from ..tracking import write_jsonl
 from .caveats import fell_caveat, few_prompts_caveat

@@ -20,7 +20,7 @@ import torch
 
 from ..data.collate import right_pad_query_response
 from ..data.formats import encode_completion, encode_text
-from ..generation import sequence_logprobs
+from ..logprobs import sequence_logprobs
 
 SHIFT_COLORS = {"unshifted": "#cfe3ff", "marginal": "#fff2b3", "shifted": "#ffc9c9"}
 

@@ -7,9 +7,9 @@ is the table docs/algorithms.md lists, and a test checks that every method's pre
 
 A new algorithm is a new `Algorithm` (with its config class in `config/onpolicy.py` and its presets in
 `presets/`); the stage registry (`stages.py`) makes each one a command; a new advantage estimator is a
-function in `update.ESTIMATORS` named in the config class's `advantage_estimator` choices; a new policy
-loss is a function in `policy_losses.POLICY_LOSSES` named in `policy_loss`'s choices. Kept free of
-torch so that the command line starts fast.
+function declared with `@advantages.estimator(name, needs...)`, its name in the config class's
+`advantage_estimator` choices; a new policy loss is a function in `policy_losses.POLICY_LOSSES` named in
+`policy_loss`'s choices. Kept free of torch so that the command line starts fast.
 """
 
 from __future__ import annotations

@@ -1,48 +1,39 @@
-"""One update's rollout: prompts drawn from the stream, sampled, scored and gathered across
-processes, then its advantages (Detail 21, Section 7).
+"""Collection, the first phase of an update: prompts drawn from the stream, sampled, scored and
+gathered across processes (Detail 21, Section 7).
 
-A draw takes the next total_batch_size / samples_per_prompt prompts of the stream; each process
-samples and scores its share, and the whole draw is gathered. Usually one draw is the update. With
-DAPO's dynamic sampling, groups whose scores do not differ (all their advantages would be 0) are
-dropped and further draws refill the update, up to dynamic_sampling_max_draws; every process decides
-on the same gathered scores, so all keep the same groups. ReMax also answers each prompt greedily
-and scores that answer: its baseline.
+    prompts  = the next total_batch_size / samples_per_prompt prompts of an endless stream over a
+               fresh permutation per pass                                               (Detail 21)
+    episodes = samples_per_prompt responses to each prompt, sampled by each process for its
+               contiguous share of the prompts (whole groups), then scored (`scoring.score_rollout`)
+    rollout  = every process's episodes, gathered in process order: the update's whole rollout
+
+Every generation chunk draws from its own RNG, derived from (seed, update, the position of its first
+prompt in the update) (`generation.chunk_generator`), so a resumed run needs no RNG state and a
+prompt sampled alone in its chunk gets the same responses however the update is split across
+processes. Usually one draw is the update. With DAPO's dynamic sampling, groups whose scores do not
+differ (all their advantages would be 0) are dropped and further draws refill the update, up to
+dynamic_sampling_max_draws; every process decides on the same gathered scores, so all keep the same
+groups. An estimator that declares a greedy baseline (ReMax) also has each prompt answered greedily
+and that answer scored.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 
 from .. import ops
 from ..config import OnPolicyConfig
 from ..devices import autocast, evaluation_mode, model_device
-from ..distributed import ONE_PROCESS
-from ..generation import SamplingParams
-from .rewarding import PromptTexts
-from .rollout import (
-    RolloutBatch,
-    chunk_generator,
-    gather_rollout,
-    process_share,
-    prompt_indices,
-    sample_responses,
-    widen,
-    widen_to_all_processes,
-)
-from .update import (
-    OnPolicyModels,
-    compute_advantages,
-    model_scores,
-    reward_components,
-    row_groups,
-    score_rollout,
-    shaped_scores,
-)
+from ..distributed import ONE_PROCESS, process_share
+from ..generation import RolloutBatch, SamplingParams, chunk_generator, sample_responses
+from .advantages import needs_of, row_groups, shaped_scores
+from .scoring import OnPolicyModels, PromptTexts, model_scores, reward_components, score_rollout
 
 GREEDY_STREAM = 17  # ReMax's greedy answers draw no randomness, but keep their chunk keys apart anyway
 
@@ -59,75 +50,98 @@ def prompts_per_update(cfg: OnPolicyConfig) -> int:
     return cfg.total_batch_size // cfg.samples_per_prompt
 
 
-def collect(models: OnPolicyModels, prompts: list[list[int]], cfg: OnPolicyConfig, update: int, kl_coef: float, precision: str,
-            timings: dict[str, float], show=lambda phase: None, accelerator=ONE_PROCESS, texts: PromptTexts | None = None,
+@dataclass(frozen=True)
+class RolloutSetup:
+    """What every update's rollout is collected from, fixed for the run: the models, the prompts and
+    what reward functions read about them, the config, the precision and the processes."""
+
+    models: OnPolicyModels
+    prompts: list[list[int]]
+    cfg: OnPolicyConfig
+    precision: str
+    accelerator: Any = ONE_PROCESS
+    texts: PromptTexts | None = None
+
+
+def collect(setup: RolloutSetup, update: int, timings: dict[str, float], show=lambda phase: None,
             stream: PromptStream | None = None, counts: dict[str, float] | None = None) -> RolloutBatch:
     """Sample and score update `update` (0-based) from `stream` (None: the update's own place in it,
-    update x prompts per update), gather the whole rollout and estimate its advantages; `show(phase)`
-    reports progress; reward functions read the prompts' `texts`. Dynamic sampling's tallies go to `counts`."""
+    update x prompts per update), gathered into the whole update's rollout; `show(phase)` reports
+    progress, `timings` gets each phase's seconds. Dynamic sampling's tallies go to `counts`."""
+    cfg = setup.cfg
     stream = stream if stream is not None else PromptStream(update * prompts_per_update(cfg))
     timings["generation"] = timings["scoring"] = 0.0
-    draw = functools.partial(draw_rollout, models, prompts, cfg, update, stream=stream, precision=precision, timings=timings, show=show,
-                             accelerator=accelerator, texts=texts)
+
+    def draw(attempt: int) -> RolloutBatch:
+        return draw_rollout(setup, update, attempt, stream, timings, show)
+
     if cfg.dynamic_sampling:
-        batch = dynamic_sample(draw, cfg, counts if counts is not None else {}, models.tokenizer.pad_token_id)
-    else:
-        batch = draw(0)
-    return compute_advantages(batch, cfg, kl_coef)
+        tallies = counts if counts is not None else {}
+        return dynamic_sample(draw, cfg, tallies, setup.models.tokenizer.pad_token_id)
+    return draw(0)
 
 
-def draw_rollout(models: OnPolicyModels, prompts: list[list[int]], cfg: OnPolicyConfig, update: int, attempt: int, stream: PromptStream,
-                 precision: str, timings: dict[str, float], show, accelerator, texts: PromptTexts | None) -> RolloutBatch:
+def draw_rollout(setup: RolloutSetup, update: int, attempt: int, stream: PromptStream,
+                 timings: dict[str, float], show) -> RolloutBatch:
     """The next draw of the stream, sampled by every process for its share and gathered, scored."""
+    models, cfg, accelerator = setup.models, setup.cfg, setup.accelerator
     device = next(models.policy.parameters()).device
     per_update = prompts_per_update(cfg)
-    picked = prompt_indices(len(prompts), per_update, cfg.seed, stream.position)
+    picked = prompt_indices(len(setup.prompts), per_update, cfg.seed, stream.position)
     stream.position += per_update
     share = process_share(per_update, accelerator.process_index, accelerator.num_processes)
     offset = attempt * per_update  # the chunk RNGs of a refill are keyed past those of the earlier draws
-    params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.temperature, decoding=cfg.decoding)
-    own = [prompts[i] for i in picked[share]]
+    params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.temperature,
+                            decoding=cfg.decoding)
+    own = [setup.prompts[i] for i in picked[share]]
     show("sampling")
     began = time.perf_counter()
     # eval mode: with activation checkpointing on, a model in train mode refuses the KV cache
-    with autocast(device, precision), evaluation_mode(models.policy):
-        batch = sample_responses(models.policy, own, params, models.tokenizer, cfg.generation_batch_size,
-                                 lambda i: chunk_generator(cfg.seed, update, offset + share.start + i, device),
-                                 samples_per_prompt=cfg.samples_per_prompt)
+    with autocast(device, setup.precision), evaluation_mode(models.policy):
+        batch = sample_responses(
+            models.policy, own, params, models.tokenizer, cfg.generation_batch_size,
+            lambda i: chunk_generator(cfg.seed, update, offset + share.start + i, device),
+            samples_per_prompt=cfg.samples_per_prompt)
     batch.prompts = torch.as_tensor(picked[share], device=device).repeat_interleave(cfg.samples_per_prompt)
-    if cfg.advantage_estimator == "remax":  # its greedy answers count as generation time
-        batch.baseline_scores = greedy_baseline(models, own, batch.prompts[:: cfg.samples_per_prompt], cfg, update, offset + share.start,
-                                                precision, texts).repeat_interleave(cfg.samples_per_prompt)
+    if needs_of(cfg).greedy_baseline:  # its greedy answers count as generation time
+        prompt_ids = batch.prompts[:: cfg.samples_per_prompt]
+        baseline = greedy_baseline(setup, own, prompt_ids, update, offset + share.start)
+        batch.baseline_scores = baseline.repeat_interleave(cfg.samples_per_prompt)
     timings["generation"] += time.perf_counter() - began
     show("scoring")
     began = time.perf_counter()
     batch = widen_to_all_processes(batch, accelerator, models.tokenizer.pad_token_id)
-    batch = gather_rollout(score_rollout(models, batch, cfg, precision, texts), accelerator)
+    batch = gather_rollout(score_rollout(models, batch, cfg, setup.precision, setup.texts), accelerator)
     timings["scoring"] += time.perf_counter() - began
-    models.reward_sources().stop_if_all_failed(batch.reward_failures, update + 1)  # on the whole batch: every process alike
+    # on the whole batch: every process alike
+    models.reward_sources().stop_if_all_failed(batch.reward_failures, update + 1)
     return batch
 
 
 @torch.no_grad()
-def greedy_baseline(models: OnPolicyModels, queries: list[list[int]], prompt_ids: torch.Tensor, cfg: OnPolicyConfig, update: int,
-                    position: int, precision: str, texts: PromptTexts | None) -> torch.Tensor:
+def greedy_baseline(setup: RolloutSetup, queries: list[list[int]], prompt_ids: torch.Tensor, update: int,
+                    position: int) -> torch.Tensor:
     """ReMax (Li et al. 2023): (P,) the shaped score of each prompt's greedy answer, from the same
     reward model and functions as the sampled answers."""
+    models, cfg, precision = setup.models, setup.cfg, setup.precision
     device = next(models.policy.parameters()).device
     params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=0.0, decoding=cfg.decoding)
     with autocast(device, precision), evaluation_mode(models.policy):
-        greedy = sample_responses(models.policy, queries, params, models.tokenizer, cfg.generation_batch_size,
-                                  lambda i: chunk_generator(cfg.seed, update, position + i, device, GREEDY_STREAM))
+        greedy = sample_responses(
+            models.policy, queries, params, models.tokenizer, cfg.generation_batch_size,
+            lambda i: chunk_generator(cfg.seed, update, position + i, device, GREEDY_STREAM))
     greedy.prompts = prompt_ids
-    with autocast(model_device(models.reward) if models.reward is not None else device, precision):  # as score_rollout scores
+    # under the autocast score_rollout scores in
+    with autocast(model_device(models.reward) if models.reward is not None else device, precision):
         scores = model_scores(models, greedy, cfg)
-    components, _ = reward_components(models, greedy, scores, texts, cfg.max_response_length)
+    components, _ = reward_components(models, greedy, scores, setup.texts, cfg.max_response_length)
     raw = models.reward_sources().combine(components)
     return shaped_scores(cfg, raw, greedy.lengths, greedy.has_eos)
 
 
 def informative_groups(batch: RolloutBatch, cfg: OnPolicyConfig) -> torch.Tensor:
-    """(B,) True for the rows of groups whose shaped scores spread by more than dynamic_sampling_min_spread."""
+    """(B,) True for the rows of groups whose shaped scores spread by more than
+    dynamic_sampling_min_spread."""
     scores = shaped_scores(cfg, batch.raw_scores, batch.lengths, batch.has_eos)
     return ops.group_spread(scores, row_groups(batch, cfg)) > cfg.dynamic_sampling_min_spread
 
@@ -150,7 +164,8 @@ def dynamic_sample(draw, cfg: OnPolicyConfig, counts: dict[str, float], pad_id: 
         dropped_groups += int((~keep).sum()) // group
     filled = max(0, wanted - kept_groups)
     counts |= {"sampling/draws": float(draws), "sampling/dropped_groups": float(dropped_groups),
-               "sampling/filled_groups": float(filled), "sampling/kept_share": kept_groups / max(1, kept_groups + dropped_groups)}
+               "sampling/filled_groups": float(filled),
+               "sampling/kept_share": kept_groups / max(1, kept_groups + dropped_groups)}
     return concatenate_rows(kept + dropped, wanted * group, pad_id)
 
 
@@ -163,3 +178,59 @@ def concatenate_rows(parts: list[RolloutBatch], rows: int, pad_id: int) -> Rollo
     fields = wide[0].tensors().keys()
     joined = {k: torch.cat([w.tensors()[k] for w in wide])[:rows] for k in fields}
     return dataclasses.replace(wide[0], **joined)
+
+
+def prompt_indices(num_prompts: int, count: int, seed: int, start: int) -> np.ndarray:
+    """Detail 21: prompts `start .. start+count` of an endless stream that walks through a fresh
+    permutation of the prompts each time the previous one is used up (sampling without replacement).
+    A function of (seed, position) only, so a resumed run draws exactly the prompts it would have."""
+    positions = np.arange(start, start + count)
+    epochs, offsets = np.divmod(positions, num_prompts)
+    perms = {int(e): np.random.default_rng([seed, int(e)]).permutation(num_prompts)
+             for e in np.unique(epochs)}
+    return np.array([perms[int(e)][o] for e, o in zip(epochs, offsets, strict=True)], dtype=np.int64)
+
+
+QUERY_COLUMNS = ("query_ids", "query_mask")  # left padded: widened on the left
+
+
+def widen(batch: RolloutBatch, query_width: int, response_width: int, pad_id: int) -> RolloutBatch:
+    """The same rollout with queries left padded to `query_width` and responses right padded to
+    `response_width` columns: masked columns, which change no masked sum."""
+    def pad(name: str, value: torch.Tensor) -> torch.Tensor:
+        if value.dim() == 1:
+            return value
+        target = query_width if name in QUERY_COLUMNS else response_width
+        missing = target - value.size(1)
+        filler = pad_id if name in ("query_ids", "responses") else 0
+        side = (missing, 0) if name in QUERY_COLUMNS else (0, missing)
+        return torch.nn.functional.pad(value, side, value=filler) if missing else value
+
+    return dataclasses.replace(batch, **{k: pad(k, v) for k, v in batch.tensors().items()})
+
+
+def widen_to_all_processes(batch: RolloutBatch, accelerator, pad_id: int) -> RolloutBatch:
+    """This process's rows padded to the widest query and response of any process: the columns a
+    single process sampling the whole update would have, so that every forward pass sees each row
+    exactly as that process would (padding is masked, but bf16 sums still depend on the width)."""
+    if accelerator.num_processes == 1:
+        return batch
+    widths = torch.tensor([batch.context_length, batch.responses.size(1)], device=accelerator.device)
+    query_width, response_width = accelerator.reduce(widths, "max").tolist()
+    return widen(batch, query_width, response_width, pad_id)
+
+
+def gather_rollout(batch: RolloutBatch, accelerator) -> RolloutBatch:
+    """The whole update's rollout on every process, from rows already widened alike
+    (`widen_to_all_processes`): each process's rows in process order, which is the prompt order of
+    a single-process run."""
+    if accelerator.num_processes == 1:
+        return batch
+    return dataclasses.replace(batch, **{k: gather_rows(v, accelerator) for k, v in batch.tensors().items()})
+
+
+def gather_rows(value: torch.Tensor, accelerator) -> torch.Tensor:
+    """Every process's rows of `value`, in process order (booleans travel as bytes: gloo has no bool)."""
+    if value.dtype == torch.bool:
+        return accelerator.gather(value.to(torch.uint8)).bool()
+    return accelerator.gather(value)

@@ -1,13 +1,16 @@
-"""What an on-policy run is measured on: held-out prompts summarised by the SFT and the trained
-policies, scored by the reward model (EOS trick applied) and by ROUGE-L against the references, and
-the run's report (Figure 12's curves, update statistics, phase times, samples)."""
+"""What an on-policy run is measured on: each update's rollout statistics (Figure 12's curves) and
+extreme samples, held-out prompts summarised by the SFT and the trained policies, scored by the reward
+model (EOS trick applied) and by ROUGE-L against the references, and the run's report (Figure 12's
+curves, update statistics, phase times, samples)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from .. import ops
 from ..config import OnPolicyConfig
 from ..data import SFTRecord, load_prompts, usable
 from ..data.examples import SFTExample, tokenize_sft, training_examples
@@ -24,19 +27,71 @@ from ..eval.caveats import (
 )
 from ..eval.report import Report, config_text, trained_amount, training_summary
 from ..eval.rouge import mean, rouge_l
-from ..generation import SamplingParams
-from ..ops import eos_trick
+from ..generation import (
+    EVALUATION_STREAM,
+    RolloutBatch,
+    SamplingParams,
+    chunk_generator,
+    completion_texts,
+    sample_responses,
+)
 from ..plots import metric_series, plot_curves
 from ..tracking import read_jsonl, read_metrics
-from .rewarding import PromptTexts
-from .rollout import EVALUATION_STREAM, chunk_generator, sample_responses
-from .update import OnPolicyModels, completion_texts, model_scores, reward_components
+from .scoring import OnPolicyModels, PromptTexts, model_scores, reward_components
 
 SAMPLES_FILE = "samples.jsonl"
 FIGURE_12 = ["objective/rlhf_reward", "objective/kl", "objective/scores", "response/length_mean", "response/eos_rate"]
 UPDATE_CURVES = ["loss/policy_avg", "loss/value_avg", "loss/kl_avg", "policy/entropy_avg", "policy/approxkl_avg", "policy/clipfrac_avg",
                  "val/clipfrac_avg", "val/ratio", "val/explained_variance", "response/length_score_corr"]
 PERF_CURVES = ["perf/generation_s", "perf/scoring_s", "perf/update_s", "perf/generated_tokens_per_s"]
+
+
+def rollout_metrics(batch: RolloutBatch, kl_coef: float) -> dict[str, float]:
+    """The per-update curves of Figure 12 and seed 000 Stage 3, from the whole update's rollout."""
+    mask, lengths = batch.mask, batch.lengths.float()
+    kl_sum = batch.kl.sum(-1)
+    non_score = -kl_coef * kl_sum  # also when the KL enters the loss instead of the reward
+    metrics = {
+        "objective/rlhf_reward": float((batch.scores + non_score).mean()),
+        "objective/scores": float(batch.scores.mean()),
+        "objective/raw_scores": float(batch.raw_scores.mean()),
+        "objective/kl": float(kl_sum.mean()),
+        "objective/non_score_reward": float(non_score.mean()),
+        "objective/entropy": float((-batch.logprobs * mask).sum(-1).mean()),
+        "objective/kl_coef": kl_coef,
+        "response/length_mean": float(lengths.mean()),
+        "response/eos_rate": float(batch.has_eos.float().mean()),
+        "response/length_score_corr": float(ops.pearson(lengths, batch.scores)),
+        "advantages/max": float(batch.advantages[mask].max()),
+        "advantages/min": float(batch.advantages[mask].min()),
+        "returns/mean": float(ops.masked_mean(batch.returns, mask)),
+    }
+    if bool(batch.has_eos.any()):  # the score of valid responses alone, apart from the EOS trick's constant
+        metrics["objective/scores_with_eos"] = float(batch.raw_scores[batch.has_eos].mean())
+    if batch.values is not None:
+        metrics["val/mean"] = float(ops.masked_mean(batch.values, mask))
+        metrics["val/explained_variance"] = float(ops.explained_variance(batch.values, batch.returns, mask))
+    return metrics
+
+
+def extreme_samples(batch: RolloutBatch, tokenizer, update: int, count: int) -> list[dict[str, Any]]:
+    """The `count` highest- and lowest-scored episodes of the update, decoded, with their score, KL and
+    advantage (the mean over the response's tokens)."""
+    order = torch.argsort(batch.scores, descending=True).tolist()
+    picks = [("highest", i) for i in order[:count]] + [("lowest", i) for i in order[::-1][:count]]
+    rows = []
+    for rank, i in picks:
+        query = batch.query_ids[i][batch.query_mask[i].bool()].tolist()
+        response = batch.responses[i][batch.mask[i]].tolist()
+        rows.append({
+            "step": update, "rank": rank, "score": float(batch.scores[i]),
+            "raw_score": float(batch.raw_scores[i]), "kl": float(batch.kl[i].sum()),
+            "advantage": float(ops.masked_mean(batch.advantages[i], batch.mask[i])),
+            "length": len(response), "has_eos": bool(batch.has_eos[i]),
+            "query": tokenizer.decode(query),
+            "response": tokenizer.decode(response, skip_special_tokens=True),
+        })
+    return rows
 
 
 def split_posts(cfg: OnPolicyConfig, tokenizer) -> tuple[list[SFTExample], list[SFTExample], list[str]]:
@@ -88,7 +143,7 @@ def summarise_and_score(policy, models: OnPolicyModels, examples: list[SFTExampl
 
 def with_configured_eos_trick(scores: torch.Tensor, has_eos: torch.Tensor, cfg: OnPolicyConfig) -> torch.Tensor:
     """Detail 23 when the run applies it: `missing_eos_score` where the response has no EOS."""
-    return eos_trick(scores, has_eos, cfg.missing_eos_score) if cfg.eos_trick else scores
+    return ops.eos_trick(scores, has_eos, cfg.missing_eos_score) if cfg.eos_trick else scores
 
 
 def prompt_body(record: SFTRecord) -> str:

@@ -1,13 +1,14 @@
-"""`rlhfkit ppo`, `rlhfkit grpo`, `rlhfkit rloo`: one on-policy stage, run by the loop driver on one or
-N data-parallel processes (Section 7, Details 20-25, Table 7).
+"""`rlhfkit ppo`, `rlhfkit grpo`, `rlhfkit rloo`, `rlhfkit reinforce`: one on-policy stage, run by the
+loop driver on one or N data-parallel processes (Section 7, Details 20-25, Table 7).
 
 The policy and the frozen reference both start from the SFT model; the reward model is frozen; an
 algorithm with a critic (PPO) trains a value model that starts from the reward model (Detail 22).
-One update: draw the next prompts (Detail 21); each process samples and scores its share; the whole
-rollout is gathered so that rewards, advantages, whitening, group baselines, the adaptive KL
-controller and the logged means are those of the whole batch; then each process trains on its rows
-of every minibatch and the gradients are summed across processes (`update.py`). Every process holds
-the same weights throughout; process 0 writes checkpoints, metrics, samples and the report.
+One update, in phases, each in its own module: draw the next prompts (Detail 21), each process
+samples and scores its share, and the whole rollout is gathered (`collect`, `scoring`), so that
+rewards, advantages, whitening, group baselines (`advantages`), the adaptive KL controller and the
+logged means (`evaluation`) are those of the whole batch; then each process trains on its rows of
+every minibatch and the gradients are summed across processes (`update`). Every process holds the
+same weights throughout; process 0 writes checkpoints, metrics, samples and the report.
 """
 
 from __future__ import annotations
@@ -34,25 +35,21 @@ from ..sharding import SavedState, ShardedOptimizerState, ShardedRun, shard_on_p
 from ..tracking import append_jsonl, drop_rows_after, write_jsonl
 from ..trainers.loop import Show, run_loop
 from ..trainers.run import accelerator_for, autocast_precision, start_run
+from .advantages import compute_advantages
 from .algorithms import Algorithm, algorithm_of
-from .collect import PromptStream, collect, prompts_per_update
+from .collect import PromptStream, RolloutSetup, collect, prompts_per_update
 from .evaluation import (
     SAMPLES_FILE,
     compare_policies,
+    extreme_samples,
     policy_summary,
+    rollout_metrics,
     split_posts,
     summarise_and_score,
     write_onpolicy_report,
 )
-from .rewarding import PromptTexts, RewardSources, component_metrics
-from .update import (
-    OnPolicyModels,
-    Optimizers,
-    build_optimizers,
-    extreme_samples,
-    rollout_metrics,
-    update_on_rollout,
-)
+from .scoring import OnPolicyModels, PromptTexts, RewardSources, component_metrics
+from .update import Optimizers, build_optimizers, update_on_rollout
 
 
 def require_folder(path: str, key: str, what: str) -> None:
@@ -157,28 +154,33 @@ class OnPolicySteps:
     def name(self) -> str:
         return self.algorithm.name
 
+    def rollout_setup(self) -> RolloutSetup:
+        return RolloutSetup(self.models, self.prompts, self.cfg, self.precision, self.accelerator, self.texts)
+
     def step(self, index: int, show: Show) -> dict[str, float]:
+        """One update: collect (sample and score) the rollout, its advantages, the update on it."""
         began = time.perf_counter()
         timings: dict[str, float] = {}
         metrics: dict[str, float] = {}
         drawn = self.stream.position
         try:
-            batch = collect(self.models, self.prompts, self.cfg, index, self.kl_coef, self.precision, timings, show, self.accelerator,
-                            self.texts, self.stream, metrics)
+            batch = collect(self.rollout_setup(), index, timings, show, self.stream, metrics)
         except Interrupted:  # in a reward function: the update is dropped, so its checkpoint must not count its draws
             self.stream.position = drawn
             raise
+        batch = compute_advantages(batch, self.cfg, self.kl_coef)
         metrics |= rollout_metrics(batch, self.kl_coef)
         metrics |= component_metrics(self.models.reward_sources().names, batch.reward_components, batch.reward_failures)
         show("updating")
         tick = time.perf_counter()
-        metrics |= update_on_rollout(self.models, self.optimizers, batch, self.cfg, index + 1, self.precision, self.kl_coef,
-                                     self.accelerator)
+        metrics |= update_on_rollout(self.models, self.optimizers, batch, self.cfg, index + 1, self.precision,
+                                     self.kl_coef, self.accelerator)
         timings["update"] = time.perf_counter() - tick
         metrics["train/lr"] = self.optimizers.policy_schedule.get_last_lr()[0]
         self.optimizers.advance_schedules()
         if self.cfg.adaptive_kl:  # from the whole batch's KL: every process moves the coefficient alike
-            self.kl_coef = adaptive_kl_coef(self.kl_coef, metrics["objective/kl"], self.cfg.kl_target, self.cfg.kl_horizon, batch.size)
+            self.kl_coef = adaptive_kl_coef(self.kl_coef, metrics["objective/kl"], self.cfg.kl_target, self.cfg.kl_horizon,
+                                            batch.size)
         done = index + 1
         elapsed = time.perf_counter() - began
         metrics |= {f"perf/{k}_s": v for k, v in timings.items()}

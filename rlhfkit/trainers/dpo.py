@@ -33,7 +33,8 @@ from ..devices import autocast, default_device, evaluation_mode, model_device
 from ..eval import rm_metrics, rm_report
 from ..eval.report import Table
 from ..eval.rm_eval import builtin_probes_for, evaluate_reward_model, write_rm_report
-from ..generation import SamplingParams, generate_texts, sequence_logprobs
+from ..generation import SamplingParams, generate_texts
+from ..logprobs import sequence_logprobs
 from ..plots import plot_training_curves
 from ..preemption import restart_command, resume_command, stopping_at_once
 from ..preference_ops import PreferenceLoss, PreferenceObjective, preference_loss

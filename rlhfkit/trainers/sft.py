@@ -26,7 +26,8 @@ from ..devices import default_device, evaluation_mode, model_device
 from ..eval.caveats import budget_caveat, fell_caveat, few_prompts_caveat
 from ..eval.report import Report, config_text, trained_amount, training_summary
 from ..eval.rouge import mean, rouge_l
-from ..generation import SamplingParams, generate_texts, target_logprobs
+from ..generation import SamplingParams, generate_texts
+from ..logprobs import target_logprobs
 from ..plots import metric_series, plot_curves
 from ..tracking import read_jsonl, read_metrics, write_jsonl
 from .run import is_main_process, start_run

@@ -1,0 +1,173 @@
+"""Advantages, the phase between scoring and the update, on the whole update's rollout (Section 7,
+Details 23-25, Equation 3):
+
+    scores    = raw score minus the length penalty; -1 when there is no EOS; DAPO's overlong
+                punishment                                                            (Detail 23)
+    rewards   = -beta * KL per token, plus the score at the EOS token itself         (Equation 3)
+    advantages, returns = the configured estimator (PPO: GAE with the value model)    (Details 22, 25)
+
+Each estimator is declared where it is defined, with what it needs beyond the rewards:
+`@estimator("remax", needs_greedy_baseline=True)` registers it in `ESTIMATORS`; collection samples the
+greedy baselines an estimator declares, and `check_estimator_needs` refuses a config that cannot give
+an estimator the groups it compares. An estimator is `(cfg, rewards, mask, batch, groups) ->
+(advantages, returns)`, typed with the config class whose fields it reads, reading what else it needs
+from the rollout `batch` (PPO's `values`, ReMax's `baseline_scores`); `groups` holds each row's group
+id (the rows of one prompt's samples are consecutive and share one id). The maths lives in `ops`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .. import ops
+from ..config import GRPOConfig, OnPolicyConfig, PPOConfig, ReinforceConfig, RLOOConfig
+from ..errors import ConfigError
+from ..generation import RolloutBatch
+
+EstimatorFunction = Callable[[Any, torch.Tensor, torch.Tensor, RolloutBatch, torch.Tensor],
+                             tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class EstimatorNeeds:
+    """What an estimator needs beyond the per-token rewards."""
+
+    groups: bool = False  # compares the samples of a prompt: samples_per_prompt >= 2, sampling that varies
+    greedy_baseline: bool = False  # the shaped score of each prompt's greedy answer (`batch.baseline_scores`)
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """An advantage estimator as declared: its name (an `advantage_estimator` choice), function and needs."""
+
+    name: str
+    function: EstimatorFunction
+    needs: EstimatorNeeds
+
+    def __call__(self, cfg: Any, rewards: torch.Tensor, mask: torch.Tensor, batch: RolloutBatch,
+                 groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.function(cfg, rewards, mask, batch, groups)
+
+
+ESTIMATORS: dict[str, Estimator] = {}
+
+
+def estimator(name: str, *, needs_groups: bool = False,
+              needs_greedy_baseline: bool = False) -> Callable[[EstimatorFunction], EstimatorFunction]:
+    """Register the decorated function in `ESTIMATORS` as `advantage_estimator=name`, with its needs."""
+    def register(function: EstimatorFunction) -> EstimatorFunction:
+        ESTIMATORS[name] = Estimator(name, function, EstimatorNeeds(needs_groups, needs_greedy_baseline))
+        return function
+
+    return register
+
+
+@estimator("gae")
+def gae_advantages(cfg: PPOConfig, rewards, mask, batch, _groups):
+    """PPO: GAE over the per-token rewards with the value model (Table 7: gamma 1, lambda 0.95)."""
+    return ops.gae(rewards, batch.values, mask, cfg.gamma, cfg.lam)
+
+
+@estimator("grpo", needs_groups=True)
+def grpo_advantages(cfg: GRPOConfig, rewards, mask, _batch, groups):
+    """GRPO: the sequence reward minus its group's mean, over the group's std unless scale_rewards=false."""
+    relative = ops.group_relative_advantages(rewards.sum(-1), groups, cfg.scale_rewards)
+    return ops.sequence_advantages(relative, mask)
+
+
+@estimator("rloo", needs_groups=True)
+def rloo_advantages(_cfg: RLOOConfig, rewards, mask, _batch, groups):
+    """RLOO: the sequence reward minus the mean reward of the other samples of its prompt."""
+    return ops.sequence_advantages(ops.leave_one_out_advantages(rewards.sum(-1), groups), mask)
+
+
+@estimator("reinforce-pp")
+def reinforce_pp_advantages(cfg: ReinforceConfig, rewards, mask, _batch, _groups):
+    """REINFORCE++: each token's return (its reward and every later one's), whitened over the whole
+    batch's tokens."""
+    returns = ops.returns_to_go(rewards, mask, cfg.gamma)
+    return ops.masked_whiten(returns, mask), returns
+
+
+@estimator("reinforce-pp-baseline", needs_groups=True)
+def reinforce_pp_baseline_advantages(_cfg: ReinforceConfig, rewards, mask, _batch, groups):
+    """REINFORCE++-baseline: the sequence reward minus its group's mean, whitened over the whole
+    batch's tokens."""
+    relative = ops.group_relative_advantages(rewards.sum(-1), groups, scale_by_std=False)
+    centred, _ = ops.sequence_advantages(relative, mask)
+    return ops.masked_whiten(centred, mask), centred
+
+
+@estimator("remax", needs_greedy_baseline=True)
+def remax_advantages(cfg: ReinforceConfig, rewards, mask, batch, _groups):
+    """ReMax: each token's return minus the score of its prompt's greedy response."""
+    returns = ops.returns_to_go(rewards, mask, cfg.gamma)
+    return (returns - batch.baseline_scores.unsqueeze(1)) * mask, returns
+
+
+def needs_of(cfg: OnPolicyConfig) -> EstimatorNeeds:
+    """The needs of the estimator `cfg` names."""
+    return ESTIMATORS[cfg.advantage_estimator].needs
+
+
+def check_estimator_needs(cfg: OnPolicyConfig) -> None:
+    """Refuse, before anything loads, a config that cannot give its estimator what it needs: a group
+    estimator (and dynamic sampling, which compares a group's samples too) needs 2 or more samples per
+    prompt, and it, like a greedy baseline, learns nothing from greedy samples, all alike."""
+    needs = needs_of(cfg)
+    for needs_groups, what in ((cfg.dynamic_sampling, "dynamic_sampling=true"),
+                               (needs.groups, f"advantage_estimator={cfg.advantage_estimator}")):
+        if needs_groups and cfg.samples_per_prompt < 2:
+            raise ConfigError(f"{what} compares the samples of a prompt: set samples_per_prompt to 2 or more")
+    if cfg.temperature > 0:
+        return
+    if needs.greedy_baseline:
+        alike = f"each response is its own greedy baseline (advantage_estimator={cfg.advantage_estimator})"
+    elif cfg.dynamic_sampling or needs.groups:
+        compared = ("dynamic_sampling=true drops every group" if cfg.dynamic_sampling
+                    else f"advantage_estimator={cfg.advantage_estimator} compares them")
+        alike = (f"the samples_per_prompt={cfg.samples_per_prompt} responses to a prompt are identical "
+                 f"({compared})")
+    else:
+        return
+    raise ConfigError(f"temperature={cfg.temperature:g} samples greedily: {alike}, so every advantage is 0 "
+                      "and the run learns nothing; set temperature above 0 (e.g. 0.7)")
+
+
+def shaped_scores(cfg: OnPolicyConfig, raw: torch.Tensor, lengths: torch.Tensor,
+                  has_eos: torch.Tensor) -> torch.Tensor:
+    """(B,) what the advantages see of each response: its raw score minus the length penalty, the EOS
+    trick (Detail 23), plus DAPO's overlong punishment."""
+    scores = ops.length_penalised_scores(raw, lengths, cfg.reward_length_penalty)
+    scores = ops.eos_trick(scores, has_eos, cfg.missing_eos_score) if cfg.eos_trick else scores
+    overlong = ops.overlong_penalty(lengths, cfg.max_response_length, cfg.overlong_buffer,
+                                    cfg.overlong_penalty)
+    return scores + overlong.to(scores.device)
+
+
+def row_groups(batch: RolloutBatch, cfg: OnPolicyConfig) -> torch.Tensor:
+    """(B,) the group of each row: rows come in groups of samples_per_prompt (sample_responses)."""
+    return torch.arange(batch.size, device=batch.mask.device) // cfg.samples_per_prompt
+
+
+def compute_advantages(batch: RolloutBatch, cfg: OnPolicyConfig, kl_coef: float) -> RolloutBatch:
+    """Scores -> per-token rewards (equation 3) -> advantages and returns by the configured estimator,
+    on the whole update's rollout. With kl_placement=loss the rewards carry the score alone and the KL
+    enters the update's loss."""
+    mask = batch.mask
+    scores = shaped_scores(cfg, batch.raw_scores, batch.lengths, batch.has_eos)
+    kl = ops.kl_penalty(batch.logprobs, batch.ref_logprobs, cfg.kl_estimator) * mask
+    rewards, _ = ops.rlhf_rewards(scores, kl, mask, kl_coef if cfg.kl_placement == "reward" else 0.0)
+    if cfg.whiten_rewards:  # Detail 24
+        rewards = ops.masked_whiten(rewards, mask, shift_mean=False)
+    estimate = ESTIMATORS[cfg.advantage_estimator]
+    advantages, returns = estimate(cfg, rewards, mask, batch, row_groups(batch, cfg))
+    if cfg.whiten_advantages:  # Detail 25
+        advantages = ops.masked_whiten(advantages, mask)
+    return dataclasses.replace(batch, scores=scores, kl=kl, rewards=rewards, advantages=advantages,
+                               returns=returns)

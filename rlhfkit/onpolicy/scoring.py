@@ -1,0 +1,243 @@
+"""Scoring, the phase after sampling: what an on-policy stage optimises and what the update needs of
+each sampled row, filled in by `score_rollout` (logged as `perf/scoring_s`).
+
+    logprobs, ref_logprobs = the policy's and the frozen reference's log-probabilities of the
+                             response tokens, from one forward pass each, at the sampling temperature
+    values     = the value model's estimate before each response token (PPO)          (Detail 22)
+    components = [f_1(prompts, completions, **columns), ..., f_n(...), reward model at EOS] (Detail 12)
+    raw score  = sum_c reward_weights[c] * components[c]             (then the EOS trick, Detail 23)
+
+Every component is kept on the rollout (`RolloutBatch.reward_components`) and logged on its own
+(`rewards/<name>`), so a run shows what each reward bought. Rows a function failed on are counted per
+function (`rewards/<name>_errors`) and reported with the prompt's source line (rlhfkit/rewards.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from ..config import OnPolicyConfig
+from ..data.examples import SFTExample
+from ..devices import autocast, model_device
+from ..errors import ConfigError, warn
+from ..generation import RolloutBatch, completion_texts
+from ..logprobs import response_logprobs
+from ..reward_models import ScalarModel
+from ..rewards import ROLLOUT_COLUMNS, RewardError, RewardFunctions
+from ..scoring import scores_at_eos
+
+REWARD_MODEL = "reward_model"
+REPORTED_ERRORS = 5  # per scoring call: the rest are counted, not printed
+
+
+@dataclass
+class PromptTexts:
+    """What reward functions read about each prompt: its query text, dataset columns and source."""
+
+    texts: list[str]
+    columns: list[dict]
+    where: list[str]
+
+    @classmethod
+    def of(cls, examples: list[SFTExample]) -> PromptTexts:
+        return cls([e.query.text for e in examples], [e.record.columns for e in examples],
+                   [e.record.where for e in examples])
+
+
+@dataclass
+class RewardSources:
+    """The configured reward functions, whether a reward model scores too, and each component's weight."""
+
+    functions: RewardFunctions
+    has_model: bool
+    weights: list[float]
+    # by function: what went wrong on its last failed row
+    last_problem: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, cfg: OnPolicyConfig) -> RewardSources:
+        if not cfg.reward_functions and not cfg.reward_model:
+            raise ConfigError("nothing to optimise: give reward_model= (a reward model folder) and/or "
+                              "reward_functions= "
+                              "(e.g. gsm8k,format; see rlhfkit/rewards.py)")
+        functions = RewardFunctions.from_specs(cfg.reward_functions, cfg.reward_error_score,
+                                               cfg.stop_on_reward_error, cfg.reward_timeout)
+        count = len(functions) + bool(cfg.reward_model)
+        weights = list(cfg.reward_weights) or [1.0] * count
+        if len(weights) != count:
+            names = ", ".join(functions.names + ([REWARD_MODEL] if cfg.reward_model else []))
+            raise ConfigError(f"reward_weights has {len(weights)} values for {count} rewards ({names}): "
+                              "give one per reward function, then one for the reward model")
+        return cls(functions, bool(cfg.reward_model), weights)
+
+    @classmethod
+    def model_only(cls) -> RewardSources:
+        return cls(RewardFunctions([], []), True, [1.0])
+
+    @property
+    def names(self) -> list[str]:
+        return self.functions.names + ([REWARD_MODEL] if self.has_model else [])
+
+    def function_scores(self, prompts: PromptTexts, rows: list[int], completions: list[str],
+                        lengths: list[int], has_eos: list[bool],
+                        max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """((B, F) scores, (B, F) bool: the row failed) of the reward functions on completions of
+        prompts `rows`; failures are printed (the first few) and flagged for counting."""
+        keys = set().union(*(prompts.columns[i] for i in rows))
+        columns = {key: [prompts.columns[i].get(key) for i in rows] for key in keys}
+        columns |= dict(zip(ROLLOUT_COLUMNS, (lengths, has_eos, max_length), strict=True))
+        where = [prompts.where[i] for i in rows]
+        scored = self.functions.score([prompts.texts[i] for i in rows], completions, columns, where)
+        scores = torch.tensor(scored, dtype=torch.float32).reshape(len(self.functions), len(rows)).T
+        failed = torch.zeros_like(scores, dtype=torch.bool)
+        errors = self.functions.take_errors()
+        for error in errors:
+            failed[error.row, self.functions.names.index(error.function)] = True
+            self.last_problem[error.function] = error.problem
+        report_errors(errors)
+        return scores, failed
+
+    def check_prompts(self, prompts: PromptTexts) -> None:
+        """Refuse, before training, prompts that lack a column a reward function needs."""
+        self.functions.check_columns(prompts.columns, prompts.where)
+
+    def stop_if_all_failed(self, failed: torch.Tensor | None, update: int) -> None:
+        """Stop, in one line, at an update where a function failed on every row (the (B, F) `failed`):
+        scores that are all reward_error_score teach the policy nothing about that function."""
+        if failed is None or not failed.numel():
+            return
+        for name, all_failed in zip(self.functions.names, failed.all(dim=0).tolist(), strict=True):
+            if all_failed:
+                last = self.last_problem.get(name, "see the warnings above")
+                raise ConfigError(f"reward function {name!r} failed on all {failed.size(0)} rows of update "
+                                  f"{update} (the last: {last}): the run would learn from reward_error_score "
+                                  "alone: fix the function, then run again")
+
+    def combine(self, components: torch.Tensor) -> torch.Tensor:
+        """(B,) the weighted sum of the (B, C) components."""
+        return components @ torch.tensor(self.weights, dtype=components.dtype, device=components.device)
+
+
+def report_errors(errors: list[RewardError]) -> None:
+    for error in errors[:REPORTED_ERRORS]:
+        warn(error.line())
+    if len(errors) > REPORTED_ERRORS:
+        warn(f"{len(errors) - REPORTED_ERRORS} more reward-function failures in this batch (counted in "
+             "rewards/<name>_errors)")
+
+
+def component_metrics(names: list[str], components: torch.Tensor, failed: torch.Tensor | None,
+                      prefix: str = "rewards/") -> dict[str, float]:
+    """The mean of each component and, for reward functions, the number of rows it failed on."""
+    metrics = {f"{prefix}{name}": float(components[:, c].mean()) for c, name in enumerate(names)}
+    if failed is not None:
+        functions = names[: failed.size(1)]
+        metrics |= {f"{prefix}{name}_errors": float(failed[:, c].sum()) for c, name in enumerate(functions)}
+    return metrics
+
+
+@dataclass
+class OnPolicyModels:
+    policy: torch.nn.Module  # trained
+    reference: torch.nn.Module  # frozen copy of the starting (SFT) policy
+    reward: ScalarModel | None  # frozen; None when reward functions alone score
+    value: ScalarModel | None  # trained, when the algorithm has a critic (Detail 22: from the reward model)
+    tokenizer: PreTrainedTokenizerBase
+    sources: RewardSources | None = None  # reward functions and weights (None: the reward model alone)
+
+    def reward_sources(self) -> RewardSources:
+        return self.sources or RewardSources.model_only()
+
+    def trained(self) -> list[torch.nn.Module]:
+        return [m for m in (self.policy, self.value) if m is not None]
+
+    def frozen(self) -> list[torch.nn.Module]:
+        return [m for m in (self.reference, self.reward) if m is not None]
+
+
+def policy_logprobs(policy, batch: RolloutBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return response_logprobs(policy, batch.input_ids(), batch.attention_mask(), batch.context_length,
+                             temperature)
+
+
+def value_estimates(value: ScalarModel, batch: RolloutBatch) -> torch.Tensor:
+    """(B, R) V(state before each response token): the head's output at the position that predicts it."""
+    per_position = value.per_token_scores(batch.input_ids(), batch.attention_mask())
+    return per_position[:, batch.context_length - 1 : -1]
+
+
+def reward_scores(reward: ScalarModel, batch: RolloutBatch) -> torch.Tensor:
+    """(B,) reward-model scores read at each response's EOS (Detail 12; the last token when there is
+    none), the query left padded (Detail 14): the same index equation 3 puts the score on."""
+    return scores_at_eos(reward, batch.input_ids(), batch.attention_mask(), batch.context_length,
+                         batch.lengths)
+
+
+def model_scores(models: OnPolicyModels, batch, cfg: OnPolicyConfig) -> torch.Tensor | None:
+    """(B,) the reward model's scores of a sampled batch, or None without a reward model."""
+    if models.reward is None:
+        return None
+    scored = batch.to(model_device(models.reward))
+    step = cfg.forward_batch_size
+    return torch.cat([reward_scores(models.reward, scored.select(slice(i, i + step))).float().cpu()
+                      for i in range(0, batch.size, step)])
+
+
+def reward_components(models: OnPolicyModels, batch: RolloutBatch, model_scores: torch.Tensor | None,
+                      prompts: PromptTexts | None, max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """((B, C) reward components: the functions' then the reward model's, (B, F) failed rows);
+    `batch.prompts` index `prompts`."""
+    sources = models.reward_sources()
+    columns, failed = [], torch.zeros(batch.size, 0, dtype=torch.bool)
+    if len(sources.functions):
+        if prompts is None:
+            raise ValueError("reward functions need the prompts' texts and columns")
+        completions = completion_texts(batch, models.tokenizer)
+        scores, failed = sources.function_scores(prompts, batch.prompts.tolist(), completions,
+                                                 batch.lengths.tolist(), batch.has_eos.tolist(), max_length)
+        columns.append(scores)
+    if model_scores is not None:
+        columns.append(model_scores.float().cpu().unsqueeze(1))
+    device = batch.responses.device
+    return torch.cat(columns, dim=1).to(device), failed.to(device)
+
+
+@torch.no_grad()
+def score_rollout(models: OnPolicyModels, batch: RolloutBatch, cfg: OnPolicyConfig, precision: str,
+                  prompts: PromptTexts | None = None) -> RolloutBatch:
+    """Fill in the sampling-time log-probabilities, reference log-probabilities, values and scores,
+    `forward_batch_size` rows at a time. The old log-probabilities come from the same forward
+    function the update uses, so before any update the PPO ratio is exactly 1. Reward functions read
+    the texts and columns of `prompts`, which `batch.prompts` index."""
+    device = batch.responses.device
+    frozen = model_device(models.reference)
+    parts: dict[str, list[torch.Tensor]] = defaultdict(list)
+    for start in range(0, batch.size, cfg.forward_batch_size):
+        part = batch.select(slice(start, start + cfg.forward_batch_size))
+        with autocast(device, precision):
+            parts["logprobs"].append(policy_logprobs(models.policy, part, cfg.temperature)[0])
+            if models.value is not None:
+                parts["values"].append(value_estimates(models.value, part).float())
+        with autocast(frozen, precision):
+            remote = part.to(frozen)  # the reference and reward models share the frozen device
+            reference, _ = policy_logprobs(models.reference, remote, cfg.temperature)
+            parts["ref_logprobs"].append(reference.to(device))
+            if models.reward is not None:
+                parts["model_scores"].append(reward_scores(models.reward, remote).float().to(device))
+    filled = {k: torch.cat(v) for k, v in parts.items()}
+    scores = filled.pop("model_scores", None)
+    components, failed = reward_components(models, batch, scores, prompts, cfg.max_response_length)
+    filled |= {"reward_components": components, "raw_scores": models.reward_sources().combine(components)}
+    if failed.numel():
+        filled["reward_failures"] = failed
+    # Everything after EOS is masked out of every loss and metric; zero it here too so that no
+    # stray number from a PAD position can leak into a sum.
+    for key in ("logprobs", "ref_logprobs", "values"):
+        if key in filled:
+            filled[key] = filled[key] * batch.mask
+    return dataclasses.replace(batch, **filled)
