@@ -26,6 +26,7 @@ from .config import (
     EvalConfig,
     GenerateConfig,
     JudgeEvalConfig,
+    OnPolicyConfig,
     PipelineConfig,
     PlanConfig,
     RMConfig,
@@ -232,6 +233,12 @@ def check_with_registry(name: str, cfg: Any) -> None:
         check_sharding_supported(planned_stage(cfg.stage), cfg.sharding)
     if isinstance(cfg, PipelineConfig):
         check_pipeline_stages(cfg)
+    if isinstance(cfg, OnPolicyConfig):
+        from .onpolicy.advantages import (
+            check_estimator,  # the estimators import torch: only an on-policy stage pays
+        )
+
+        check_estimator(cfg)
 
 
 def resolve(name: str, preset: str | None = None, config_file: str | None = None, overrides: dict[str, Any] | None = None,

@@ -7,14 +7,17 @@ import pytest
 import torch
 
 from rlhfkit import ops
+from rlhfkit.cli import main as cli_main
 from rlhfkit.config import PPOConfig
 from rlhfkit.errors import ConfigError
 from rlhfkit.generation import RolloutBatch
 from rlhfkit.onpolicy import advantages
-from rlhfkit.onpolicy.advantages import ESTIMATORS, EstimatorNeeds, check_estimator_needs
+from rlhfkit.onpolicy.advantages import ESTIMATORS, EstimatorNeeds, check_estimator, estimators_for
 from rlhfkit.onpolicy.algorithms import ALGORITHMS, METHODS, algorithm_of
 from rlhfkit.onpolicy.update import Objective
 from rlhfkit.stages import STAGES, resolve
+
+from .helpers import cli_args, stage_args
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
@@ -24,8 +27,14 @@ def test_each_declaration_is_a_multi_process_command_whose_presets_build_its_con
     assert (stage.config, stage.presets, stage.about, stage.multi_process) == (algorithm.config, algorithm.presets, algorithm.about, True)
     for preset in algorithm.presets:
         cfg = resolve(name, preset, None, {})
-        assert algorithm_of(cfg) is algorithm and cfg.advantage_estimator in algorithm.estimators
-    assert set(algorithm.estimators) <= set(ESTIMATORS)
+        assert algorithm_of(cfg) is algorithm and cfg.advantage_estimator in estimators_for(algorithm.config)
+
+
+def test_each_stage_takes_the_estimators_declared_for_its_config_and_refuses_others_naming_them():
+    assert {name: estimators_for(a.config) for name, a in ALGORITHMS.items()} == {
+        "ppo": ["gae"], "grpo": ["grpo"], "rloo": ["rloo"], "reinforce": ["reinforce-pp", "reinforce-pp-baseline", "remax"]}
+    with pytest.raises(ConfigError, match=r"advantage_estimator='gae' is not accepted; choose one of: grpo$"):
+        resolve("grpo", None, None, {"advantage_estimator": "gae"})
 
 
 def test_only_ppo_declares_a_value_model_and_reads_its_options_from_its_own_config():
@@ -76,10 +85,10 @@ GREEDY = "so every advantage is 0 and the run learns nothing; set temperature ab
 def test_a_config_that_cannot_give_its_estimator_what_it_needs_is_refused(stage, options, message):
     cfg = dataclasses.replace(resolve(stage, None, None, {}), **options)
     if message is None:
-        check_estimator_needs(cfg)
+        check_estimator(cfg)
     else:
         with pytest.raises(ConfigError) as refused:
-            check_estimator_needs(cfg)
+            check_estimator(cfg)
         assert str(refused.value) == message
 
 
@@ -104,8 +113,30 @@ def test_an_estimator_declared_elsewhere_with_the_decorator_is_registered_checke
     out = advantages.compute_advantages(batch, cfg, 0.0)
     assert out.advantages.tolist() == [[0, 0, 0], [1, 1, 1], [1, 0, 0], [0, 0, 0]]
     with pytest.raises(ConfigError, match="advantage_estimator=best-of-group compares the samples of a prompt"):
-        check_estimator_needs(dataclasses.replace(cfg, samples_per_prompt=1))
+        check_estimator(dataclasses.replace(cfg, samples_per_prompt=1))
     assert "best-of-group" not in ESTIMATORS
+
+
+def test_an_estimator_registered_in_a_test_runs_through_rlhfkit_grpo(monkeypatch, ppo_dirs, tmp_path):
+    """docs/architecture.md, "A new advantage estimator": the decorator is all it takes."""
+    monkeypatch.setattr(advantages, "ESTIMATORS", dict(ESTIMATORS))
+    called = []
+
+    @advantages.estimator("toy-mean-baseline", needs_groups=True)
+    def toy_mean_baseline(_cfg, rewards, mask, _batch, groups):
+        """The sequence reward minus the batch's mean, unscaled: a baseline that ignores the groups."""
+        called.append(groups.numel())
+        totals = rewards.sum(-1)
+        return ops.sequence_advantages(totals - totals.mean(), mask)
+
+    out = tmp_path / "toy"
+    options = stage_args("grpo", ppo_dirs, out, advantage_estimator="toy-mean-baseline")
+    assert cli_main(["grpo", "--preset", "tldr-grpo", *cli_args(options)]) == 0
+    assert called and all(n == 8 for n in called)  # once per update, on the whole batch of 8 rows
+    assert "advantage_estimator: toy-mean-baseline" in (out / "config.yaml").read_text()
+    assert (out / "model" / "model.safetensors").is_file()
+    with pytest.raises(ConfigError, match="advantage_estimator=toy-mean-baseline compares the samples of a prompt"):
+        resolve("reinforce", None, None, {"advantage_estimator": "toy-mean-baseline"})  # one sample per prompt
 
 def test_the_objective_counts_tokens_or_sequences_and_drops_truncated_rows_when_asked():
     mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0]], dtype=torch.bool)

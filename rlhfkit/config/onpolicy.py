@@ -107,7 +107,7 @@ class OnPolicyConfig(RunConfig):
 
 @dataclass
 class PPOConfig(OnPolicyConfig):
-    advantage_estimator: Literal["gae"] = opt("gae", "advantage estimator (onpolicy/algorithms.py): GAE over per-token rewards with the value model", "Section 7")
+    advantage_estimator: str = opt("gae", "advantage estimator registered for this stage in onpolicy/advantages.py; default: GAE over per-token rewards with the value model", "Section 7")
     value_model: str = opt("", "value model folder (empty: initialise it from the reward model)", "Detail 22")
     vf_coef: float = opt(0.1, "value loss coefficient c1", "Table 7")
     value_clip_range: float = opt(0.2, "value clipping epsilon (0: no value loss clipping)", "Table 7")
@@ -118,7 +118,7 @@ class GRPOConfig(OnPolicyConfig):
     """GRPO (Shao et al. 2024): G samples per prompt, group-normalised advantages, no value model."""
 
     samples_per_prompt: int = opt(4, "G: responses sampled per prompt; the prompt is encoded once per group", "seed 002", minimum=2)
-    advantage_estimator: Literal["grpo"] = opt("grpo", "advantage estimator (onpolicy/algorithms.py): the group's mean as baseline")
+    advantage_estimator: str = opt("grpo", "advantage estimator registered for this stage in onpolicy/advantages.py; default: the group's mean as baseline")
     scale_rewards: bool = opt(True, "divide by the group's standard deviation (false: Dr. GRPO, mean-centred only)")
     kl_placement: Literal["reward", "loss"] = opt("loss", "where the KL to the reference enters: a term of the loss (GRPO) or a per-token penalty in the reward", "Equation 3")
     kl_estimator: Literal["k1", "k2", "k3"] = opt("k3", "per-token KL estimator (k3: GRPO's, never negative)")
@@ -134,7 +134,7 @@ class RLOOConfig(OnPolicyConfig):
     """RLOO (Ahmadian et al. 2024): k samples per prompt, each baselined by the mean of the others."""
 
     samples_per_prompt: int = opt(4, "k: responses sampled per prompt; the prompt is encoded once per group", minimum=2)
-    advantage_estimator: Literal["rloo"] = opt("rloo", "advantage estimator (onpolicy/algorithms.py): the mean of the other samples as baseline")
+    advantage_estimator: str = opt("rloo", "advantage estimator registered for this stage in onpolicy/advantages.py; default: the mean of the other samples as baseline")
     whiten_advantages: bool = opt(False, "also whiten the advantages over the whole batch", "Detail 25")
 
 
@@ -144,7 +144,7 @@ class ReinforceConfig(OnPolicyConfig):
     REINFORCE++-baseline (a group's mean, then global normalisation) and ReMax (a greedy baseline)."""
 
     samples_per_prompt: int = opt(1, "responses sampled per prompt (reinforce-pp-baseline needs 2 or more)", minimum=1)
-    advantage_estimator: Literal["reinforce-pp", "reinforce-pp-baseline", "remax"] = opt(
+    advantage_estimator: str = opt(
         "reinforce-pp", "reinforce-pp: each token's return, normalised over the whole batch (Hu et al. 2025); reinforce-pp-baseline: "
         "the score minus its group's mean, normalised over the whole batch; remax: the return minus the score of the prompt's "
         "greedy response (Li et al. 2023)")

@@ -7,10 +7,11 @@ Details 23-25, Equation 3):
     advantages, returns = the configured estimator (PPO: GAE with the value model)    (Details 22, 25)
 
 Each estimator is declared where it is defined, with what it needs beyond the rewards:
-`@estimator("remax", needs_greedy_baseline=True)` registers it in `ESTIMATORS`; collection samples the
-greedy baselines an estimator declares, and `check_estimator_needs` refuses a config that cannot give
-an estimator the groups it compares. An estimator is `(cfg, rewards, mask, batch, groups) ->
-(advantages, returns)`, typed with the config class whose fields it reads, reading what else it needs
+`@estimator("remax", reads=ReinforceConfig, needs_greedy_baseline=True)` registers it in `ESTIMATORS`;
+a stage whose config is a `reads` class (or a subclass) may name it; collection samples the greedy
+baselines an estimator declares, and `check_estimator` refuses, as the config resolves, a name no
+estimator of that stage has and a config that cannot give its estimator the groups it compares. An
+estimator is `(cfg, rewards, mask, batch, groups) -> (advantages, returns)`, reading what else it needs
 from the rollout `batch` (PPO's `values`, ReMax's `baseline_scores`); `groups` holds each row's group
 id (the rows of one prompt's samples are consecutive and share one id). The maths lives in `ops`.
 """
@@ -48,6 +49,7 @@ class Estimator:
     name: str
     function: EstimatorFunction
     needs: EstimatorNeeds
+    reads: type  # the config class whose options it reads: stages whose config is one may use it
 
     def __call__(self, cfg: Any, rewards: torch.Tensor, mask: torch.Tensor, batch: RolloutBatch,
                  groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,36 +59,37 @@ class Estimator:
 ESTIMATORS: dict[str, Estimator] = {}
 
 
-def estimator(name: str, *, needs_groups: bool = False,
+def estimator(name: str, *, reads: type = OnPolicyConfig, needs_groups: bool = False,
               needs_greedy_baseline: bool = False) -> Callable[[EstimatorFunction], EstimatorFunction]:
-    """Register the decorated function in `ESTIMATORS` as `advantage_estimator=name`, with its needs."""
+    """Register the decorated function in `ESTIMATORS` as `advantage_estimator=name`, with the config
+    class it reads (every on-policy stage's, unless it reads one algorithm's options) and its needs."""
     def register(function: EstimatorFunction) -> EstimatorFunction:
-        ESTIMATORS[name] = Estimator(name, function, EstimatorNeeds(needs_groups, needs_greedy_baseline))
+        ESTIMATORS[name] = Estimator(name, function, EstimatorNeeds(needs_groups, needs_greedy_baseline), reads)
         return function
 
     return register
 
 
-@estimator("gae")
+@estimator("gae", reads=PPOConfig)
 def gae_advantages(cfg: PPOConfig, rewards, mask, batch, _groups):
     """PPO: GAE over the per-token rewards with the value model (Table 7: gamma 1, lambda 0.95)."""
     return ops.gae(rewards, batch.values, mask, cfg.gamma, cfg.lam)
 
 
-@estimator("grpo", needs_groups=True)
+@estimator("grpo", reads=GRPOConfig, needs_groups=True)
 def grpo_advantages(cfg: GRPOConfig, rewards, mask, _batch, groups):
     """GRPO: the sequence reward minus its group's mean, over the group's std unless scale_rewards=false."""
     relative = ops.group_relative_advantages(rewards.sum(-1), groups, cfg.scale_rewards)
     return ops.sequence_advantages(relative, mask)
 
 
-@estimator("rloo", needs_groups=True)
+@estimator("rloo", reads=RLOOConfig, needs_groups=True)
 def rloo_advantages(_cfg: RLOOConfig, rewards, mask, _batch, groups):
     """RLOO: the sequence reward minus the mean reward of the other samples of its prompt."""
     return ops.sequence_advantages(ops.leave_one_out_advantages(rewards.sum(-1), groups), mask)
 
 
-@estimator("reinforce-pp")
+@estimator("reinforce-pp", reads=ReinforceConfig)
 def reinforce_pp_advantages(cfg: ReinforceConfig, rewards, mask, _batch, _groups):
     """REINFORCE++: each token's return (its reward and every later one's), whitened over the whole
     batch's tokens."""
@@ -94,7 +97,7 @@ def reinforce_pp_advantages(cfg: ReinforceConfig, rewards, mask, _batch, _groups
     return ops.masked_whiten(returns, mask), returns
 
 
-@estimator("reinforce-pp-baseline", needs_groups=True)
+@estimator("reinforce-pp-baseline", reads=ReinforceConfig, needs_groups=True)
 def reinforce_pp_baseline_advantages(_cfg: ReinforceConfig, rewards, mask, _batch, groups):
     """REINFORCE++-baseline: the sequence reward minus its group's mean, whitened over the whole
     batch's tokens."""
@@ -103,7 +106,7 @@ def reinforce_pp_baseline_advantages(_cfg: ReinforceConfig, rewards, mask, _batc
     return ops.masked_whiten(centred, mask), centred
 
 
-@estimator("remax", needs_greedy_baseline=True)
+@estimator("remax", reads=ReinforceConfig, needs_greedy_baseline=True)
 def remax_advantages(cfg: ReinforceConfig, rewards, mask, batch, _groups):
     """ReMax: each token's return minus the score of its prompt's greedy response."""
     returns = ops.returns_to_go(rewards, mask, cfg.gamma)
@@ -115,10 +118,20 @@ def needs_of(cfg: OnPolicyConfig) -> EstimatorNeeds:
     return ESTIMATORS[cfg.advantage_estimator].needs
 
 
-def check_estimator_needs(cfg: OnPolicyConfig) -> None:
-    """Refuse, before anything loads, a config that cannot give its estimator what it needs: a group
-    estimator (and dynamic sampling, which compares a group's samples too) needs 2 or more samples per
-    prompt, and it, like a greedy baseline, learns nothing from greedy samples, all alike."""
+def estimators_for(config: type) -> list[str]:
+    """The estimators a stage whose config class is `config` may name, in registration order."""
+    return [name for name, declared in ESTIMATORS.items() if issubclass(config, declared.reads)]
+
+
+def check_estimator(cfg: OnPolicyConfig) -> None:
+    """Refuse, before anything loads, an estimator this stage does not have, and a config that cannot
+    give its estimator what it needs: a group estimator (and dynamic sampling, which compares a group's
+    samples too) needs 2 or more samples per prompt, and it, like a greedy baseline, learns nothing
+    from greedy samples, all alike."""
+    accepted = estimators_for(type(cfg))
+    if cfg.advantage_estimator not in accepted:
+        raise ConfigError(f"advantage_estimator={cfg.advantage_estimator!r} is not accepted; choose one of: "
+                          f"{', '.join(accepted)}")
     needs = needs_of(cfg)
     for needs_groups, what in ((cfg.dynamic_sampling, "dynamic_sampling=true"),
                                (needs.groups, f"advantage_estimator={cfg.advantage_estimator}")):

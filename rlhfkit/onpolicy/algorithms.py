@@ -40,11 +40,6 @@ class Algorithm:
     value: Callable[[typing.Any], ValueOptions] | None = None  # reads the critic's options from the config
 
     @property
-    def estimators(self) -> tuple[str, ...]:
-        """The advantage estimators this stage accepts: the choices of its config's `advantage_estimator`."""
-        return typing.get_args(typing.get_type_hints(self.config)["advantage_estimator"])
-
-    @property
     def needs_value_model(self) -> bool:
         return self.value is not None
 
