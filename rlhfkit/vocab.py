@@ -2,7 +2,7 @@
 
 A tokenizer whose PAD is its EOS (SmolLM2's, many hub models') gains rlhfkit's [PAD]; a model whose
 embeddings lack its row gains a zero row, the same in every model built from the same source and on every
-reload. PAD is never sampled and no log-probability gives it mass (generation.pad_token_of), so the row
+reload. PAD is never sampled and no log-probability gives it mass (logprobs.pad_token_of), so the row
 changes no other token's probability.
 """
 
@@ -32,7 +32,7 @@ def match_vocab(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, sour
     Only the [PAD] that `ensure_pad_token` added may be missing (Detail 3). Its row is zero, not drawn at
     random: every model built from the same source (policy, reference, value and reward model) and every
     reload holds the same row, so KL is 0 and the ratio 1 at step 0 and a resumed run is bit-identical. No
-    log-probability gives PAD mass and it is never sampled (generation.pad_token_of), so the row changes
+    log-probability gives PAD mass and it is never sampled (logprobs.pad_token_of), so the row changes
     no other token's probability."""
     rows, needed = model.get_input_embeddings().num_embeddings, len(tokenizer)
     own_tokens = needed - (1 if has_added_pad(tokenizer) else 0)

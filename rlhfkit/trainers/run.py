@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import get_scheduler
 
 from ..checkpoint import find_checkpoint, seed_everything
 from ..config import RunConfig, to_yaml
@@ -21,6 +20,7 @@ from ..errors import ConfigError, NonFiniteError
 from ..launch import RUN_STAMP
 from ..models import check_model_source
 from ..run_folder import open_run_folder, require_resume_path, resumed_changes
+from ..schedules import lr_schedule
 from ..sharding import (
     ZERO_STAGES,
     check_sharding,
@@ -127,11 +127,7 @@ def build_optimizer(
     optimizer = torch.optim.AdamW(
         trained, lr=cfg.learning_rate, eps=cfg.adam_eps, weight_decay=cfg.weight_decay
     )
-    # transformers' "constant" schedule ignores warm-up; "constant_with_warmup" is the same without it
-    name = "constant_with_warmup" if cfg.lr_scheduler == "constant" else cfg.lr_scheduler
-    return optimizer, get_scheduler(
-        name, optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=total_steps
-    )
+    return optimizer, lr_schedule(optimizer, cfg.lr_scheduler, cfg.warmup_steps, total_steps)
 
 
 def check_finite(step: int, name: str, value: torch.Tensor) -> None:
