@@ -37,7 +37,9 @@ def shaped_model(name: str, seed: int = 0) -> torch.nn.Module:
     from rlhfkit.models import disable_dropout
 
     fields = shipped_config(name)
-    config = AutoConfig.for_model(fields.pop("model_type"), **{k: v for k, v in fields.items() if not k.startswith("_")})
+    config = AutoConfig.for_model(
+        fields.pop("model_type"), **{k: v for k, v in fields.items() if not k.startswith("_")}
+    )
     torch.manual_seed(seed)
     return disable_dropout(AutoModelForCausalLM.from_config(config, dtype=torch.float32))
 
@@ -49,7 +51,9 @@ def shape_special_ids(model: torch.nn.Module) -> tuple[int, int]:
     return eos, config.pad_token_id if config.pad_token_id is not None else config.vocab_size - 1
 
 
-def matmul_peak_gflops(dtype: torch.dtype, device: torch.device, sizes: list[int] = (1024, 2048), seconds: float = 1.0) -> float:
+def matmul_peak_gflops(
+    dtype: torch.dtype, device: torch.device, sizes: list[int] = (1024, 2048), seconds: float = 1.0
+) -> float:
     """The best GFLOP/s of square `dtype` matmuls of the given sizes on `device`, each timed for about
     `seconds` after one warm-up call."""
     best = 0.0

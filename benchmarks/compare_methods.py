@@ -50,12 +50,21 @@ def run_numbers(run: Path) -> tuple[dict[str, object], list[dict], dict[str, flo
     paired = np.array([r[f"{name}_score"] - r["sft_score"] for r in rows])
     beats = np.array([float(r[f"{name}_score"] > r["sft_score"]) for r in rows])
     sampled = sum(r.get("sampling/draws", 1.0) * cfg["total_batch_size"] for r in history)
-    numbers = {"run": run.name, "command": name, "prompts": len(rows)} | policy_numbers(rows, name, evaluation) | {
-        "minus_sft": round(float(paired.mean()), 4), "minus_sft_interval": interval(paired),
-        "beats_sft": round(float(beats.mean()), 3), "beats_sft_interval": interval(beats), "beats_sft_baseline": 0.5,
-        "kl_last_update": round(history[-1]["objective/kl"], 3), "episodes_trained": len(history) * cfg["total_batch_size"],
-        "responses_sampled": int(sampled), "seconds": round(sum(r.get("perf/update_total_s", 0.0) for r in history), 1),
-    }
+    numbers = (
+        {"run": run.name, "command": name, "prompts": len(rows)}
+        | policy_numbers(rows, name, evaluation)
+        | {
+            "minus_sft": round(float(paired.mean()), 4),
+            "minus_sft_interval": interval(paired),
+            "beats_sft": round(float(beats.mean()), 3),
+            "beats_sft_interval": interval(beats),
+            "beats_sft_baseline": 0.5,
+            "kl_last_update": round(history[-1]["objective/kl"], 3),
+            "episodes_trained": len(history) * cfg["total_batch_size"],
+            "responses_sampled": int(sampled),
+            "seconds": round(sum(r.get("perf/update_total_s", 0.0) for r in history), 1),
+        }
+    )
     return numbers, rows, evaluation
 
 
@@ -66,7 +75,10 @@ def main() -> None:
     results = [run_numbers(run) for run in args.runs]
     prompts = {tuple(r["prompt_id"] for r in rows) for _, rows, _ in results}
     if len(prompts) != 1:
-        raise SystemExit("the runs were evaluated on different held-out prompts: give them the same data, seed, validation_posts and eval_samples")
+        raise SystemExit(
+            "the runs were evaluated on different held-out prompts: give them the same data, seed, validation_posts "
+            "and eval_samples"
+        )
     _, sft_rows, evaluation = results[0]  # the SFT policy's samples are the same in every run
     print(json.dumps({"run": "sft", "prompts": len(sft_rows)} | policy_numbers(sft_rows, "sft", evaluation)))
     for numbers, _, _ in results:

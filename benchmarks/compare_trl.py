@@ -246,7 +246,8 @@ def utilisation(row: dict, sides: tuple[str, ...], model_dir: Path, length: int)
     config = argparse.Namespace(**json.loads((model_dir / "config.json").read_text()))
     peak = json.loads((model_dir / PEAK_FILE).read_text())["matmul_peak_gflops"]
     per_token = training_flops_per_token(config, length)
-    return {"matmul_peak_gflops": peak} | {f"{side}_mfu": mfu(row[f"{side}_tokens_per_s"], per_token, peak) for side in sides}
+    mfus = {f"{side}_mfu": mfu(row[f"{side}_tokens_per_s"], per_token, peak) for side in sides}
+    return {"matmul_peak_gflops": peak} | mfus
 
 
 def ratios(row: dict) -> dict:
@@ -292,8 +293,7 @@ def compare(args: argparse.Namespace, trainer: str, model_dir: Path, scratch: Pa
             run = launch(args, side, scratch / f"{trainer}-{side}-{repeat}", model_dir, trainer)
             runs[side].append(run)
             print(
-                f"{trainer} {side} run {repeat + 1}/{args.repeats}: "
-                f"{[round(t, 3) for t in run['step_s']]} s/step",
+                f"{trainer} {side} run {repeat + 1}/{args.repeats}: {[round(t, 3) for t in run['step_s']]} s/step",
                 file=sys.stderr,
                 flush=True,
             )
@@ -322,9 +322,7 @@ def compare(args: argparse.Namespace, trainer: str, model_dir: Path, scratch: Pa
         row["trl"] = "none: TRL 1.x has no PPO trainer"
     everyone = [run for side_runs in runs.values() for run in side_runs]
     # the machine as the children saw it; its peak is the largest of any run's
-    return (
-        row | everyone[0]["machine"] | {"peak_memory_bytes": max(run["peak_rss_bytes"] for run in everyone)}
-    )
+    return row | everyone[0]["machine"] | {"peak_memory_bytes": max(run["peak_rss_bytes"] for run in everyone)}
 
 
 def run_comparison(args: argparse.Namespace) -> None:
@@ -393,9 +391,7 @@ def supervised_tokens(args: argparse.Namespace, trainer: str) -> int:
 
 def on_policy_prompts(args: argparse.Namespace, trainer: str, tokenizer) -> list[list[int]]:
     group = 1 if trainer == "ppo" else args.group
-    return word_rows(
-        tokenizer, (args.warmup + args.steps) * args.episodes // group, args.query_length, seed=4
-    )
+    return word_rows(tokenizer, (args.warmup + args.steps) * args.episodes // group, args.query_length, seed=4)
 
 
 def our_config(args: argparse.Namespace, trainer: str, run_dir: Path):
@@ -470,8 +466,9 @@ def our_stage(args: argparse.Namespace, trainer: str, cfg, run_dir: Path):
         from rlhfkit.trainers.reward import make_pair_loss
 
         model = ScalarModel.from_policy(policy)
-        return SupervisedStage("rm", model, tokenizer, pairs, lambda b: collate_packed_pairs(b, pad),
-                               make_pair_loss()), []
+        return SupervisedStage(
+            "rm", model, tokenizer, pairs, lambda b: collate_packed_pairs(b, pad), make_pair_loss()
+        ), []
     from rlhfkit.trainers.dpo import REFERENCE_CACHE, collate_dpo, make_dpo_loss, visited_with_reference
 
     reference = load_policy(cfg.model)[0].eval().requires_grad_(False)
@@ -514,8 +511,7 @@ def run_ours_on_policy(args: argparse.Namespace, trainer: str, cfg, run_dir: Pat
     return {
         "step_s": [row["perf/update_total_s"] for row in rows],
         "tokens": [args.episodes * (args.query_length + row["response/length_mean"]) for row in rows],
-        "extra": phases
-        | {"response_length_mean": statistics.fmean(row["response/length_mean"] for row in timed)},
+        "extra": phases | {"response_length_mean": statistics.fmean(row["response/length_mean"] for row in timed)},
     }
 
 
@@ -598,12 +594,8 @@ def trl_supervised(args: argparse.Namespace, trainer: str, cfg, run_dir: Path, t
     steps = args.warmup + args.steps
     if trainer == "sft":
         labels = [[-100] * len(q) + r for q, r in zip(queries, chosen, strict=True)]
-        data = Dataset.from_dict(
-            {"input_ids": [q + r for q, r in zip(queries, chosen, strict=True)], "labels": labels}
-        )
-        config = trl.SFTConfig(
-            **trl_common(args, cfg, run_dir, steps, args.sft_rows), max_length=args.sft_length
-        )
+        data = Dataset.from_dict({"input_ids": [q + r for q, r in zip(queries, chosen, strict=True)], "labels": labels})
+        config = trl.SFTConfig(**trl_common(args, cfg, run_dir, steps, args.sft_rows), max_length=args.sft_length)
         model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32)
         built = trl.SFTTrainer(
             model=model, args=config, train_dataset=data, processing_class=tokenizer, callbacks=[timer]
@@ -616,12 +608,8 @@ def trl_supervised(args: argparse.Namespace, trainer: str, cfg, run_dir: Path, t
                 "rejected_ids": [q + r for q, r in zip(queries, rejected, strict=True)],
             }
         )
-        config = trl.RewardConfig(
-            **trl_common(args, cfg, run_dir, steps, args.pairs), max_length=args.pair_length
-        )
-        model = AutoModelForSequenceClassification.from_pretrained(
-            cfg.model, num_labels=1, dtype=torch.float32
-        )
+        config = trl.RewardConfig(**trl_common(args, cfg, run_dir, steps, args.pairs), max_length=args.pair_length)
+        model = AutoModelForSequenceClassification.from_pretrained(cfg.model, num_labels=1, dtype=torch.float32)
         built = trl.RewardTrainer(
             model=model, args=config, train_dataset=data, processing_class=tokenizer, callbacks=[timer]
         )
@@ -643,9 +631,7 @@ def trl_supervised(args: argparse.Namespace, trainer: str, cfg, run_dir: Path, t
         precompute_ref_batch_size=args.pairs,
     )
     model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32)
-    built = trl.DPOTrainer(
-        model=model, args=config, train_dataset=data, processing_class=tokenizer, callbacks=[timer]
-    )
+    built = trl.DPOTrainer(model=model, args=config, train_dataset=data, processing_class=tokenizer, callbacks=[timer])
     check_dpo_lengths(built.train_dataset, args.pair_length)
     return built, {"beta": config.beta, "loss_type": config.loss_type, "precompute_ref_log_probs": True}
 

@@ -42,13 +42,18 @@ from pathlib import Path
 import torch
 from benchmark_common import best_device, machine_fields, shape_special_ids, shaped_model
 
-DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tldr-sft-sample" / "tldr_sft_sample.jsonl.gz"
+DEFAULT_DATA = (
+    Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tldr-sft-sample" / "tldr_sft_sample.jsonl.gz"
+)
 # TL;DR query lengths in SmolLM2 tokens (the SFT query format, cut at 512): the 16 quantiles at
 # (i + 0.5) / 16 of the 1,944 posts in ../shared/data/tldr-sft-sample
 TLDR_QUERY_LENGTHS = (188, 217, 242, 263, 284, 301, 321, 344, 363, 386, 405, 424, 441, 459, 477, 500)
 OURS = {"ours-eager": "eager", "ours-graphs": "cuda-graphs", "ours-buckets": "buckets"}
-THEIRS = {"hf-eager": {}, "hf-static": {"cache_implementation": "static", "disable_compile": True},
-          "hf-compiled": {"cache_implementation": "static"}}
+THEIRS = {
+    "hf-eager": {},
+    "hf-static": {"cache_implementation": "static", "disable_compile": True},
+    "hf-compiled": {"cache_implementation": "static"},
+}
 decoded_by: dict[str, str] = {}  # side -> how our steps last ran (Rollout.decoding)
 GPU_SIDES = "ours-eager,ours-graphs,hf-eager,hf-static,hf-compiled"
 CPU_SIDES = "ours-eager,ours-buckets,hf-eager"
@@ -105,18 +110,32 @@ def side_call(side: str, model, batch: dict, new_tokens: int, args, eos: int, pa
     from rlhfkit.generation import SamplingParams, generate
 
     if side in OURS:
+
         def ours() -> torch.Tensor:
             params = SamplingParams(max_new_tokens=new_tokens, temperature=args.temperature, decoding=OURS[side])
             rollout = generate(model, batch["input_ids"], batch["attention_mask"], params, eos, pad)
             decoded_by[side] = rollout.decoding
             return rollout.responses
+
         return ours
-    sampling = {"do_sample": False} if args.temperature <= 0 else {"do_sample": True, "temperature": args.temperature, "top_k": 0, "top_p": 1.0}
+    sampling = (
+        {"do_sample": False}
+        if args.temperature <= 0
+        else {"do_sample": True, "temperature": args.temperature, "top_k": 0, "top_p": 1.0}
+    )
 
     def theirs() -> torch.Tensor:
-        out = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=new_tokens,
-                             eos_token_id=eos, pad_token_id=pad, **sampling, **THEIRS[side])
-        return out[:, batch["input_ids"].size(1):]
+        out = model.generate(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            max_new_tokens=new_tokens,
+            eos_token_id=eos,
+            pad_token_id=pad,
+            **sampling,
+            **THEIRS[side],
+        )
+        return out[:, batch["input_ids"].size(1) :]
+
     return theirs
 
 
@@ -147,16 +166,29 @@ def compare(model, queries: list[list[int]], sides: list[str], args, device, eos
             if repeat:
                 seconds[side]["whole"].append(whole_s)
                 seconds[side]["prompt"].append(prompt_s)
-    row = {"benchmark": "generation", "model": args.model, "batch": len(queries), "query_tokens_max": batch["input_ids"].size(1),
-           "query_tokens_mean": round(sum(map(len, queries)) / len(queries), 1), "max_new_tokens": args.new_tokens,
-           "temperature": args.temperature, "repeats": args.repeats, "sides": sides}
+    row = {
+        "benchmark": "generation",
+        "model": args.model,
+        "batch": len(queries),
+        "query_tokens_max": batch["input_ids"].size(1),
+        "query_tokens_mean": round(sum(map(len, queries)) / len(queries), 1),
+        "max_new_tokens": args.new_tokens,
+        "temperature": args.temperature,
+        "repeats": args.repeats,
+        "sides": sides,
+    }
     for side in sides:
         whole_s, prompt_s = (statistics.median(seconds[side][k]) for k in ("whole", "prompt"))
         positions = outputs[side].size(1)
-        row |= {f"{side}_s": round(whole_s, 4), f"{side}_s_runs": [round(t, 3) for t in seconds[side]["whole"]],
-                f"{side}_prompt_s": round(prompt_s, 4), f"{side}_decoded_positions": positions,
-                f"{side}_ms_per_step": round(1000 * (whole_s - prompt_s) / max(1, positions - 1), 3),
-                f"{side}_tokens_per_s": round(len(queries) * positions / whole_s, 1), f"{side}_peak_memory_bytes": peaks[side]}
+        row |= {
+            f"{side}_s": round(whole_s, 4),
+            f"{side}_s_runs": [round(t, 3) for t in seconds[side]["whole"]],
+            f"{side}_prompt_s": round(prompt_s, 4),
+            f"{side}_decoded_positions": positions,
+            f"{side}_ms_per_step": round(1000 * (whole_s - prompt_s) / max(1, positions - 1), 3),
+            f"{side}_tokens_per_s": round(len(queries) * positions / whole_s, 1),
+            f"{side}_peak_memory_bytes": peaks[side],
+        }
         if side in OURS:
             row[f"{side}_decoding"] = decoded_by[side]
         if args.temperature <= 0:
@@ -169,10 +201,16 @@ def compare(model, queries: list[list[int]], sides: list[str], args, device, eos
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="smollm2-135m", help="embedded name, HF directory, hub id, 'tiny', or shape:NAME")
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="TL;DR SFT jsonl(.gz) whose posts are the queries")
+    parser.add_argument(
+        "--model", default="smollm2-135m", help="embedded name, HF directory, hub id, 'tiny', or shape:NAME"
+    )
+    parser.add_argument(
+        "--data", type=Path, default=DEFAULT_DATA, help="TL;DR SFT jsonl(.gz) whose posts are the queries"
+    )
     parser.add_argument("--batches", default="1,8,32", help="batch sizes, comma separated")
-    parser.add_argument("--sides", default="", help=f"comma separated (default: {GPU_SIDES} on a GPU, {CPU_SIDES} on a CPU)")
+    parser.add_argument(
+        "--sides", default="", help=f"comma separated (default: {GPU_SIDES} on a GPU, {CPU_SIDES} on a CPU)"
+    )
     parser.add_argument("--query-length", type=int, default=512, help="query tokens at most (Detail 2)")
     parser.add_argument("--new-tokens", type=int, default=53, help="response tokens at most (Detail 4)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy, outputs compared")
@@ -192,7 +230,13 @@ def main() -> None:
                 queries = tldr_queries(tokenizer, args.data, size, args.query_length)
             else:
                 queries = random_queries(size, model.config.vocab_size, args.query_length, pad, eos)
-            print(json.dumps(compare(model, queries, sides, args, device, eos, pad) | {"bf16": args.bf16} | machine_fields(device)))
+            print(
+                json.dumps(
+                    compare(model, queries, sides, args, device, eos, pad)
+                    | {"bf16": args.bf16}
+                    | machine_fields(device)
+                )
+            )
             sys.stdout.flush()
 
 

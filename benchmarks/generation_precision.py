@@ -1,8 +1,10 @@
 """Generation in fp32 beside generation under bf16 autocast, on the tiny model and SmolLM2-135M, as
 one JSON line per model and precision mode (issue 24).
 
-    python benchmarks/generation_precision.py --frozen                     # tiny and smollm2-135m: ~2 min on 2 quiet CPU cores
-    python benchmarks/generation_precision.py --models tiny --prompts 2 --batch 2 --new-tokens 4 --repeats 1   # smoke test
+    python benchmarks/generation_precision.py --frozen                     # tiny and smollm2-135m: ~2 min on 2 quiet
+    CPU cores
+    python benchmarks/generation_precision.py --models tiny --prompts 2 --batch 2 --new-tokens 4 --repeats 1   # smoke
+    test
 
 Modes, each run the way the trainers run generation (`rlhfkit.generation.generate` in eval mode inside
 `devices.autocast(device, precision)`, as the on-policy rollouts do):
@@ -126,7 +128,9 @@ def generate_all(model, batches: list[dict], new_tokens: int, pad_id: int):
     return [generate(model, b["input_ids"], b["attention_mask"], params, -1, pad_id) for b in batches]
 
 
-def picked_logprobs(model, batches: list[dict], new_tokens: int, pad_id: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def picked_logprobs(
+    model, batches: list[dict], new_tokens: int, pad_id: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(responses, log-probabilities of the picked tokens under the logits they were picked from) of each
     batch, from an untimed pass: generation keeps no log-probabilities, so they are taken as the tokens
     are picked, to tell bit-identical modes apart."""
@@ -157,8 +161,10 @@ def measure(model_name: str, args, device: torch.device, machine: dict) -> list[
 
     model, _, _, tokenizer = load(model_name, device, torch.float32)
     queries = tldr_queries(tokenizer, args.data, args.prompts, args.query_length)
-    batches = [{k: v.to(device) for k, v in left_pad_queries(queries[i : i + args.batch], tokenizer.pad_token_id).items()}
-               for i in range(0, len(queries), args.batch)]
+    batches = [
+        {k: v.to(device) for k, v in left_pad_queries(queries[i : i + args.batch], tokenizer.pad_token_id).items()}
+        for i in range(0, len(queries), args.batch)
+    ]
     modes = [m for m in MODES if args.frozen or m not in FROZEN]
     forwards = ForwardTimes(model, device)
     runs: dict[str, list[tuple[float, float, float]]] = {m: [] for m in modes}  # (total, prefill, decode) seconds
@@ -201,36 +207,57 @@ def measure(model_name: str, args, device: torch.device, machine: dict) -> list[
     decoded = len(queries) * (args.new_tokens - 1)  # positions after the one the prefill predicts
     for name in modes:
         identical = next((other for other in modes[: modes.index(name)] if same(name, other, logprobs=True)), None)
-        rows.append({
-            "benchmark": "generation_precision", "model": model_name, "mode": name, "precision": MODES[name][0],
-            "prompts": len(queries), "batch": args.batch, "query_tokens_max": batches[0]["input_ids"].size(1),
-            "new_tokens": args.new_tokens, "repeats": args.repeats,
-            "s": round(median(name, 0), 4), "prefill_s": round(median(name, 1), 4), "decode_s": round(median(name, 2), 4),
-            "s_runs": [round(run[0], 3) for run in runs[name]],
-            "tokens_per_s": round(len(queries) * args.new_tokens / median(name, 0), 1),
-            "decode_tokens_per_s": round(decoded / median(name, 2), 1),
-            "ratio_to_fp32": round(median(name, 0) / median("fp32", 0), 3),
-            "prefill_ratio_to_fp32": round(median(name, 1) / median("fp32", 1), 3),
-            "decode_ratio_to_fp32": round(median(name, 2) / median("fp32", 2), 3),
-            "min_s": round(least(name, 0), 4), "min_prefill_s": round(least(name, 1), 4), "min_decode_s": round(least(name, 2), 4),
-            "min_ratio_to_fp32": round(least(name, 0) / least("fp32", 0), 3),
-            "min_decode_ratio_to_fp32": round(least(name, 2) / least("fp32", 2), 3),
-            "same_tokens_as_fp32": same(name, "fp32", logprobs=False), "identical_to": identical,
-        } | casts[name] | machine)
+        rows.append(
+            {
+                "benchmark": "generation_precision",
+                "model": model_name,
+                "mode": name,
+                "precision": MODES[name][0],
+                "prompts": len(queries),
+                "batch": args.batch,
+                "query_tokens_max": batches[0]["input_ids"].size(1),
+                "new_tokens": args.new_tokens,
+                "repeats": args.repeats,
+                "s": round(median(name, 0), 4),
+                "prefill_s": round(median(name, 1), 4),
+                "decode_s": round(median(name, 2), 4),
+                "s_runs": [round(run[0], 3) for run in runs[name]],
+                "tokens_per_s": round(len(queries) * args.new_tokens / median(name, 0), 1),
+                "decode_tokens_per_s": round(decoded / median(name, 2), 1),
+                "ratio_to_fp32": round(median(name, 0) / median("fp32", 0), 3),
+                "prefill_ratio_to_fp32": round(median(name, 1) / median("fp32", 1), 3),
+                "decode_ratio_to_fp32": round(median(name, 2) / median("fp32", 2), 3),
+                "min_s": round(least(name, 0), 4),
+                "min_prefill_s": round(least(name, 1), 4),
+                "min_decode_s": round(least(name, 2), 4),
+                "min_ratio_to_fp32": round(least(name, 0) / least("fp32", 0), 3),
+                "min_decode_ratio_to_fp32": round(least(name, 2) / least("fp32", 2), 3),
+                "same_tokens_as_fp32": same(name, "fp32", logprobs=False),
+                "identical_to": identical,
+            }
+            | casts[name]
+            | machine
+        )
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="tiny,smollm2-135m", help="comma separated: embedded name, HF directory, hub id, or 'tiny'")
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="TL;DR SFT jsonl(.gz) whose posts are the queries")
+    parser.add_argument(
+        "--models", default="tiny,smollm2-135m", help="comma separated: embedded name, HF directory, hub id, or 'tiny'"
+    )
+    parser.add_argument(
+        "--data", type=Path, default=DEFAULT_DATA, help="TL;DR SFT jsonl(.gz) whose posts are the queries"
+    )
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--batch", type=int, default=8, help="rows per generate call (DPO's forward_batch_size is 8)")
     parser.add_argument("--query-length", type=int, default=256, help="query tokens at most")
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=5, help="alternating timed runs per mode")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    parser.add_argument("--frozen", action="store_true", help="also time bf16 autocast with weights that do not require grad")
+    parser.add_argument(
+        "--frozen", action="store_true", help="also time bf16 autocast with weights that do not require grad"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

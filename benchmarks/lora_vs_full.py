@@ -23,8 +23,16 @@ DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "summari
 
 
 def run_dpo(options: dict[str, object], out: Path) -> dict[str, object]:
-    command = [sys.executable, "-m", "rlhfkit", "dpo", "--preset", "tldr-dpo", *(f"{k}={v}" for k, v in options.items()),
-               f"output_dir={out}"]
+    command = [
+        sys.executable,
+        "-m",
+        "rlhfkit",
+        "dpo",
+        "--preset",
+        "tldr-dpo",
+        *(f"{k}={v}" for k, v in options.items()),
+        f"output_dir={out}",
+    ]
     out.mkdir(parents=True, exist_ok=True)
     log = out.parent / f"{out.name}.log"  # a file, not a pipe: nobody reads a pipe until the run ends
     began = time.perf_counter()
@@ -44,7 +52,11 @@ def run_dpo(options: dict[str, object], out: Path) -> dict[str, object]:
         "peak_rss_bytes": usage.ru_maxrss * 1024,
         "val_accuracy": last_val.get("val/accuracy"),
         "val_loss": last_val.get("val/loss"),
-        "held_out": {k: overall[k] for k in ("count", "accuracy", "low", "high", "length_rule", "model_minus_rule") if k in overall},
+        "held_out": {
+            k: overall[k]
+            for k in ("count", "accuracy", "low", "high", "length_rule", "model_minus_rule")
+            if k in overall
+        },
     }
 
 
@@ -61,15 +73,29 @@ def main() -> None:
     parser.add_argument("--query-length", type=int, default=256)
     parser.add_argument("--out", default="runs/lora-vs-full")
     args = parser.parse_args()
-    shared = {"model": args.model, "data": str(DATA / "batch13.jsonl.gz"), "validation_fraction": args.validation_fraction,
-              "max_steps": args.steps, "total_batch_size": args.batch, "micro_batch_size": 4, "forward_batch_size": 8,
-              "eval_pairs": args.eval_pairs, "max_query_length": args.query_length, "eval_samples": 0, "report_to": ""}
+    shared = {
+        "model": args.model,
+        "data": str(DATA / "batch13.jsonl.gz"),
+        "validation_fraction": args.validation_fraction,
+        "max_steps": args.steps,
+        "total_batch_size": args.batch,
+        "micro_batch_size": 4,
+        "forward_batch_size": 8,
+        "eval_pairs": args.eval_pairs,
+        "max_query_length": args.query_length,
+        "eval_samples": 0,
+        "report_to": "",
+    }
     runs = {
         "full": shared | {"learning_rate": args.full_lr},
-        f"lora_r{args.rank}": shared | {"learning_rate": args.lora_lr, "lora_rank": args.rank, "lora_alpha": 2 * args.rank},
+        f"lora_r{args.rank}": shared
+        | {"learning_rate": args.lora_lr, "lora_rank": args.rank, "lora_alpha": 2 * args.rank},
     }
     out = Path(args.out)
-    results = {name: run_dpo(options, out / name) | {"learning_rate": options["learning_rate"]} for name, options in runs.items()}
+    results = {
+        name: run_dpo(options, out / name) | {"learning_rate": options["learning_rate"]}
+        for name, options in runs.items()
+    }
     print(json.dumps({"benchmark": "lora_vs_full", "stage": "dpo", "shared": shared, "runs": results}, indent=1))
 
 

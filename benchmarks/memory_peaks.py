@@ -30,39 +30,145 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 ARCHS = {
     # a small random Llama (the shapes of rlhfkit.tiny_models.tiny_config, wider), for the fast test
-    "tiny-llama": {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256, "intermediate_size": 640,
-                   "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 8192,
-                   "tie_word_embeddings": True, "max_position_embeddings": 2048},
+    "tiny-llama": {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 256,
+        "intermediate_size": 640,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 8192,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 2048,
+    },
     "smollm2-135m": "smollm2-135m",  # the shipped config
     # GPT-NeoX shaped like a small Pythia (untied head, fused qkv, plain MLP)
-    "small-neox": {"model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"], "hidden_size": 512, "intermediate_size": 2048,
-                   "num_hidden_layers": 6, "num_attention_heads": 8, "vocab_size": 50304, "rotary_pct": 0.25,
-                   "use_parallel_residual": True, "tie_word_embeddings": False, "max_position_embeddings": 2048},
+    "small-neox": {
+        "model_type": "gpt_neox",
+        "architectures": ["GPTNeoXForCausalLM"],
+        "hidden_size": 512,
+        "intermediate_size": 2048,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 8,
+        "vocab_size": 50304,
+        "rotary_pct": 0.25,
+        "use_parallel_residual": True,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 2048,
+    },
 }
 # name -> architecture and `rlhfkit plan` options (the run uses the same ones)
 CONFIGS = {
-    "tiny-sft": ("tiny-llama", {"stage": "sft", "micro_batch_size": 4, "max_query_length": 96, "max_response_length": 32,
-                                "mixed_precision": "no"}),
-    "smollm2-sft-fp32": ("smollm2-135m", {"stage": "sft", "micro_batch_size": 4, "max_query_length": 192, "max_response_length": 64,
-                                          "mixed_precision": "no"}),
-    "smollm2-sft-bf16": ("smollm2-135m", {"stage": "sft", "micro_batch_size": 4, "max_query_length": 192, "max_response_length": 64,
-                                          "mixed_precision": "bf16"}),
-    "smollm2-sft-lora-bf16": ("smollm2-135m", {"stage": "sft", "micro_batch_size": 4, "max_query_length": 192, "max_response_length": 64,
-                                               "mixed_precision": "bf16", "lora_rank": 16}),
-    "smollm2-sft-checkpointing-bf16": ("smollm2-135m", {"stage": "sft", "micro_batch_size": 8, "max_query_length": 192,
-                                                        "max_response_length": 64, "mixed_precision": "bf16", "gradient_checkpointing": True}),
-    "neox-sft-bf16": ("small-neox", {"stage": "sft", "micro_batch_size": 4, "max_query_length": 192, "max_response_length": 64,
-                                     "mixed_precision": "bf16"}),
-    "smollm2-rm-bf16": ("smollm2-135m", {"stage": "rm", "micro_batch_size": 2, "max_query_length": 160, "max_response_length": 48,
-                                         "mixed_precision": "bf16"}),
-    "smollm2-dpo-bf16": ("smollm2-135m", {"stage": "dpo", "micro_batch_size": 2, "forward_batch_size": 2, "max_query_length": 160,
-                                          "max_response_length": 48, "mixed_precision": "bf16"}),
-    "smollm2-ppo-bf16": ("smollm2-135m", {"stage": "ppo", "micro_batch_size": 2, "generation_batch_size": 4, "forward_batch_size": 4,
-                                          "max_query_length": 128, "max_response_length": 16, "mixed_precision": "bf16"}),
+    "tiny-sft": (
+        "tiny-llama",
+        {
+            "stage": "sft",
+            "micro_batch_size": 4,
+            "max_query_length": 96,
+            "max_response_length": 32,
+            "mixed_precision": "no",
+        },
+    ),
+    "smollm2-sft-fp32": (
+        "smollm2-135m",
+        {
+            "stage": "sft",
+            "micro_batch_size": 4,
+            "max_query_length": 192,
+            "max_response_length": 64,
+            "mixed_precision": "no",
+        },
+    ),
+    "smollm2-sft-bf16": (
+        "smollm2-135m",
+        {
+            "stage": "sft",
+            "micro_batch_size": 4,
+            "max_query_length": 192,
+            "max_response_length": 64,
+            "mixed_precision": "bf16",
+        },
+    ),
+    "smollm2-sft-lora-bf16": (
+        "smollm2-135m",
+        {
+            "stage": "sft",
+            "micro_batch_size": 4,
+            "max_query_length": 192,
+            "max_response_length": 64,
+            "mixed_precision": "bf16",
+            "lora_rank": 16,
+        },
+    ),
+    "smollm2-sft-checkpointing-bf16": (
+        "smollm2-135m",
+        {
+            "stage": "sft",
+            "micro_batch_size": 8,
+            "max_query_length": 192,
+            "max_response_length": 64,
+            "mixed_precision": "bf16",
+            "gradient_checkpointing": True,
+        },
+    ),
+    "neox-sft-bf16": (
+        "small-neox",
+        {
+            "stage": "sft",
+            "micro_batch_size": 4,
+            "max_query_length": 192,
+            "max_response_length": 64,
+            "mixed_precision": "bf16",
+        },
+    ),
+    "smollm2-rm-bf16": (
+        "smollm2-135m",
+        {
+            "stage": "rm",
+            "micro_batch_size": 2,
+            "max_query_length": 160,
+            "max_response_length": 48,
+            "mixed_precision": "bf16",
+        },
+    ),
+    "smollm2-dpo-bf16": (
+        "smollm2-135m",
+        {
+            "stage": "dpo",
+            "micro_batch_size": 2,
+            "forward_batch_size": 2,
+            "max_query_length": 160,
+            "max_response_length": 48,
+            "mixed_precision": "bf16",
+        },
+    ),
+    "smollm2-ppo-bf16": (
+        "smollm2-135m",
+        {
+            "stage": "ppo",
+            "micro_batch_size": 2,
+            "generation_batch_size": 4,
+            "forward_batch_size": 4,
+            "max_query_length": 128,
+            "max_response_length": 16,
+            "mixed_precision": "bf16",
+        },
+    ),
     # sampling 128 rows (32 prompts x 4) with a long KV cache: the generation phase is the peak
-    "smollm2-grpo-generation-bf16": ("smollm2-135m", {"stage": "grpo", "micro_batch_size": 1, "generation_batch_size": 128,
-                                                      "samples_per_prompt": 4, "forward_batch_size": 32, "max_query_length": 256,
-                                                      "max_response_length": 32, "mixed_precision": "bf16"}),
+    "smollm2-grpo-generation-bf16": (
+        "smollm2-135m",
+        {
+            "stage": "grpo",
+            "micro_batch_size": 1,
+            "generation_batch_size": 128,
+            "samples_per_prompt": 4,
+            "forward_batch_size": 32,
+            "max_query_length": 256,
+            "max_response_length": 32,
+            "mixed_precision": "bf16",
+        },
+    ),
 }
 
 
@@ -113,7 +219,9 @@ def policy_model(folder: Path, opts: dict, trained: bool = True):
     if opts.get("lora_rank"):
         from peft import LoraConfig, get_peft_model
 
-        linears = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".layers." in n}
+        linears = {
+            n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".layers." in n
+        }
         get_peft_model(model, LoraConfig(r=opts["lora_rank"], lora_alpha=16, target_modules=sorted(linears)))
     if opts.get("gradient_checkpointing"):
         enable_activation_checkpointing(model)
@@ -128,7 +236,9 @@ def scalar_model(folder: Path):
     from rlhfkit.reward_models import ScalarModel
 
     config = AutoConfig.from_pretrained(folder)
-    return ScalarModel(disable_dropout(AutoModel.from_config(config, dtype=torch.float32)), "eos-linear", config.vocab_size - 2)
+    return ScalarModel(
+        disable_dropout(AutoModel.from_config(config, dtype=torch.float32)), "eos-linear", config.vocab_size - 2
+    )
 
 
 def supervised_steps(model, loss_fn, batches, bf16: bool) -> None:
@@ -151,8 +261,14 @@ def sft_steps(folder: Path, opts: dict, rng) -> None:
 
     model = policy_model(folder, opts)
     vocab, micro = model.config.vocab_size, opts["micro_batch_size"]
-    batches = [right_pad_query_response(rows_of(rng, micro, opts["max_query_length"], vocab),
-                                        rows_of(rng, micro, opts["max_response_length"], vocab, short=5), vocab - 2) for _ in range(2)]
+    batches = [
+        right_pad_query_response(
+            rows_of(rng, micro, opts["max_query_length"], vocab),
+            rows_of(rng, micro, opts["max_response_length"], vocab, short=5),
+            vocab - 2,
+        )
+        for _ in range(2)
+    ]
     supervised_steps(model, sft_loss, batches, opts["mixed_precision"] == "bf16")
 
 
@@ -161,9 +277,21 @@ def rm_steps(folder: Path, opts: dict, rng) -> None:
     from rlhfkit.trainers.reward import make_pair_loss
 
     model = scalar_model(folder).train()
-    vocab, micro, q, r = model.config.vocab_size, opts["micro_batch_size"], opts["max_query_length"], opts["max_response_length"]
-    batches = [pack_pairs(rows_of(rng, micro, q, vocab), rows_of(rng, micro, r, vocab), rows_of(rng, micro, r, vocab, short=5), vocab - 2)
-               for _ in range(2)]
+    vocab, micro, q, r = (
+        model.config.vocab_size,
+        opts["micro_batch_size"],
+        opts["max_query_length"],
+        opts["max_response_length"],
+    )
+    batches = [
+        pack_pairs(
+            rows_of(rng, micro, q, vocab),
+            rows_of(rng, micro, r, vocab),
+            rows_of(rng, micro, r, vocab, short=5),
+            vocab - 2,
+        )
+        for _ in range(2)
+    ]
     supervised_steps(model, make_pair_loss(), batches, opts["mixed_precision"] == "bf16")
 
 
@@ -175,11 +303,18 @@ def dpo_steps(folder: Path, opts: dict, rng) -> None:
     from rlhfkit.trainers.dpo import make_dpo_loss
 
     policy, reference = policy_model(folder, opts), policy_model(folder, opts, trained=False)
-    vocab, q, r, bf16 = policy.config.vocab_size, opts["max_query_length"], opts["max_response_length"], opts["mixed_precision"] == "bf16"
+    vocab, q, r, bf16 = (
+        policy.config.vocab_size,
+        opts["max_query_length"],
+        opts["max_response_length"],
+        opts["mixed_precision"] == "bf16",
+    )
 
     def pairs(count: int) -> dict:
         queries = rows_of(rng, count, q, vocab)
-        return right_pad_query_response(queries * 2, rows_of(rng, count, r, vocab) + rows_of(rng, count, r, vocab, short=5), vocab - 2)
+        return right_pad_query_response(
+            queries * 2, rows_of(rng, count, r, vocab) + rows_of(rng, count, r, vocab, short=5), vocab - 2
+        )
 
     batches = []
     for _ in range(2):  # the reference pass (trainers/dpo.reference_logprobs), then the cached values ride in the batch
@@ -208,12 +343,29 @@ def on_policy_steps(folder: Path, opts: dict, rng) -> None:
     vocab = policy.config.vocab_size
     tokenizer = type("Ids", (), {"pad_token_id": vocab - 2, "eos_token_id": vocab - 1})()
     value = scalar_model(folder).train() if opts["stage"] == "ppo" else None
-    models = OnPolicyModels(policy, policy_model(folder, opts, trained=False), scalar_model(folder).eval().requires_grad_(False),
-                            value, tokenizer)
-    keys = ("micro_batch_size", "generation_batch_size", "forward_batch_size", "max_query_length", "max_response_length",
-            "mixed_precision", "samples_per_prompt")
+    models = OnPolicyModels(
+        policy,
+        policy_model(folder, opts, trained=False),
+        scalar_model(folder).eval().requires_grad_(False),
+        value,
+        tokenizer,
+    )
+    keys = (
+        "micro_batch_size",
+        "generation_batch_size",
+        "forward_batch_size",
+        "max_query_length",
+        "max_response_length",
+        "mixed_precision",
+        "samples_per_prompt",
+    )
     config = {"ppo": PPOConfig, "grpo": GRPOConfig}[opts["stage"]]
-    cfg = config(total_batch_size=opts["generation_batch_size"], update_epochs=1, num_minibatches=1, **{k: opts[k] for k in keys if k in opts})
+    cfg = config(
+        total_batch_size=opts["generation_batch_size"],
+        update_epochs=1,
+        num_minibatches=1,
+        **{k: opts[k] for k in keys if k in opts},
+    )
     optimizers = build_optimizers(models, cfg, 2)
     precision, group = cfg.mixed_precision, cfg.samples_per_prompt
     params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.temperature)
@@ -221,11 +373,26 @@ def on_policy_steps(folder: Path, opts: dict, rng) -> None:
         queries = rows_of(rng, cfg.total_batch_size // group, cfg.max_query_length, vocab)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
             policy.eval()
-            batch = sample_responses(policy, queries, params, tokenizer, cfg.generation_batch_size,
-                                     lambda i, u=update: torch.Generator().manual_seed(u * 1000 + i), samples_per_prompt=group)
+            batch = sample_responses(
+                policy,
+                queries,
+                params,
+                tokenizer,
+                cfg.generation_batch_size,
+                lambda i, u=update: torch.Generator().manual_seed(u * 1000 + i),
+                samples_per_prompt=group,
+            )
             policy.train()
         batch = compute_advantages(score_rollout(models, batch, cfg, precision), cfg, cfg.kl_coef)
-        update_on_rollout(models, optimizers, batch.select(slice(0, 2 * cfg.micro_batch_size)), cfg, update + 1, precision, cfg.kl_coef)
+        update_on_rollout(
+            models,
+            optimizers,
+            batch.select(slice(0, 2 * cfg.micro_batch_size)),
+            cfg,
+            update + 1,
+            precision,
+            cfg.kl_coef,
+        )
         optimizers.advance_schedules()
 
 
@@ -250,16 +417,29 @@ def compare(name: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_config(arch, Path(tmp))
         planned = estimate(folder, opts)
-        done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", name, "--folder", str(folder)], capture_output=True, text=True,
-                              check=False, cwd=ROOT)
+        done = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), "--child", name, "--folder", str(folder)],
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd=ROOT,
+        )
         if done.returncode:
             raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
         measured = int(done.stdout.strip().splitlines()[-1])
     peak = planned.peak
-    return {"config": name, "architecture": arch, **opts, "estimate_bytes": peak, "measured_bytes": measured,
-            "estimate_mib": round(peak / 2**20, 1), "measured_mib": round(measured / 2**20, 1),
-            "relative_error": round((peak - measured) / measured, 4), "peak_phase": planned.peak_phase,
-            "estimate_by_component_mib": {c: round(v / 2**20, 1) for c, v in planned.phases[planned.peak_phase].items()}}
+    return {
+        "config": name,
+        "architecture": arch,
+        **opts,
+        "estimate_bytes": peak,
+        "measured_bytes": measured,
+        "estimate_mib": round(peak / 2**20, 1),
+        "measured_mib": round(measured / 2**20, 1),
+        "relative_error": round((peak - measured) / measured, 4),
+        "peak_phase": planned.peak_phase,
+        "estimate_by_component_mib": {c: round(v / 2**20, 1) for c, v in planned.phases[planned.peak_phase].items()},
+    }
 
 
 def main() -> None:

@@ -1,8 +1,10 @@
 """PPO, GRPO or RLOO seconds per update split into phases, generation tokens/s and peak memory, as one JSON line.
 
-    python benchmarks/onpolicy_throughput.py --algorithm ppo --model smollm2-135m --batch 8 --query-length 400 --updates 2
+    python benchmarks/onpolicy_throughput.py --algorithm ppo --model smollm2-135m --batch 8 --query-length 400
+    --updates 2
     python benchmarks/onpolicy_throughput.py --algorithm grpo --model tiny --batch 16
-    python benchmarks/onpolicy_throughput.py --algorithm grpo --model shape:llama-3.2-1b --batch 512 --micro-batch 32 --bf16  # a GPU
+    python benchmarks/onpolicy_throughput.py --algorithm grpo --model shape:llama-3.2-1b --batch 512 --micro-batch 32
+    --bf16  # a GPU
 
 Runs the real on-policy loop of `rlhfkit ppo|grpo|rloo` with the algorithm's preset (generation, the
 scoring forward passes, K update epochs of the policy and, for PPO, the value model) on random-token
@@ -106,11 +108,21 @@ def main() -> None:
 
     device = best_device()
     models = build(args.model, device, with_value=args.algorithm == "ppo")
-    cfg = resolve(args.algorithm, PRESETS[args.algorithm], None, {
-        "total_batch_size": args.batch, "micro_batch_size": args.micro_batch, "generation_batch_size": args.generation_batch or args.batch,
-        "forward_batch_size": args.micro_batch, "max_response_length": args.response_length,
-        "update_epochs": args.update_epochs, "reward_model": "unused", "decoding": args.decoding,
-    })
+    cfg = resolve(
+        args.algorithm,
+        PRESETS[args.algorithm],
+        None,
+        {
+            "total_batch_size": args.batch,
+            "micro_batch_size": args.micro_batch,
+            "generation_batch_size": args.generation_batch or args.batch,
+            "forward_batch_size": args.micro_batch,
+            "max_response_length": args.response_length,
+            "update_epochs": args.update_epochs,
+            "reward_model": "unused",
+            "decoding": args.decoding,
+        },
+    )
     trainer.prepare_for_training(models, cfg)
     optimizers = update.build_optimizers(models, cfg, args.warmup + args.updates)
     generator = torch.Generator().manual_seed(0)
@@ -140,28 +152,33 @@ def main() -> None:
         values = sorted(r[key] for r in rows)
         return values[len(values) // 2]
 
-    print(json.dumps({
-        "benchmark": f"{args.algorithm}_update",
-        "samples_per_prompt": cfg.samples_per_prompt,
-        "model": args.model,
-        "batch": args.batch,
-        "micro_batch": args.micro_batch,
-        "generation_batch": args.generation_batch or args.batch,
-        "query_length": args.query_length,
-        "response_length": args.response_length,
-        "update_epochs": args.update_epochs,
-        "generation_s": round(median("generation"), 3),
-        "scoring_s": round(median("scoring"), 3),
-        "update_s": round(median("update"), 3),
-        "update_total_s": round(median("total"), 3),
-        "generation_share": round(median("generation") / median("total"), 3),
-        "generation_tokens_per_s": round(median("generated_tokens") / median("generation"), 1),
-        "decoding": args.decoding,
-        "collect_peak_memory_bytes": int(max(r["collect_peak_bytes"] for r in rows)),
-        "update_peak_memory_bytes": int(max(r["update_peak_bytes"] for r in rows)),
-        "episodes_per_s": round(args.batch / median("total"), 3),
-        "bf16": args.bf16,
-    } | machine_fields(device)))
+    print(
+        json.dumps(
+            {
+                "benchmark": f"{args.algorithm}_update",
+                "samples_per_prompt": cfg.samples_per_prompt,
+                "model": args.model,
+                "batch": args.batch,
+                "micro_batch": args.micro_batch,
+                "generation_batch": args.generation_batch or args.batch,
+                "query_length": args.query_length,
+                "response_length": args.response_length,
+                "update_epochs": args.update_epochs,
+                "generation_s": round(median("generation"), 3),
+                "scoring_s": round(median("scoring"), 3),
+                "update_s": round(median("update"), 3),
+                "update_total_s": round(median("total"), 3),
+                "generation_share": round(median("generation") / median("total"), 3),
+                "generation_tokens_per_s": round(median("generated_tokens") / median("generation"), 1),
+                "decoding": args.decoding,
+                "collect_peak_memory_bytes": int(max(r["collect_peak_bytes"] for r in rows)),
+                "update_peak_memory_bytes": int(max(r["update_peak_bytes"] for r in rows)),
+                "episodes_per_s": round(args.batch / median("total"), 3),
+                "bf16": args.bf16,
+            }
+            | machine_fields(device)
+        )
+    )
     sys.stdout.flush()
 
 

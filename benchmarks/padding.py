@@ -20,8 +20,13 @@ from pathlib import Path
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 PRESETS = {"sft": "tldr-sft", "rm": "tldr-rm", "dpo": "tldr-dpo"}
-SOURCES = {"sft": ["tldr-sft-sample/tldr_sft_sample.jsonl.gz"],
-           "rm": ["summarize-from-feedback-comparisons/batch13.jsonl.gz", "summarize-from-feedback-comparisons/batch18.jsonl.gz"]}
+SOURCES = {
+    "sft": ["tldr-sft-sample/tldr_sft_sample.jsonl.gz"],
+    "rm": [
+        "summarize-from-feedback-comparisons/batch13.jsonl.gz",
+        "summarize-from-feedback-comparisons/batch18.jsonl.gz",
+    ],
+}
 SOURCES["dpo"] = SOURCES["rm"]
 
 
@@ -56,7 +61,11 @@ def count(stage: str, args, tokenizer) -> dict:
     from rlhfkit.trainers.supervised import plan_schedule
 
     overrides = {"data": ",".join(str(DATA / s) for s in SOURCES[stage])}
-    overrides |= {key: value for key, value in (("total_batch_size", args.total_batch), ("micro_batch_size", args.micro_batch)) if value}
+    overrides |= {
+        key: value
+        for key, value in (("total_batch_size", args.total_batch), ("micro_batch_size", args.micro_batch))
+        if value
+    }
     cfg = resolve(stage, PRESETS[stage], None, overrides)
     examples = examples_for(stage, cfg, tokenizer)[: args.limit or None]
     widths = [e.width() for e in examples]
@@ -64,11 +73,21 @@ def count(stage: str, args, tokenizer) -> dict:
     rows = 1 if stage == "sft" else 2
     plain, real = epoch_tokens(schedule, cfg.seed, widths, rows, bucketed=False)
     bucketed, _ = epoch_tokens(schedule, cfg.seed, widths, rows, bucketed=True)
-    return {"benchmark": "padding", "stage": stage, "preset": PRESETS[stage], "examples": len(examples),
-            "total_batch_size": cfg.total_batch_size, "micro_batch_size": cfg.micro_batch_size, "steps": schedule.steps_per_epoch,
-            "real_tokens": real, "computed_tokens_plain": plain, "computed_tokens_bucketed": bucketed,
-            "padding_share_plain": round(1 - real / plain, 4), "padding_share_bucketed": round(1 - real / bucketed, 4),
-            "bucketed_over_plain": round(bucketed / plain, 4)}
+    return {
+        "benchmark": "padding",
+        "stage": stage,
+        "preset": PRESETS[stage],
+        "examples": len(examples),
+        "total_batch_size": cfg.total_batch_size,
+        "micro_batch_size": cfg.micro_batch_size,
+        "steps": schedule.steps_per_epoch,
+        "real_tokens": real,
+        "computed_tokens_plain": plain,
+        "computed_tokens_bucketed": bucketed,
+        "padding_share_plain": round(1 - real / plain, 4),
+        "padding_share_bucketed": round(1 - real / bucketed, 4),
+        "bucketed_over_plain": round(bucketed / plain, 4),
+    }
 
 
 def main() -> None:

@@ -10,7 +10,8 @@ log-probabilities given (the trainer caches them before training), so a step is 
 Runs the stage's real loss function and an AdamW step on random token rows of the given shape
 (rows are right-padded to `--seq`, as Detail 5 batches are), discards `--warmup` steps, times
 `--steps`. MFU is the model FLOPs per second (benchmark_common.training_flops_per_token) over
-the matmul peak measured in the same process for the precision it ran in (matmul_peak.py). On CUDA the peak is `max_memory_allocated`; on CPU it is the process's peak RSS.
+the matmul peak measured in the same process for the precision it ran in (matmul_peak.py). On CUDA the peak is
+`max_memory_allocated`; on CPU it is the process's peak RSS.
 """
 
 from __future__ import annotations
@@ -58,7 +59,11 @@ def random_batch(stage: str, tokenizer, batch: int, seq: int, device) -> dict[st
     if stage == "dpo":
         response = torch.zeros_like(mask, dtype=torch.bool)
         response[:, -53:] = True
-        out |= {"response_mask": response, "ref_chosen": torch.full((batch,), -60.0), "ref_rejected": torch.full((batch,), -60.0)}
+        out |= {
+            "response_mask": response,
+            "ref_chosen": torch.full((batch,), -60.0),
+            "ref_rejected": torch.full((batch,), -60.0),
+        }
     return {k: v.to(device) for k, v in out.items()}
 
 
@@ -70,9 +75,15 @@ def random_packed_pairs(tokenizer, batch: int, seq: int, response: int = 53) -> 
     def tokens(n: int) -> list[int]:
         return torch.randint(100, len(tokenizer) - 1, (n,)).tolist()
 
-    pairs = [PairExample(None, QueryTokens(tokens(seq - response), "", seq - response, 0, False),
-                         [*tokens(response - 1), tokenizer.eos_token_id], [*tokens(response - 1), tokenizer.eos_token_id])
-             for _ in range(batch)]
+    pairs = [
+        PairExample(
+            None,
+            QueryTokens(tokens(seq - response), "", seq - response, 0, False),
+            [*tokens(response - 1), tokenizer.eos_token_id],
+            [*tokens(response - 1), tokenizer.eos_token_id],
+        )
+        for _ in range(batch)
+    ]
     return collate_packed_pairs(pairs, tokenizer.pad_token_id)
 
 
@@ -112,19 +123,24 @@ def main() -> None:
     median = sorted(times)[len(times) // 2]
     peak = matmul_peak_gflops(torch.bfloat16 if args.bf16 else torch.float32, device)
     flops_per_token = training_flops_per_token(model.config, args.seq)
-    print(json.dumps({
-        "benchmark": f"{args.stage}_train_step",
-        "model": args.model,
-        "batch": args.batch,
-        "seq": args.seq,
-        "tokens_per_step": tokens,
-        "step_s_median": round(median, 4),
-        "tokens_per_s": round(tokens / median, 1),
-        "bf16": args.bf16,
-        "model_gflops_per_s": round(tokens / median * flops_per_token / 1e9, 1),
-        "matmul_peak_gflops": peak,
-        "mfu": mfu(tokens / median, flops_per_token, peak),
-    } | machine_fields(device)))
+    print(
+        json.dumps(
+            {
+                "benchmark": f"{args.stage}_train_step",
+                "model": args.model,
+                "batch": args.batch,
+                "seq": args.seq,
+                "tokens_per_step": tokens,
+                "step_s_median": round(median, 4),
+                "tokens_per_s": round(tokens / median, 1),
+                "bf16": args.bf16,
+                "model_gflops_per_s": round(tokens / median * flops_per_token / 1e9, 1),
+                "matmul_peak_gflops": peak,
+                "mfu": mfu(tokens / median, flops_per_token, peak),
+            }
+            | machine_fields(device)
+        )
+    )
     sys.stdout.flush()
 
 

@@ -34,7 +34,9 @@ def decoder_linear_names(model: torch.nn.Module) -> list[str]:
     """The distinct names of the linear layers inside the decoder blocks (q_proj, ..., down_proj for
     Llama; query_key_value, ..., dense_4h_to_h for GPT-NeoX): the LM head and embeddings are outside."""
     _, blocks = decoder_layers(backbone_of(model))
-    return sorted({name.rsplit(".", 1)[-1] for name, module in blocks.named_modules() if isinstance(module, torch.nn.Linear)})
+    return sorted(
+        {name.rsplit(".", 1)[-1] for name, module in blocks.named_modules() if isinstance(module, torch.nn.Linear)}
+    )
 
 
 def backbone_of(model: torch.nn.Module) -> torch.nn.Module:
@@ -48,7 +50,9 @@ def lora_config(lora: LoraOptions, model: torch.nn.Module):
     from peft import LoraConfig
 
     targets = list(lora.target_modules) or decoder_linear_names(model)
-    return LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets, bias="none")
+    return LoraConfig(
+        r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets, bias="none"
+    )
 
 
 def add_adapter(model: torch.nn.Module, lora: LoraOptions, saved: Path | None = None) -> torch.nn.Module:
@@ -71,7 +75,9 @@ def add_adapter(model: torch.nn.Module, lora: LoraOptions, saved: Path | None = 
             raise ModelError(f"{saved} holds no {ADAPTER_WEIGHTS}: it was saved without LoRA; resume with lora_rank=0")
         result = set_peft_model_state_dict(wrapper, load_file(str(weights)))
         if result.unexpected_keys:
-            raise ModelError(f"{weights} does not fit this model and LoRA settings (unexpected: {result.unexpected_keys[:3]})")
+            raise ModelError(
+                f"{weights} does not fit this model and LoRA settings (unexpected: {result.unexpected_keys[:3]})"
+            )
         if isinstance(model, ScalarModel):
             load_heads(model, Path(saved))
     return model

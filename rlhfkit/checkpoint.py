@@ -268,7 +268,10 @@ def warn(message: str) -> None:
 
 
 def load_training_state(
-    checkpoint: Path, optimizer: torch.optim.Optimizer | None, scheduler: Any, extra_states: dict[str, Any] | None = None
+    checkpoint: Path,
+    optimizer: torch.optim.Optimizer | None,
+    scheduler: Any,
+    extra_states: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Restore optimizer, scheduler (and `extra_states`, by key) and RNG states; return trainer.json
     (step, data position...)."""
@@ -291,7 +294,9 @@ def apply_schedule(scheduler: Any) -> None:
     reached. The optimizer's state holds the rates of the schedule it was saved under: unchanged, this writes
     the same values; a resumed run given a larger max_steps continues on its recomputed schedule instead of
     the old one's end (0 for cosine and linear)."""
-    for group, base, factor in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True):
+    for group, base, factor in zip(
+        scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True
+    ):
         group["lr"] = base * factor(scheduler.last_epoch)
 
 

@@ -26,12 +26,18 @@ def group_help(word: str) -> str | None:
     group = [c for c in STAGES.values() if len(c.words) > 1 and c.words[0] == word]
     if not group:
         return None
-    lines = [f"usage: rlhfkit {word} <command> ...", "", "commands:"] + [f"  {' '.join(c.words):<18} {c.about}" for c in group]
+    lines = [f"usage: rlhfkit {word} <command> ...", "", "commands:"] + [
+        f"  {' '.join(c.words):<18} {c.about}" for c in group
+    ]
     return "\n".join([*lines, "", f"`rlhfkit {' '.join(group[0].words)} --help` lists its options."])
 
 
 def overview() -> str:
-    lines = ["usage: rlhfkit <command> [--preset NAME | --config FILE] [key=value ...] [--num-processes N]", "", "commands:"]
+    lines = [
+        "usage: rlhfkit <command> [--preset NAME | --config FILE] [key=value ...] [--num-processes N]",
+        "",
+        "commands:",
+    ]
     lines += [f"  {' '.join(c.words):<18} {c.about}" for c in STAGES.values()]
     lines += ["", f"presets: {', '.join(cfgmod.preset_names())}", "`rlhfkit <command> --help` lists every option."]
     return "\n".join(lines)
@@ -188,16 +194,23 @@ def run_stage(argv: list[str]) -> int:
     from .launch import inside_launcher, relaunch
 
     config_file = parsed.config_file or resumed_run_config(parsed)
-    if config_file and not parsed.config_file:  # the run's own options: its first start may have moved another run aside
+    if (
+        config_file and not parsed.config_file
+    ):  # the run's own options: its first start may have moved another run aside
         parsed.overrides.setdefault("overwrite", "false")
         # where the run is now, not the output_dir its config.yaml names: the folder may have been moved or copied
         parsed.overrides.setdefault("output_dir", str(Path(config_file).parent))
     # a command without a config class is given its positional argument (None without one)
-    argument = (resolve(cmd.name, parsed.preset, config_file, parsed.overrides, parsed.num_processes) if cmd.config
-                else parsed.positional)
+    argument = (
+        resolve(cmd.name, parsed.preset, config_file, parsed.overrides, parsed.num_processes)
+        if cmd.config
+        else parsed.positional
+    )
     if parsed.num_processes > 1 and not inside_launcher():
         if not cmd.multi_process:
-            raise ConfigError(f"{' '.join(cmd.words)} runs in one process; --num-processes is for {multi_process_names()}")
+            raise ConfigError(
+                f"{' '.join(cmd.words)} runs in one process; --num-processes is for {multi_process_names()}"
+            )
         return relaunch([*cmd.words, *strip_launcher_flag(rest)], parsed.num_processes)
     if not inside_launcher():
         return int(cmd.runner()(argument) or 0)

@@ -119,7 +119,9 @@ class SharedSlotLayer(StaticLayer):
         self.dtype, self.device = keys.dtype, keys.device
         self.is_initialized = True
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         # one token per step; autocast gives fp32 keys (rotary) and bf16 values, the buffers take one dtype
         self.keys.index_copy_(2, self.filled, key_states.to(self.keys.dtype))
         self.values.index_copy_(2, self.filled, value_states.to(self.values.dtype))
@@ -215,14 +217,21 @@ class BucketDecoder:
 
     def step_function(self, bucket: int) -> Callable[[], torch.Tensor]:
         """One decoding step of the first `bucket` rows, reading only this decoder's buffers."""
-        cache = Cache(layers=[SharedSlotLayer(k[:bucket], v[:bucket], f) for k, v, f in zip(self.keys, self.values, self.filled, strict=True)])
+        cache = Cache(
+            layers=[
+                SharedSlotLayer(k[:bucket], v[:bucket], f)
+                for k, v, f in zip(self.keys, self.values, self.filled, strict=True)
+            ]
+        )
         ids, positions, visible, model = self.ids[:bucket], self.positions[:bucket], self.visible[:bucket], self.model
         keyword = cache_keyword(model())
 
         def step() -> torch.Tensor:
             policy = model()
             mask = prepared_mask(policy, visible)
-            return policy(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **{keyword: cache}).logits[:, -1]
+            return policy(
+                input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **{keyword: cache}
+            ).logits[:, -1]
 
         return step
 
@@ -282,7 +291,9 @@ def prepared_mask(model: torch.nn.Module, visible: torch.Tensor) -> torch.Tensor
     return torch.zeros((), dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
 
 
-def decoder_for(model: torch.nn.Module, prefill: Cache, rows: int, length: int, dtype: torch.dtype, capture: bool) -> BucketDecoder:
+def decoder_for(
+    model: torch.nn.Module, prefill: Cache, rows: int, length: int, dtype: torch.dtype, capture: bool
+) -> BucketDecoder:
     """The model's decoder, kept from an earlier call when it fits, else built (and kept)."""
     device = prefill.layers[0].keys.device
     key = context_key(model, device)
@@ -300,7 +311,12 @@ def decoder_for(model: torch.nn.Module, prefill: Cache, rows: int, length: int, 
     decoder = BucketDecoder(weakref.ref(model), key, keys, values, filled, capture)
     if capture:
         size = sum(t.numel() * t.element_size() for t in keys + values)
-        log.info("CUDA-graph decoding: a KV cache of %d rows x %d positions (%.2f GB) kept for later calls", rows, length, size / 1e9)
+        log.info(
+            "CUDA-graph decoding: a KV cache of %d rows x %d positions (%.2f GB) kept for later calls",
+            rows,
+            length,
+            size / 1e9,
+        )
     decoders[model] = decoder
     return decoder
 
@@ -309,12 +325,16 @@ class BucketSteps:
     """The decoding steps of one `generate` call on a `BucketDecoder`: row `slots[i]` of the batch sits in
     slot i of the buffers; finished rows leave when the rest fit a smaller bucket."""
 
-    def __init__(self, decoder: BucketDecoder, prefill: Cache, query_mask: torch.Tensor, repeats: int, logits: torch.Tensor):
+    def __init__(
+        self, decoder: BucketDecoder, prefill: Cache, query_mask: torch.Tensor, repeats: int, logits: torch.Tensor
+    ):
         self.decoder, self.logits = decoder, logits
         batch, width = query_mask.shape
         self.width, self.bucket = width, bucket_for(batch)
         self.slots = torch.arange(batch, device=query_mask.device)
-        for source, keys, values, filled in zip(prefill.layers, decoder.keys, decoder.values, decoder.filled, strict=True):
+        for source, keys, values, filled in zip(
+            prefill.layers, decoder.keys, decoder.values, decoder.filled, strict=True
+        ):
             keys[:batch, :, :width] = source.keys.repeat_interleave(repeats, dim=0)
             values[:batch, :, :width] = source.values.repeat_interleave(repeats, dim=0)
             filled.fill_(width)

@@ -24,7 +24,10 @@ from pathlib import Path
 from .errors import DiskFullError
 
 ENV = "RLHFKIT_FAULT"
-POINTS = ("save", "publish")  # save: weights written, state and manifest not; publish: folder in place, `latest` not moved
+POINTS = (
+    "save",
+    "publish",
+)  # save: weights written, state and manifest not; publish: folder in place, `latest` not moved
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -34,7 +37,7 @@ def fault_point(point: str, step: int) -> None:
 
 
 def disk_full_reason(error: BaseException | None) -> str | None:
-    """"No space left on device" or "Disk quota exceeded" when `error`, or an error it was raised from or
+    """ "No space left on device" or "Disk quota exceeded" when `error`, or an error it was raised from or
     while handling, is the file system refusing a write for lack of room; else None. Libraries keep only
     the text: safetensors says "No space left on device (os error 28)", and torch.save raises its own
     error while handling the OSError of the file it writes to."""

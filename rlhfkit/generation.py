@@ -53,7 +53,9 @@ class Rollout:
     decoding: str = "eager"  # how the steps ran: eager, buckets or cuda-graphs
 
 
-def pick_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator, pad_id: int | None = None) -> torch.Tensor:
+def pick_next(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator, pad_id: int | None = None
+) -> torch.Tensor:
     """The next token, greedy or sampled; never PAD (Detail 3: PAD marks where a response ended, so a
     sampled PAD would move where the reward model reads its score)."""
     if pad_id is not None and pad_id < logits.size(-1):
@@ -70,7 +72,9 @@ class OneDtypeStaticLayer(StaticLayer):
     keys come out of the rotary embedding in fp32 while the values stay bf16, and a preallocated
     buffer, unlike a growing one, must take both in its own dtype."""
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.is_initialized:
             key_states, value_states = key_states.to(self.keys.dtype), value_states.to(self.values.dtype)
         return super().update(key_states, value_states, *args, **kwargs)
@@ -94,7 +98,9 @@ def plain_cache_layers(model: torch.nn.Module, prefill: Cache, max_length: int) 
     buffers understands (sliding-window, hybrid or quantised caches are not)."""
     if not isinstance(prefill, DynamicCache) or any(type(layer) is not DynamicLayer for layer in prefill.layers):
         return False
-    planned = StaticCache(config=model.config, max_cache_len=max_length)  # allocates nothing: only its layer kinds are read
+    planned = StaticCache(
+        config=model.config, max_cache_len=max_length
+    )  # allocates nothing: only its layer kinds are read
     return len(planned.layers) == len(prefill.layers) and all(type(layer) is StaticLayer for layer in planned.layers)
 
 
@@ -108,7 +114,10 @@ def static_decode_cache(model: torch.nn.Module, prefill: Cache, repeats: int, ma
     static = Cache(layers=[OneDtypeStaticLayer(max_cache_len=max_length) for _ in prefill.layers])
     for source, target in zip(prefill.layers, static.layers, strict=True):
         dtype = cache_dtype(source.keys, source.values)
-        target.update(source.keys.to(dtype).repeat_interleave(repeats, dim=0), source.values.to(dtype).repeat_interleave(repeats, dim=0))
+        target.update(
+            source.keys.to(dtype).repeat_interleave(repeats, dim=0),
+            source.values.to(dtype).repeat_interleave(repeats, dim=0),
+        )
     return static
 
 
@@ -156,22 +165,41 @@ def generate(
     rewind = generator.get_state()
     with frozen_weights_cast_once(model, device):
         try:
-            return prefill_and_decode(model, query_ids, query_mask, params, eos_id, pad_id, generator, samples_per_prompt)
+            return prefill_and_decode(
+                model, query_ids, query_mask, params, eos_id, pad_id, generator, samples_per_prompt
+            )
         except decoding.GraphMismatch:
             generator.set_state(rewind)
             eager = dataclasses.replace(params, decoding="eager")
-            return prefill_and_decode(model, query_ids, query_mask, eager, eos_id, pad_id, generator, samples_per_prompt)
+            return prefill_and_decode(
+                model, query_ids, query_mask, eager, eos_id, pad_id, generator, samples_per_prompt
+            )
 
 
-def prefill_and_decode(model: torch.nn.Module, query_ids: torch.Tensor, query_mask: torch.Tensor, params: SamplingParams,
-                       eos_id: int, pad_id: int, generator: torch.Generator, samples_per_prompt: int) -> Rollout:
+def prefill_and_decode(
+    model: torch.nn.Module,
+    query_ids: torch.Tensor,
+    query_mask: torch.Tensor,
+    params: SamplingParams,
+    eos_id: int,
+    pad_id: int,
+    generator: torch.Generator,
+    samples_per_prompt: int,
+) -> Rollout:
     """`generate`'s prefill and decoding loop. Sampling happens here, on every row's logits, whichever
     way the steps run (`decoding_steps`), so the random stream does not depend on it."""
     device = query_ids.device
     # logits_to_keep=1: only the last position's logits are needed, not (B, Q, vocab)
-    out = model(input_ids=query_ids, attention_mask=query_mask, position_ids=position_ids_from_mask(query_mask),
-                use_cache=True, logits_to_keep=1)
-    query_ids, query_mask, logits = (t.repeat_interleave(samples_per_prompt, dim=0) for t in (query_ids, query_mask, out.logits[:, -1]))
+    out = model(
+        input_ids=query_ids,
+        attention_mask=query_mask,
+        position_ids=position_ids_from_mask(query_mask),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    query_ids, query_mask, logits = (
+        t.repeat_interleave(samples_per_prompt, dim=0) for t in (query_ids, query_mask, out.logits[:, -1])
+    )
     steps = decoding_steps(model, decoding.returned_cache(out), query_mask, samples_per_prompt, params, logits)
     tokens = []
     finished = torch.zeros(query_ids.size(0), dtype=torch.bool, device=device)
@@ -196,7 +224,9 @@ class EagerSteps:
 
     name = "eager"
 
-    def __init__(self, model: torch.nn.Module, prefill: Cache, query_mask: torch.Tensor, repeats: int, max_new_tokens: int):
+    def __init__(
+        self, model: torch.nn.Module, prefill: Cache, query_mask: torch.Tensor, repeats: int, max_new_tokens: int
+    ):
         batch, self.width = query_mask.shape
         self.model, self.keyword = model, decoding.cache_keyword(model)
         self.cache = static_decode_cache(model, prefill, repeats, self.width + max_new_tokens)
@@ -212,13 +242,24 @@ class EagerSteps:
     def step(self, tokens: torch.Tensor, finished: torch.Tensor, step: int) -> torch.Tensor:
         self.mask[:, self.width + step] = 1
         visible = self.mask if self.preallocated else self.mask[:, : self.width + step + 1]
-        out = self.model(input_ids=tokens.unsqueeze(1), attention_mask=visible, position_ids=self.position + step, use_cache=True,
-                         **{self.keyword: self.cache})
+        out = self.model(
+            input_ids=tokens.unsqueeze(1),
+            attention_mask=visible,
+            position_ids=self.position + step,
+            use_cache=True,
+            **{self.keyword: self.cache},
+        )
         return out.logits[:, -1]
 
 
-def decoding_steps(model: torch.nn.Module, prefill: Cache, query_mask: torch.Tensor, repeats: int, params: SamplingParams,
-                   logits: torch.Tensor) -> EagerSteps | decoding.BucketSteps:
+def decoding_steps(
+    model: torch.nn.Module,
+    prefill: Cache,
+    query_mask: torch.Tensor,
+    repeats: int,
+    params: SamplingParams,
+    logits: torch.Tensor,
+) -> EagerSteps | decoding.BucketSteps:
     """How this call decodes: `params.decoding` ("auto": CUDA graphs on a CUDA device, eager steps
     elsewhere), falling back to eager steps, with the reason logged, where the model cannot."""
     mode = params.decoding
@@ -234,7 +275,9 @@ def decoding_steps(model: torch.nn.Module, prefill: Cache, query_mask: torch.Ten
             obstacle = obstacle or decoding.graph_obstacle(target, query_mask.device)
         if obstacle is None:
             dtype = cache_dtype(prefill.layers[0].keys, prefill.layers[0].values)
-            decoder = decoding.decoder_for(target, prefill, query_mask.size(0), length, dtype, capture=mode == "cuda-graphs")
+            decoder = decoding.decoder_for(
+                target, prefill, query_mask.size(0), length, dtype, capture=mode == "cuda-graphs"
+            )
             return decoding.BucketSteps(decoder, prefill, query_mask, repeats, logits)
         decoding.fall_back(target, obstacle)
     return EagerSteps(model, prefill, query_mask, repeats, params.max_new_tokens)
@@ -300,8 +343,9 @@ class RolloutBatch:
 TRAINING_STREAM, EVALUATION_STREAM = 7, 13
 
 
-def chunk_generator(seed: int, update: int, position: int, device: torch.device,
-                    stream: int = TRAINING_STREAM) -> torch.Generator:
+def chunk_generator(
+    seed: int, update: int, position: int, device: torch.device, stream: int = TRAINING_STREAM
+) -> torch.Generator:
     """The sampling RNG of the generation chunk whose first prompt is prompt `position` of the update,
     derived from (seed, update, stream, position) alone: a resumed run needs no RNG state, and a
     prompt sampled alone in its chunk gets the same responses however an update is split across
@@ -339,12 +383,21 @@ def sample_responses(
     per_chunk = max(1, batch_size // group)
     chunks = []
     with gathered_for_generation(policy):
-        for start in tqdm(range(0, len(order), per_chunk), desc=desc or "sampling", unit="batch", leave=False,
-                          disable=not desc):
+        for start in tqdm(
+            range(0, len(order), per_chunk), desc=desc or "sampling", unit="batch", leave=False, disable=not desc
+        ):
             picked = torch.tensor(order[start : start + per_chunk], device=device)
             ids, mask = trim_left_padding(query_ids[picked], query_mask[picked])
-            out = generate(policy, ids, mask, params, tokenizer.eos_token_id, tokenizer.pad_token_id,
-                           generator_for(order[start]), group)
+            out = generate(
+                policy,
+                ids,
+                mask,
+                params,
+                tokenizer.eos_token_id,
+                tokenizer.pad_token_id,
+                generator_for(order[start]),
+                group,
+            )
             rows = (picked.unsqueeze(1) * group + torch.arange(group, device=device)).reshape(-1)
             chunks.append((rows, out))
     total = len(queries) * group
@@ -363,8 +416,10 @@ def sample_responses(
 
 def completion_texts(batch: RolloutBatch, tokenizer: PreTrainedTokenizerBase) -> list[str]:
     """The decoded responses without special tokens: what reward functions and evaluations read."""
-    return [tokenizer.decode(batch.responses[i][batch.mask[i]].tolist(), skip_special_tokens=True)
-            for i in range(batch.size)]
+    return [
+        tokenizer.decode(batch.responses[i][batch.mask[i]].tolist(), skip_special_tokens=True)
+        for i in range(batch.size)
+    ]
 
 
 def response_texts(rollout: Rollout | RolloutBatch, tokenizer: PreTrainedTokenizerBase) -> list[str]:
@@ -392,7 +447,10 @@ def generate_texts(
     generator = torch.Generator(device=model_device(model)).manual_seed(params.seed)
     with evaluation_mode(model):
         batch = sample_responses(model, queries, params, tokenizer, batch_size, lambda _: generator, desc)
-    rows = zip(response_texts(batch, tokenizer), batch.lengths.tolist(), batch.has_eos.tolist(), batch.responses,
-               strict=True)
-    return [{"text": text.strip(), "tokens": length, "has_eos": has_eos, "ids": ids[:length].tolist()}
-            for text, length, has_eos, ids in rows]
+    rows = zip(
+        response_texts(batch, tokenizer), batch.lengths.tolist(), batch.has_eos.tolist(), batch.responses, strict=True
+    )
+    return [
+        {"text": text.strip(), "tokens": length, "has_eos": has_eos, "ids": ids[:length].tolist()}
+        for text, length, has_eos, ids in rows
+    ]

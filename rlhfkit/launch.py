@@ -71,7 +71,10 @@ def relaunch(argv: list[str], num_processes: int) -> int:
     naming the process that died or failed. The launcher stops the other processes when one dies, so
     no launch outlives its first failure by more than the launcher's grace period (30 s)."""
     with tempfile.TemporaryDirectory(prefix="rlhfkit-launch-") as status:
-        env = os.environ | {STATUS_DIR: status, RUN_STAMP: os.environ.get(RUN_STAMP) or f"{datetime.now():%Y%m%d-%H%M%S}"}
+        env = os.environ | {
+            STATUS_DIR: status,
+            RUN_STAMP: os.environ.get(RUN_STAMP) or f"{datetime.now():%Y%m%d-%H%M%S}",
+        }
         # its own session: a Ctrl-C in the terminal reaches this process alone, which hands it to the
         # training processes so they checkpoint; the launcher would give them 30 s, then SIGKILL them
         launcher = subprocess.Popen(launch_command(argv, num_processes), env=env, start_new_session=True)
@@ -84,6 +87,7 @@ def relaunch(argv: list[str], num_processes: int) -> int:
 def forward_stop_signals(launcher: subprocess.Popen, status: Path):
     """SIGTERM/SIGINT to this process go to every training process (or, before they started, to the
     launcher), which stop together after the current step."""
+
     def forward(signum: int, _frame) -> None:
         pids = [int(p.read_text()) for p in status.glob("rank-*.pid")]
         for pid in pids or [launcher.pid]:
@@ -106,8 +110,10 @@ class ProcessStatus:
 
 
 def read_launch_status(status: Path, num_processes: int) -> list[ProcessStatus]:
-    return [ProcessStatus(rank, read_number(status / f"rank-{rank}.pid"), read_number(status / f"rank-{rank}.exit"))
-            for rank in range(num_processes)]
+    return [
+        ProcessStatus(rank, read_number(status / f"rank-{rank}.pid"), read_number(status / f"rank-{rank}.exit"))
+        for rank in range(num_processes)
+    ]
 
 
 def read_number(path: Path) -> int | None:
@@ -128,8 +134,10 @@ def launch_outcome(launcher_code: int, processes: list[ProcessStatus]) -> int:
         if p.pid is None:
             report(f"process {p.rank} never started")
         elif p.exit_code is None:
-            report(f"process {p.rank} (pid {p.pid}) died without exiting (killed by a signal, e.g. SIGKILL or the "
-                   "out-of-memory killer); the launch stopped the other processes")
+            report(
+                f"process {p.rank} (pid {p.pid}) died without exiting (killed by a signal, e.g. SIGKILL or the "
+                "out-of-memory killer); the launch stopped the other processes"
+            )
         elif p.exit_code:
             report(f"process {p.rank} (pid {p.pid}) exited with code {p.exit_code}")
     return next((p.exit_code for p in processes if p.exit_code), None) or launcher_code or 1

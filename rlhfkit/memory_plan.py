@@ -103,11 +103,22 @@ def settings_of(cfg: PlanConfig, kind: type) -> Settings:
         return mine or getattr(default, name, 0)
 
     return Settings(
-        stage=cfg.stage, kind=kind, micro=pick(cfg.micro_batch_size, "micro_batch_size"), forward=pick(cfg.forward_batch_size, "forward_batch_size"),
-        generation=pick(cfg.generation_batch_size, "generation_batch_size"), samples=pick(cfg.samples_per_prompt, "samples_per_prompt") or 1,
-        query=pick(cfg.max_query_length, "max_query_length"), response=pick(cfg.max_response_length, "max_response_length"),
-        bf16=cfg.mixed_precision != "no", checkpointing=cfg.gradient_checkpointing, lora_rank=cfg.lora_rank,
-        lora_targets=tuple(cfg.lora_target_modules), sharding=cfg.sharding, devices=cfg.devices, decoding=cfg.decoding)
+        stage=cfg.stage,
+        kind=kind,
+        micro=pick(cfg.micro_batch_size, "micro_batch_size"),
+        forward=pick(cfg.forward_batch_size, "forward_batch_size"),
+        generation=pick(cfg.generation_batch_size, "generation_batch_size"),
+        samples=pick(cfg.samples_per_prompt, "samples_per_prompt") or 1,
+        query=pick(cfg.max_query_length, "max_query_length"),
+        response=pick(cfg.max_response_length, "max_response_length"),
+        bf16=cfg.mixed_precision != "no",
+        checkpointing=cfg.gradient_checkpointing,
+        lora_rank=cfg.lora_rank,
+        lora_targets=tuple(cfg.lora_target_modules),
+        sharding=cfg.sharding,
+        devices=cfg.devices,
+        decoding=cfg.decoding,
+    )
 
 
 @dataclass(frozen=True)
@@ -180,7 +191,9 @@ def training_activations(model: Held, s: Settings, rows: int, width: int, scored
 def forward_working_set(shape: Shape, s: Settings, rows: int, width: int) -> int:
     """A no-grad forward pass: the final hidden states, one layer's transients and the attention masks."""
     tokens = rows * width
-    return tokens * (20 * shape.hidden + 3 * s.act_bytes * shape.intermediate) + rows * width * width * (1 + s.act_bytes)
+    return tokens * (20 * shape.hidden + 3 * s.act_bytes * shape.intermediate) + rows * width * width * (
+        1 + s.act_bytes
+    )
 
 
 def update_transient(model: Held, s: Settings, tokens: int, scored: int) -> int:
@@ -221,28 +234,54 @@ def phases(s: Settings, policy: Shape, reward: Shape) -> dict[str, dict[str, int
     biggest = max(models, key=lambda m: m.gathered_unit())
     out: dict[str, dict[str, int]] = {}
     acts = sum(training_activations(m, s, rows, width, scored) for m in trained)
-    out["update"] = {"weights": weights_bytes(models, s, trained), "gradients": grads + (replicated_copy if not s.on_policy else 0),
-                     "optimizer state": optimizer, "activations": acts,
-                     "logits": update_transient(trained[0], s, rows * width, scored)}
-    out["optimizer step"] = {"weights": weights_bytes(models, s, []), "gradients": grads + replicated_copy,
-                             "optimizer state": optimizer + 4 * trained_params // s.shards}
+    out["update"] = {
+        "weights": weights_bytes(models, s, trained),
+        "gradients": grads + (replicated_copy if not s.on_policy else 0),
+        "optimizer state": optimizer,
+        "activations": acts,
+        "logits": update_transient(trained[0], s, rows * width, scored),
+    }
+    out["optimizer step"] = {
+        "weights": weights_bytes(models, s, []),
+        "gradients": grads + replicated_copy,
+        "optimizer state": optimizer + 4 * trained_params // s.shards,
+    }
     if issubclass(s.kind, DPOConfig):  # reference log-probabilities, computed before training (no optimizer state yet)
         pairs = 2 * s.forward
-        out["reference pass"] = {"weights": weights_bytes(models, s, [biggest]), "activations": forward_working_set(policy, s, pairs, width),
-                                 "logits": logits_bytes(policy, s, pairs * s.response)}
+        out["reference pass"] = {
+            "weights": weights_bytes(models, s, [biggest]),
+            "activations": forward_working_set(policy, s, pairs, width),
+            "logits": logits_bytes(policy, s, pairs * s.response),
+        }
     if s.on_policy:
         queries = max(1, s.generation // s.samples)
         sampled = queries * s.samples
-        kv = policy.layers * policy.kv_dim * (sampled * (s.query + s.response) * 2 * 4 + queries * s.query * (4 + s.act_bytes))
+        kv = (
+            policy.layers
+            * policy.kv_dim
+            * (sampled * (s.query + s.response) * 2 * 4 + queries * s.query * (4 + s.act_bytes))
+        )
         gathered_policy = 4 * models[0].params - 4 * models[0].params // s.weight_shards
-        out["generation"] = {"weights": weights_bytes(models, s, []) + gathered_policy, "optimizer state": optimizer, "KV cache": kv,
-                             "activations": forward_working_set(policy, s, queries, s.query), "logits": 12 * sampled * policy.vocab}
+        out["generation"] = {
+            "weights": weights_bytes(models, s, []) + gathered_policy,
+            "optimizer state": optimizer,
+            "KV cache": kv,
+            "activations": forward_working_set(policy, s, queries, s.query),
+            "logits": 12 * sampled * policy.vocab,
+        }
         widest = max((m.shape for m in models), key=lambda sh: forward_working_set(sh, s, s.forward, width))
-        out["scoring"] = {"weights": weights_bytes(models, s, [biggest]), "optimizer state": optimizer,
-                          "activations": forward_working_set(widest, s, s.forward, width),
-                          "logits": logits_bytes(policy, s, s.forward * s.response)}
+        out["scoring"] = {
+            "weights": weights_bytes(models, s, [biggest]),
+            "optimizer state": optimizer,
+            "activations": forward_working_set(widest, s, s.forward, width),
+            "logits": logits_bytes(policy, s, s.forward * s.response),
+        }
         rows, length = decoding_buffers(s.generation, s.query + s.response)  # sharded weights decode eagerly
-        kept = 0 if s.decoding == "eager" or s.sharding in ("fsdp2", "zero3") else policy.layers * policy.kv_dim * 2 * s.act_bytes * rows * length
+        kept = (
+            0
+            if s.decoding == "eager" or s.sharding in ("fsdp2", "zero3")
+            else policy.layers * policy.kv_dim * 2 * s.act_bytes * rows * length
+        )
         out["scoring"]["KV cache"] = out["update"]["KV cache"] = out["optimizer step"]["KV cache"] = kept
     return {name: {c: parts.get(c, 0) for c in COMPONENTS} for name, parts in out.items()}
 
@@ -320,7 +359,9 @@ def plan(cfg: PlanConfig, kind: type) -> Plan:
     """The plan of `cfg`, whose stage has config class `kind` (the registry knows it), with the fewest
     changes that make it fit when it does not."""
     policy = read_shape(cfg.model, "model")
-    reward = read_shape(cfg.reward_model, "reward_model") if cfg.reward_model and issubclass(kind, OnPolicyConfig) else None
+    reward = (
+        read_shape(cfg.reward_model, "reward_model") if cfg.reward_model and issubclass(kind, OnPolicyConfig) else None
+    )
     result = estimate(cfg, kind, policy, reward)
     if not result.fits:
         result.suggestions = suggest(result, policy, reward)
@@ -338,19 +379,42 @@ def describe_change(change: dict[str, Any]) -> str:
 def as_json(p: Plan) -> dict[str, Any]:
     s = p.settings
     return {
-        "model": p.cfg.model, "stage": s.stage, "settings": {k: v for k, v in dataclasses.asdict(s).items() if k != "kind"},
-        "models": [{"role": m.role, "architecture": m.shape.architecture, "parameters": m.params, "trained_parameters": m.trained_params(s)}
-                   for m in p.models],
-        "phases_gib": {name: {c: gib(v) for c, v in parts.items()} | {"total": gib(sum(parts.values()))} for name, parts in p.phases.items()},
-        "peak_phase": p.peak_phase, "peak_gib": gib(p.peak), "device_memory_gib": p.cfg.device_memory_gb, "devices": s.devices,
-        "usable_gib": gib(p.usable), "fits": p.fits,
-        "suggestions": [{"change": change, "peak_gib": gib(trial.peak), "peak_phase": trial.peak_phase} for change, trial in p.suggestions],
+        "model": p.cfg.model,
+        "stage": s.stage,
+        "settings": {k: v for k, v in dataclasses.asdict(s).items() if k != "kind"},
+        "models": [
+            {
+                "role": m.role,
+                "architecture": m.shape.architecture,
+                "parameters": m.params,
+                "trained_parameters": m.trained_params(s),
+            }
+            for m in p.models
+        ],
+        "phases_gib": {
+            name: {c: gib(v) for c, v in parts.items()} | {"total": gib(sum(parts.values()))}
+            for name, parts in p.phases.items()
+        },
+        "peak_phase": p.peak_phase,
+        "peak_gib": gib(p.peak),
+        "device_memory_gib": p.cfg.device_memory_gb,
+        "devices": s.devices,
+        "usable_gib": gib(p.usable),
+        "fits": p.fits,
+        "suggestions": [
+            {"change": change, "peak_gib": gib(trial.peak), "peak_phase": trial.peak_phase}
+            for change, trial in p.suggestions
+        ],
     }
 
 
-PHASE_ABOUT = {"update": "forward and backward of one micro-batch", "optimizer step": "AdamW step after the backward passes",
-               "generation": "sampling with the KV cache", "scoring": "no-grad forward passes over the rollout",
-               "reference pass": "the frozen reference's log-probabilities"}
+PHASE_ABOUT = {
+    "update": "forward and backward of one micro-batch",
+    "optimizer step": "AdamW step after the backward passes",
+    "generation": "sampling with the KV cache",
+    "scoring": "no-grad forward passes over the rollout",
+    "reference pass": "the frozen reference's log-probabilities",
+}
 
 
 def as_table(p: Plan) -> str:
@@ -362,26 +426,48 @@ def as_table(p: Plan) -> str:
         shapes += f", generation batch {s.generation} ({s.samples} per prompt), forward batch {s.forward}"
     elif issubclass(s.kind, DPOConfig):
         shapes += f", forward batch {s.forward}"
-    lines = [f"rlhfkit plan: {s.stage} on {p.cfg.model}, {s.devices} x {p.cfg.device_memory_gb:g} GiB, sharding {s.sharding}, "
-             f"{lora}, {precision}{', activation checkpointing' if s.checkpointing else ''}", f"batch: {shapes}", "models:"]
+    lines = [
+        f"rlhfkit plan: {s.stage} on {p.cfg.model}, {s.devices} x {p.cfg.device_memory_gb:g} GiB, sharding "
+        f"{s.sharding}, "
+        f"{lora}, {precision}{', activation checkpointing' if s.checkpointing else ''}",
+        f"batch: {shapes}",
+        "models:",
+    ]
     for m in p.models:
         trained = m.trained_params(s)
         state = (f"trained ({trained:,} parameters)" if trained < m.params else "trained") if m.trained else "frozen"
-        lines.append(f"  {m.role:<10} {m.shape.architecture}{' backbone + scalar head' if m.scalar else ''}, {m.params:,} parameters, {state}")
-    lines += ["", f"per device at the peak: {p.peak_phase} ({PHASE_ABOUT[p.peak_phase]})", f"  {'component':<18}{'GiB':>9}"]
+        lines.append(
+            f"  {m.role:<10} {m.shape.architecture}{' backbone + scalar head' if m.scalar else ''}, {m.params:,} "
+            f"parameters, {state}"
+        )
+    lines += [
+        "",
+        f"per device at the peak: {p.peak_phase} ({PHASE_ABOUT[p.peak_phase]})",
+        f"  {'component':<18}{'GiB':>9}",
+    ]
     lines += [f"  {c:<18}{gib(v):>9.2f}" for c, v in p.phases[p.peak_phase].items()]
-    lines += [f"  {'total':<18}{gib(p.peak):>9.2f}",
-              f"  {'device memory':<18}{p.cfg.device_memory_gb:>9.2f}  ({gib(p.usable):.2f} usable, {p.cfg.headroom:.0%} headroom)",
-              "phases: " + ", ".join(f"{name} {gib(sum(parts.values())):.2f}" for name, parts in p.phases.items()), ""]
+    lines += [
+        f"  {'total':<18}{gib(p.peak):>9.2f}",
+        f"  {'device memory':<18}{p.cfg.device_memory_gb:>9.2f}  ({gib(p.usable):.2f} usable, {p.cfg.headroom:.0%} "
+        "headroom)",
+        "phases: " + ", ".join(f"{name} {gib(sum(parts.values())):.2f}" for name, parts in p.phases.items()),
+        "",
+    ]
     if p.fits:
         lines.append(f"fits ({gib(p.usable - p.peak):.2f} GiB to spare)")
     else:
         lines.append(f"does not fit ({gib(p.peak - p.usable):.2f} GiB over)")
         if p.suggestions:
             lines.append("changes that fit (each re-planned):")
-            lines += [f"  {describe_change(change):<60} {gib(trial.peak):>8.2f} GiB at {trial.peak_phase}" for change, trial in p.suggestions]
+            lines += [
+                f"  {describe_change(change):<60} {gib(trial.peak):>8.2f} GiB at {trial.peak_phase}"
+                for change, trial in p.suggestions
+            ]
         else:
-            lines.append("no combination of LoRA, fsdp2, smaller batches and activation checkpointing fits: more devices or memory")
+            lines.append(
+                "no combination of LoRA, fsdp2, smaller batches and activation checkpointing fits: more devices or "
+                "memory"
+            )
     return "\n".join(lines)
 
 

@@ -18,7 +18,9 @@ SHIPPED_IDS = {"meta-llama/Llama-3.2-1B": "llama-3.2-1b", "HuggingFaceTB/SmolLM2
     f"EleutherAI/pythia-{size}-deduped": f"pythia-{size}-deduped" for size in ("1b", "2.8b", "6.9b")}
 # looked up case-insensitively, by hub id or by its name alone (Llama-3.2-1B, as `rlhfkit plan --help`
 # spells it); the embedded SmolLM2-135M-Instruct has the base model's shapes
-SHIPPED = {spelling.lower(): name for hub_id, name in SHIPPED_IDS.items() for spelling in (hub_id, hub_id.split("/")[1])}
+SHIPPED = {
+    spelling.lower(): name for hub_id, name in SHIPPED_IDS.items() for spelling in (hub_id, hub_id.split("/")[1])
+}
 
 
 def shipped_config(name: str) -> dict[str, Any]:
@@ -86,8 +88,10 @@ def model_config(source: str, key: str = "model"):
     except ConfigError:
         raise
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"{key}={source}: cannot read its config ({first_line(e)}); shipped configs: "
-                          f"{', '.join(SHIPPED_IDS)}; without network, HF_HUB_OFFLINE=1 skips the retries") from None
+        raise ConfigError(
+            f"{key}={source}: cannot read its config ({first_line(e)}); shipped configs: "
+            f"{', '.join(SHIPPED_IDS)}; without network, HF_HUB_OFFLINE=1 skips the retries"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -113,8 +117,10 @@ class Shape:
         """(sum of in + out, wrapped linears per block) over the linears LoRA wraps (`targets`, or all)."""
         picked = [(n, c, s) for n, c, s in self.linears if not targets or n in targets]
         if targets and not picked:
-            raise ConfigError(f"lora_target_modules={','.join(targets)} names no linear layer of {self.source}'s decoder "
-                              f"blocks ({', '.join(n for n, _, _ in self.linears)})")
+            raise ConfigError(
+                f"lora_target_modules={','.join(targets)} names no linear layer of {self.source}'s decoder "
+                f"blocks ({', '.join(n for n, _, _ in self.linears)})"
+            )
         return sum(s for _, _, s in picked), sum(c for _, c, _ in picked) // self.layers
 
 
@@ -127,7 +133,9 @@ def read_shape(source: str, key: str = "model") -> Shape:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ConfigError(f"{key}={source}: transformers cannot build a causal LM from its config ({first_line(e)})") from None
+        raise ConfigError(
+            f"{key}={source}: transformers cannot build a causal LM from its config ({first_line(e)})"
+        ) from None
     base = getattr(model, model.base_model_prefix, model)
     layers = config.num_hidden_layers
     blocks = next((m for m in base.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == layers), None)
@@ -156,10 +164,18 @@ def read_shape(source: str, key: str = "model") -> Shape:
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     intermediate = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * hidden
     return Shape(
-        source=source, architecture=type(model).__name__, params=sum(p.numel() for p in model.parameters()),
-        backbone_params=sum(p.numel() for p in base.parameters()), layer_params=sum(p.numel() for p in blocks[0].parameters()),
+        source=source,
+        architecture=type(model).__name__,
+        params=sum(p.numel() for p in model.parameters()),
+        backbone_params=sum(p.numel() for p in base.parameters()),
+        layer_params=sum(p.numel() for p in blocks[0].parameters()),
         layer_linear_weights=sum(i * o for i, o in first_block),
-        linears=tuple((n, c, s) for n, (c, s) in sorted(linears.items())), layers=layers, hidden=hidden, heads=heads,
-        kv_dim=kv_heads * head_dim, intermediate=intermediate, vocab=model.get_input_embeddings().num_embeddings,
+        linears=tuple((n, c, s) for n, (c, s) in sorted(linears.items())),
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        kv_dim=kv_heads * head_dim,
+        intermediate=intermediate,
+        vocab=model.get_input_embeddings().num_embeddings,
         gated=sum(o == intermediate for _, o in first_block) >= 2,
     )

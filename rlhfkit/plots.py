@@ -123,14 +123,15 @@ def plot_curves(rows: list[dict[str, Any]], keys: list[str], out: Path, title: s
         return None
     columns = min(PANELS_PER_ROW, len(present))
     rows_of_panels = math.ceil(len(present) / columns)
-    fig, axes = plt.subplots(rows_of_panels, columns, figsize=(4.6 * columns, 3.4 * rows_of_panels + 0.4), squeeze=False)
+    size = (4.6 * columns, 3.4 * rows_of_panels + 0.4)
+    fig, axes = plt.subplots(rows_of_panels, columns, figsize=size, squeeze=False)
     for ax, key in zip(axes.flat, present, strict=False):
         steps, values = metric_series(rows, key)
         ax.plot(steps, values, marker="." if len(values) < 40 else None)
         ax.set(title=key, xlabel="step")
         integer_steps(ax)
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(present):]:
+    for ax in list(axes.flat)[len(present) :]:
         ax.set_visible(False)
     fig.suptitle(title)
     out.parent.mkdir(parents=True, exist_ok=True)

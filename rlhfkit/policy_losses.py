@@ -39,7 +39,8 @@ AGGREGATIONS: tuple[str, ...] = typing.get_args(Aggregation)
 
 class PolicyLoss(typing.NamedTuple):
     per_token: torch.Tensor  # (B, T) the loss of each token, before aggregation
-    clip_fraction: torch.Tensor  # share of valid tokens whose clipped objective was the active one (or whose weight was cut)
+    # share of valid tokens whose clipped objective was the active one (or whose weight was cut)
+    clip_fraction: torch.Tensor
     approx_kl: torch.Tensor  # mean of (log ratio)^2 / 2 over valid tokens, the old-to-new policy KL estimate
 
 
@@ -62,8 +63,9 @@ def approx_kl(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return 0.5 * masked_mean(log_ratio.detach() ** 2, mask)
 
 
-def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, clip: ClipRange | None,
-                      dual_clip: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+def clipped_surrogate(
+    ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, clip: ClipRange | None, dual_clip: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(per-token losses, clip fraction) of PPO's pessimistic surrogate on `ratio`, whatever the ratio
     is of (a token, or its sequence broadcast to its tokens)."""
     unclipped = -advantages * ratio
@@ -81,8 +83,14 @@ def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, mask: torch
     return losses, masked_mean(active.float(), mask).detach()
 
 
-def ppo_clip_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                  clip: ClipRange | None, dual_clip: float = 0.0) -> PolicyLoss:
+def ppo_clip_loss(
+    new_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip: ClipRange | None,
+    dual_clip: float = 0.0,
+) -> PolicyLoss:
     """PPO's clipped surrogate per token (Table 7: clip 0.2), with DAPO's separate upper bound and the
     dual clip when asked."""
     log_ratio = new_logprobs - old_logprobs
@@ -95,8 +103,14 @@ def sequence_log_ratio(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, m
     return masked_mean(new_logprobs - old_logprobs, mask, dim=-1).unsqueeze(1)
 
 
-def gspo_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-              clip: ClipRange | None, dual_clip: float = 0.0) -> PolicyLoss:
+def gspo_loss(
+    new_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip: ClipRange | None,
+    dual_clip: float = 0.0,
+) -> PolicyLoss:
     """GSPO: one ratio per sequence, (pi/pi_old)^(1/|y|), clipped (the paper: 3e-4 below, 4e-4 above)
     and set on each of its tokens; with seq-mean-token-mean aggregation this is the paper's
     sequence-level objective."""
@@ -105,8 +119,14 @@ def gspo_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
     return PolicyLoss(losses, clip_fraction, approx_kl(new_logprobs - old_logprobs, mask))
 
 
-def gspo_token_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                    clip: ClipRange | None, dual_clip: float = 0.0) -> PolicyLoss:
+def gspo_token_loss(
+    new_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip: ClipRange | None,
+    dual_clip: float = 0.0,
+) -> PolicyLoss:
     """GSPO-token: s_t = sg(s) * pi_t / sg(pi_t) has the sequence ratio's value (so the same clipping)
     and token t's own gradient, so that per-token advantages can be used; with an advantage constant
     over each sequence it equals GSPO in value and gradient."""
@@ -116,8 +136,14 @@ def gspo_token_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, adva
     return PolicyLoss(losses, clip_fraction, approx_kl(new_logprobs - old_logprobs, mask))
 
 
-def cispo_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-               clip: ClipRange | None, dual_clip: float = 0.0) -> PolicyLoss:
+def cispo_loss(
+    new_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip: ClipRange | None,
+    dual_clip: float = 0.0,
+) -> PolicyLoss:
     """CISPO: REINFORCE on every token, weighted by its importance ratio clipped and detached, so a
     token past the bound still gets a gradient (PPO's clip would drop it), only a bounded one."""
     del dual_clip  # the weight is already bounded above
@@ -142,7 +168,9 @@ def loss_units(mask: torch.Tensor, mode: str) -> torch.Tensor:
     raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {', '.join(AGGREGATIONS)}")
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, normaliser: float, constant: float = 1.0) -> torch.Tensor:
+def aggregate(
+    per_token: torch.Tensor, mask: torch.Tensor, mode: str, normaliser: float, constant: float = 1.0
+) -> torch.Tensor:
     """This micro-batch's share of its minibatch's loss: sum of its rows' contributions / `normaliser`,
     the `loss_units` of the whole minibatch. `constant`: seq-mean-token-sum-norm's divisor of each
     row's token sum (Dr. GRPO: the longest response allowed)."""

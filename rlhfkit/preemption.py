@@ -68,8 +68,11 @@ class StopSignal:
             self.signum = signum
             if not self.at_once:
                 # os.write, not print: print raises when the signal lands while the interrupted code prints
-                os.write(2, f"\nrlhfkit: {signal.Signals(signum).name} received; finishing the current step, then writing a "
-                            "checkpoint and stopping\n".encode())
+                os.write(
+                    2,
+                    f"\nrlhfkit: {signal.Signals(signum).name} received; finishing the current step, then writing a "
+                    "checkpoint and stopping\n".encode(),
+                )
         if self.at_once:
             raise Interrupted(signum)
 
@@ -136,7 +139,10 @@ def stopping_at_once(run_dir: Path, checkpointed: str | None, command: str):
 
 
 def exit_before_checkpoint(signum: int, restart: str) -> NoReturn:
-    say(f"rlhfkit: stopped by {signal.Signals(signum).name} before the run's first checkpoint; start it again with: {restart}")
+    say(
+        f"rlhfkit: stopped by {signal.Signals(signum).name} before the run's first checkpoint; start it again with: "
+        f"{restart}"
+    )
     raise SystemExit(exit_code(signum))
 
 
@@ -144,6 +150,9 @@ def exit_after_checkpoint(signum: int, step: str, run_dir: Path, resume: str, an
     """Stop after `step` (e.g. "step 12"), whose checkpoint the loop has written; `announce` on the
     process that speaks for the run."""
     if announce:
-        say(f"rlhfkit: stopped by {signal.Signals(signum).name} after {step}; checkpoint written to {run_dir / 'checkpoints'}; "
-            f"resume with: {resume}")
+        say(
+            f"rlhfkit: stopped by {signal.Signals(signum).name} after {step}; checkpoint written to "
+            f"{run_dir / 'checkpoints'}; "
+            f"resume with: {resume}"
+        )
     raise SystemExit(exit_code(signum))

@@ -56,15 +56,23 @@ def response_scores(logps: torch.Tensor, objective: PreferenceObjective, ref_log
     """s(y): log pi(y)/pi_ref(y), or for a reference-free loss the mean token log-probability log pi(y)/|y|."""
     if objective.uses_reference:
         if ref_logps is None:
-            raise ValueError(f"loss_type={objective.loss_type} compares the policy with a reference: give its log-probabilities")
+            raise ValueError(
+                f"loss_type={objective.loss_type} compares the policy with a reference: give its log-probabilities"
+            )
         return logps - ref_logps
     if lengths is None:
-        raise ValueError(f"loss_type={objective.loss_type} normalises by response length: give the response token counts")
+        raise ValueError(
+            f"loss_type={objective.loss_type} normalises by response length: give the response token counts"
+        )
     return logps / lengths
 
 
-def implicit_rewards(logps: torch.Tensor, objective: PreferenceObjective, ref_logps: torch.Tensor | None = None,
-                     lengths: torch.Tensor | None = None) -> torch.Tensor:
+def implicit_rewards(
+    logps: torch.Tensor,
+    objective: PreferenceObjective,
+    ref_logps: torch.Tensor | None = None,
+    lengths: torch.Tensor | None = None,
+) -> torch.Tensor:
     """beta * s(y) of each response: the reward the preference loss implicitly fits (DPO's equation 5)."""
     return objective.beta * response_scores(logps, objective, ref_logps, lengths)
 
@@ -90,7 +98,10 @@ def simpo_losses(h: torch.Tensor, objective: PreferenceObjective) -> torch.Tenso
 
 
 PAIR_LOSSES: dict[str, Callable[[torch.Tensor, PreferenceObjective], torch.Tensor]] = {
-    "dpo": sigmoid_losses, "ipo": ipo_losses, "cdpo": conservative_losses, "simpo": simpo_losses,
+    "dpo": sigmoid_losses,
+    "ipo": ipo_losses,
+    "cdpo": conservative_losses,
+    "simpo": simpo_losses,
 }
 
 

@@ -64,26 +64,36 @@ class FeatureCache:
             try:
                 self.entries = torch.load(path, weights_only=True)
             except Exception as e:  # a truncated or foreign file: say which, do not guess
-                raise ConfigError(f"feature_cache={path} cannot be read ({type(e).__name__}: {e}); delete it to rebuild") from None
+                raise ConfigError(
+                    f"feature_cache={path} cannot be read ({type(e).__name__}: {e}); delete it to rebuild"
+                ) from None
 
-    def features(self, model: ScalarModel, pad_id: int, examples: list[PairExample], batch_size: int) -> list[FeaturePair]:
+    def features(
+        self, model: ScalarModel, pad_id: int, examples: list[PairExample], batch_size: int
+    ) -> list[FeaturePair]:
         """Every example's features, computing (and saving) only the ones not cached yet."""
         keys = [pair_key(self.prefix, e) for e in examples]
         missing = [i for i, k in enumerate(keys) if k not in self.entries]
         if missing:
             self.compute(model, pad_id, [examples[i] for i in missing], [keys[i] for i in missing], batch_size)
-        return [FeaturePair(self.entries[k][0], self.entries[k][1], *e.response_lengths())
-                for k, e in zip(keys, examples, strict=True)]
+        return [
+            FeaturePair(self.entries[k][0], self.entries[k][1], *e.response_lengths())
+            for k, e in zip(keys, examples, strict=True)
+        ]
 
     @torch.no_grad()
-    def compute(self, model: ScalarModel, pad_id: int, examples: list[PairExample], keys: list[str], batch_size: int) -> None:
+    def compute(
+        self, model: ScalarModel, pad_id: int, examples: list[PairExample], keys: list[str], batch_size: int
+    ) -> None:
         device = model_device(model)
         order = sorted(range(len(examples)), key=lambda i: -examples[i].packed_width())
         with evaluation_mode(model), autocast(device, self.precision):
             for start in tqdm(range(0, len(order), batch_size), desc="backbone features (once)", unit="batch"):
                 rows = order[start : start + batch_size]
                 picked = [examples[i] for i in rows]
-                batch = pack_pairs([e.query.ids for e in picked], [e.chosen for e in picked], [e.rejected for e in picked], pad_id)
+                batch = pack_pairs(
+                    [e.query.ids for e in picked], [e.chosen for e in picked], [e.rejected for e in picked], pad_id
+                )
                 chosen, rejected = model.pair_features({k: v.to(device) for k, v in batch.items()})
                 for i, c, r in zip(rows, chosen.float().cpu(), rejected.float().cpu(), strict=True):
                     self.entries[keys[i]] = torch.stack([c, r])

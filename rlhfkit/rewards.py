@@ -42,7 +42,11 @@ from .errors import ConfigError
 from .preemption import interruptible
 
 RewardFunction = Callable[..., Sequence[float]]
-ROLLOUT_COLUMNS = ("completion_lengths", "has_eos", "max_completion_length")  # given to every call, beside the record's columns
+ROLLOUT_COLUMNS = (
+    "completion_lengths",
+    "has_eos",
+    "max_completion_length",
+)  # given to every call, beside the record's columns
 NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?")
 ANSWER_PHRASE = re.compile(r"(?:answer is|####|\\boxed\{)\s*:?\s*(-?\$?\d[\d,]*(?:\.\d+)?)", re.IGNORECASE)
 FINAL_LINE = re.compile(r"the answer is:?\s*\$?-?\d[\d,]*(?:\.\d+)?\s*\.?\s*$", re.IGNORECASE)
@@ -83,8 +87,9 @@ def answer_format(prompts: list[str], completions: list[str], **columns) -> list
     return [float(bool(FINAL_LINE.search(c.strip()))) for c in completions]
 
 
-def length_penalty(prompts: list[str], completions: list[str], completion_lengths: list[int], max_completion_length: int,
-                   **columns) -> list[float]:
+def length_penalty(
+    prompts: list[str], completions: list[str], completion_lengths: list[int], max_completion_length: int, **columns
+) -> list[float]:
     """-(response tokens / max_completion_length): from 0 (empty) down to -1 (the whole budget)."""
     return [-float(n) / max_completion_length for n in completion_lengths]
 
@@ -96,7 +101,9 @@ def load_callable(spec: str) -> RewardFunction:
     """`module:function` or `path/to/file.py:function` to the function, or a one-line error."""
     module_name, _, attribute = spec.rpartition(":")
     if not module_name or not attribute:
-        raise ConfigError(f"reward_functions: {spec!r} is neither a built-in ({', '.join(BUILTINS)}) nor module:function")
+        raise ConfigError(
+            f"reward_functions: {spec!r} is neither a built-in ({', '.join(BUILTINS)}) nor module:function"
+        )
     try:
         if module_name.endswith(".py"):
             path = Path(module_name)
@@ -112,7 +119,9 @@ def load_callable(spec: str) -> RewardFunction:
     except ConfigError:
         raise
     except Exception as e:
-        raise ConfigError(f"reward_functions: cannot import {module_name!r} for {spec!r} ({type(e).__name__}: {e})") from None
+        raise ConfigError(
+            f"reward_functions: cannot import {module_name!r} for {spec!r} ({type(e).__name__}: {e})"
+        ) from None
     function = getattr(module, attribute, None)
     if not callable(function):
         raise ConfigError(f"reward_functions: {module_name} has no function {attribute!r}")
@@ -150,7 +159,9 @@ class RewardFunctions:
     errors: list[RewardError] = field(default_factory=list)
 
     @classmethod
-    def from_specs(cls, specs: list[str], error_score: float = -1.0, stop_on_error: bool = False, timeout: float = 0.0) -> RewardFunctions:
+    def from_specs(
+        cls, specs: list[str], error_score: float = -1.0, stop_on_error: bool = False, timeout: float = 0.0
+    ) -> RewardFunctions:
         names = [component_name(s) for s in specs]
         duplicated = {n for n in names if names.count(n) > 1}
         if duplicated:
@@ -166,11 +177,15 @@ class RewardFunctions:
             for column in required_columns(fn):
                 lacking = [i for i, row in enumerate(columns) if row.get(column) is None]
                 if lacking:
-                    raise ConfigError(f"reward_functions: {name} reads the column {column!r}, which {len(lacking)} of {len(columns)} "
-                                      f"prompts lack (the first: {where[lacking[0]]}); give prompts with that column (gsm8k: "
-                                      f"prompt_format=gsm8k data) or leave {name} out")
+                    raise ConfigError(
+                        f"reward_functions: {name} reads the column {column!r}, which {len(lacking)} of {len(columns)} "
+                        f"prompts lack (the first: {where[lacking[0]]}); give prompts with that column (gsm8k: "
+                        f"prompt_format=gsm8k data) or leave {name} out"
+                    )
 
-    def score(self, prompts: list[str], completions: list[str], columns: dict[str, Any], where: list[str]) -> list[list[float]]:
+    def score(
+        self, prompts: list[str], completions: list[str], columns: dict[str, Any], where: list[str]
+    ) -> list[list[float]]:
         """(functions x rows) rewards; a failing row gets `error_score` and is recorded in `errors`.
         `columns` holds lists (one value per row) and single values passed to every call alike. A function
         that ends the process (sys.exit, KeyboardInterrupt) stops the run in one line naming it."""
@@ -179,12 +194,21 @@ class RewardFunctions:
             try:
                 scores.append(self.apply(name, fn, prompts, completions, columns, where))
             except (SystemExit, KeyboardInterrupt) as e:
-                raise ConfigError(f"reward function {name!r} raised {type(e).__name__}({e}) instead of returning its scores: a "
-                                  "reward function must return one number per completion, never end the process") from None
+                raise ConfigError(
+                    f"reward function {name!r} raised {type(e).__name__}({e}) instead of returning its scores: a "
+                    "reward function must return one number per completion, never end the process"
+                ) from None
         return scores
 
-    def apply(self, name: str, fn: RewardFunction, prompts: list[str], completions: list[str], columns: dict[str, list[Any]],
-              where: list[str]) -> list[float]:
+    def apply(
+        self,
+        name: str,
+        fn: RewardFunction,
+        prompts: list[str],
+        completions: list[str],
+        columns: dict[str, list[Any]],
+        where: list[str],
+    ) -> list[float]:
         """One call on the whole batch. A call that raised is retried one row at a time to find the rows that
         fail; a call that overran the time limit or returned the wrong number of values fails every row
         (no value can be matched to its row, and retrying would call a slow function once per row)."""
@@ -213,8 +237,9 @@ class RewardFunctions:
             return self.failed(name, i, where, f"returned {len(values)} values for 1 completion")
         return values[0]
 
-    def guarded_call(self, fn: RewardFunction, prompts: list[str], completions: list[str],
-                     columns: dict[str, list[Any]]) -> list[Any]:
+    def guarded_call(
+        self, fn: RewardFunction, prompts: list[str], completions: list[str], columns: dict[str, list[Any]]
+    ) -> list[Any]:
         """`call`'s values, within the time limit; a stop signal ends the call at once (`interruptible`)."""
         with interruptible(), time_limit(self.timeout):
             return list(call(fn, prompts, completions, columns))
@@ -284,7 +309,9 @@ def required_columns(fn: RewardFunction) -> list[str]:
     return [p.name for p in parameters if p.kind in named and p.default is p.empty and p.name not in ROLLOUT_COLUMNS]
 
 
-def call(fn: RewardFunction, prompts: list[str], completions: list[str], columns: dict[str, list[Any]]) -> Sequence[float]:
+def call(
+    fn: RewardFunction, prompts: list[str], completions: list[str], columns: dict[str, list[Any]]
+) -> Sequence[float]:
     """`fn(prompts, completions, **columns)`, passing only the columns a function without **kwargs names."""
     parameters = inspect.signature(fn).parameters.values()
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):

@@ -30,8 +30,14 @@ IGNORED_OPTIONS = ("output_dir", "resume", "overwrite")  # where and how a run w
 LONGER = "the learning-rate schedule is recomputed for the new length and continues from the step reached"
 # the options a resumed run may change, each taking effect as said; any other change is refused, since the
 # model, data order, optimizer and schedule come back from the checkpoint and would silently ignore it
-RESUME_CHANGEABLE = {"max_steps": LONGER, "num_epochs": LONGER, "save_every": "from the next step",
-                     "keep_checkpoints": "at the next save", "log_every": "from the next step", "report_to": "from the next step"}
+RESUME_CHANGEABLE = {
+    "max_steps": LONGER,
+    "num_epochs": LONGER,
+    "save_every": "from the next step",
+    "keep_checkpoints": "at the next save",
+    "log_every": "from the next step",
+    "report_to": "from the next step",
+}
 
 
 @dataclass
@@ -51,8 +57,10 @@ OPENED: list[OpenedRun] = []
 def require_resume_path(resume: str) -> None:
     """`resume=` names something on disk (what it holds is checked when its checkpoint is looked for)."""
     if not Path(resume).exists():
-        raise ConfigError(f"resume={resume}: no such run folder or checkpoint; give the output_dir of an earlier run "
-                          "(or one of its checkpoints/step-N folders)")
+        raise ConfigError(
+            f"resume={resume}: no such run folder or checkpoint; give the output_dir of an earlier run "
+            "(or one of its checkpoints/step-N folders)"
+        )
 
 
 def open_run_folder(run_dir: Path, config_text: str, overwrite: bool, continuing: bool) -> None:
@@ -100,14 +108,24 @@ def resumed_changes(run_dir: Path, config_text: str, resume: str) -> list[str]:
     if not isinstance(old, dict):
         return []
     new = yaml.safe_load(config_text)
-    changed = {key: (old[key], new[key]) for key in new if key in old and key not in IGNORED_OPTIONS and old[key] != new[key]}
-    refused = [f"{key}={new_value} (the run has {old_value})" for key, (old_value, new_value) in changed.items()
-               if key not in RESUME_CHANGEABLE]
+    changed = {
+        key: (old[key], new[key]) for key in new if key in old and key not in IGNORED_OPTIONS and old[key] != new[key]
+    }
+    refused = [
+        f"{key}={new_value} (the run has {old_value})"
+        for key, (old_value, new_value) in changed.items()
+        if key not in RESUME_CHANGEABLE
+    ]
     if refused:
-        raise ConfigError(f"resume={resume} continues a run with its own options; these could not take effect and are refused: "
-                          f"{'; '.join(refused)}. Drop them, or start a new run (a new output_dir) with them; a resumed run "
-                          f"may change only {', '.join(RESUME_CHANGEABLE)}")
-    return [f"rlhfkit: resume: {key} {old_value} -> {new_value}: {RESUME_CHANGEABLE[key]}" for key, (old_value, new_value) in changed.items()]
+        raise ConfigError(
+            f"resume={resume} continues a run with its own options; these could not take effect and are refused: "
+            f"{'; '.join(refused)}. Drop them, or start a new run (a new output_dir) with them; a resumed run "
+            f"may change only {', '.join(RESUME_CHANGEABLE)}"
+        )
+    return [
+        f"rlhfkit: resume: {key} {old_value} -> {new_value}: {RESUME_CHANGEABLE[key]}"
+        for key, (old_value, new_value) in changed.items()
+    ]
 
 
 def free_name(path: Path) -> Path:
@@ -122,8 +140,11 @@ def foreign_files(run_dir: Path) -> str | None:
     if not files:
         return None
     shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
-    return (f"output_dir={run_dir} is not empty ({shown}) and holds no rlhfkit run (no {CONFIG_FILE}): a run would write over "
-            "those files; choose a new or empty output_dir, or set overwrite=true to move the folder aside")
+    return (
+        f"output_dir={run_dir} is not empty ({shown}) and holds no rlhfkit run (no {CONFIG_FILE}): a run would write "
+        "over "
+        "those files; choose a new or empty output_dir, or set overwrite=true to move the folder aside"
+    )
 
 
 def holds_other_run(run_dir: Path, config_text: str) -> bool:
@@ -165,7 +186,9 @@ def writing(run_dir: Path, action: str) -> Iterator[None]:
     try:
         yield
     except OSError as e:
-        raise ConfigError(f"cannot {action} output_dir={run_dir}: {e.strerror or e}; choose a writable folder") from None
+        raise ConfigError(
+            f"cannot {action} output_dir={run_dir}: {e.strerror or e}; choose a writable folder"
+        ) from None
 
 
 @contextlib.contextmanager

@@ -56,12 +56,17 @@ def collate_pairs(examples: list[PairExample], pad_id: int) -> Batch:
 def response_lengths(examples: list[PairExample]) -> Batch:
     """`PairExample.response_lengths` of a batch, as the `chosen_lengths` and `rejected_lengths` tensors."""
     chosen, rejected = response_length_columns(examples)
-    return {"chosen_lengths": torch.tensor(chosen, dtype=torch.long), "rejected_lengths": torch.tensor(rejected, dtype=torch.long)}
+    return {
+        "chosen_lengths": torch.tensor(chosen, dtype=torch.long),
+        "rejected_lengths": torch.tensor(rejected, dtype=torch.long),
+    }
 
 
 def collate_packed_pairs(examples: list[PairExample], pad_id: int) -> Batch:
     """One packed row per pair (`collate.pack_pairs`): the query is read once for both responses."""
-    batch = pack_pairs([e.query.ids for e in examples], [e.chosen for e in examples], [e.rejected for e in examples], pad_id)
+    batch = pack_pairs(
+        [e.query.ids for e in examples], [e.chosen for e in examples], [e.rejected for e in examples], pad_id
+    )
     return batch | response_lengths(examples) | {"loss_units": torch.ones(len(examples), dtype=torch.long)}
 
 
@@ -88,8 +93,13 @@ def head_scores(model: torch.nn.Module, batch: Batch) -> Batch:
     return {"chosen": chosen, "rejected": rejected}
 
 
-def scores_at_eos(model: ScalarModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, context_length: int,
-                  lengths: torch.Tensor) -> torch.Tensor:
+def scores_at_eos(
+    model: ScalarModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    context_length: int,
+    lengths: torch.Tensor,
+) -> torch.Tensor:
     """(B,) scores of sampled responses, the on-policy stages' rewards before the EOS trick.
 
     Each row is a query left padded to `context_length` columns (Detail 14: positions follow the
@@ -100,7 +110,9 @@ def scores_at_eos(model: ScalarModel, input_ids: torch.Tensor, attention_mask: t
     return model(input_ids, attention_mask, context_length=context_length, eos_index=eos_index)
 
 
-def with_eos_trick(scores: np.ndarray, has_eos: Sequence[bool], missing_eos_score: float = MISSING_EOS_SCORE) -> np.ndarray:
+def with_eos_trick(
+    scores: np.ndarray, has_eos: Sequence[bool], missing_eos_score: float = MISSING_EOS_SCORE
+) -> np.ndarray:
     """Detail 23 on scores already read: `missing_eos_score` wherever the response has no EOS."""
     return ops.eos_trick(torch.from_numpy(scores), torch.tensor(has_eos, dtype=torch.bool), missing_eos_score).numpy()
 
@@ -117,8 +129,15 @@ def longest_first(widths: Sequence[int], batch_size: int, desc: str) -> Iterator
 
 
 @torch.no_grad()
-def score_in_batches(model: torch.nn.Module, items: Sequence[Any], collate: Callable[[list[Any]], Batch], width: Callable[[Any], int],
-                     read: Callable[[torch.nn.Module, Batch], Batch], batch_size: int, desc: str) -> dict[str, np.ndarray]:
+def score_in_batches(
+    model: torch.nn.Module,
+    items: Sequence[Any],
+    collate: Callable[[list[Any]], Batch],
+    width: Callable[[Any], int],
+    read: Callable[[torch.nn.Module, Batch], Batch],
+    batch_size: int,
+    desc: str,
+) -> dict[str, np.ndarray]:
     """What `read` gives for every item, by name, as float64 arrays in input order: the items are
     collated longest first (`longest_first`) and read in eval mode on the model's device."""
     device = model_device(model)
@@ -134,32 +153,68 @@ def score_in_batches(model: torch.nn.Module, items: Sequence[Any], collate: Call
 # ---------------------------------------------------------------- the scores callers ask for
 
 
-def score_texts(model: torch.nn.Module, pad_id: int, queries: list[list[int]], responses: list[list[int]], batch_size: int,
-                desc: str = "scoring", has_eos: Sequence[bool] | None = None, missing_eos_score: float = MISSING_EOS_SCORE) -> np.ndarray:
+def score_texts(
+    model: torch.nn.Module,
+    pad_id: int,
+    queries: list[list[int]],
+    responses: list[list[int]],
+    batch_size: int,
+    desc: str = "scoring",
+    has_eos: Sequence[bool] | None = None,
+    missing_eos_score: float = MISSING_EOS_SCORE,
+) -> np.ndarray:
     """(N,) rewards of query+response rows, in input order. Given `has_eos`, the EOS trick
     (`with_eos_trick`) replaces the score of every response that never ended."""
     rows = list(zip(queries, responses, strict=True))
-    scores = score_in_batches(model, rows, lambda picked: collate_scored([q for q, _ in picked], [r for _, r in picked], pad_id),
-                              lambda row: len(row[0]) + len(row[1]), lambda m, batch: {"reward": row_scores(m, batch)}, batch_size, desc)
+    scores = score_in_batches(
+        model,
+        rows,
+        lambda picked: collate_scored([q for q, _ in picked], [r for _, r in picked], pad_id),
+        lambda row: len(row[0]) + len(row[1]),
+        lambda m, batch: {"reward": row_scores(m, batch)},
+        batch_size,
+        desc,
+    )
     rewards = scores["reward"] if rows else np.zeros(0)
     return rewards if has_eos is None else with_eos_trick(rewards, has_eos, missing_eos_score)
 
 
-def score_pair_heads(model: torch.nn.Module, pad_id: int, examples: list[PairExample], batch_size: int, desc: str = "scoring",
-                     features: FeatureCache | None = None) -> dict[str, np.ndarray]:
+def score_pair_heads(
+    model: torch.nn.Module,
+    pad_id: int,
+    examples: list[PairExample],
+    batch_size: int,
+    desc: str = "scoring",
+    features: FeatureCache | None = None,
+) -> dict[str, np.ndarray]:
     """Every head's scores of the chosen and rejected responses, in input order (`head_scores`): a packed
     row per pair; with a feature cache of the model's frozen backbone the heads read the cached features."""
     if features is not None:
-        items, collate, width = features.features(model, pad_id, examples, batch_size), collate_features, (lambda item: item.width())
+        items, collate, width = (
+            features.features(model, pad_id, examples, batch_size),
+            collate_features,
+            (lambda item: item.width()),
+        )
     elif isinstance(model, ScalarModel):
-        items, collate, width = examples, (lambda b: collate_packed_pairs(b, pad_id)), (lambda item: item.packed_width())
-    else:  # DPO's implicit reward (Detail 19) reads next-token predictions, which a packed row would shift: a row per response
+        items, collate, width = (
+            examples,
+            (lambda b: collate_packed_pairs(b, pad_id)),
+            (lambda item: item.packed_width()),
+        )
+    # DPO's implicit reward (Detail 19) reads next-token predictions, which a packed row would shift: a row per response
+    else:
         items, collate, width = examples, (lambda b: collate_pairs(b, pad_id)), (lambda item: item.width())
     return score_in_batches(model, items, collate, width, head_scores, batch_size, desc)
 
 
-def score_pairs(model: torch.nn.Module, pad_id: int, examples: list[PairExample], batch_size: int, desc: str = "scoring",
-                features: FeatureCache | None = None) -> tuple[np.ndarray, np.ndarray]:
+def score_pairs(
+    model: torch.nn.Module,
+    pad_id: int,
+    examples: list[PairExample],
+    batch_size: int,
+    desc: str = "scoring",
+    features: FeatureCache | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """(chosen, rejected) rewards in input order."""
     scores = score_pair_heads(model, pad_id, examples, batch_size, desc, features)
     return scores["chosen"], scores["rejected"]

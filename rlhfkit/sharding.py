@@ -53,16 +53,24 @@ def check_sharding(options: ShardingOptions) -> None:
     if options.sharding == "none":
         return
     if options.sharding in ZERO_STAGES and not deepspeed_installed():
-        raise ConfigError(f"sharding={options.sharding} needs DeepSpeed: pip install 'rlhfkit[deepspeed]' (or use sharding=fsdp2)")
+        raise ConfigError(
+            f"sharding={options.sharding} needs DeepSpeed: pip install 'rlhfkit[deepspeed]' (or use sharding=fsdp2)"
+        )
     if options.frozen_device:
-        raise ConfigError(f"sharding={options.sharding} with frozen_device={options.frozen_device}: a sharded reference and "
-                          "reward model live on every process's own device; leave frozen_device empty")
+        raise ConfigError(
+            f"sharding={options.sharding} with frozen_device={options.frozen_device}: a sharded reference and "
+            "reward model live on every process's own device; leave frozen_device empty"
+        )
     if options.lora_rank > 0:
-        raise ConfigError(f"sharding={options.sharding} with lora_rank={options.lora_rank}: choose one (LoRA already keeps "
-                          "gradients and optimizer state small; sharding splits full fine-tuning)")
+        raise ConfigError(
+            f"sharding={options.sharding} with lora_rank={options.lora_rank}: choose one (LoRA already keeps "
+            "gradients and optimizer state small; sharding splits full fine-tuning)"
+        )
     if launched_processes() < 2:  # run unsharded, it would be recorded as sharded and still not fit
-        raise ConfigError(f"sharding={options.sharding} splits the models across processes and this run has one: add "
-                          "--num-processes N (N >= 2, one per device), or drop sharding (docs/scaling.md)")
+        raise ConfigError(
+            f"sharding={options.sharding} splits the models across processes and this run has one: add "
+            "--num-processes N (N >= 2, one per device), or drop sharding (docs/scaling.md)"
+        )
 
 
 def block_class_names(model: torch.nn.Module) -> list[str]:
@@ -75,8 +83,13 @@ def fsdp2_plugin(model: torch.nn.Module):
     from accelerate.utils import FullyShardedDataParallelPlugin
 
     return FullyShardedDataParallelPlugin(
-        fsdp_version=2, auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap=block_class_names(model),
-        reshard_after_forward=True, state_dict_type="FULL_STATE_DICT", cpu_ram_efficient_loading=False, activation_checkpointing=False,
+        fsdp_version=2,
+        auto_wrap_policy="transformer_based_wrap",
+        transformer_cls_names_to_wrap=block_class_names(model),
+        reshard_after_forward=True,
+        state_dict_type="FULL_STATE_DICT",
+        cpu_ram_efficient_loading=False,
+        activation_checkpointing=False,
     )
 
 
@@ -95,8 +108,12 @@ def deepspeed_plugin(options: ShardingOptions):
     marks it), its loss already normalised by rlhfkit, so DeepSpeed's own accumulation stays at 1."""
     from accelerate.utils import DeepSpeedPlugin
 
-    plugin = DeepSpeedPlugin(zero_stage=ZERO_STAGES[options.sharding], gradient_accumulation_steps=1, zero3_save_16bit_model=True,
-                             zero3_init_flag=False)
+    plugin = DeepSpeedPlugin(
+        zero_stage=ZERO_STAGES[options.sharding],
+        gradient_accumulation_steps=1,
+        zero3_save_16bit_model=True,
+        zero3_init_flag=False,
+    )
     plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = options.micro_batch_size
     plugin.deepspeed_config["gradient_clipping"] = options.max_grad_norm if options.max_grad_norm > 0 else 0.0
     return plugin
@@ -187,11 +204,18 @@ class ZeroRun:
         if self.stage == 3:
             params = list(self.model.module.parameters())
             local, total = sum(p.ds_tensor.numel() for p in params), sum(p.ds_numel for p in params)
-            return f"sharding: zero3 over {processes} processes; this process holds {local:,} of {total:,} parameter values"
+            held = f"this process holds {local:,} of {total:,} parameter values"
+            return f"sharding: zero3 over {processes} processes; {held}"
         partitions = self.model.optimizer.single_partition_of_fp32_groups
-        local, total = sum(p.numel() for p in partitions), sum(p.numel() for p in self.model.module.parameters() if p.requires_grad)
-        return (f"sharding: zero2 over {processes} processes; parameters whole on each, this process holds {local:,} of {total:,} "
-                "optimizer-state values")
+        local, total = (
+            sum(p.numel() for p in partitions),
+            sum(p.numel() for p in self.model.module.parameters() if p.requires_grad),
+        )
+        return (
+            f"sharding: zero2 over {processes} processes; parameters whole on each, this process holds {local:,} of "
+            f"{total:,} "
+            "optimizer-state values"
+        )
 
     def optimizer_state(self) -> ZeroOptimizerState:
         return ZeroOptimizerState(self.model)
@@ -220,10 +244,18 @@ class ZeroOptimizerState:
 
         steps = [s["step"] for s in self.inner().state.values() if "step" in s]
         step = steps[0].clone() if steps else torch.tensor(0.0)
-        state = {name: {"step": step.clone(), "exp_avg": safe_get_full_optimizer_state(p, "exp_avg"),
-                        "exp_avg_sq": safe_get_full_optimizer_state(p, "exp_avg_sq")} for name, p in self.named()}
-        groups = [{k: v for k, v in g.items() if k != "params"} | {"params": [n for n, _ in self.named()]}
-                  for g in self.inner().param_groups[:1]]
+        state = {
+            name: {
+                "step": step.clone(),
+                "exp_avg": safe_get_full_optimizer_state(p, "exp_avg"),
+                "exp_avg_sq": safe_get_full_optimizer_state(p, "exp_avg_sq"),
+            }
+            for name, p in self.named()
+        }
+        groups = [
+            {k: v for k, v in g.items() if k != "params"} | {"params": [n for n, _ in self.named()]}
+            for g in self.inner().param_groups[:1]
+        ]
         return {"state": state, "param_groups": groups}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -324,7 +356,9 @@ class ShardedOptimizerState:
     def state_dict(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-        return get_optimizer_state_dict(self.model, self.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return get_optimizer_state_dict(
+            self.model, self.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict

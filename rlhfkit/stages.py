@@ -219,7 +219,8 @@ def planned_stage(name: str) -> Stage:
 
 def check_pipeline_stages(cfg: PipelineConfig) -> None:
     read = {source for s in STAGES.values() for source in s.reads}
-    runnable = [s.name for s in STAGES.values() if s.trains_policy or s.name in read] + ["eval"]  # eval: the pipeline's own
+    # eval: the pipeline's own
+    runnable = [s.name for s in STAGES.values() if s.trains_policy or s.name in read] + ["eval"]
     for name in cfg.stages:
         if name not in runnable:
             raise ConfigError(f"stages: {name} is not a pipeline stage; choose from {', '.join(runnable)}")
@@ -241,8 +242,13 @@ def check_with_registry(name: str, cfg: Any) -> None:
         check_estimator(cfg)
 
 
-def resolve(name: str, preset: str | None = None, config_file: str | None = None, overrides: dict[str, Any] | None = None,
-            processes: int = 1) -> Any:
+def resolve(
+    name: str,
+    preset: str | None = None,
+    config_file: str | None = None,
+    overrides: dict[str, Any] | None = None,
+    processes: int = 1,
+) -> Any:
     """The checked config of the command `name`: defaults < preset or file < overrides (config.resolve)."""
     cfg = config.resolve(STAGES[name].config, name, preset, config_file, overrides or {}, processes)
     check_with_registry(name, cfg)
@@ -253,9 +259,13 @@ def pipeline_commands():
     """What the pipeline needs of the registry (pipeline.Commands)."""
     from .pipeline import Commands
 
-    return Commands(resolve=resolve, run=run_resolved, policy_stages=tuple(s.name for s in STAGES.values() if s.trains_policy),
-                    reads={s.name: s.reads for s in STAGES.values() if s.reads},
-                    configs={s.name: s.config for s in STAGES.values() if s.config})
+    return Commands(
+        resolve=resolve,
+        run=run_resolved,
+        policy_stages=tuple(s.name for s in STAGES.values() if s.trains_policy),
+        reads={s.name: s.reads for s in STAGES.values() if s.reads},
+        configs={s.name: s.config for s in STAGES.values() if s.config},
+    )
 
 
 def run_resolved(name: str, cfg: Any) -> int:

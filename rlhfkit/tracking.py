@@ -12,7 +12,14 @@ from .faults import continue_run, room_for, write_text_atomic
 
 
 class Tracker:
-    def __init__(self, run_dir: Path, report_to: list[str], config: dict[str, Any], project: str = "rlhfkit", resume_step: int = 0):
+    def __init__(
+        self,
+        run_dir: Path,
+        report_to: list[str],
+        config: dict[str, Any],
+        project: str = "rlhfkit",
+        resume_step: int = 0,
+    ):
         self.run_dir = run_dir
         self.path = run_dir / "metrics.jsonl"
         self.drop_after(resume_step)
@@ -32,7 +39,9 @@ class Tracker:
             self.wandb = wandb.init(project=project, name=run_dir.name, dir=str(run_dir), config=config, resume="allow")
         unknown = set(report_to) - {"tensorboard", "wandb"}
         if unknown:
-            raise ValueError(f"report_to: unknown tracker(s) {', '.join(sorted(unknown))}; choose from tensorboard, wandb")
+            raise ValueError(
+                f"report_to: unknown tracker(s) {', '.join(sorted(unknown))}; choose from tensorboard, wandb"
+            )
 
     def drop_after(self, step: int) -> None:
         """On resume, forget metrics logged after the checkpoint so curves have no duplicates."""
@@ -41,8 +50,13 @@ class Tracker:
             drop_rows_after(self.path, step)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        row = {"step": step, **{k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in metrics.items()}}
-        with room_for(self.run_dir, f"the metrics of step {step}", len(json.dumps(row)) + 1, continue_run(self.run_dir)):
+        row = {
+            "step": step,
+            **{k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in metrics.items()},
+        }
+        with room_for(
+            self.run_dir, f"the metrics of step {step}", len(json.dumps(row)) + 1, continue_run(self.run_dir)
+        ):
             append_jsonl(self.path, [row])
             if self.tb is not None:
                 for key, value in metrics.items():
@@ -73,7 +87,7 @@ def append_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
         end = f.tell()
         try:
             while data:
-                data = data[f.write(data):]  # a write may take only part of it
+                data = data[f.write(data) :]  # a write may take only part of it
         except OSError:
             f.truncate(end)
             raise

@@ -37,9 +37,11 @@ def match_vocab(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, sour
     rows, needed = model.get_input_embeddings().num_embeddings, len(tokenizer)
     own_tokens = needed - (1 if has_added_pad(tokenizer) else 0)
     if own_tokens > rows:
-        raise ModelError(f"{source}: its tokenizer has {own_tokens} tokens but the model's embeddings have {rows} rows: "
-                         "the tokenizer does not belong to this model; save the model's own tokenizer beside it "
-                         "(tokenizer.save_pretrained)")
+        raise ModelError(
+            f"{source}: its tokenizer has {own_tokens} tokens but the model's embeddings have {rows} rows: "
+            "the tokenizer does not belong to this model; save the model's own tokenizer beside it "
+            "(tokenizer.save_pretrained)"
+        )
     if needed > rows:
         add_zero_rows(model, needed)
     model.config.pad_token_id = tokenizer.pad_token_id
@@ -60,7 +62,9 @@ def add_zero_rows(model: torch.nn.Module, rows: int) -> None:
     before = model.get_input_embeddings().num_embeddings
     with torch.random.fork_rng(devices=[]):
         model.resize_token_embeddings(rows, mean_resizing=False)
-    matrices = {id(m.weight): m.weight for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None}
+    matrices = {
+        id(m.weight): m.weight for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None
+    }
     with torch.no_grad():
         for weight in matrices.values():
             weight[before:] = 0.0

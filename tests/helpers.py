@@ -82,21 +82,43 @@ def files_of(folder: Path) -> dict[str, tuple[bytes, int]]:
 
 # ---------------------------------------------------------------- every stage's tiny options
 
-PRESETS = {"sft": "tldr-sft", "rm": "tldr-rm", "dpo": "tldr-dpo", "ppo": "tldr-ppo", "grpo": "tldr-grpo", "rloo": "tldr-rloo",
-           "reinforce": "tldr-reinforce-pp", "pipeline": "quickstart"}
+PRESETS = {
+    "sft": "tldr-sft",
+    "rm": "tldr-rm",
+    "dpo": "tldr-dpo",
+    "ppo": "tldr-ppo",
+    "grpo": "tldr-grpo",
+    "rloo": "tldr-rloo",
+    "reinforce": "tldr-reinforce-pp",
+    "pipeline": "quickstart",
+}
 
 # which entry of a test's inputs (the `ppo_dirs` fixture: policy, rm, posts, pairs) each stage option reads
 ON_POLICY_INPUTS = {"model": "policy", "reward_model": "rm", "data": "posts"}
-INPUTS = {"sft": {"model": "policy", "data": "posts"}, "rm": {"model": "policy", "data": "pairs"},
-          "dpo": {"model": "policy", "data": "pairs"}, "ppo": ON_POLICY_INPUTS, "grpo": ON_POLICY_INPUTS,
-          "rloo": ON_POLICY_INPUTS, "reinforce": ON_POLICY_INPUTS, "pipeline": {"model": "policy", "sft_data": "posts", "comparisons": "pairs"}}
+INPUTS = {
+    "sft": {"model": "policy", "data": "posts"},
+    "rm": {"model": "policy", "data": "pairs"},
+    "dpo": {"model": "policy", "data": "pairs"},
+    "ppo": ON_POLICY_INPUTS,
+    "grpo": ON_POLICY_INPUTS,
+    "rloo": ON_POLICY_INPUTS,
+    "reinforce": ON_POLICY_INPUTS,
+    "pipeline": {"model": "policy", "sft_data": "posts", "comparisons": "pairs"},
+}
 
 # a few rows per step on 2-layer d=64 models at a learning rate that moves them, nothing else logged
 TINY_COMMON = {"max_query_length": 128, "learning_rate": 1e-3, "report_to": ""}
 TINY_PAIRS = TINY_COMMON | {"validation_fraction": 0.2, "total_batch_size": 8, "micro_batch_size": 4, "eval_pairs": 0}
 TINY_ON_POLICY = TINY_COMMON | {
-    "validation_posts": 8, "eval_samples": 0, "total_batch_size": 8, "micro_batch_size": 4, "generation_batch_size": 8,
-    "forward_batch_size": 4, "max_steps": 2, "max_response_length": 10, "sample_every": 0,
+    "validation_posts": 8,
+    "eval_samples": 0,
+    "total_batch_size": 8,
+    "micro_batch_size": 4,
+    "generation_batch_size": 8,
+    "forward_batch_size": 4,
+    "max_steps": 2,
+    "max_response_length": 10,
+    "sample_every": 0,
 }
 TINY_PIPELINE_STAGE = {"max_query_length": 128, "report_to": ""}
 TINY = {
@@ -109,13 +131,22 @@ TINY = {
     "reinforce": TINY_ON_POLICY,
     "pipeline": {
         "eval_posts": 4,
-        "sft": TINY_PIPELINE_STAGE | {"validation_posts": 8, "eval_samples": 0, "total_batch_size": 4, "micro_batch_size": 4,
-                                      "max_steps": 2},
-        "rm": TINY_PIPELINE_STAGE | {"total_batch_size": 4, "micro_batch_size": 2, "max_steps": 2, "eval_pairs": 8,
-                                     "normalization_samples": 8},
-        "ppo": TINY_PIPELINE_STAGE | {"validation_posts": 8, "eval_samples": 2, "total_batch_size": 4, "micro_batch_size": 4,
-                                      "generation_batch_size": 4, "forward_batch_size": 4, "max_steps": 2,
-                                      "max_response_length": 8, "save_every": 1},
+        "sft": TINY_PIPELINE_STAGE
+        | {"validation_posts": 8, "eval_samples": 0, "total_batch_size": 4, "micro_batch_size": 4, "max_steps": 2},
+        "rm": TINY_PIPELINE_STAGE
+        | {"total_batch_size": 4, "micro_batch_size": 2, "max_steps": 2, "eval_pairs": 8, "normalization_samples": 8},
+        "ppo": TINY_PIPELINE_STAGE
+        | {
+            "validation_posts": 8,
+            "eval_samples": 2,
+            "total_batch_size": 4,
+            "micro_batch_size": 4,
+            "generation_batch_size": 4,
+            "forward_batch_size": 4,
+            "max_steps": 2,
+            "max_response_length": 8,
+            "save_every": 1,
+        },
     },
 }
 
@@ -138,6 +169,7 @@ def flow_yaml(mapping: dict) -> str:
 
 
 # ---------------------------------------------------------------- runs in child processes
+
 
 def child_env() -> dict[str, str]:
     """This process's environment for a child run: no progress bars, one thread."""
@@ -209,7 +241,9 @@ def assert_same_metrics(a: Path, b: Path, steps: int) -> list[dict]:
     assert max(r["step"] for r in rows[1]) == steps
     for left, right in zip(*rows, strict=True):
         drop = ("perf/",)
-        assert {k: v for k, v in left.items() if not k.startswith(drop)} == {k: v for k, v in right.items() if not k.startswith(drop)}
+        assert {k: v for k, v in left.items() if not k.startswith(drop)} == {
+            k: v for k, v in right.items() if not k.startswith(drop)
+        }
     return rows[0]
 
 
@@ -296,12 +330,24 @@ class ProtocolServer:
 
     def body(self, text: str) -> dict:
         if self.protocol == "openai":
-            return {"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "judge-model",
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-                    "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}}
-        return {"id": "msg_1", "type": "message", "role": "assistant", "model": "judge-model",
-                "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "stop_sequence": None,
-                "usage": {"input_tokens": 100, "output_tokens": 10}}
+            return {
+                "id": "chatcmpl-1",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "judge-model",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110},
+            }
+        return {
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "model": "judge-model",
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": {"input_tokens": 100, "output_tokens": 10},
+        }
 
 
 class ProtocolHandler(BaseHTTPRequestHandler):
@@ -326,7 +372,9 @@ class ProtocolHandler(BaseHTTPRequestHandler):
             elif action == "bad_json":
                 self.send_raw(200, b'{"choices": [{"message": ')
             elif action == "401":
-                self.send(401, {"error": {"type": "authentication_error", "message": f"Incorrect API key provided: {key}"}})
+                self.send(
+                    401, {"error": {"type": "authentication_error", "message": f"Incorrect API key provided: {key}"}}
+                )
             else:
                 headers = {"Retry-After": server.retry_after} if action == "429" else {}
                 self.send(int(action), {"error": {"type": "server_error", "message": f"scripted {action}"}}, headers)
@@ -340,7 +388,11 @@ class ProtocolHandler(BaseHTTPRequestHandler):
 
     def send_raw(self, status: int, data: bytes, headers: dict | None = None) -> None:
         self.send_response(status)
-        for name, value in {"Content-Type": "application/json", "Content-Length": str(len(data)), **(headers or {})}.items():
+        for name, value in {
+            "Content-Type": "application/json",
+            "Content-Length": str(len(data)),
+            **(headers or {}),
+        }.items():
             self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
@@ -350,6 +402,7 @@ class ProtocolHandler(BaseHTTPRequestHandler):
 
 
 # ---------------------------------------------------------------- multi-process launches
+
 
 def marked_processes(mark: str) -> dict[int, str]:
     """pid -> RANK ("" for none) of every process whose environment carries RLHFKIT_TEST_RUN=`mark`."""
@@ -393,7 +446,9 @@ def launched(stage: str, args: dict[str, Any], log: Path, processes: int = 2):
     mark = f"{os.getpid()}-{time.time_ns()}"
     command = rlhfkit_command(stage, "--preset", PRESETS[stage], *cli_args(args), "--num-processes", str(processes))
     with log.open("w") as output:
-        proc = subprocess.Popen(command, env=launcher_env() | {"RLHFKIT_TEST_RUN": mark}, stdout=output, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            command, env=launcher_env() | {"RLHFKIT_TEST_RUN": mark}, stdout=output, stderr=subprocess.STDOUT
+        )
         try:
             yield proc, mark
         finally:
@@ -402,14 +457,23 @@ def launched(stage: str, args: dict[str, Any], log: Path, processes: int = 2):
                 proc.kill()
 
 
-def launch(stage: str, args: dict[str, Any], processes: int, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def launch(
+    stage: str, args: dict[str, Any], processes: int, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """`rlhfkit <stage> --preset <its preset> ARGS`, under `--num-processes N` when N > 1, run to the end."""
     launcher = ["--num-processes", str(processes)] if processes > 1 else []
-    return subprocess.run(rlhfkit_command(stage, "--preset", PRESETS[stage], *cli_args(args), *launcher),
-                          env=env or launcher_env(), capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        rlhfkit_command(stage, "--preset", PRESETS[stage], *cli_args(args), *launcher),
+        env=env or launcher_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
-def launched_straight_and_resumed(stage: str, args: dict[str, Any], tmp_path: Path, kill_after: int) -> tuple[Path, Path]:
+def launched_straight_and_resumed(
+    stage: str, args: dict[str, Any], tmp_path: Path, kill_after: int
+) -> tuple[Path, Path]:
     """A 2-process `stage` run straight through (in args' output_dir), and the same SIGKILLed in the
     process that writes the checkpoints once step `kill_after` is logged, then resumed on 2 processes;
     returns both run directories for comparison."""
@@ -421,11 +485,15 @@ def launched_straight_and_resumed(stage: str, args: dict[str, Any], tmp_path: Pa
         wait_for_step(proc, killed, kill_after, log)
         os.kill(process_of_rank(mark, 0), signal.SIGKILL)
         assert proc.wait(timeout=60) != 0
-    resumed = subprocess.run(rlhfkit_command(stage, f"resume={killed}", "--num-processes", "2"), env=launcher_env(),
-                             capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(
+        rlhfkit_command(stage, f"resume={killed}", "--num-processes", "2"),
+        env=launcher_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     return straight, killed
-
 
 
 # ---------------------------------------------------------------- one update's gradient, however the batch is split
@@ -442,7 +510,9 @@ class GlooProcesses:
 
     def reduce(self, tensor: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
         out = tensor.clone()
-        torch.distributed.all_reduce(out, torch.distributed.ReduceOp.MAX if reduction == "max" else torch.distributed.ReduceOp.SUM)
+        torch.distributed.all_reduce(
+            out, torch.distributed.ReduceOp.MAX if reduction == "max" else torch.distributed.ReduceOp.SUM
+        )
         return out
 
     def gather(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -491,7 +561,9 @@ def synthetic_rollout(policy, pad_id: int, temperature: float, seed: int = 0):
     return batch
 
 
-def one_update_gradient(model_dir: Path, options: dict[str, Any], micro_batch_size: int, accelerator=None) -> dict[str, torch.Tensor]:
+def one_update_gradient(
+    model_dir: Path, options: dict[str, Any], micro_batch_size: int, accelerator=None
+) -> dict[str, torch.Tensor]:
     """The gradient of one update's loss on `synthetic_rollout` under the GRPO config with `options`:
     the weights' change under SGD at learning rate 1, with `micro_batch_size` rows per pass and the
     rows of the processes of `accelerator` (None: one process)."""
@@ -503,8 +575,17 @@ def one_update_gradient(model_dir: Path, options: dict[str, Any], micro_batch_si
     from rlhfkit.onpolicy.scoring import OnPolicyModels
     from rlhfkit.onpolicy.update import Optimizers, update_on_rollout
 
-    cfg = dataclasses.replace(GRPOConfig(), num_minibatches=1, update_epochs=1, micro_batch_size=micro_batch_size, kl_coef=0.1,
-                              kl_placement="loss", entropy_coef=0.01, max_response_length=6, **options)
+    cfg = dataclasses.replace(
+        GRPOConfig(),
+        num_minibatches=1,
+        update_epochs=1,
+        micro_batch_size=micro_batch_size,
+        kl_coef=0.1,
+        kl_placement="loss",
+        entropy_coef=0.01,
+        max_response_length=6,
+        **options,
+    )
     policy, tokenizer = load_policy(str(model_dir))
     policy.train()
     batch = synthetic_rollout(policy, tokenizer.pad_token_id, cfg.temperature)
@@ -515,7 +596,9 @@ def one_update_gradient(model_dir: Path, options: dict[str, Any], micro_batch_si
     return {k: before[k] - v.detach() for k, v in policy.named_parameters()}
 
 
-def split_invariance_worker(rank: int, world: int, port: int, model_dir: str, cases: list[dict[str, Any]], micro: int, out: str) -> None:
+def split_invariance_worker(
+    rank: int, world: int, port: int, model_dir: str, cases: list[dict[str, Any]], micro: int, out: str
+) -> None:
     """A gloo process of `world`: the gradient of every case in `cases`; process 0 saves them to `out`."""
     os.environ |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
@@ -583,24 +666,48 @@ def staggered_eos_model(rows: int = 8, finish_at: tuple[int, ...] = (1, 2, 3, 4,
     batch = left_pad_queries(queries, tokenizer.pad_token_id)
     ids, mask = batch["input_ids"], batch["attention_mask"]
     eos, steps = 49000, max(finish_at) + 2
-    probe = generate(model, ids, mask, SamplingParams(max_new_tokens=steps, temperature=0, decoding="eager"), -1, tokenizer.pad_token_id)
+    probe = generate(
+        model,
+        ids,
+        mask,
+        SamplingParams(max_new_tokens=steps, temperature=0, decoding="eager"),
+        -1,
+        tokenizer.pad_token_id,
+    )
     with torch.no_grad():
-        hidden = model.model(input_ids=torch.cat([ids, probe.responses], dim=1),
-                             attention_mask=torch.cat([mask, torch.ones_like(probe.responses)], dim=1)).last_hidden_state
+        hidden = model.model(
+            input_ids=torch.cat([ids, probe.responses], dim=1),
+            attention_mask=torch.cat([mask, torch.ones_like(probe.responses)], dim=1),
+        ).last_hidden_state
         states, targets = [], []
         for row in range(rows):
             last = finish_at[row] if row < len(finish_at) else steps - 1
             for step in range(last + 1):
                 states.append(hidden[row, ids.size(1) - 1 + step])
                 targets.append(30.0 if row < len(finish_at) and step == last else -30.0)
-        solved = torch.linalg.lstsq(torch.stack(states).double(), torch.tensor(targets, dtype=torch.float64).unsqueeze(1)).solution
+        solved = torch.linalg.lstsq(
+            torch.stack(states).double(), torch.tensor(targets, dtype=torch.float64).unsqueeze(1)
+        ).solution
         model.get_input_embeddings().weight[eos] = solved.squeeze(1).float()
     return model, tokenizer, ids, mask, eos
 
 
-SYNCING = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__int__, torch.Tensor.__float__,
-           torch.Tensor.__index__, torch.Tensor.nonzero, torch.nonzero, torch.Tensor.cpu, torch.Tensor.numpy,
-           torch.masked_select, torch.Tensor.masked_select, torch.unique, torch.Tensor.unique}
+SYNCING = {
+    torch.Tensor.item,
+    torch.Tensor.tolist,
+    torch.Tensor.__bool__,
+    torch.Tensor.__int__,
+    torch.Tensor.__float__,
+    torch.Tensor.__index__,
+    torch.Tensor.nonzero,
+    torch.nonzero,
+    torch.Tensor.cpu,
+    torch.Tensor.numpy,
+    torch.masked_select,
+    torch.Tensor.masked_select,
+    torch.unique,
+    torch.Tensor.unique,
+}
 
 
 class HostSyncDetector(torch.overrides.TorchFunctionMode):
@@ -611,7 +718,9 @@ class HostSyncDetector(torch.overrides.TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         masked_index = func is torch.Tensor.__getitem__ and any(
-            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] if isinstance(args[1], tuple) else (args[1],)))
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool
+            for i in (args[1] if isinstance(args[1], tuple) else (args[1],))
+        )
         if func in SYNCING or masked_index:
             raise AssertionError(f"host synchronisation: {getattr(func, '__name__', func)}")
         return func(*args, **kwargs)

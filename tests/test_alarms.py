@@ -28,18 +28,25 @@ def test_openings_and_endings_are_normalised_words():
 
 
 def test_99_of_100_ending_in_the_same_question_fire_and_the_caveat_names_the_ending():
-    responses = [f"Summary {i} says my landlord kept the deposit. What should I do?" for i in range(99)] + ["Summary 99 says it is over."]
+    responses = [f"Summary {i} says my landlord kept the deposit. What should I do?" for i in range(99)] + [
+        "Summary 99 says it is over."
+    ]
     result = alarms_of(responses)
     assert result["shared_ending_share"] == 99 / 100 and result["top_ending"] == "should i do"
     assert result["question_ending_share"] == 99 / 100
     assert result["shared_opening_share"] == 1 / 100  # "summary 0 says", "summary 1 says", ... all differ
     assert result["flags"] == ["shared_ending_share", "question_ending_share"]
     caveat = alarm_caveat("grpo", result)
-    assert 'shared_ending_share 0.990 (ending "should i do")' in caveat and 'question_ending_share 0.990 (ending in "?")' in caveat
+    assert (
+        'shared_ending_share 0.990 (ending "should i do")' in caveat
+        and 'question_ending_share 0.990 (ending in "?")' in caveat
+    )
 
 
 def test_differently_worded_questions_share_no_ending_but_fire_as_question_endings():
-    responses = [f"Summary {i} says my landlord kept the deposit. {QUESTIONS[i % 3]}" for i in range(99)] + ["Summary 99 says it is over."]
+    responses = [f"Summary {i} says my landlord kept the deposit. {QUESTIONS[i % 3]}" for i in range(99)] + [
+        "Summary 99 says it is over."
+    ]
     result = alarms_of(responses)
     # "should i do", "deposit any advice" and "do i do" end 33 each (the first seen is named): none reaches 0.4
     assert result["shared_ending_share"] == 33 / 100 and result["top_ending"] == "should i do"
@@ -61,7 +68,9 @@ def test_too_few_responses_never_fire_though_their_shares_are_reported(count):
     result = alarms_of(["Dumped by text. What should I do?"] * count)
     assert result["shared_opening_share"] == result["shared_ending_share"] == result["question_ending_share"] == 1.0
     assert result["flags"] == []
-    assert alarms_of(["Dumped by text. What should I do?"] * alarms.MIN_TEMPLATE_RESPONSES)["flags"] == list(alarms.TEMPLATE_ALARMS)
+    assert alarms_of(["Dumped by text. What should I do?"] * alarms.MIN_TEMPLATE_RESPONSES)["flags"] == list(
+        alarms.TEMPLATE_ALARMS
+    )
 
 
 def test_real_reference_summaries_stay_silent():
@@ -74,14 +83,29 @@ def test_real_reference_summaries_stay_silent():
     assert result["question_ending_share"] == pytest.approx(716 / 1944)  # a third of the humans ask a question
     assert result["flags"] == []
     first_hundred = alarms.template_collapse(references[:100])  # the size of an `rlhfkit eval` run
-    assert (first_hundred["shared_opening_share"], first_hundred["shared_ending_share"], first_hundred["question_ending_share"]) == (0.03, 0.03, 0.41)
+    assert (
+        first_hundred["shared_opening_share"],
+        first_hundred["shared_ending_share"],
+        first_hundred["question_ending_share"],
+    ) == (0.03, 0.03, 0.41)
 
 
 def test_the_on_policy_report_reads_the_alarms_of_each_policys_held_out_samples():
     from rlhfkit.onpolicy.evaluation import held_out_alarms
 
-    rows = [{"post": f"post {i} about my landlord", "reference": f"landlord issue {i}", "sft": f"{['rent', 'deposit', 'lease', 'repairs'][i % 4]} trouble {i}",
-             "grpo": f"landlord story {i}. What should I do?", "sft_has_eos": True, "grpo_has_eos": True} for i in range(12)]
+    rows = [
+        {
+            "post": f"post {i} about my landlord",
+            "reference": f"landlord issue {i}",
+            "sft": f"{['rent', 'deposit', 'lease', 'repairs'][i % 4]} trouble {i}",
+            "grpo": f"landlord story {i}. What should I do?",
+            "sft_has_eos": True,
+            "grpo_has_eos": True,
+        }
+        for i in range(12)
+    ]
     assert held_out_alarms(rows, "sft")["flags"] == []
     trained = held_out_alarms(rows, "grpo")
-    assert {"shared_ending_share", "question_ending_share"} <= set(trained["flags"]) and trained["top_ending"] == "should i do"
+    assert {"shared_ending_share", "question_ending_share"} <= set(trained["flags"]) and trained[
+        "top_ending"
+    ] == "should i do"

@@ -24,7 +24,12 @@ from .helpers import cli_args, stage_args
 def test_each_declaration_is_a_multi_process_command_whose_presets_build_its_config(name):
     algorithm = ALGORITHMS[name]
     stage = STAGES[name]
-    assert (stage.config, stage.presets, stage.about, stage.multi_process) == (algorithm.config, algorithm.presets, algorithm.about, True)
+    assert (stage.config, stage.presets, stage.about, stage.multi_process) == (
+        algorithm.config,
+        algorithm.presets,
+        algorithm.about,
+        True,
+    )
     for preset in algorithm.presets:
         cfg = resolve(name, preset, None, {})
         assert algorithm_of(cfg) is algorithm and cfg.advantage_estimator in estimators_for(algorithm.config)
@@ -32,7 +37,11 @@ def test_each_declaration_is_a_multi_process_command_whose_presets_build_its_con
 
 def test_each_stage_takes_the_estimators_declared_for_its_config_and_refuses_others_naming_them():
     assert {name: estimators_for(a.config) for name, a in ALGORITHMS.items()} == {
-        "ppo": ["gae"], "grpo": ["grpo"], "rloo": ["rloo"], "reinforce": ["reinforce-pp", "reinforce-pp-baseline", "remax"]}
+        "ppo": ["gae"],
+        "grpo": ["grpo"],
+        "rloo": ["rloo"],
+        "reinforce": ["reinforce-pp", "reinforce-pp-baseline", "remax"],
+    }
     with pytest.raises(ConfigError, match=r"advantage_estimator='gae' is not accepted; choose one of: grpo$"):
         resolve("grpo", None, None, {"advantage_estimator": "gae"})
 
@@ -50,7 +59,9 @@ def test_estimators_read_their_settings_from_the_config():
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
     cfg = dataclasses.replace(PPOConfig(), gamma=0.9, lam=0.8)
     batch = RolloutBatch(None, None, None, None, mask.bool(), None, values=values)
-    for got, want in zip(ESTIMATORS["gae"](cfg, rewards, mask, batch, None), ops.gae(rewards, values, mask, 0.9, 0.8), strict=True):
+    for got, want in zip(
+        ESTIMATORS["gae"](cfg, rewards, mask, batch, None), ops.gae(rewards, values, mask, 0.9, 0.8), strict=True
+    ):
         torch.testing.assert_close(got, want)
     groups = torch.tensor([0, 0])
     for scale in (True, False):
@@ -62,26 +73,55 @@ def test_estimators_read_their_settings_from_the_config():
 
 def test_estimators_declare_their_needs_where_they_are_defined():
     needs = {name: (e.needs.groups, e.needs.greedy_baseline) for name, e in ESTIMATORS.items()}
-    assert needs == {"gae": (False, False), "grpo": (True, False), "rloo": (True, False), "reinforce-pp": (False, False),
-                     "reinforce-pp-baseline": (True, False), "remax": (False, True)}
+    assert needs == {
+        "gae": (False, False),
+        "grpo": (True, False),
+        "rloo": (True, False),
+        "reinforce-pp": (False, False),
+        "reinforce-pp-baseline": (True, False),
+        "remax": (False, True),
+    }
 
 
 GREEDY = "so every advantage is 0 and the run learns nothing; set temperature above 0 (e.g. 0.7)"
 
 
-@pytest.mark.parametrize(("stage", "options", "message"), [
-    ("reinforce", {"advantage_estimator": "reinforce-pp-baseline", "samples_per_prompt": 1},
-     "advantage_estimator=reinforce-pp-baseline compares the samples of a prompt: set samples_per_prompt to 2 or more"),
-    ("ppo", {"dynamic_sampling": True}, "dynamic_sampling=true compares the samples of a prompt: set samples_per_prompt to 2 or more"),
-    ("reinforce", {"advantage_estimator": "remax", "temperature": 0.0},
-     f"temperature=0 samples greedily: each response is its own greedy baseline (advantage_estimator=remax), {GREEDY}"),
-    ("rloo", {"temperature": 0.0}, "temperature=0 samples greedily: the samples_per_prompt=4 responses to a prompt are identical "
-     f"(advantage_estimator=rloo compares them), {GREEDY}"),
-    ("grpo", {"temperature": 0.0, "dynamic_sampling": True}, "temperature=0 samples greedily: the samples_per_prompt=4 responses "
-     f"to a prompt are identical (dynamic_sampling=true drops every group), {GREEDY}"),
-    ("reinforce", {"advantage_estimator": "reinforce-pp", "temperature": 0.0}, None),
-    ("ppo", {"temperature": 0.0}, None),
-])
+@pytest.mark.parametrize(
+    ("stage", "options", "message"),
+    [
+        (
+            "reinforce",
+            {"advantage_estimator": "reinforce-pp-baseline", "samples_per_prompt": 1},
+            "advantage_estimator=reinforce-pp-baseline compares the samples of a prompt: set samples_per_prompt to 2 "
+            "or more",
+        ),
+        (
+            "ppo",
+            {"dynamic_sampling": True},
+            "dynamic_sampling=true compares the samples of a prompt: set samples_per_prompt to 2 or more",
+        ),
+        (
+            "reinforce",
+            {"advantage_estimator": "remax", "temperature": 0.0},
+            "temperature=0 samples greedily: each response is its own greedy baseline (advantage_estimator=remax), "
+            f"{GREEDY}",
+        ),
+        (
+            "rloo",
+            {"temperature": 0.0},
+            "temperature=0 samples greedily: the samples_per_prompt=4 responses to a prompt are identical "
+            f"(advantage_estimator=rloo compares them), {GREEDY}",
+        ),
+        (
+            "grpo",
+            {"temperature": 0.0, "dynamic_sampling": True},
+            "temperature=0 samples greedily: the samples_per_prompt=4 responses "
+            f"to a prompt are identical (dynamic_sampling=true drops every group), {GREEDY}",
+        ),
+        ("reinforce", {"advantage_estimator": "reinforce-pp", "temperature": 0.0}, None),
+        ("ppo", {"temperature": 0.0}, None),
+    ],
+)
 def test_a_config_that_cannot_give_its_estimator_what_it_needs_is_refused(stage, options, message):
     cfg = dataclasses.replace(resolve(stage, None, None, {}), **options)
     if message is None:
@@ -105,9 +145,17 @@ def test_an_estimator_declared_elsewhere_with_the_decorator_is_registered_checke
     assert advantages.ESTIMATORS["best-of-group"].needs == EstimatorNeeds(groups=True)
     mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 0]], dtype=torch.bool)
     zeros = torch.zeros(4, 3)
-    batch = RolloutBatch(torch.tensor([0, 0, 1, 1]), None, None, torch.zeros(4, 3, dtype=torch.long), mask,
-                         torch.ones(4, dtype=torch.bool), logprobs=zeros, ref_logprobs=zeros,
-                         raw_scores=torch.tensor([0.5, 0.9, 0.2, -0.3]))
+    batch = RolloutBatch(
+        torch.tensor([0, 0, 1, 1]),
+        None,
+        None,
+        torch.zeros(4, 3, dtype=torch.long),
+        mask,
+        torch.ones(4, dtype=torch.bool),
+        logprobs=zeros,
+        ref_logprobs=zeros,
+        raw_scores=torch.tensor([0.5, 0.9, 0.2, -0.3]),
+    )
     grpo = resolve("grpo", None, None, {})
     cfg = dataclasses.replace(grpo, advantage_estimator="best-of-group", samples_per_prompt=2, whiten_advantages=False)
     out = advantages.compute_advantages(batch, cfg, 0.0)
@@ -137,6 +185,7 @@ def test_an_estimator_registered_in_a_test_runs_through_rlhfkit_grpo(monkeypatch
     assert (out / "model" / "model.safetensors").is_file()
     with pytest.raises(ConfigError, match="advantage_estimator=toy-mean-baseline compares the samples of a prompt"):
         resolve("reinforce", None, None, {"advantage_estimator": "toy-mean-baseline"})  # one sample per prompt
+
 
 def test_the_objective_counts_tokens_or_sequences_and_drops_truncated_rows_when_asked():
     mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0]], dtype=torch.bool)

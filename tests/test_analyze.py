@@ -102,7 +102,10 @@ def test_detail1_detail6_counts_by_split_batch_confidence_policy_pair(comparison
     assert counts["confidence"] == {str(k): v for k, v in Counter(r["extra"]["confidence"] for r in kept).items()}
     pairs = Counter(" vs ".join(sorted(s["policy"] for s in r["summaries"])) for r in kept)
     assert counts["policy_pair"] == dict(pairs)
-    assert counts["task"] == {"tldr": sum("post" in r["info"] for r in kept), "cnndm": sum("article" in r["info"] for r in kept)}
+    assert counts["task"] == {
+        "tldr": sum("post" in r["info"] for r in kept),
+        "cnndm": sum("article" in r["info"] for r in kept),
+    }
     assert counts["distinct_prompts"] == len({r["info"]["id"] for r in kept})
     for split, n in counts["policy_pairs_distinct_by_split"].items():
         assert n == len({" vs ".join(sorted(s["policy"] for s in r["summaries"])) for r in kept if r["split"] == split})
@@ -217,7 +220,9 @@ def test_sft_analysis(tokenizer, tmp_path):
     assert result["token_lengths"]["reference"]["max"] == max(reference)
     assert result["token_lengths"]["reference"]["median"] == float(np.median(reference))
     assert "length_bias" not in result
-    check_plots(tmp_path / "out", result["plots"], {"query_lengths.png", "response_lengths.png", "counts_subreddit.png"})
+    check_plots(
+        tmp_path / "out", result["plots"], {"query_lengths.png", "response_lengths.png", "counts_subreddit.png"}
+    )
 
 
 def test_cli_data_analyze_prints_the_skip_summary(hh_slice, tmp_path, capsys):
@@ -231,7 +236,9 @@ def test_cli_data_analyze_prints_the_skip_summary(hh_slice, tmp_path, capsys):
     assert f"kept {kept} records, skipped {skipped}: " in printed
     assert "tie: " in printed and f"{path}:201" in printed
     assert f"queries truncated: {result['truncation']['truncated']} of {kept}" in printed
-    assert f"chosen longer than rejected in {100 * result['length_bias']['all']['chosen_longer_fraction']:.1f}%" in printed
+    assert (
+        f"chosen longer than rejected in {100 * result['length_bias']['all']['chosen_longer_fraction']:.1f}%" in printed
+    )
     (wrote,) = [line for line in printed.splitlines() if line.startswith("wrote ")]
     assert wrote.startswith(f"wrote {out}/analysis.json") and wrote.endswith(f" {len(result['plots'])} plots")
 

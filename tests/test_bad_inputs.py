@@ -37,7 +37,9 @@ def test_a_model_folder_without_tokenizer_files_says_so_and_how_to_add_them(ppo_
         shutil.copy(ppo_dirs["policy"] / name, weights_only / name)
     out = tmp_path / "run"
     line = one_error_line(command("sft", ppo_dirs, out, model=weights_only), capsys)
-    assert f"model={weights_only}: the folder has no tokenizer files" in line and "tokenizer.save_pretrained" in line, line
+    assert f"model={weights_only}: the folder has no tokenizer files" in line and "tokenizer.save_pretrained" in line, (
+        line
+    )
     assert not out.exists()
 
 
@@ -58,11 +60,15 @@ def test_a_hub_id_is_left_to_the_hub():
 # ---------------------------------------------------------------- 3: output_dir
 
 
-@pytest.mark.parametrize("where, reason", [("/proc/rlhfkit-run", "No such file or directory"), ("{tmp}/file.txt/run", "Not a directory")])
+@pytest.mark.parametrize(
+    "where, reason", [("/proc/rlhfkit-run", "No such file or directory"), ("{tmp}/file.txt/run", "Not a directory")]
+)
 def test_an_output_dir_that_cannot_be_made_is_refused_before_anything_loads(ppo_dirs, tmp_path, capsys, where, reason):
     (tmp_path / "file.txt").write_text("a file, not a folder\n")
     out = where.format(tmp=tmp_path)
-    line = one_error_line(command("sft", ppo_dirs, tmp_path, output_dir=out, data=tmp_path / "never-read.jsonl"), capsys)
+    line = one_error_line(
+        command("sft", ppo_dirs, tmp_path, output_dir=out, data=tmp_path / "never-read.jsonl"), capsys
+    )
     assert line == f"rlhfkit: error: cannot create output_dir={out}: {reason}; choose a writable folder"
 
 
@@ -79,8 +85,14 @@ def test_a_read_only_file_system_is_named(ppo_dirs, tmp_path, monkeypatch, capsy
 # ---------------------------------------------------------------- 4: eval's sample files
 
 
-@pytest.mark.parametrize("text, line_number", [("prompt_id,text\np1,hello\n", 1), ("just some notes\n", 1),
-                                               ('{"prompt_id": "p", "query": "q", "reference": "r", "text": "t"}\nnot json\n', 2)])
+@pytest.mark.parametrize(
+    "text, line_number",
+    [
+        ("prompt_id,text\np1,hello\n", 1),
+        ("just some notes\n", 1),
+        ('{"prompt_id": "p", "query": "q", "reference": "r", "text": "t"}\nnot json\n', 2),
+    ],
+)
 def test_eval_samples_that_are_not_json_lines_name_the_file_and_line(tmp_path, capsys, text, line_number):
     samples = tmp_path / "samples.csv"
     samples.write_text(text)
@@ -103,20 +115,41 @@ def test_no_steps_and_no_epochs_is_refused_naming_both(ppo_dirs, tmp_path, capsy
 @pytest.mark.parametrize("stage, preset", [("sft", None), ("sft", "tldr-sft"), ("ppo", "tldr-ppo")])
 def test_resume_from_a_path_that_does_not_exist_says_so(ppo_dirs, tmp_path, capsys, stage, preset):
     missing, out = tmp_path / "no-such-run", tmp_path / "run"
-    argv = [stage, *(["--preset", preset, *cli_args(stage_args(stage, ppo_dirs, out))] if preset else []), f"resume={missing}"]
+    argv = [
+        stage,
+        *(["--preset", preset, *cli_args(stage_args(stage, ppo_dirs, out))] if preset else []),
+        f"resume={missing}",
+    ]
     line = one_error_line(argv, capsys)
     assert f"resume={missing}: no such run folder or checkpoint" in line, line
     assert not out.exists()
 
 
-@pytest.mark.parametrize("stage, options, expected", [
-    ("sft", {"total_batch_size": 6, "micro_batch_size": 4}, "total_batch_size=6 must be a multiple of micro_batch_size"),
-    ("rm", {"total_batch_size": 8, "micro_batch_size": 3}, "total_batch_size=8 must be a multiple of micro_batch_size"),
-    ("dpo", {"total_batch_size": 8, "micro_batch_size": 3}, "total_batch_size=8 must be a multiple of micro_batch_size"),
-    ("ppo", {"num_minibatches": 3}, "total_batch_size=8 must be a multiple of num_minibatches=3"),
-    ("grpo", {"samples_per_prompt": 3}, "total_batch_size=8 must be a multiple of samples_per_prompt=3"),
-])
-def test_a_batch_that_does_not_divide_fails_before_any_data_is_read(ppo_dirs, tmp_path, capsys, stage, options, expected):
+@pytest.mark.parametrize(
+    "stage, options, expected",
+    [
+        (
+            "sft",
+            {"total_batch_size": 6, "micro_batch_size": 4},
+            "total_batch_size=6 must be a multiple of micro_batch_size",
+        ),
+        (
+            "rm",
+            {"total_batch_size": 8, "micro_batch_size": 3},
+            "total_batch_size=8 must be a multiple of micro_batch_size",
+        ),
+        (
+            "dpo",
+            {"total_batch_size": 8, "micro_batch_size": 3},
+            "total_batch_size=8 must be a multiple of micro_batch_size",
+        ),
+        ("ppo", {"num_minibatches": 3}, "total_batch_size=8 must be a multiple of num_minibatches=3"),
+        ("grpo", {"samples_per_prompt": 3}, "total_batch_size=8 must be a multiple of samples_per_prompt=3"),
+    ],
+)
+def test_a_batch_that_does_not_divide_fails_before_any_data_is_read(
+    ppo_dirs, tmp_path, capsys, stage, options, expected
+):
     out = tmp_path / "run"
     line = one_error_line(command(stage, ppo_dirs, out, data=tmp_path / "never-read.jsonl", **options), capsys)
     assert expected in line, line
@@ -136,8 +169,10 @@ def test_a_finished_run_is_never_overwritten_and_overwrite_moves_it_aside(ppo_di
 
     for extra in ({}, {"learning_rate": 0.01}):
         line = one_error_line(argv + cli_args(extra), capsys)
-        assert line == (f"rlhfkit: error: output_dir={out} holds a finished run; pass resume={out} to continue it, "
-                        "choose a new output_dir, or set overwrite=true to move it aside")
+        assert line == (
+            f"rlhfkit: error: output_dir={out} holds a finished run; pass resume={out} to continue it, "
+            "choose a new output_dir, or set overwrite=true to move it aside"
+        )
         assert files_of(out) == finished
 
     capsys.readouterr()
@@ -157,7 +192,9 @@ def test_a_folder_holding_a_run_with_other_options_is_refused_naming_them(ppo_di
     (out / "metrics.jsonl").write_text('{"step": 1, "train/loss": 1.0}\n')
     before = files_of(out)
     line = one_error_line(command("sft", ppo_dirs, out), capsys)
-    assert line.startswith(f"rlhfkit: error: output_dir={out} holds another run (its config.yaml differs in learning_rate)"), line
+    assert line.startswith(
+        f"rlhfkit: error: output_dir={out} holds another run (its config.yaml differs in learning_rate)"
+    ), line
     assert "overwrite=true" in line and "resume=" not in line  # nothing saved there to resume
     assert files_of(out) == before and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 
@@ -168,11 +205,15 @@ def test_the_pipeline_restarts_an_interrupted_stage_that_saved_nothing_and_moves
 
     cfg = resolve("pipeline", "quickstart", None, {"output_dir": str(tmp_path)})
     (tmp_path / "sft").mkdir()
-    (tmp_path / "sft" / "config.yaml").write_text(to_yaml(stage_config("sft", cfg, tmp_path, pipeline_commands()), "sft"))
+    (tmp_path / "sft" / "config.yaml").write_text(
+        to_yaml(stage_config("sft", cfg, tmp_path, pipeline_commands()), "sft")
+    )
     sft = stage_config("sft", cfg, tmp_path, pipeline_commands())
     assert not sft.overwrite and not sft.resume  # the same stage: it starts again in its folder
     changed = resolve("pipeline", "quickstart", None, {"output_dir": str(tmp_path), "sft": "{learning_rate: 0.5}"})
-    assert stage_config("sft", changed, tmp_path, pipeline_commands()).overwrite  # the attempt with the old options is moved aside first
+    assert stage_config(
+        "sft", changed, tmp_path, pipeline_commands()
+    ).overwrite  # the attempt with the old options is moved aside first
     assert not stage_config("rm", changed, tmp_path, pipeline_commands()).overwrite  # no earlier attempt there
 
 
@@ -180,7 +221,9 @@ def test_the_same_run_stopped_before_it_saved_anything_starts_again_in_its_folde
     out = tmp_path / "run"
     argv = command("sft", ppo_dirs, out, report_to="tensorboard")
     out.mkdir()
-    (out / "config.yaml").write_text(to_yaml(resolve("sft", None, None, dict(arg.split("=", 1) for arg in argv[1:])), "sft"))
+    (out / "config.yaml").write_text(
+        to_yaml(resolve("sft", None, None, dict(arg.split("=", 1) for arg in argv[1:])), "sft")
+    )
     (out / "tb").mkdir()
     (out / "tb" / "events.out.tfevents.0.earlier-start").write_bytes(b"")
     assert cli_main(argv) == 0
@@ -190,18 +233,35 @@ def test_the_same_run_stopped_before_it_saved_anything_starts_again_in_its_folde
 # ---------------------------------------------------------------- 9, 10: every record skipped
 
 
-PLAIN_PAIRS = [{"chosen": f"A good answer {i}.", "rejected": f"A bad one {i}."} for i in range(6)]  # not HH-RLHF dialogues
+PLAIN_PAIRS = [
+    {"chosen": f"A good answer {i}.", "rejected": f"A bad one {i}."} for i in range(6)
+]  # not HH-RLHF dialogues
 STARS = [{"subreddit": "a", "title": "t", "post": "*", "summary": "s"} for _ in range(6)]  # posts with no text
 
 
-@pytest.mark.parametrize("stage, data, options, expected", [
-    ("sft", STARS, {}, "no usable examples (kept 0 examples, skipped 6: empty_post: 6"),
-    ("rm", PLAIN_PAIRS, {"data_format": "hh"}, "no usable pairs (kept 0 pairs, skipped 6: no_assistant_turn: 6"),
-    ("dpo", PLAIN_PAIRS, {"data_format": "hh"}, "no usable pairs (kept 0 pairs, skipped 6: no_assistant_turn: 6"),
-    ("ppo", PLAIN_PAIRS, {"prompt_format": "hh"}, "no usable prompts (kept 0 prompts, skipped 6: no_assistant_turn: 6"),
-    ("rloo", PLAIN_PAIRS, {"prompt_format": "hh"}, "no usable prompts (kept 0 prompts, skipped 6: no_assistant_turn: 6"),
-])
-def test_training_on_data_whose_every_record_is_skipped_says_why(ppo_dirs, tmp_path, capsys, stage, data, options, expected):
+@pytest.mark.parametrize(
+    "stage, data, options, expected",
+    [
+        ("sft", STARS, {}, "no usable examples (kept 0 examples, skipped 6: empty_post: 6"),
+        ("rm", PLAIN_PAIRS, {"data_format": "hh"}, "no usable pairs (kept 0 pairs, skipped 6: no_assistant_turn: 6"),
+        ("dpo", PLAIN_PAIRS, {"data_format": "hh"}, "no usable pairs (kept 0 pairs, skipped 6: no_assistant_turn: 6"),
+        (
+            "ppo",
+            PLAIN_PAIRS,
+            {"prompt_format": "hh"},
+            "no usable prompts (kept 0 prompts, skipped 6: no_assistant_turn: 6",
+        ),
+        (
+            "rloo",
+            PLAIN_PAIRS,
+            {"prompt_format": "hh"},
+            "no usable prompts (kept 0 prompts, skipped 6: no_assistant_turn: 6",
+        ),
+    ],
+)
+def test_training_on_data_whose_every_record_is_skipped_says_why(
+    ppo_dirs, tmp_path, capsys, stage, data, options, expected
+):
     path = write_rows(tmp_path / "data.jsonl", data)
     out = tmp_path / "run"
     line = one_error_line(command(stage, ppo_dirs, out, data=path, **options), capsys)
@@ -212,11 +272,21 @@ def test_training_on_data_whose_every_record_is_skipped_says_why(ppo_dirs, tmp_p
 def test_evaluating_on_data_whose_every_record_is_skipped_says_why(ppo_dirs, tmp_path, capsys):
     path = write_rows(tmp_path / "pairs.jsonl", PLAIN_PAIRS)
     expected = f"rlhfkit: error: {path}: no usable pairs (kept 0 pairs, skipped 6: no_assistant_turn: 6"
-    for argv in (["rm-eval", f"model={ppo_dirs['rm']}", f"out={tmp_path / 'out'}"],
-                 ["judge-eval", f"judge=rm:{ppo_dirs['rm']}", f"out={tmp_path / 'out'}", f"cache_dir={tmp_path / 'cache'}"]):
+    for argv in (
+        ["rm-eval", f"model={ppo_dirs['rm']}", f"out={tmp_path / 'out'}"],
+        ["judge-eval", f"judge=rm:{ppo_dirs['rm']}", f"out={tmp_path / 'out'}", f"cache_dir={tmp_path / 'cache'}"],
+    ):
         assert one_error_line([*argv, f"data={path}", "data_format=hh"], capsys).startswith(expected)
-    line = one_error_line(["generate", f"model={ppo_dirs['policy']}", f"data={path}", "prompt_format=hh", f"out={tmp_path / 'out' / 's.jsonl'}"],
-                          capsys)
+    line = one_error_line(
+        [
+            "generate",
+            f"model={ppo_dirs['policy']}",
+            f"data={path}",
+            "prompt_format=hh",
+            f"out={tmp_path / 'out' / 's.jsonl'}",
+        ],
+        capsys,
+    )
     assert line.startswith(f"rlhfkit: error: {path}: no usable prompts (kept 0 prompts, skipped 6"), line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pairs.jsonl"]
 
@@ -224,7 +294,22 @@ def test_evaluating_on_data_whose_every_record_is_skipped_says_why(ppo_dirs, tmp
 def test_analyze_exits_2_when_no_record_is_usable(ppo_dirs, tmp_path, capsys):
     path = write_rows(tmp_path / "pairs.jsonl", PLAIN_PAIRS)
     out = tmp_path / "analysis"
-    line = one_error_line(["data", "analyze", "--path", str(path), "--dataset", "hh", "--model", str(ppo_dirs["policy"]),
-                           "--out", str(out)], capsys)
-    assert line.startswith(f"rlhfkit: error: {path}: no usable pairs (kept 0 pairs, skipped 6: no_assistant_turn: 6"), line
+    line = one_error_line(
+        [
+            "data",
+            "analyze",
+            "--path",
+            str(path),
+            "--dataset",
+            "hh",
+            "--model",
+            str(ppo_dirs["policy"]),
+            "--out",
+            str(out),
+        ],
+        capsys,
+    )
+    assert line.startswith(f"rlhfkit: error: {path}: no usable pairs (kept 0 pairs, skipped 6: no_assistant_turn: 6"), (
+        line
+    )
     assert not out.exists()

@@ -12,21 +12,40 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def run_benchmark(script: str, *args: str) -> list[dict]:
-    done = subprocess.run([sys.executable, str(BENCHMARKS / script), *args], capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), *args], capture_output=True, text=True, timeout=600, check=False
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
 def test_generation_benchmark_compares_each_way_of_decoding_with_transformers_generate():
     sides = "ours-eager,ours-buckets,ours-graphs,hf-eager,hf-static"
-    rows = run_benchmark("generation.py", "--model", "tiny", "--batches", "1,3", "--repeats", "1", "--new-tokens", "6",
-                         "--query-length", "160", "--sides", sides)
+    rows = run_benchmark(
+        "generation.py",
+        "--model",
+        "tiny",
+        "--batches",
+        "1,3",
+        "--repeats",
+        "1",
+        "--new-tokens",
+        "6",
+        "--query-length",
+        "160",
+        "--sides",
+        sides,
+    )
     assert [r["batch"] for r in rows] == [1, 3]
     for row in rows:
         for side in sides.split(","):
             assert row[f"{side}_identical"] is True  # greedy decoding: token for token the same as the first side's
             # ms per step is a difference of two timings: at this size it is noise, possibly below 0
-            assert row[f"{side}_tokens_per_s"] > 0 and isinstance(row[f"{side}_ms_per_step"], float) and row[f"{side}_speedup_vs_hf-eager"] > 0
+            assert (
+                row[f"{side}_tokens_per_s"] > 0
+                and isinstance(row[f"{side}_ms_per_step"], float)
+                and row[f"{side}_speedup_vs_hf-eager"] > 0
+            )
             assert row[f"{side}_decoded_positions"] <= 6 and row[f"{side}_peak_memory_bytes"] > 0
         # what each of our sides ran: CUDA graphs, asked for on a CPU, fell back to eager steps
         assert [row[f"ours-{way}_decoding"] for way in ("eager", "buckets", "graphs")] == ["eager", "buckets", "eager"]
@@ -34,35 +53,98 @@ def test_generation_benchmark_compares_each_way_of_decoding_with_transformers_ge
 
 @pytest.mark.slow  # a 135M model built and run on the CPU
 def test_generation_benchmark_builds_the_seeds_shapes_with_random_weights():
-    (row,) = run_benchmark("generation.py", "--model", "shape:smollm2-135m", "--batches", "2", "--repeats", "1", "--new-tokens", "3",
-                           "--query-length", "200", "--sides", "ours-eager,ours-buckets")
-    assert row["query_tokens_max"] == 200 and row["ours-buckets_identical"] is True and row["ours-eager_decoded_positions"] == 3
+    (row,) = run_benchmark(
+        "generation.py",
+        "--model",
+        "shape:smollm2-135m",
+        "--batches",
+        "2",
+        "--repeats",
+        "1",
+        "--new-tokens",
+        "3",
+        "--query-length",
+        "200",
+        "--sides",
+        "ours-eager,ours-buckets",
+    )
+    assert (
+        row["query_tokens_max"] == 200
+        and row["ours-buckets_identical"] is True
+        and row["ours-eager_decoded_positions"] == 3
+    )
 
 
 def test_generation_precision_benchmark_times_fp32_and_bf16_autocast_before_and_after_issue_24():
-    rows = run_benchmark("generation_precision.py", "--models", "tiny", "--prompts", "2", "--batch", "2", "--new-tokens", "4",
-                         "--query-length", "64", "--repeats", "1", "--frozen")
+    rows = run_benchmark(
+        "generation_precision.py",
+        "--models",
+        "tiny",
+        "--prompts",
+        "2",
+        "--batch",
+        "2",
+        "--new-tokens",
+        "4",
+        "--query-length",
+        "64",
+        "--repeats",
+        "1",
+        "--frozen",
+    )
     modes = {row["mode"]: row for row in rows}
     assert list(modes) == ["fp32", "bf16_before", "bf16", "bf16_frozen_before", "bf16_frozen"]
-    assert all(row["s"] > 0 and row["decode_s"] > 0 and row["ratio_to_fp32"] > 0 for row in rows) and modes["fp32"]["ratio_to_fp32"] == 1
-    # bf16 now: the same tokens and log-probabilities as before, without casting the cache or a frozen weight at each token
+    assert (
+        all(row["s"] > 0 and row["decode_s"] > 0 and row["ratio_to_fp32"] > 0 for row in rows)
+        and modes["fp32"]["ratio_to_fp32"] == 1
+    )
+    # bf16 now: the same tokens and log-probabilities as before, without casting the cache or a frozen weight at each
+    # token
     assert modes["bf16"]["identical_to"] == modes["bf16_frozen"]["identical_to"] == "bf16_before"
-    assert modes["bf16_before"]["cache_casts"] > 0 and modes["bf16"]["cache_casts"] == modes["bf16_frozen"]["cache_casts"] == 0
-    assert modes["bf16_frozen_before"]["weight_casts"] > modes["bf16_frozen"]["weight_casts"] == modes["bf16"]["weight_casts"] > 0
+    assert (
+        modes["bf16_before"]["cache_casts"] > 0
+        and modes["bf16"]["cache_casts"] == modes["bf16_frozen"]["cache_casts"] == 0
+    )
+    assert (
+        modes["bf16_frozen_before"]["weight_casts"]
+        > modes["bf16_frozen"]["weight_casts"]
+        == modes["bf16"]["weight_casts"]
+        > 0
+    )
 
 
 def test_matmul_peak_probe_reports_fp32_and_bf16():
     rows = run_benchmark("matmul_peak.py", "--sizes", "128,256", "--seconds", "0.05")
     assert [r["precision"] for r in rows] == ["fp32", "bf16"]
     for row in rows:
-        assert set(row["gflops_by_size"]) == {"128", "256"} and row["peak_gflops"] == max(row["gflops_by_size"].values()) > 0
+        assert (
+            set(row["gflops_by_size"]) == {"128", "256"}
+            and row["peak_gflops"] == max(row["gflops_by_size"].values()) > 0
+        )
 
 
 def test_training_benchmark_reports_mfu_against_the_measured_peak():
-    (row,) = run_benchmark("train_throughput.py", "--stage", "sft", "--model", "tiny", "--batch", "2", "--seq", "64", "--steps", "1", "--warmup", "1")
+    (row,) = run_benchmark(
+        "train_throughput.py",
+        "--stage",
+        "sft",
+        "--model",
+        "tiny",
+        "--batch",
+        "2",
+        "--seq",
+        "64",
+        "--steps",
+        "1",
+        "--warmup",
+        "1",
+    )
     assert row["tokens_per_s"] > 0 and row["matmul_peak_gflops"] > 0
     # both fields are rounded: the MFU to 3 decimals, the achieved GFLOP/s to 1
-    assert abs(row["mfu"] - row["model_gflops_per_s"] / row["matmul_peak_gflops"]) <= 5e-4 + 0.05 / row["matmul_peak_gflops"]
+    assert (
+        abs(row["mfu"] - row["model_gflops_per_s"] / row["matmul_peak_gflops"])
+        <= 5e-4 + 0.05 / row["matmul_peak_gflops"]
+    )
 
 
 def test_training_flops_count_matches_a_hand_count_for_smollm2_shapes():
@@ -70,25 +152,51 @@ def test_training_flops_count_matches_a_hand_count_for_smollm2_shapes():
     from flops import training_flops_per_token
     from transformers import LlamaConfig
 
-    config = LlamaConfig(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536)
+    config = LlamaConfig(
+        hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536
+    )
     # per layer: q, o 576x576 each; k, v 576x192 each; MLP 3 x 576x1536 -> 3,538,944 weights; x6 x30 layers
     # plus attention 12 x 30 x 576 x 512
     assert training_flops_per_token(config, 512) == 6 * 30 * 3_538_944 + 12 * 30 * 576 * 512
 
 
 def test_padding_benchmark_counts_less_padding_with_length_buckets():
-    (row,) = run_benchmark("padding.py", "--stages", "sft", "--limit", "48", "--total-batch", "16", "--micro-batch", "4")
+    (row,) = run_benchmark(
+        "padding.py", "--stages", "sft", "--limit", "48", "--total-batch", "16", "--micro-batch", "4"
+    )
     assert row["steps"] == 3 and row["real_tokens"] <= row["computed_tokens_bucketed"] <= row["computed_tokens_plain"]
     assert row["bucketed_over_plain"] == round(row["computed_tokens_bucketed"] / row["computed_tokens_plain"], 4)
 
 
 def test_onpolicy_benchmark_splits_an_update_into_phases():
-    (row,) = run_benchmark("onpolicy_throughput.py", "--algorithm", "grpo", "--model", "tiny", "--batch", "4", "--micro-batch", "2",
-                           "--query-length", "16", "--response-length", "4", "--update-epochs", "1", "--updates", "1", "--warmup", "0",
-                           "--decoding", "buckets")
+    (row,) = run_benchmark(
+        "onpolicy_throughput.py",
+        "--algorithm",
+        "grpo",
+        "--model",
+        "tiny",
+        "--batch",
+        "4",
+        "--micro-batch",
+        "2",
+        "--query-length",
+        "16",
+        "--response-length",
+        "4",
+        "--update-epochs",
+        "1",
+        "--updates",
+        "1",
+        "--warmup",
+        "0",
+        "--decoding",
+        "buckets",
+    )
     assert row["samples_per_prompt"] == 4 and row["batch"] == 4 and row["decoding"] == "buckets"
     assert row["generation_s"] > 0 and row["scoring_s"] > 0 and row["update_s"] > 0
-    assert 0 < row["generation_share"] < 1 and row["collect_peak_memory_bytes"] > 0 and row["update_peak_memory_bytes"] > 0
+    assert (
+        0 < row["generation_share"] < 1 and row["collect_peak_memory_bytes"] > 0 and row["update_peak_memory_bytes"] > 0
+    )
     assert row["update_total_s"] >= row["generation_s"] + row["scoring_s"] + row["update_s"] - 1e-3
 
 

@@ -168,7 +168,8 @@ def test_a_save_that_fails_half_way_leaves_the_previous_checkpoint_usable(tiny_m
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(torch, "save", disk_full)
-    with pytest.raises(DiskFullError, match="no space left on device in .*checkpoints while writing checkpoint step-000004"):
+    with pytest.raises(DiskFullError, match="no space left on device in .*checkpoints while writing checkpoint "
+                                            "step-000004"):
         save_checkpoint(tmp_path, 4, model, tok, optimizer, scheduler, {"examples_seen": 4})
     monkeypatch.undo()
     assert not list((tmp_path / "checkpoints").glob(".tmp-step-*"))  # the half-written folder gave its space back

@@ -109,7 +109,9 @@ def test_tracker_writes_jsonl_and_tensorboard_and_forgets_metrics_after_resume_s
 
 def test_tracker_sends_metrics_to_wandb_when_asked(tmp_path, monkeypatch):
     logged = []
-    run = types.SimpleNamespace(log=lambda metrics, step: logged.append((step, metrics)), finish=lambda: logged.append("finished"))
+    run = types.SimpleNamespace(
+        log=lambda metrics, step: logged.append((step, metrics)), finish=lambda: logged.append("finished")
+    )
     fake = types.ModuleType("wandb")
     fake.init = lambda **kwargs: run
     monkeypatch.setitem(sys.modules, "wandb", fake)

@@ -10,13 +10,29 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("trl")
-pytestmark = pytest.mark.slow  # about a minute: CI runs it with `pytest -m slow`; the default run stays under 15 minutes
+pytestmark = (
+    pytest.mark.slow
+)  # about a minute: CI runs it with `pytest -m slow`; the default run stays under 15 minutes
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "compare_trl.py"
 TRAINERS = ["sft", "rm", "dpo", "grpo", "rloo", "ppo"]
-TINY = {"model": "tiny", "steps": 1, "warmup": 1, "repeats": 1, "threads": 1, "sft-rows": 2, "sft-length": 40,
-        "pairs": 1, "pair-length": 40, "response-length": 8, "episodes": 4, "group": 2, "micro-batch": 2,
-        "query-length": 24, "update-epochs": 2}
+TINY = {
+    "model": "tiny",
+    "steps": 1,
+    "warmup": 1,
+    "repeats": 1,
+    "threads": 1,
+    "sft-rows": 2,
+    "sft-length": 40,
+    "pairs": 1,
+    "pair-length": 40,
+    "response-length": 8,
+    "episodes": 4,
+    "group": 2,
+    "micro-batch": 2,
+    "query-length": 24,
+    "update-epochs": 2,
+}
 PER_SIDE = ["s_per_step", "tokens_per_step", "tokens_per_s", "peak_rss_bytes"]
 RATIOS = ["tokens_per_s_ratio", "s_per_step_ratio", "peak_rss_ratio"]
 PHASES = ["generation_s", "scoring_s", "update_s", "generated_tokens_per_s"]
@@ -24,8 +40,13 @@ PHASES = ["generation_s", "scoring_s", "update_s", "generated_tokens_per_s"]
 
 def test_every_trainer_prints_one_comparison_line_with_both_sides_and_their_ratios():
     options = [f"--{key}={value}" for key, value in TINY.items()]
-    done = subprocess.run([sys.executable, str(SCRIPT), f"--trainers={','.join(TRAINERS)}", *options],
-                          capture_output=True, text=True, timeout=900, check=False)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), f"--trainers={','.join(TRAINERS)}", *options],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     rows = {row["trainer"]: row for row in map(json.loads, done.stdout.splitlines())}
     assert list(rows) == TRAINERS

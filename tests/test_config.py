@@ -112,7 +112,13 @@ def test_config_file_for_the_wrong_stage_fails(tmp_path):
 
 
 def test_unknown_preset_lists_shipped_presets():
-    with pytest.raises(ConfigError, match=r"unknown preset 'tldr-kto'.*gsm8k-dapo, gsm8k-dr-grpo, gsm8k-grpo, gsm8k-gspo, gsm8k-reinforce-pp, hh-dpo, hh-grpo, hh-ppo, hh-rm, paper-pythia-1b, paper-pythia-2\.8b, paper-pythia-6\.9b, quickstart, seed002-gpt2-hh, tldr-dapo, tldr-dpo, tldr-dr-grpo, tldr-grpo, tldr-gspo, tldr-ppo, tldr-reinforce-pp, tldr-rloo, tldr-rm, tldr-sft"):
+    with pytest.raises(
+        ConfigError,
+        match=r"unknown preset 'tldr-kto'.*gsm8k-dapo, gsm8k-dr-grpo, gsm8k-grpo, gsm8k-gspo, gsm8k-reinforce-pp, "
+        r"hh-dpo, hh-grpo, hh-ppo, hh-rm, paper-pythia-1b, paper-pythia-2\.8b, paper-pythia-6\.9b, quickstart, "
+        r"seed002-gpt2-hh, tldr-dapo, tldr-dpo, tldr-dr-grpo, tldr-grpo, tldr-gspo, tldr-ppo, tldr-reinforce-pp, "
+        r"tldr-rloo, tldr-rm, tldr-sft",
+    ):
         resolve("sft", "tldr-kto", None, {})
 
 
@@ -200,7 +206,13 @@ def test_values_are_coerced_to_field_types():
         "sft",
         None,
         None,
-        {"seed": "1_000", "num_epochs": "2", "loss_on_query": "yes", "report_to": " tensorboard , wandb ,", "lr_scheduler": "linear"},
+        {
+            "seed": "1_000",
+            "num_epochs": "2",
+            "loss_on_query": "yes",
+            "report_to": " tensorboard , wandb ,",
+            "lr_scheduler": "linear",
+        },
     )
     assert cfg.seed == 1000 and isinstance(cfg.seed, int)
     assert cfg.num_epochs == 2.0 and isinstance(cfg.num_epochs, float)
@@ -230,7 +242,13 @@ def test_unknown_command_shows_the_overview(capsys):
     assert cli.main(["ppo-train"]) == 2
     err = capsys.readouterr().err
     assert "unknown command 'ppo-train'" in err
-    assert "data analyze" in err and "presets: gsm8k-dapo, gsm8k-dr-grpo, gsm8k-grpo, gsm8k-gspo, gsm8k-reinforce-pp, hh-dpo, hh-grpo, hh-ppo, hh-rm, paper-pythia-1b, paper-pythia-2.8b, paper-pythia-6.9b, quickstart, seed002-gpt2-hh, tldr-dapo, tldr-dpo, tldr-dr-grpo, tldr-grpo, tldr-gspo, tldr-ppo, tldr-reinforce-pp, tldr-rloo, tldr-rm, tldr-sft" in err
+    assert (
+        "data analyze" in err
+        and "presets: gsm8k-dapo, gsm8k-dr-grpo, gsm8k-grpo, gsm8k-gspo, gsm8k-reinforce-pp, hh-dpo, hh-grpo, hh-ppo, "
+            "hh-rm, paper-pythia-1b, paper-pythia-2.8b, paper-pythia-6.9b, quickstart, seed002-gpt2-hh, tldr-dapo, "
+            "tldr-dpo, tldr-dr-grpo, tldr-grpo, tldr-gspo, tldr-ppo, tldr-reinforce-pp, tldr-rloo, tldr-rm, tldr-sft"
+        in err
+    )
 
 
 # ---------------------------------------------------------------- --help and round trip
@@ -281,7 +299,12 @@ def test_top_level_help_lists_commands_and_presets(capsys):
     out = capsys.readouterr().out
     for words in ("sft", "rm", "ppo", "data analyze", "models prepare", "dist-check"):
         assert f"  {words} " in out
-    assert "presets: gsm8k-dapo, gsm8k-dr-grpo, gsm8k-grpo, gsm8k-gspo, gsm8k-reinforce-pp, hh-dpo, hh-grpo, hh-ppo, hh-rm, paper-pythia-1b, paper-pythia-2.8b, paper-pythia-6.9b, quickstart, seed002-gpt2-hh, tldr-dapo, tldr-dpo, tldr-dr-grpo, tldr-grpo, tldr-gspo, tldr-ppo, tldr-reinforce-pp, tldr-rloo, tldr-rm, tldr-sft" in out
+    assert (
+        "presets: gsm8k-dapo, gsm8k-dr-grpo, gsm8k-grpo, gsm8k-gspo, gsm8k-reinforce-pp, hh-dpo, hh-grpo, hh-ppo, "
+        "hh-rm, paper-pythia-1b, paper-pythia-2.8b, paper-pythia-6.9b, quickstart, seed002-gpt2-hh, tldr-dapo, "
+        "tldr-dpo, tldr-dr-grpo, tldr-grpo, tldr-gspo, tldr-ppo, tldr-reinforce-pp, tldr-rloo, tldr-rm, tldr-sft"
+        in out
+    )
 
 
 @pytest.mark.parametrize(("stage", "preset"), [("sft", "tldr-sft"), ("rm", "tldr-rm"), ("data-analyze", None)])

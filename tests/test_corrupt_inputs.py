@@ -75,20 +75,62 @@ def assert_usable(record) -> None:
 
 # Control and format characters, lone surrogates, line and paragraph separators, a right-to-left
 # override, a combining accent, a BOM, non-characters, the top code point and an emoji.
-ODD_CHARS = ["\x00", "\x1b", "\r", "\t", "\x85", "\u2028", "\u2029", "\u202e", "\u0301", "\ufeff", "\uffff",
-             "\U0010ffff", "\U0001f600", "\ud800", "\udbff", "\udc00", "\ud83d", "é", "a", "Z", "7", " ", "\n", '"', "\\"]
+ODD_CHARS = [
+    "\x00",
+    "\x1b",
+    "\r",
+    "\t",
+    "\x85",
+    "\u2028",
+    "\u2029",
+    "\u202e",
+    "\u0301",
+    "\ufeff",
+    "\uffff",
+    "\U0010ffff",
+    "\U0001f600",
+    "\ud800",
+    "\udbff",
+    "\udc00",
+    "\ud83d",
+    "é",
+    "a",
+    "Z",
+    "7",
+    " ",
+    "\n",
+    '"',
+    "\\",
+]
 odd_text = st.text(alphabet=st.sampled_from(ODD_CHARS), max_size=30)
 huge_text = st.sampled_from(["x" * 300_000, "word " * 60_000, "\U0001f600" * 100_000, "\x00" * 200_000])
 leaf = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), st.just(""), odd_text, huge_text,
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(),
+    st.just(""),
+    odd_text,
+    huge_text,
 )
-junk = st.recursive(leaf, lambda kids: st.lists(kids, max_size=3) | st.dictionaries(odd_text, kids, max_size=3), max_leaves=8)
+junk = st.recursive(
+    leaf, lambda kids: st.lists(kids, max_size=3) | st.dictionaries(odd_text, kids, max_size=3), max_leaves=8
+)
 # Lines no JSON encoder writes: a stray "\r", bytes that are not JSON, nesting deeper than the parser's
 # recursion limit, an integer past Python's 4300-digit limit.
-RAW_LINES = ["[" * 50_000, '{"a": ' * 3_000 + "1" + "}" * 3_000, '{"post": ' + "9" * 5_000 + "}", "\x00\x00\x00", "{'single': 'quotes'}"]
-raw_alphabet = [c for c in ODD_CHARS if c != "\n" and not "\ud800" <= c <= "\udfff"] + list("{}[]:,0123456789.etrufalsn")
+RAW_LINES = [
+    "[" * 50_000,
+    '{"a": ' * 3_000 + "1" + "}" * 3_000,
+    '{"post": ' + "9" * 5_000 + "}",
+    "\x00\x00\x00",
+    "{'single': 'quotes'}",
+]
+raw_alphabet = [c for c in ODD_CHARS if c != "\n" and not "\ud800" <= c <= "\udfff"] + list(
+    "{}[]:,0123456789.etrufalsn"
+)
 raw_line = st.one_of(
-    st.sampled_from(RAW_LINES), st.text(alphabet=st.sampled_from(raw_alphabet), min_size=1, max_size=60).filter(str.strip)
+    st.sampled_from(RAW_LINES),
+    st.text(alphabet=st.sampled_from(raw_alphabet), min_size=1, max_size=60).filter(str.strip),
 )
 
 
@@ -144,8 +186,13 @@ LOADERS = {
 
 
 @pytest.mark.parametrize("loader_name", LOADERS)
-@settings(max_examples=60, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(data=st.data())
 def test_every_line_of_damaged_records_is_kept_or_counted(samples, tmp_path, loader_name, data):
     fmt, loader = LOADERS[loader_name]
@@ -176,8 +223,18 @@ def test_each_damaged_record_is_one_skip_and_later_lines_keep_their_numbers(tmp_
     records, _ = samples["tldr-comparisons"]
     first, good = json.dumps(records[0]), json.dumps(records[1])
     nan_confidence = json.dumps({**records[2], "extra": {"confidence": float("nan")}})
-    lone_surrogate = json.dumps({**records[3], "summaries": [{**s, "text": s["text"] + " \ud83d"} for s in records[3]["summaries"]]})
-    lines = [first, "[" * 50_000, '{"choice": ' + "1" * 5_000 + "}", good[:40] + "\r" + good[40:80], lone_surrogate, nan_confidence, good]
+    lone_surrogate = json.dumps(
+        {**records[3], "summaries": [{**s, "text": s["text"] + " \ud83d"} for s in records[3]["summaries"]]}
+    )
+    lines = [
+        first,
+        "[" * 50_000,
+        '{"choice": ' + "1" * 5_000 + "}",
+        good[:40] + "\r" + good[40:80],
+        lone_surrogate,
+        nan_confidence,
+        good,
+    ]
     path = tmp_path / "damaged.jsonl"
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     kept, log = load_comparisons([str(path)])
@@ -187,7 +244,9 @@ def test_each_damaged_record_is_one_skip_and_later_lines_keep_their_numbers(tmp_
 
 
 def test_csv_field_over_the_size_limit_skips_that_row_only(tmp_path, samples):
-    rows = [{k: str(v).replace("\n", " ") for k, v in row.items()} for row in samples["tldr-sft"][0][:3]]  # one line each
+    rows = [
+        {k: str(v).replace("\n", " ") for k, v in row.items()} for row in samples["tldr-sft"][0][:3]
+    ]  # one line each
     rows[1]["post"] = "word " * 40_000  # csv refuses fields over 128 KiB
     path = write_sft_csv(tmp_path / "posts.csv", rows)
     kept, log = load_sft([str(path)])
@@ -207,7 +266,9 @@ def parquet_bytes(tmp_path) -> bytes:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.Table.from_pylist([json.loads(line) for line in raw_lines("tldr-sft", 200)]), tmp_path / "whole.parquet")
+    pq.write_table(
+        pa.Table.from_pylist([json.loads(line) for line in raw_lines("tldr-sft", 200)]), tmp_path / "whole.parquet"
+    )
     return (tmp_path / "whole.parquet").read_bytes()
 
 

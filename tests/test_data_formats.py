@@ -147,11 +147,17 @@ def test_detail2_template_alone_too_long_fails(tokenizer):
 
 
 def test_hh_truncation_drops_oldest_turns(tokenizer):
-    turns = [(f"Question number {i} about cooking rice and beans?", f"Answer number {i} with some detail.") for i in range(5)]
-    dialogue = "".join(f"{HH_TURN} {h}{HH_ASSISTANT} {a}" for h, a in turns[:-1]) + f"{HH_TURN} {turns[-1][0]}{HH_ASSISTANT}"
+    turns = [(f"Question number {i} about cooking rice and beans?", f"Answer number {i} with some detail.")
+             for i in range(5)]
+    dialogue = (
+        "".join(f"{HH_TURN} {h}{HH_ASSISTANT} {a}" for h, a in turns[:-1]) + f"{HH_TURN} {turns[-1][0]}{HH_ASSISTANT}"
+    )
 
     def suffix_from(i: int) -> str:
-        return "".join(f"{HH_TURN} {h}{HH_ASSISTANT} {a}" for h, a in turns[i:-1]) + f"{HH_TURN} {turns[-1][0]}{HH_ASSISTANT}"
+        return (
+            "".join(f"{HH_TURN} {h}{HH_ASSISTANT} {a}" for h, a in turns[i:-1])
+            + f"{HH_TURN} {turns[-1][0]}{HH_ASSISTANT}"
+        )
 
     limit = n_tokens(tokenizer, suffix_from(2)) + 1
     assert n_tokens(tokenizer, suffix_from(1)) > limit
@@ -181,7 +187,9 @@ def test_hh_truncation_on_real_dialogues_keeps_whole_recent_turns(tokenizer):
 # ---------------------------------------------------------------- Detail 3: completions, PAD and EOS
 
 
-@pytest.mark.parametrize("summary", ["my summary here", " my summary here", "  my summary here\n", "\nmy summary here "])
+@pytest.mark.parametrize(
+    "summary", ["my summary here", " my summary here", "  my summary here\n", "\nmy summary here "]
+)
 def test_detail3_completion_has_exactly_one_leading_space_and_eos(tokenizer, summary):
     assert completion_text(summary) == " my summary here"
     ids = encode_completion(tokenizer, summary)
@@ -256,14 +264,17 @@ def test_pad_rejects_bad_side_and_overlong_rows():
 
 def test_detail3_detail5_eos_is_a_label_and_first_pad_follows_it(tokenizer):
     """With PAD != EOS the EOS stays in the labels, and the first PAD sits right after it."""
-    queries = [encode_query(tokenizer, "tldr", tldr_fields(p), 512).ids for p in ("Short post.", "A longer post here.\nTwo lines.")]
+    queries = [
+        encode_query(tokenizer, "tldr", tldr_fields(p), 512).ids
+        for p in ("Short post.", "A longer post here.\nTwo lines.")
+    ]
     responses = [encode_completion(tokenizer, s) for s in (" a much longer summary of everything", " short")]
     out = right_pad_query_response(queries, responses, tokenizer.pad_token_id)
     for row, (q, r) in enumerate(zip(queries, responses, strict=True)):
         end = len(q) + len(r)
         assert out["labels"][row, end - 1].item() == tokenizer.eos_token_id
         assert out["labels"][row, len(q) : end].tolist() == r
-        assert (out["labels"][row, :len(q)] == IGNORE_INDEX).all()
+        assert (out["labels"][row, : len(q)] == IGNORE_INDEX).all()
         if end < out["input_ids"].shape[1]:
             assert out["input_ids"][row, end].item() == tokenizer.pad_token_id
             assert (out["labels"][row, end:] == IGNORE_INDEX).all()

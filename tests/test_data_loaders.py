@@ -240,13 +240,19 @@ def test_bad_hh_records_are_skipped_by_reason(tmp_path, hh_base):
         json.dumps({**good[3], "chosen": prompt_only}),
         json.dumps({**good[4], "rejected": good[4]["chosen"]}),
         json.dumps({**good[4], "chosen": good[4]["chosen"] + "  ", "rejected": good[4]["chosen"]}),
-        json.dumps({**good[4], "chosen": "\n\nHuman: hi\n\nAssistant: hello", "rejected": "\n\nHuman: yo\n\nAssistant: hey"}),
-        json.dumps({**good[4], "chosen": "\n\nHuman: hi\n\nAssistant:  ", "rejected": "\n\nHuman: hi\n\nAssistant: hey"}),
+        json.dumps(
+            {**good[4], "chosen": "\n\nHuman: hi\n\nAssistant: hello", "rejected": "\n\nHuman: yo\n\nAssistant: hey"}
+        ),
+        json.dumps(
+            {**good[4], "chosen": "\n\nHuman: hi\n\nAssistant:  ", "rejected": "\n\nHuman: hi\n\nAssistant: hey"}
+        ),
         "{broken",
         json.dumps("a string"),
     ]
     records, log = load_hh([write_lines(tmp_path / "hh.jsonl", lines)])
-    assert len(records) == 1 and records[0].chosen == good[0]["chosen"][good[0]["chosen"].rfind("\n\nAssistant:") + 12 :]
+    assert (
+        len(records) == 1 and records[0].chosen == good[0]["chosen"][good[0]["chosen"].rfind("\n\nAssistant:") + 12 :]
+    )
     assert dict(log.counts) == {
         "non_string:rejected": 1,
         "missing_field:rejected": 1,
@@ -264,9 +270,7 @@ def test_pandalm_true_responses_are_json_booleans():
     """The real quirk the non_string skip exists for: six PandaLM responses are JSON `true`."""
     with gzip.open(data_file("pandalm-human-testset", "testset-v1.json.gz"), "rt") as f:
         items = json.load(f)
-    flagged = sorted(
-        item["idx"] for item in items if any(item[k] is True for k in ("response1", "response2"))
-    )
+    flagged = sorted(item["idx"] for item in items if any(item[k] is True for k in ("response1", "response2")))
     assert flagged == [157, 158, 159, 161, 162, 164]
 
 
@@ -464,7 +468,9 @@ def test_hub_hh_uses_hub_split(monkeypatch, hh_base):
     import datasets
 
     rows = raw_records(hh_base, 5)
-    monkeypatch.setattr(datasets, "load_dataset", lambda name, config=None, split=None: datasets.Dataset.from_list(rows))
+    monkeypatch.setattr(
+        datasets, "load_dataset", lambda name, config=None, split=None: datasets.Dataset.from_list(rows)
+    )
     records, log = load_hh(["Anthropic/hh-rlhf"], "test")
     assert log.kept + log.skipped == 5
     assert {r.split for r in records} == {"test"}
@@ -530,7 +536,9 @@ def test_hub_failure_is_a_clear_data_error(monkeypatch, capsys, tmp_path):
         raise ConnectionError(f"Couldn't reach '{name}' on the Hub (LocalEntryNotFoundError)\nmore detail")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
-    with pytest.raises(DataFormatError, match=r"^data/typo: no such local file or folder, and loading it as a Hugging Face"):
+    with pytest.raises(
+        DataFormatError, match=r"^data/typo: no such local file or folder, and loading it as a Hugging Face"
+    ):
         load_sft(["data/typo"])
     from rlhfkit.cli import main
 

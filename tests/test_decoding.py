@@ -121,7 +121,9 @@ def test_a_faithful_graph_is_checked_once_and_replayed(staggered, capturable, mo
     assert_same_rollout(graphs, decode(*staggered, "eager"))
 
 
-def test_a_capture_that_fails_falls_back_with_the_reason_logged_and_is_not_tried_again(staggered, capturable, monkeypatch, caplog):
+def test_a_capture_that_fails_falls_back_with_the_reason_logged_and_is_not_tried_again(
+    staggered, capturable, monkeypatch, caplog
+):
     caplog.set_level(logging.WARNING, logger="rlhfkit.decoding")
     attempts = []
 
@@ -136,11 +138,14 @@ def test_a_capture_that_fails_falls_back_with_the_reason_logged_and_is_not_tried
     second = decode(*staggered, "cuda-graphs")
     assert second.decoding == "eager" and len(attempts) == 1
     assert [r.getMessage() for r in caplog.records] == [
-        "decoding with eager steps: capturing the 8-row step failed: RuntimeError: operation not permitted when stream is capturing"]
+        "decoding with eager steps: capturing the 8-row step failed: RuntimeError: operation not permitted when stream "
+        "is capturing"
+    ]
 
 
-def test_a_graph_that_froze_its_inputs_is_caught_at_its_first_replay_and_the_call_redone_eagerly(staggered, capturable, monkeypatch,
-                                                                                               caplog):
+def test_a_graph_that_froze_its_inputs_is_caught_at_its_first_replay_and_the_call_redone_eagerly(
+    staggered, capturable, monkeypatch, caplog
+):
     """A graph whose replay returns what the step gave at capture (inputs frozen, as a graph reading a
     Python number would) differs from an eager step once the token and position have moved on; the call
     starts again with eager steps and the generator rewound, so even its samples are the eager ones."""
@@ -166,7 +171,8 @@ def test_a_graph_that_froze_its_inputs_is_caught_at_its_first_replay_and_the_cal
     assert graphs.decoding == "eager"
     assert_same_rollout(graphs, decode(*staggered, "eager", temperature=1.0, seed=5))
     assert [r.getMessage() for r in caplog.records] == [
-        "decoding with eager steps: the 8-row graph's logits differ from an eager step's on the same inputs"]
+        "decoding with eager steps: the 8-row graph's logits differ from an eager step's on the same inputs"
+    ]
     assert decoding.graphs_refused[model]
 
 
@@ -189,15 +195,27 @@ def test_gpt_neox_decodes_alike_in_buckets_with_either_attention(attention):
 
     from rlhfkit.data.collate import left_pad_queries
 
-    config = GPTNeoXConfig(vocab_size=500, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-                           rotary_pct=0.25, eos_token_id=0, pad_token_id=1)
+    config = GPTNeoXConfig(
+        vocab_size=500,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        rotary_pct=0.25,
+        eos_token_id=0,
+        pad_token_id=1,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, attn_implementation=attention).eval()
     generator = torch.Generator().manual_seed(0)
     queries = [torch.randint(2, 500, (n,), generator=generator).tolist() for n in (3, 9, 17, 5)]
     batch = left_pad_queries(queries, 1)
-    runs = [generate_recording(model, batch["input_ids"], batch["attention_mask"], SamplingParams(12, 0.0, decoding=mode), 7, 1)
-            for mode in ("eager", "buckets")]
+    runs = [
+        generate_recording(
+            model, batch["input_ids"], batch["attention_mask"], SamplingParams(12, 0.0, decoding=mode), 7, 1
+        )
+        for mode in ("eager", "buckets")
+    ]
     assert runs[1].decoding == "buckets"
     assert_same_rollout(runs[1], runs[0])
 

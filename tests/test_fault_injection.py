@@ -66,7 +66,9 @@ def straight_runs(tmp_path_factory, ppo_dirs):
     def get(trainer: str) -> Path:
         if trainer not in runs:
             out = tmp_path_factory.mktemp(f"straight-{trainer}")
-            subprocess.run(command(trainer, trainer_args(trainer, ppo_dirs, out)), check=True, env=child_env(), capture_output=True)
+            subprocess.run(
+                command(trainer, trainer_args(trainer, ppo_dirs, out)), check=True, env=child_env(), capture_output=True
+            )
             runs[trainer] = out
         return runs[trainer]
 
@@ -78,7 +80,9 @@ def kill_after_step(cmd: list[str], run_dir: Path, step: int) -> int:
     proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     metrics, deadline = run_dir / "metrics.jsonl", time.time() + 300
     while proc.poll() is None and time.time() < deadline:
-        if metrics.exists() and any(json.loads(line).get("step", 0) >= step for line in metrics.read_text().splitlines() if line):
+        if metrics.exists() and any(
+            json.loads(line).get("step", 0) >= step for line in metrics.read_text().splitlines() if line
+        ):
             proc.kill()
             break
         time.sleep(0.01)
@@ -93,9 +97,13 @@ def test_killed_run_resumes_bit_identical(trainer, fault, step, ppo_dirs, straig
     if fault == "after-step":
         code = kill_after_step(cmd, killed, step)
     else:
-        code = subprocess.run(cmd, env=child_env() | {"RLHFKIT_FAULT": f"{fault}:{step}"}, capture_output=True).returncode
+        code = subprocess.run(
+            cmd, env=child_env() | {"RLHFKIT_FAULT": f"{fault}:{step}"}, capture_output=True
+        ).returncode
     assert code == -9, "the run was meant to die by SIGKILL"
-    resumed = subprocess.run(rlhfkit_command(trainer, f"resume={killed}"), env=child_env(), capture_output=True, text=True)
+    resumed = subprocess.run(
+        rlhfkit_command(trainer, f"resume={killed}"), env=child_env(), capture_output=True, text=True
+    )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert_same_files(straight, killed, WEIGHTS.get(trainer, ["model/model.safetensors"]))
     assert_same_metrics(straight, killed, STEPS)
@@ -108,9 +116,13 @@ def test_a_model_whose_pad_is_its_eos_resumes_bit_identical(stage, ppo_dirs, pad
     the KL of update 1 is exactly 0 and a SIGKILLed run resumes bit-identical (review case 1)."""
     inputs = ppo_dirs | {"policy": pad_is_eos_policy}
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    subprocess.run(command(stage, trainer_args(stage, inputs, straight)), check=True, env=child_env(), capture_output=True)
+    subprocess.run(
+        command(stage, trainer_args(stage, inputs, straight)), check=True, env=child_env(), capture_output=True
+    )
     assert kill_after_step(command(stage, trainer_args(stage, inputs, killed)), killed, 2) == -9
-    resumed = subprocess.run(rlhfkit_command(stage, f"resume={killed}"), env=child_env(), capture_output=True, text=True)
+    resumed = subprocess.run(
+        rlhfkit_command(stage, f"resume={killed}"), env=child_env(), capture_output=True, text=True
+    )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert_same_files(straight, killed, WEIGHTS.get(stage, ["model/model.safetensors"]))
     rows = assert_same_metrics(straight, killed, STEPS)

@@ -16,14 +16,19 @@ def test_left_padded_batch_generates_same_tokens_as_each_row_alone(tiny_model, m
     model, tok = tiny_model
     sampling = SamplingLogprobs(monkeypatch)
     model.eval()
-    queries = [encode(tok, "SUBREDDIT: r/test\n\nTITLE: a long title here\n\nPOST: words words words\n\nTL;DR:"), encode(tok, "hi there")]
+    queries = [
+        encode(tok, "SUBREDDIT: r/test\n\nTITLE: a long title here\n\nPOST: words words words\n\nTL;DR:"),
+        encode(tok, "hi there"),
+    ]
     params = SamplingParams(max_new_tokens=12, temperature=0)
     batch = left_pad_queries(queries, tok.pad_token_id)
     together = generate(model, batch["input_ids"], batch["attention_mask"], params, tok.eos_token_id, tok.pad_token_id)
     together_logprobs = sampling.of(together)
     for i, q in enumerate(queries):
         alone_batch = left_pad_queries([q], tok.pad_token_id)
-        alone = generate(model, alone_batch["input_ids"], alone_batch["attention_mask"], params, tok.eos_token_id, tok.pad_token_id)
+        alone = generate(
+            model, alone_batch["input_ids"], alone_batch["attention_mask"], params, tok.eos_token_id, tok.pad_token_id
+        )
         width = alone.responses.size(1)
         assert together.responses[i, :width].tolist() == alone.responses[0].tolist()
         torch.testing.assert_close(together_logprobs[i, :width], sampling.of(alone)[0], atol=1e-5, rtol=1e-4)
@@ -39,7 +44,9 @@ class ScriptedLM(torch.nn.Module):
         self.calls = 0
         self.weight = torch.nn.Parameter(torch.zeros(1))
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=True, logits_to_keep=0):
+    def forward(
+        self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=True, logits_to_keep=0
+    ):
         logits = torch.full((input_ids.size(0), input_ids.size(1), self.vocab), -10.0)
         for row, script in enumerate(self.scripts):
             logits[row, -1, script[min(self.calls, len(script) - 1)]] = 10.0
@@ -95,10 +102,15 @@ def test_decoding_into_the_preallocated_cache_matches_full_forwards_without_cach
     model, tok = tiny_model
     model.eval()
     sampling = SamplingLogprobs(monkeypatch)
-    queries = [encode(tok, "SUBREDDIT: r/test\n\nPOST: a much longer post than the other one\n\nTL;DR:"), encode(tok, "short")]
+    queries = [
+        encode(tok, "SUBREDDIT: r/test\n\nPOST: a much longer post than the other one\n\nTL;DR:"),
+        encode(tok, "short"),
+    ]
     batch = left_pad_queries(queries, tok.pad_token_id)
     # a huge EOS id: no row stops, so every one of the 10 positions is compared
-    out = generate(model, batch["input_ids"], batch["attention_mask"], SamplingParams(max_new_tokens=10, temperature=0), 10**9, -1)
+    out = generate(
+        model, batch["input_ids"], batch["attention_mask"], SamplingParams(max_new_tokens=10, temperature=0), 10**9, -1
+    )
     with torch.no_grad():
         tokens, logps = greedy_without_cache(model, batch["input_ids"], batch["attention_mask"], 10)
     assert out.responses.tolist() == tokens.tolist()
@@ -126,7 +138,14 @@ def test_prompt_cache_is_laid_out_once_with_each_row_repeated_for_its_group(tiny
         assert target.keys.shape[0] == 4 and target.keys.shape[2] == ids.size(1) + 5
         torch.testing.assert_close(target.keys[:, :, : ids.size(1)], source.keys.repeat_interleave(2, dim=0))
         torch.testing.assert_close(target.values[2:, :, : ids.size(1)], source.values[[1, 1]])
-    sliding = DynamicCache(config=type(model.config)(**(model.config.to_dict() | {"sliding_window": 4, "layer_types": ["sliding_attention"] * model.config.num_hidden_layers})))
+    sliding = DynamicCache(
+        config=type(model.config)(
+            **(
+                model.config.to_dict()
+                | {"sliding_window": 4, "layer_types": ["sliding_attention"] * model.config.num_hidden_layers}
+            )
+        )
+    )
     assert static_decode_cache(model, sliding, repeats=1, max_length=8) is None  # other layouts keep the growing cache
 
 
@@ -189,9 +208,15 @@ def test_bf16_autocast_decoding_casts_no_weight_twice_and_never_the_cache(tiny_m
         assert casts.weight_casts and len(casts.weight_casts) == len(set(casts.weight_casts)), frozen
         assert all(p.requires_grad is not frozen for p in model.parameters())
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        prefill = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=True).past_key_values
+        prefill = model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=True
+        ).past_key_values
         static = rollout.static_decode_cache(model, prefill, 1, batch["input_ids"].size(1) + 6)
-    assert {layer.keys.dtype for layer in static.layers} == {layer.values.dtype for layer in static.layers} == {torch.bfloat16}
+    assert (
+        {layer.keys.dtype for layer in static.layers}
+        == {layer.values.dtype for layer in static.layers}
+        == {torch.bfloat16}
+    )
     monkeypatch.setattr(rollout, "cache_dtype", lambda keys, values: torch.promote_types(keys.dtype, values.dtype))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         fp32_cache = generate(model, batch["input_ids"], batch["attention_mask"], params, 10**9, -1)

@@ -91,9 +91,20 @@ def run_stage(stage: str, module, ppo_dirs, out, **options) -> None:
 @pytest.mark.parametrize("form", FORMS)
 def test_prompt_completion_trains_sft_and_answers_held_out_prompts(form, posts, ppo_dirs, tmp_path, capsys):
     data = write_rows(tmp_path / "data.jsonl", prompt_completion_rows(posts, form))
-    run_stage("sft", sft, ppo_dirs, tmp_path / "run", data=str(data), data_format="auto", validation_posts=4, eval_samples=1,
-              max_response_length=24)
-    assert f"data format: prompt-completion, {form} (detected from columns prompt, completion)" in capsys.readouterr().out
+    run_stage(
+        "sft",
+        sft,
+        ppo_dirs,
+        tmp_path / "run",
+        data=str(data),
+        data_format="auto",
+        validation_posts=4,
+        eval_samples=1,
+        max_response_length=24,
+    )
+    assert (
+        f"data format: prompt-completion, {form} (detected from columns prompt, completion)" in capsys.readouterr().out
+    )
     sample = json.loads((tmp_path / "run" / "samples.jsonl").read_text().splitlines()[0])
     assert {"prompt", "reference", "base", "sft"} <= set(sample) and "post" not in sample
     assert sample["reference"] in {s for _, s in posts}
@@ -102,12 +113,26 @@ def test_prompt_completion_trains_sft_and_answers_held_out_prompts(form, posts, 
 
 
 @pytest.mark.parametrize("form", FORMS)
-def test_language_modeling_trains_sft_on_the_whole_text_or_the_final_assistant_turn(form, posts, ppo_dirs, tmp_path, capsys):
+def test_language_modeling_trains_sft_on_the_whole_text_or_the_final_assistant_turn(
+    form, posts, ppo_dirs, tmp_path, capsys
+):
     data = write_rows(tmp_path / "data.jsonl", language_modeling_rows(posts, form))
-    run_stage("sft", sft, ppo_dirs, tmp_path / "run", data=str(data), data_format="language-modeling", validation_posts=4,
-              eval_samples=1, max_response_length=24)
+    run_stage(
+        "sft",
+        sft,
+        ppo_dirs,
+        tmp_path / "run",
+        data=str(data),
+        data_format="language-modeling",
+        validation_posts=4,
+        eval_samples=1,
+        max_response_length=24,
+    )
     column = "text" if form == "standard" else "messages"
-    assert f"data format: language-modeling, {form} (data_format=language-modeling, columns {column})" in capsys.readouterr().out
+    assert (
+        f"data format: language-modeling, {form} (data_format=language-modeling, columns {column})"
+        in capsys.readouterr().out
+    )
     assert "val/loss" in json.loads((tmp_path / "run" / "eval.json").read_text())
     # a text has no prompt to answer; a conversation's prompt is every turn before its final assistant turn
     assert (tmp_path / "run" / "samples.jsonl").exists() == (form == "conversational")
@@ -119,23 +144,44 @@ def test_language_modeling_text_is_all_completion_within_the_query_and_response_
     assert records[0].fields == {"prompt": ""} and records[0].summary == f"{query(posts[0][0])} {posts[0][1]}"
     assert len({r.prompt_id for r in records}) == len(records)  # no prompt: each text is its own unit of the split
     examples, _ = tokenize_sft(records, tokenizer, max_query_length=128, max_response_length=16)
-    assert len(examples) == len(records) and all(e.query.ids == [] and 16 < len(e.response) <= 128 + 16 for e in examples)
+    assert len(examples) == len(records) and all(
+        e.query.ids == [] and 16 < len(e.response) <= 128 + 16 for e in examples
+    )
     _, log = tokenize_sft(records, tokenizer, max_query_length=8, max_response_length=16)
     assert log.counts == {"response_too_long": len(records)}
 
 
 # each stage reads both forms and both kinds of prompt; every variant runs through one of them (to keep this file short)
-@pytest.mark.parametrize(("form", "prompt", "stage"), [("standard", "explicit", "rm"), ("conversational", "implicit", "rm"),
-                                                       ("conversational", "explicit", "dpo"), ("standard", "implicit", "dpo")])
+@pytest.mark.parametrize(
+    ("form", "prompt", "stage"),
+    [
+        ("standard", "explicit", "rm"),
+        ("conversational", "implicit", "rm"),
+        ("conversational", "explicit", "dpo"),
+        ("standard", "implicit", "dpo"),
+    ],
+)
 def test_preference_trains_the_reward_model_and_dpo(form, prompt, stage, pairs, ppo_dirs, tmp_path, capsys):
     data = write_rows(tmp_path / "data.jsonl", preference_rows(pairs, form, prompt))
     extra = {"eval_samples": 0} if stage == "dpo" else {}
-    run_stage(stage, {"rm": reward, "dpo": dpo}[stage], ppo_dirs, tmp_path / "run", data=str(data), data_format="auto",
-              max_response_length=64, **extra)
+    run_stage(
+        stage,
+        {"rm": reward, "dpo": dpo}[stage],
+        ppo_dirs,
+        tmp_path / "run",
+        data=str(data),
+        data_format="auto",
+        max_response_length=64,
+        **extra,
+    )
     columns = "prompt, chosen, rejected" if prompt == "explicit" else "chosen, rejected"
-    assert f"data format: preference, {prompt} prompt, {form} (detected from columns {columns})" in capsys.readouterr().out
+    assert (
+        f"data format: preference, {prompt} prompt, {form} (detected from columns {columns})" in capsys.readouterr().out
+    )
     evaluation_json = json.loads((tmp_path / "run" / "rm_eval" / "rm_eval.json").read_text())
-    assert evaluation_json["pairs"] > 0 and evaluation_json["breakdown"]["task"].keys() == {"text" if form == "standard" else "chat"}
+    assert evaluation_json["pairs"] > 0 and evaluation_json["breakdown"]["task"].keys() == {
+        "text" if form == "standard" else "chat"
+    }
     assert not (tmp_path / "run" / "rm_eval" / "probes.md").exists()  # the TL;DR probes are for TL;DR data only
 
 
@@ -144,14 +190,35 @@ def test_prompt_only_feeds_generate_and_the_on_policy_stages(form, posts, ppo_di
     prompts = [{"prompt": query(p) if form == "standard" else user(p), "topic": "reddit"} for p, _ in posts]
     data = write_rows(tmp_path / "data.jsonl", prompts)
     out = tmp_path / "samples.jsonl"
-    assert cli_main(["generate", f"model={ppo_dirs['policy']}", f"data={data}", "prompt_format=prompt-only", "split=all",
-                     "num_samples=2", "max_new_tokens=4", "temperature=0", f"out={out}"]) == 0
+    assert (
+        cli_main(
+            [
+                "generate",
+                f"model={ppo_dirs['policy']}",
+                f"data={data}",
+                "prompt_format=prompt-only",
+                "split=all",
+                "num_samples=2",
+                "max_new_tokens=4",
+                "temperature=0",
+                f"out={out}",
+            ]
+        )
+        == 0
+    )
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 2 and rows[0]["reference"] == ""
-    cfg = resolve("grpo", PRESETS["grpo"], None, stage_args("grpo", ppo_dirs, tmp_path / "run", data=str(data), prompt_format="auto"))
+    cfg = resolve(
+        "grpo",
+        PRESETS["grpo"],
+        None,
+        stage_args("grpo", ppo_dirs, tmp_path / "run", data=str(data), prompt_format="auto"),
+    )
     train, held_out, _ = evaluation.split_posts(cfg, tokenizer_of(ppo_dirs))
     assert len(held_out) == 8 and {e.record.task for e in train} == {"text" if form == "standard" else "chat"}
-    assert all(e.record.columns == {"topic": "reddit"} for e in train)  # every other column reaches the reward functions
+    assert all(
+        e.record.columns == {"topic": "reddit"} for e in train
+    )  # every other column reaches the reward functions
     assert f"data format: prompt-only, {form} (detected from columns prompt)" in capsys.readouterr().out
 
 
@@ -179,14 +246,21 @@ def test_a_completion_column_beside_the_prompt_is_the_reference_of_prompt_only_d
 
 def test_implicit_prompt_is_the_common_prefix_cut_back_to_a_word_boundary():
     assert split_common_prefix("Q: colour? A: The sky is blue.", "Q: colour? A: The sky is bright.") == (
-        "Q: colour? A: The sky is", " blue.", " bright.")
+        "Q: colour? A: The sky is",
+        " blue.",
+        " bright.",
+    )
     assert split_common_prefix("Answer:\n\nyes", "Answer:\n\nno") == ("Answer:", "\n\nyes", "\n\nno")
     assert split_common_prefix("It is yes", "It is yesterday") == ("It is", " yes", " yesterday")
 
 
 def test_a_string_prompt_beside_whole_conversations_is_a_copy_and_the_prompt_stays_implicit(tmp_path):
-    row = {"prompt": "Why is the sky blue?", "chosen": user("Why is the sky blue?") + assistant("Rayleigh scattering."),
-           "rejected": user("Why is the sky blue?") + assistant("Paint."), "score_chosen": 8.0}  # as ultrafeedback_binarized
+    row = {
+        "prompt": "Why is the sky blue?",
+        "chosen": user("Why is the sky blue?") + assistant("Rayleigh scattering."),
+        "rejected": user("Why is the sky blue?") + assistant("Paint."),
+        "score_chosen": 8.0,
+    }  # as ultrafeedback_binarized
     [record], _ = load_pairs("auto", [str(write_rows(tmp_path / "data.jsonl", [row]))])
     assert (record.task, json.loads(record.fields["messages"])) == ("chat", user("Why is the sky blue?"))
     assert (record.chosen, record.rejected) == ("Rayleigh scattering.", "Paint.")
@@ -202,7 +276,11 @@ def test_the_prompt_id_keeps_every_record_of_a_prompt_on_one_side_of_the_split(p
 
 
 def test_unusable_records_are_skipped_and_counted_by_reason_with_their_line(tmp_path):
-    good = {"prompt": user("Why is the sky blue?"), "chosen": assistant("Rayleigh scattering."), "rejected": assistant("Paint.")}
+    good = {
+        "prompt": user("Why is the sky blue?"),
+        "chosen": assistant("Rayleigh scattering."),
+        "rejected": assistant("Paint."),
+    }
     bad = [
         {"chosen": good["chosen"], "rejected": good["rejected"]},  # missing_field:prompt
         good | {"prompt": None},  # missing_field:prompt (a missing value, as parquet stores one)
@@ -216,28 +294,51 @@ def test_unusable_records_are_skipped_and_counted_by_reason_with_their_line(tmp_
     path = write_rows(tmp_path / "data.jsonl", [good, *bad])
     records, log = load_pairs("auto", [str(path)])
     assert len(records) == log.kept == 1
-    assert log.counts == {"missing_field:prompt": 2, "not_messages:chosen": 1, "not_messages:rejected": 1, "empty:prompt": 1,
-                          "not_one_assistant_message:chosen": 1, "tie": 1, "not_an_object": 1}
+    assert log.counts == {
+        "missing_field:prompt": 2,
+        "not_messages:chosen": 1,
+        "not_messages:rejected": 1,
+        "empty:prompt": 1,
+        "not_one_assistant_message:chosen": 1,
+        "tie": 1,
+        "not_an_object": 1,
+    }
     assert log.examples["tie"] == [f"{path}:8"]
 
 
 def test_implicit_prompts_that_differ_or_are_missing_are_skipped(tmp_path):
     rows = [
-        {"chosen": user("Hi") + assistant("Hello!"), "rejected": user("Hey") + assistant("Go away.")},  # prompt_mismatch
+        {
+            "chosen": user("Hi") + assistant("Hello!"),
+            "rejected": user("Hey") + assistant("Go away."),
+        },  # prompt_mismatch
         {"chosen": user("Hi") + assistant("Hello!"), "rejected": user("Hi")},  # no_final_assistant_turn:rejected
         {"chosen": assistant("Hello!"), "rejected": assistant("Go away.")},  # no_common_prompt
     ]
     _, log = load_pairs("preference", [str(write_rows(tmp_path / "chat.jsonl", rows))])
     assert log.counts == {"prompt_mismatch": 1, "no_final_assistant_turn:rejected": 1, "no_common_prompt": 1}
-    _, log = load_pairs("preference", [str(write_rows(tmp_path / "text.jsonl", [{"chosen": "Yes!", "rejected": "Yes?"}]))])
+    _, log = load_pairs(
+        "preference", [str(write_rows(tmp_path / "text.jsonl", [{"chosen": "Yes!", "rejected": "Yes?"}]))]
+    )
     assert log.counts == {"no_common_prompt": 1}
 
 
 def test_field_options_map_other_column_names_in_every_stage(pairs, posts, tmp_path):
     renamed = [{"question": query(p), "better": c, "worse": r} for p, c, r in pairs]
     data = write_rows(tmp_path / "pairs.jsonl", renamed)
-    cfg = resolve("rm", PRESETS["rm"], None, {"data": str(data), "data_format": "auto", "prompt_field": "question",
-                                              "chosen_field": "better", "rejected_field": "worse", "validation_fraction": 0.25})
+    cfg = resolve(
+        "rm",
+        PRESETS["rm"],
+        None,
+        {
+            "data": str(data),
+            "data_format": "auto",
+            "prompt_field": "question",
+            "chosen_field": "better",
+            "rejected_field": "worse",
+            "validation_fraction": 0.25,
+        },
+    )
     train, validation, _ = split_comparisons(cfg.pair_selection)
     assert len(train) + len(validation) == len(pairs) and train[0].fields["prompt"].endswith("TL;DR:")
     names = resolve("sft", PRESETS["sft"], None, {"prompt_field": "question", "completion_field": "answer"}).fields
@@ -252,17 +353,30 @@ def test_field_options_map_other_column_names_in_every_stage(pairs, posts, tmp_p
 
 def test_data_in_no_known_format_fails_in_one_line_naming_its_columns(ppo_dirs, tmp_path, capsys):
     data = write_rows(tmp_path / "data.jsonl", [{"question_text": "Why?", "label": 1}])
-    assert cli_main(["rm", f"model={ppo_dirs['policy']}", f"data={data}", "data_format=auto", f"output_dir={tmp_path / 'run'}"]) == 2
+    assert (
+        cli_main(
+            ["rm", f"model={ppo_dirs['policy']}", f"data={data}", "data_format=auto", f"output_dir={tmp_path / 'run'}"]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err
-    assert err.startswith(f"rlhfkit: error: {data}:1: no comparison data format has the columns question_text, label; accepted: ")
-    assert "preference (chosen, rejected, optionally prompt)" in err and "tldr-comparisons (info, summaries, choice)" in err
+    assert err.startswith(
+        f"rlhfkit: error: {data}:1: no comparison data format has the columns question_text, label; accepted: "
+    )
+    assert (
+        "preference (chosen, rejected, optionally prompt)" in err
+        and "tldr-comparisons (info, summaries, choice)" in err
+    )
 
 
 def test_a_named_generic_format_without_its_columns_fails_in_one_line(posts, tmp_path):
     data = write_rows(tmp_path / "data.jsonl", language_modeling_rows(posts, "standard"))
-    with pytest.raises(ValueError, match=r"data_format=prompt-completion reads the columns prompt, completion; the data has text; "
-                                          r"it looks like language-modeling data \(standard\): read it with data_format=language-modeling"):
+    with pytest.raises(
+        ValueError,
+        match=r"data_format=prompt-completion reads the columns prompt, completion; the data has text; "
+        r"it looks like language-modeling data \(standard\): read it with data_format=language-modeling",
+    ):
         load_sft_data("prompt-completion", [str(data)])
 
 

@@ -43,20 +43,30 @@ def test_group_sampling_encodes_each_prompt_once_and_matches_repeated_prompts(pp
     forward = models.policy.forward
 
     def recording_forward(*args, **kwargs):
-        if kwargs.get("past_key_values", kwargs.get("cache")) is None:  # a prefill passes no cache (transformers < 5.24 names it past_key_values)
+        if (
+            kwargs.get("past_key_values", kwargs.get("cache")) is None
+        ):  # a prefill passes no cache (transformers < 5.24 names it past_key_values)
             prefill_rows.append(kwargs["input_ids"].size(0))
         return forward(*args, **kwargs)
 
     models.policy.forward = recording_forward
     params = generation.SamplingParams(max_new_tokens=6, temperature=0.0)
     padded = left_pad_queries(queries, tok.pad_token_id)
-    shared = generation.generate(models.policy, padded["input_ids"], padded["attention_mask"], params, tok.eos_token_id,
-                                 tok.pad_token_id, samples_per_prompt=4)
+    shared = generation.generate(
+        models.policy,
+        padded["input_ids"],
+        padded["attention_mask"],
+        params,
+        tok.eos_token_id,
+        tok.pad_token_id,
+        samples_per_prompt=4,
+    )
     shared_logprobs = sampling.of(shared)
     assert prefill_rows == [3]  # one prefill row per prompt, not per sample
     repeated = left_pad_queries([q for q in queries for _ in range(4)], tok.pad_token_id)
-    plain = generation.generate(models.policy, repeated["input_ids"], repeated["attention_mask"], params, tok.eos_token_id,
-                                tok.pad_token_id)
+    plain = generation.generate(
+        models.policy, repeated["input_ids"], repeated["attention_mask"], params, tok.eos_token_id, tok.pad_token_id
+    )
     assert torch.equal(shared.responses, plain.responses) and torch.equal(shared.queries, plain.queries)
     torch.testing.assert_close(shared_logprobs, sampling.of(plain), atol=1e-5, rtol=1e-4)
 
@@ -73,9 +83,20 @@ def test_rows_come_in_groups_of_the_same_prompt(ppo_dirs, tmp_path):
 @pytest.mark.parametrize("stage", ["grpo", "rloo"])
 def test_equal_scores_in_a_group_give_zero_advantages_and_no_update(stage, ppo_dirs, tmp_path):
     cfg, models, prompts = setup(stage, ppo_dirs, tmp_path, kl_coef=0.0)
-    batch = score_rollout(models, sample_responses(
-        models.policy, prompts[:2], generation.SamplingParams(max_new_tokens=10), models.tokenizer, 8,
-        lambda i: chunk_generator(1, 0, i, torch.device("cpu")), samples_per_prompt=4), cfg, "no")
+    batch = score_rollout(
+        models,
+        sample_responses(
+            models.policy,
+            prompts[:2],
+            generation.SamplingParams(max_new_tokens=10),
+            models.tokenizer,
+            8,
+            lambda i: chunk_generator(1, 0, i, torch.device("cpu")),
+            samples_per_prompt=4,
+        ),
+        cfg,
+        "no",
+    )
     batch.raw_scores = torch.tensor([0.3] * 4 + [-2.0] * 4)
     batch.has_eos = torch.ones(8, dtype=torch.bool)
     batch = compute_advantages(batch, cfg, cfg.kl_coef)
@@ -94,7 +115,9 @@ def test_kl_as_a_loss_term_is_zero_at_step_0_and_pulls_towards_the_reference(ppo
     score_only = torch.zeros_like(batch.rewards)
     score_only[torch.arange(batch.size), last] = batch.scores
     torch.testing.assert_close(batch.rewards, score_only)  # no KL penalty inside the reward
-    metrics = update.update_on_rollout(models, update.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
+    metrics = update.update_on_rollout(
+        models, update.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef
+    )
     assert metrics["loss/kl_avg"] > 0  # the second epoch saw a moved policy
     first_epoch_only = update.update_on_rollout(*reset(models, cfg, prompts, update_epochs=1), "no", cfg.kl_coef)
     assert first_epoch_only["loss/kl_avg"] == 0  # k3 of identical policies
@@ -110,9 +133,13 @@ def reset(models, cfg, prompts, **changes):
 
 
 def test_clipping_can_be_turned_off(ppo_dirs, tmp_path):
-    cfg, models, prompts = setup("grpo", ppo_dirs, tmp_path, clip_range=0.0, update_epochs=3, learning_rate=3e-2, eos_trick=False)
+    cfg, models, prompts = setup(
+        "grpo", ppo_dirs, tmp_path, clip_range=0.0, update_epochs=3, learning_rate=3e-2, eos_trick=False
+    )
     batch = collected(models, prompts, cfg, 0, cfg.kl_coef)
-    metrics = update.update_on_rollout(models, update.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
+    metrics = update.update_on_rollout(
+        models, update.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef
+    )
     assert metrics["policy/clipfrac_avg"] == 0 and metrics["val/ratio_var"] > 0
 
 
@@ -122,17 +149,38 @@ def test_group_stages_refuse_one_sample_per_prompt_and_any_estimator_but_their_o
         resolve(stage, PRESETS[stage], None, stage_args(stage, ppo_dirs, tmp_path, samples_per_prompt=1))
     other = {"grpo": "rloo", "rloo": "grpo"}[stage]
     for command, estimator, own in ((stage, other, stage), ("ppo", stage, "gae")):
-        with pytest.raises(ConfigError, match=f"advantage_estimator='{estimator}' is not accepted; choose one of: {own}$"):
-            resolve(command, None, None, {"advantage_estimator": estimator})  # no stage runs another's algorithm under its name
+        with pytest.raises(
+            ConfigError, match=f"advantage_estimator='{estimator}' is not accepted; choose one of: {own}$"
+        ):
+            resolve(
+                command, None, None, {"advantage_estimator": estimator}
+            )  # no stage runs another's algorithm under its name
 
 
 @pytest.mark.faults  # SIGKILL and resume: the fault-injection suite keeps the default run short
 @pytest.mark.parametrize("stage", ["grpo", "rloo"])
 def test_run_directory_and_resume_after_sigkill_are_identical(stage, ppo_dirs, tmp_path):
     updates = 3
-    args = stage_args(stage, ppo_dirs, tmp_path, max_steps=updates, sample_every=1, eval_samples=2, report_to="tensorboard", eos_trick="false")
+    args = stage_args(
+        stage,
+        ppo_dirs,
+        tmp_path,
+        max_steps=updates,
+        sample_every=1,
+        eval_samples=2,
+        report_to="tensorboard",
+        eos_trick="false",
+    )
     straight, killed = straight_and_resumed(stage, PRESETS[stage], args, tmp_path, kill_at=1)
-    for name in ["config.yaml", "metrics.jsonl", "samples.jsonl", "eval.json", "report.html", "plots/curves.png", "model/model.safetensors"]:
+    for name in [
+        "config.yaml",
+        "metrics.jsonl",
+        "samples.jsonl",
+        "eval.json",
+        "report.html",
+        "plots/curves.png",
+        "model/model.safetensors",
+    ]:
         assert (straight / name).is_file(), name
     assert not (straight / "value").exists()  # no value model
     assert_same_files(straight, killed, ["model/model.safetensors"])
@@ -146,21 +194,60 @@ def test_run_directory_and_resume_after_sigkill_are_identical(stage, ppo_dirs, t
 
 def test_hh_dialogues_serve_as_prompts(ppo_dirs, tmp_path):
     hh = data_file("hh-rlhf", "helpful-base", "test.jsonl.gz")
-    cfg = resolve("grpo", "tldr-grpo", None, stage_args("grpo", ppo_dirs, tmp_path, data=str(hh), prompt_format="hh", validation_posts=10))
+    cfg = resolve(
+        "grpo",
+        "tldr-grpo",
+        None,
+        stage_args("grpo", ppo_dirs, tmp_path, data=str(hh), prompt_format="hh", validation_posts=10),
+    )
     train, held_out, notes = evaluation.split_posts(cfg, trainer.load_models(cfg, None, torch.device("cpu")).tokenizer)
     assert len(train) > 100 and len(held_out) == 10
     assert {e.record.task for e in train} == {"hh"} and "Human:" in evaluation.prompt_body(train[0].record)
     assert len({e.record.prompt_id for e in train}) == len(train)  # one prompt per distinct dialogue
 
 
-@pytest.mark.parametrize(("preset", "expected"), [
-    ("tldr-grpo", {"samples_per_prompt": 4, "advantage_estimator": "grpo", "kl_placement": "loss", "kl_estimator": "k3",
-                   "total_batch_size": 512, "learning_rate": 3e-6, "kl_coef": 0.05, "temperature": 0.7}),
-    ("tldr-rloo", {"samples_per_prompt": 4, "advantage_estimator": "rloo", "kl_placement": "reward", "kl_estimator": "k1",
-                   "total_batch_size": 512, "learning_rate": 3e-6, "kl_coef": 0.05}),
-    ("hh-grpo", {"samples_per_prompt": 4, "kl_coef": 0.1, "learning_rate": 1e-5, "clip_range": 0.0, "prompt_format": "hh",
-                 "model": "openai-community/gpt2", "total_episodes": 80_000}),
-])
+@pytest.mark.parametrize(
+    ("preset", "expected"),
+    [
+        (
+            "tldr-grpo",
+            {
+                "samples_per_prompt": 4,
+                "advantage_estimator": "grpo",
+                "kl_placement": "loss",
+                "kl_estimator": "k3",
+                "total_batch_size": 512,
+                "learning_rate": 3e-6,
+                "kl_coef": 0.05,
+                "temperature": 0.7,
+            },
+        ),
+        (
+            "tldr-rloo",
+            {
+                "samples_per_prompt": 4,
+                "advantage_estimator": "rloo",
+                "kl_placement": "reward",
+                "kl_estimator": "k1",
+                "total_batch_size": 512,
+                "learning_rate": 3e-6,
+                "kl_coef": 0.05,
+            },
+        ),
+        (
+            "hh-grpo",
+            {
+                "samples_per_prompt": 4,
+                "kl_coef": 0.1,
+                "learning_rate": 1e-5,
+                "clip_range": 0.0,
+                "prompt_format": "hh",
+                "model": "openai-community/gpt2",
+                "total_episodes": 80_000,
+            },
+        ),
+    ],
+)
 def test_group_presets(preset, expected):
     cfg = resolve(preset.split("-")[1], preset, None, {})
     assert {k: getattr(cfg, k) for k in expected} == expected

@@ -36,7 +36,8 @@ def test_length_preference_counts_votes_for_the_longer_response_hand_values():
         return Comparison("p", "tldr", {"post": "x"}, chosen, rejected, "f:1")
 
     comparisons = [pair("a long summary", "short"), pair("short", "a long summary"), pair("same", "same")]
-    # pair 1: chosen (longer) twice; pair 2: chosen (shorter) once, rejected (longer) once; pair 3: equal lengths, left out
+    # pair 1: chosen (longer) twice; pair 2: chosen (shorter) once, rejected (longer) once; pair 3: equal lengths, left
+    # out
     forward = [verdict("A", False), verdict("A", False), verdict("A", False)]
     backward = [verdict("B", False), verdict("A", False), verdict("A", False)]
     result = judge_eval.length_preference(comparisons, judge_eval.BothOrders(forward, backward))
@@ -55,8 +56,12 @@ def test_longer_baseline_counts_equal_lengths_half_hand_values():
 
 @pytest.fixture(scope="module")
 def comparisons(tmp_path_factory):
-    return first_lines(tmp_path_factory.mktemp("judge-eval") / "pairs.jsonl", 40, "summarize-from-feedback-comparisons",
-                       "batch13.jsonl.gz")
+    return first_lines(
+        tmp_path_factory.mktemp("judge-eval") / "pairs.jsonl",
+        40,
+        "summarize-from-feedback-comparisons",
+        "batch13.jsonl.gz",
+    )
 
 
 @pytest.fixture
@@ -68,12 +73,20 @@ def server(monkeypatch):
 
 
 def run_judge_eval(judge, data, out, **extra):
-    args = {"judge": judge, "data": str(data), "out": str(out), "max_pairs": 12, "cache_dir": str(out / "cache")} | extra
+    args = {
+        "judge": judge,
+        "data": str(data),
+        "out": str(out),
+        "max_pairs": 12,
+        "cache_dir": str(out / "cache"),
+    } | extra
     assert cli_main(["judge-eval", *cli_args(args)]) == 0
     return json.loads((out / "judge_eval.json").read_text())
 
 
-def test_a_judge_that_always_answers_a_shows_full_position_bias_and_chance_agreement(server, comparisons, tmp_path, capsys):
+def test_a_judge_that_always_answers_a_shows_full_position_bias_and_chance_agreement(
+    server, comparisons, tmp_path, capsys
+):
     server.script = ["no_preferred"]
     server.reply = lambda prompt: "Preferred: A"
     result = run_judge_eval(f"openai:judge-model@{server.url}", comparisons, tmp_path / "run", timeout=5)
@@ -81,7 +94,10 @@ def test_a_judge_that_always_answers_a_shows_full_position_bias_and_chance_agree
     assert result["position_bias"]["first_position_share"] == 1.0
     assert result["position_bias"]["consistent_share"] == 0.0  # it picked each response once
     # each pair is shown chosen-first in exactly one of its two orders, so it is picked exactly once
-    assert result["agreement"]["votes"] == 23 and result["agreement"]["agreement"] in (pytest.approx(11 / 23), pytest.approx(12 / 23))
+    assert result["agreement"]["votes"] == 23 and result["agreement"]["agreement"] in (
+        pytest.approx(11 / 23),
+        pytest.approx(12 / 23),
+    )
     baseline = result["longer_baseline"]
     assert 0 <= baseline["agreement"] <= 1 and baseline["pairs"] == 12
     out = capsys.readouterr().out

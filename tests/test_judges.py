@@ -54,7 +54,12 @@ def make_pairs(n: int) -> list[Pair]:
     pairs = []
     for i in range(n):
         good, bad = f"good summary {i}", f"bad summary {i}"
-        pairs.append(Pair(f"SUBREDDIT: r/test\n\nTITLE: post {i}\n\nPOST: text {i}\n\nTL;DR:", *((good, bad) if i % 2 == 0 else (bad, good))))
+        pairs.append(
+            Pair(
+                f"SUBREDDIT: r/test\n\nTITLE: post {i}\n\nPOST: text {i}\n\nTL;DR:",
+                *((good, bad) if i % 2 == 0 else (bad, good)),
+            )
+        )
     return pairs
 
 
@@ -65,22 +70,25 @@ def expected_winners(pairs: list[Pair]) -> list[str]:
 # ---------------------------------------------------------------- parsing, order, template, specs
 
 
-@pytest.mark.parametrize("reply, expected", [
-    ('Comparison: A covers more.\nPreferred: "A"', "A"),
-    ("Comparison: B is tighter.\nPreferred: B", "B"),
-    ("Preferred: b  ", "B"),
-    ('Preferred: "a"\r\n', "A"),
-    ("Preferred: A\nPreferred: A", "A"),
-    ("Preferred: A\nPreferred: B", "unparseable"),  # two different letters is no answer
-    ('Preferred: "A', "unparseable"),  # unbalanced quotes
-    ("Preferred: A.", "unparseable"),
-    ("**Preferred:** A", "unparseable"),
-    ("preferred: A", "unparseable"),
-    ("Preferred: Summary A", "unparseable"),
-    ("Preferred: tie", "unparseable"),
-    ("I prefer A.", "unparseable"),
-    ("", "unparseable"),
-])
+@pytest.mark.parametrize(
+    "reply, expected",
+    [
+        ('Comparison: A covers more.\nPreferred: "A"', "A"),
+        ("Comparison: B is tighter.\nPreferred: B", "B"),
+        ("Preferred: b  ", "B"),
+        ('Preferred: "a"\r\n', "A"),
+        ("Preferred: A\nPreferred: A", "A"),
+        ("Preferred: A\nPreferred: B", "unparseable"),  # two different letters is no answer
+        ('Preferred: "A', "unparseable"),  # unbalanced quotes
+        ("Preferred: A.", "unparseable"),
+        ("**Preferred:** A", "unparseable"),
+        ("preferred: A", "unparseable"),
+        ("Preferred: Summary A", "unparseable"),
+        ("Preferred: tie", "unparseable"),
+        ("I prefer A.", "unparseable"),
+        ("", "unparseable"),
+    ],
+)
 def test_only_the_appendix_i_preferred_line_parses(reply, expected):
     assert parse_preference(reply) == expected
 
@@ -94,7 +102,9 @@ def test_swap_is_a_deterministic_balanced_function_of_seed_and_index():
 
 def test_default_template_is_the_paper_appendix_i_prompt_rendered_in_one_pass():
     template = load_template()
-    assert template.text.startswith("Which of the following summaries does a better job of summarizing the most important")
+    assert template.text.startswith(
+        "Which of the following summaries does a better job of summarizing the most important"
+    )
     assert 'Comparison: <one-sentence comparison and explanation>\nPreferred: <"A" or "B">' in template.text
     assert "\\" not in template.text  # the paper's Python line continuations are joined
     assert template.sha256 == hashlib.sha256(template.text.encode()).hexdigest()
@@ -348,8 +358,14 @@ def test_reward_model_judge_picks_the_higher_reward_and_ties_equal_ones(reward_m
     pairs = [Pair(prompt, a, b) for a, b in zip(responses, responses[1:] + responses[:1], strict=True)]
     pairs.append(Pair(prompt, "the same text", "the same text"))
     model, tokenizer = load_reward_model(reward_model_dir)
-    scores = score_texts(model, tokenizer.pad_token_id, [encode_text(tokenizer, prompt)] * len(responses),
-                         [encode_completion(tokenizer, r) for r in responses], 8, "test")
+    scores = score_texts(
+        model,
+        tokenizer.pad_token_id,
+        [encode_text(tokenizer, prompt)] * len(responses),
+        [encode_completion(tokenizer, r) for r in responses],
+        8,
+        "test",
+    )
     reward = dict(zip(responses, scores.tolist(), strict=True))
     expected = ["A" if reward[p.response_a] > reward[p.response_b] else "B" for p in pairs[:-1]] + ["tie"]
 
@@ -359,7 +375,9 @@ def test_reward_model_judge_picks_the_higher_reward_and_ties_equal_ones(reward_m
     for pair, verdict in zip(pairs[:-1], verdicts, strict=False):  # the raw reply holds the scores as shown
         shown = json.loads(verdict.raw)
         first, second = (pair.response_b, pair.response_a) if verdict.swapped else (pair.response_a, pair.response_b)
-        assert shown["A"] == pytest.approx(reward[first], abs=1e-4) and shown["B"] == pytest.approx(reward[second], abs=1e-4)
+        assert shown["A"] == pytest.approx(reward[first], abs=1e-4) and shown["B"] == pytest.approx(
+            reward[second], abs=1e-4
+        )
     reseeded = make_judge(f"rm:{reward_model_dir}", seed=5).judge(pairs)  # scores do not depend on position
     assert [v.winner for v in reseeded] == expected
     with pytest.raises(ConfigError, match="no template"):
@@ -380,7 +398,10 @@ def test_local_chat_judge_gibberish_is_unparseable_not_a_vote(tiny_model_dir, tm
 
 def choice_logprobs_alone(judge, shown) -> tuple[float, float]:
     """logprobs of " A" and " B" after `Preferred:` for one pair as shown, unpadded, in a batch of one."""
-    ids = judge.query_ids(judge.template.render(shown)) + judge.tokenizer("Preferred:", add_special_tokens=False)["input_ids"]
+    ids = (
+        judge.query_ids(judge.template.render(shown))
+        + judge.tokenizer("Preferred:", add_special_tokens=False)["input_ids"]
+    )
     with torch.no_grad():
         logps = judge.model(input_ids=torch.tensor([ids])).logits[0, -1].float().log_softmax(-1)
     a_id, b_id = judge.choice_ids
@@ -398,7 +419,9 @@ def test_choice_probability_judge_votes_by_the_letter_margin_averaged_over_both_
         a_mirrored, b_mirrored = choice_logprobs_alone(judge, show(pair, not verdict.swapped))
         margin = ((a - b) + (b_mirrored - a_mirrored)) / 2  # for the response shown first
         recorded = json.loads(verdict.raw.split(" ", 2)[2])
-        assert recorded["shown"]["A"] == pytest.approx(a, abs=1e-4) and recorded["mirrored"]["B"] == pytest.approx(b_mirrored, abs=1e-4)
+        assert recorded["shown"]["A"] == pytest.approx(a, abs=1e-4) and recorded["mirrored"]["B"] == pytest.approx(
+            b_mirrored, abs=1e-4
+        )
         assert recorded["margin_first"] == pytest.approx(margin, abs=1e-4)
         shown_winner = "A" if margin > 0 else "B"
         assert verdict.shown_winner == shown_winner

@@ -133,8 +133,13 @@ def test_relative_imports_are_resolved_against_the_importing_package():
 
 
 def test_a_cycle_closed_by_a_function_level_import_is_found():
-    planted = {"p": "", "p.a": "from .b import x\n", "p.b": "def f():\n    from .c import y\n", "p.c": "from . import a\n",
-               "p.d": ""}
+    planted = {
+        "p": "",
+        "p.a": "from .b import x\n",
+        "p.b": "def f():\n    from .c import y\n",
+        "p.c": "from . import a\n",
+        "p.d": "",
+    }
     assert cycles(import_graph(planted, {"p"})) == [["p.a", "p.b", "p.c"]]
     assert cycles(import_graph(planted | {"p.c": "from . import d\n"}, {"p"})) == []
 
@@ -146,24 +151,34 @@ def test_no_import_cycle_among_package_files():
 
 @pytest.mark.parametrize("layer", sorted(GROUND))
 def test_the_ground_imports_nothing_of_rlhfkit_but_what_it_names(layer):
-    crossings = [f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}"
-                 for path in files_under(layer) for line, module in file_imports(path)
-                 if within(module, "rlhfkit") and not any(within(module, allowed) for allowed in GROUND[layer])]
+    crossings = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}"
+        for path in files_under(layer)
+        for line, module in file_imports(path)
+        if within(module, "rlhfkit") and not any(within(module, allowed) for allowed in GROUND[layer])
+    ]
     assert not crossings, "\n".join(crossings)
 
 
 @pytest.mark.parametrize("layer", sorted(FORBIDDEN))
 def test_no_upward_imports(layer):
-    crossings = [f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}"
-                 for path in files_under(layer) for line, module in file_imports(path)
-                 if any(within(module, package) for package in FORBIDDEN[layer])]
+    crossings = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}"
+        for path in files_under(layer)
+        for line, module in file_imports(path)
+        if any(within(module, package) for package in FORBIDDEN[layer])
+    ]
     assert not crossings, "\n".join(crossings)
 
 
 def test_only_the_entry_points_import_the_stage_registry():
-    importers = sorted(f"{path.relative_to(PACKAGE.parent)}:{line}" for path in PACKAGE.rglob("*.py")
-                       if path.relative_to(PACKAGE).as_posix() not in ENTRY_POINTS
-                       for line, module in file_imports(path) if within(module, "rlhfkit.stages"))
+    importers = sorted(
+        f"{path.relative_to(PACKAGE.parent)}:{line}"
+        for path in PACKAGE.rglob("*.py")
+        if path.relative_to(PACKAGE).as_posix() not in ENTRY_POINTS
+        for line, module in file_imports(path)
+        if within(module, "rlhfkit.stages")
+    )
     assert not importers, importers
 
 
@@ -174,14 +189,21 @@ def below_the_stage_layer(path: Path) -> bool:
 
 def test_nothing_below_the_stage_layer_receives_a_stage_config():
     """Below the stages a function gets a typed section (LoraOptions, ShardingOptions, ...), never `cfg`."""
-    takers = [f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name}"
-              for path in PACKAGE.rglob("*.py") if below_the_stage_layer(path)
-              for node in ast.walk(ast.parse(path.read_text()))
-              if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-              and any(arg.arg == "cfg" for arg in node.args.args + node.args.kwonlyargs)]
+    takers = [
+        f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name}"
+        for path in PACKAGE.rglob("*.py")
+        if below_the_stage_layer(path)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and any(arg.arg == "cfg" for arg in node.args.args + node.args.kwonlyargs)
+    ]
     assert not takers, "\n".join(takers)
 
 
 def test_no_package_file_over_500_lines():
-    long = {str(p.relative_to(PACKAGE.parent)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    long = {
+        str(p.relative_to(PACKAGE.parent)): n
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
     assert not long, f"split these by responsibility: {long}"

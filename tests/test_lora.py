@@ -57,7 +57,9 @@ def test_default_targets_are_the_linear_layers_of_the_decoder_blocks(tiny_model)
     assert decoder_linear_names(model) == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
     adapted = add_adapter(model, lora_cfg())
     wrapped = {name.rsplit(".", 2)[0] for name, _ in adapted.named_parameters() if "lora_A" in name}
-    assert len(wrapped) == 7 * adapted.config.num_hidden_layers and not any("lm_head" in w or "embed" in w for w in wrapped)
+    assert len(wrapped) == 7 * adapted.config.num_hidden_layers and not any(
+        "lm_head" in w or "embed" in w for w in wrapped
+    )
     trained = {name for name, p in adapted.named_parameters() if p.requires_grad}
     assert trained and all("lora_" in name for name in trained)
 
@@ -114,14 +116,24 @@ def test_a_scalar_model_keeps_its_head_trainable_and_saves_it_with_the_adapter(t
     with torch.no_grad():
         value.head.bias.fill_(0.5)
     save_weights(value, tmp_path / "value")
-    assert {"adapter_model.safetensors", "scalar_head.safetensors", "rlhfkit_scalar.json"} <= {p.name for p in (tmp_path / "value").iterdir()}
+    assert {"adapter_model.safetensors", "scalar_head.safetensors", "rlhfkit_scalar.json"} <= {
+        p.name for p in (tmp_path / "value").iterdir()
+    }
     again = add_adapter(ScalarModel.from_policy(load_policy(str(tiny_model_dir))[0]), lora_cfg(), tmp_path / "value")
     assert again.head.bias.item() == 0.5
 
 
-def test_ppo_with_lora_has_kl_exactly_zero_and_ratio_exactly_one_against_the_adapter_disabled_reference(ppo_dirs, tmp_path):
-    cfg = resolve("ppo", "tldr-ppo", None, stage_args("ppo", ppo_dirs, tmp_path / "run", forward_batch_size=3, micro_batch_size=5,
-                                                      update_epochs=1, **LORA))
+def test_ppo_with_lora_has_kl_exactly_zero_and_ratio_exactly_one_against_the_adapter_disabled_reference(
+    ppo_dirs, tmp_path
+):
+    cfg = resolve(
+        "ppo",
+        "tldr-ppo",
+        None,
+        stage_args(
+            "ppo", ppo_dirs, tmp_path / "run", forward_batch_size=3, micro_batch_size=5, update_epochs=1, **LORA
+        ),
+    )
     models = trainer.load_models(cfg, None, torch.device("cpu"))
     assert isinstance(models.reference, AdapterDisabled) and models.reference.inner is models.policy  # no second copy
     assert is_adapted(models.value)
@@ -131,7 +143,9 @@ def test_ppo_with_lora_has_kl_exactly_zero_and_ratio_exactly_one_against_the_ada
     before = {name: p.detach().clone() for m in (models.policy, models.value) for name, p in m.named_parameters()}
     batch = collected(models, prompts, cfg, 0, cfg.kl_coef)
     assert torch.equal(batch.logprobs, batch.ref_logprobs) and torch.equal(batch.kl, torch.zeros_like(batch.kl))
-    metrics = update.update_on_rollout(models, update.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
+    metrics = update.update_on_rollout(
+        models, update.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef
+    )
     assert metrics["val/ratio"] == 1.0 and metrics["policy/clipfrac_avg"] == 0 and metrics["policy/approxkl_avg"] == 0
     after = {name: p.detach() for m in (models.policy, models.value) for name, p in m.named_parameters()}
     changed = {name for name in before if not torch.equal(before[name], after[name])}
@@ -154,17 +168,28 @@ def test_rm_with_lora_and_frozen_layers_is_refused_in_one_line(ppo_dirs, tmp_pat
 FAULTS = pytest.mark.faults  # SIGKILL and resume: the fault-injection suite keeps the default run short
 
 
-@pytest.mark.parametrize("stage, preset", [("sft", "tldr-sft"), pytest.param("rm", "tldr-rm", marks=FAULTS),
-                                           pytest.param("dpo", "tldr-dpo", marks=FAULTS), pytest.param("ppo", "tldr-ppo", marks=FAULTS)])
-def test_lora_run_checkpoints_hold_the_adapter_resume_bit_identically_and_finish_merged(stage, preset, ppo_dirs, tmp_path):
+@pytest.mark.parametrize(
+    "stage, preset",
+    [
+        ("sft", "tldr-sft"),
+        pytest.param("rm", "tldr-rm", marks=FAULTS),
+        pytest.param("dpo", "tldr-dpo", marks=FAULTS),
+        pytest.param("ppo", "tldr-ppo", marks=FAULTS),
+    ],
+)
+def test_lora_run_checkpoints_hold_the_adapter_resume_bit_identically_and_finish_merged(
+    stage, preset, ppo_dirs, tmp_path
+):
     args = stage_args(stage, ppo_dirs, tmp_path, max_steps=3, **LORA)
     straight, killed = straight_and_resumed(stage, preset, args, tmp_path, kill_at=1)
     checkpoint = next((killed / "checkpoints").glob("step-*"))
     assert (checkpoint / "model" / "adapter_model.safetensors").is_file()
     assert not any((checkpoint / "model").glob("model*.safetensors"))  # no base weights
     files = ["adapter/adapter_model.safetensors", "model/model.safetensors"]
-    files += {"rm": ["model/scalar_head.safetensors"], "ppo": ["value_adapter/adapter_model.safetensors",
-                                                               "value/scalar_head.safetensors"]}.get(stage, [])
+    files += {
+        "rm": ["model/scalar_head.safetensors"],
+        "ppo": ["value_adapter/adapter_model.safetensors", "value/scalar_head.safetensors"],
+    }.get(stage, [])
     assert_same_files(straight, killed, files)
     assert_same_metrics(straight, killed, 3)
     config = json.loads((straight / "adapter" / "adapter_config.json").read_text())

@@ -64,19 +64,31 @@ def test_shipped_configs_are_transformers_config_files():
         assert values["model_type"] and values["architectures"]
         assert type(AutoConfig.for_model(**values)).__name__.lower().startswith(values["model_type"].replace("_", ""))
     llama = LlamaConfig.from_dict(json.loads(folder.joinpath("llama-3.2-1b.json").read_text()))
-    assert (llama.hidden_size, llama.num_hidden_layers, llama.num_key_value_heads, llama.vocab_size) == (2048, 16, 8, 128256)
+    assert (llama.hidden_size, llama.num_hidden_layers, llama.num_key_value_heads, llama.vocab_size) == (
+        2048,
+        16,
+        8,
+        128256,
+    )
 
 
 def test_stage_defaults_fill_the_options_left_at_zero():
     ppo = planned(stage="ppo").settings
     default = PPOConfig()
     assert (ppo.micro, ppo.generation, ppo.forward, ppo.query, ppo.response) == (
-        default.micro_batch_size, default.generation_batch_size, default.forward_batch_size, default.max_query_length,
-        default.max_response_length)
+        default.micro_batch_size,
+        default.generation_batch_size,
+        default.forward_batch_size,
+        default.max_query_length,
+        default.max_response_length,
+    )
     assert planned(stage="sft", micro_batch_size=3).settings.micro == 3 != SFTConfig().micro_batch_size
     assert planned(stage="dpo").settings.response == 169 and planned(stage="grpo").settings.samples == 4
     reinforce = planned(stage="reinforce")
-    assert reinforce.settings.samples == 1 and reinforce.phases["update"]["weights"] == planned(stage="grpo").phases["update"]["weights"]
+    assert (
+        reinforce.settings.samples == 1
+        and reinforce.phases["update"]["weights"] == planned(stage="grpo").phases["update"]["weights"]
+    )
 
 
 def test_lora_trains_only_the_adapters():
@@ -84,7 +96,9 @@ def test_lora_trains_only_the_adapters():
     # per layer, rank x (in + out) of q, k, v, o (2048 -> 2048, 512, 512, 2048) and gate, up, down (2048 <-> 8192)
     adapters = 16 * 16 * (4096 + 2560 + 2560 + 4096 + 3 * 10240)
     assert adapters == 11_272_192
-    assert lora.phases["update"]["gradients"] == 4 * adapters and lora.phases["update"]["optimizer state"] == 8 * adapters
+    assert (
+        lora.phases["update"]["gradients"] == 4 * adapters and lora.phases["update"]["optimizer state"] == 8 * adapters
+    )
     assert full.phases["update"]["gradients"] == 4 * 1_235_814_400
     assert lora.phases["update"]["weights"] == full.phases["update"]["weights"]  # the base stays, frozen
     ppo = planned(model=LLAMA, stage="ppo", lora_rank=16)
@@ -102,7 +116,9 @@ def test_sharding_divides_as_stated():
     assert zero2["gradients"] == 4 * trained // 8 and zero2["optimizer state"] == 8 * trained // 8
     assert zero2["weights"] == none["weights"] == 4 * (2 * 1_011_781_632 + 2 * 908_761_089)
     unit = shape(PYTHIA_1B).layer_params
-    gathered = (1_011_781_632 - 14 * unit) + (908_761_089 - 14 * unit)  # both trained models: non-decoder parameters + 2 layers
+    gathered = (1_011_781_632 - 14 * unit) + (
+        908_761_089 - 14 * unit
+    )  # both trained models: non-decoder parameters + 2 layers
     assert fsdp2["weights"] == none["weights"] // 8 + 4 * gathered
     assert fsdp2["activations"] == none["activations"]
     assert none["gradients"] == 4 * trained  # replicated: the on-policy all-reduce's flat copy is at the step
@@ -111,7 +127,12 @@ def test_sharding_divides_as_stated():
 
 def test_checkpointing_and_smaller_micro_batches_lower_the_activations():
     base = planned(model=LLAMA, stage="sft", micro_batch_size=16).phases["update"]["activations"]
-    assert planned(model=LLAMA, stage="sft", micro_batch_size=16, gradient_checkpointing=True).phases["update"]["activations"] < base / 3
+    assert (
+        planned(model=LLAMA, stage="sft", micro_batch_size=16, gradient_checkpointing=True).phases["update"][
+            "activations"
+        ]
+        < base / 3
+    )
     assert planned(model=LLAMA, stage="sft", micro_batch_size=8).phases["update"]["activations"] < base * 0.6
 
 
@@ -134,13 +155,16 @@ def test_on_policy_generation_holds_an_fp32_kv_cache():
 
 def test_cuda_graph_decoding_keeps_its_cache_through_scoring_the_update_and_the_optimizer_step():
     kept = planned(model=LLAMA, stage="grpo", generation_batch_size=48, mixed_precision="bf16")
-    # 16 layers x (8 heads x 64) x keys and values x bf16 x 64 rows (48 up to a power of two) x 576 positions (565 up to 64)
+    # 16 layers x (8 heads x 64) x keys and values x bf16 x 64 rows (48 up to a power of two) x 576 positions (565 up
+    # to 64)
     held = {kept.phases[phase]["KV cache"] for phase in ("scoring", "update", "optimizer step")}
     assert held == {16 * 512 * 2 * 2 * 64 * 576}
     eager = planned(model=LLAMA, stage="grpo", generation_batch_size=48, mixed_precision="bf16", decoding="eager")
     assert {eager.phases[phase]["KV cache"] for phase in ("scoring", "update", "optimizer step")} == {0}
     assert kept.phases["generation"] == eager.phases["generation"]
-    assert planned(model=LLAMA, stage="grpo", sharding="fsdp2", devices=2).phases["update"]["KV cache"] == 0  # decodes eagerly
+    assert (
+        planned(model=LLAMA, stage="grpo", sharding="fsdp2", devices=2).phases["update"]["KV cache"] == 0
+    )  # decodes eagerly
 
 
 def test_cli_prints_a_table_or_json(capsys):
@@ -149,14 +173,27 @@ def test_cli_prints_a_table_or_json(capsys):
     assert "weights" in table and "KV cache" in table and "fits" in table
     assert cli.main(["plan", f"model={PYTHIA_1B}", "stage=ppo", "device_memory_gb=16", "format=json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["fits"] is False and out["suggestions"] and all(s["peak_gib"] <= out["usable_gib"] for s in out["suggestions"])
+    assert (
+        out["fits"] is False
+        and out["suggestions"]
+        and all(s["peak_gib"] <= out["usable_gib"] for s in out["suggestions"])
+    )
     assert set(out["phases_gib"]) == {"update", "optimizer step", "generation", "scoring"}
 
 
 def test_help_lists_the_options(capsys):
     assert cli.main(["plan", "--help"]) == 0
     text = capsys.readouterr().out
-    for option in ("model", "stage", "micro_batch_size", "lora_rank", "sharding", "devices", "device_memory_gb", "format"):
+    for option in (
+        "model",
+        "stage",
+        "micro_batch_size",
+        "lora_rank",
+        "sharding",
+        "devices",
+        "device_memory_gb",
+        "format",
+    ):
         assert f"  {option} " in text
 
 
@@ -179,8 +216,13 @@ def test_a_folder_or_config_file_is_read(tmp_path):
 def test_the_estimate_is_within_25_percent_of_a_measured_peak():
     """A tiny Llama's SFT steps measured in a fresh process (profiler memory events; the method is in
     benchmarks/memory_peaks.py) against the plan's estimate."""
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "memory_peaks.py"), "--configs", "tiny-sft"],
-                          capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "memory_peaks.py"), "--configs", "tiny-sft"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     row = json.loads(done.stdout.strip().splitlines()[-1])
     assert row["measured_bytes"] > 50 * 2**20  # a real measurement: weights, gradients, AdamW state and activations

@@ -44,7 +44,8 @@ def test_each_method_runs_end_to_end_through_its_command(stage, preset, extra, p
     assert cli_main([stage, "--preset", preset, *cli_args(options)]) == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
-    for row in rows:  # DAPO's overlong filtering leaves no loss when every response was cut (the tiny model rarely ends)
+    # DAPO's overlong filtering leaves no loss when every response was cut (the tiny model rarely ends)
+    for row in rows:
         assert ("loss/policy_avg" in row) == (row["response/eos_rate"] > 0 or preset != "tldr-dapo")
         assert all(v == v for v in row.values() if isinstance(v, float))  # no NaN
     assert ("sampling/draws" in rows[0]) == (preset == "tldr-dapo")
@@ -54,8 +55,18 @@ def test_each_method_runs_end_to_end_through_its_command(stage, preset, extra, p
 def tied_setup(ppo_dirs, tmp_path, **extra):
     functions = tmp_path / "ties.py"
     functions.write_text(TIES)
-    return setup("grpo", "tldr-dapo", ppo_dirs, tmp_path, samples_per_prompt=4, reward_model="", eos_trick=False, overlong_buffer=0,
-                 reward_functions=[f"{functions}:half_tied"], **extra)
+    return setup(
+        "grpo",
+        "tldr-dapo",
+        ppo_dirs,
+        tmp_path,
+        samples_per_prompt=4,
+        reward_model="",
+        eos_trick=False,
+        overlong_buffer=0,
+        reward_functions=[f"{functions}:half_tied"],
+        **extra,
+    )
 
 
 def test_dynamic_sampling_drops_groups_whose_scores_tie_and_refills_from_the_stream(ppo_dirs, tmp_path):
@@ -77,16 +88,25 @@ def test_dynamic_sampling_drops_groups_whose_scores_tie_and_refills_from_the_str
 def test_dynamic_sampling_fills_the_update_with_dropped_groups_when_the_draws_run_out(ppo_dirs, tmp_path):
     cfg, models, train = tied_setup(ppo_dirs, tmp_path, dynamic_sampling_max_draws=1, dynamic_sampling_min_spread=1e9)
     counts = {}
-    batch = collected(models, [e.query.ids for e in train], cfg, 0, cfg.kl_coef, texts=trainer.PromptTexts.of(train),
-                    counts=counts)
+    batch = collected(
+        models, [e.query.ids for e in train], cfg, 0, cfg.kl_coef, texts=trainer.PromptTexts.of(train), counts=counts
+    )
     assert batch.size == 8 and counts["sampling/filled_groups"] == 2 and counts["sampling/kept_share"] == 0
     # the one draw's groups, dropped, fill the update in their order: the stream's first two prompts
     assert batch.prompts[::4].tolist() == prompt_indices(len(train), 2, cfg.seed, 0).tolist()
 
 
 def test_overlong_punishment_reaches_the_scores_and_filtering_drops_truncated_rows_from_the_loss(ppo_dirs, tmp_path):
-    cfg, models, train = setup("grpo", "tldr-dapo", ppo_dirs, tmp_path, samples_per_prompt=4, overlong_buffer=4, dynamic_sampling=False,
-                               eos_trick=False)
+    cfg, models, train = setup(
+        "grpo",
+        "tldr-dapo",
+        ppo_dirs,
+        tmp_path,
+        samples_per_prompt=4,
+        overlong_buffer=4,
+        dynamic_sampling=False,
+        eos_trick=False,
+    )
     batch = collected(models, [e.query.ids for e in train], cfg, 0, cfg.kl_coef)
     excess = (batch.lengths.float() - (cfg.max_response_length - 4)).clamp(min=0)
     torch.testing.assert_close(batch.scores, batch.raw_scores - torch.clamp(excess / 4, max=1.0))
@@ -97,8 +117,12 @@ def test_overlong_punishment_reaches_the_scores_and_filtering_drops_truncated_ro
 def test_remax_baseline_is_the_greedy_answers_score(ppo_dirs, tmp_path):
     # sampling at temperature 0 answers greedily: each sample is its prompt's greedy answer, so with no
     # KL every advantage is its score minus that same score
-    cfg, models, train = setup("reinforce", "tldr-reinforce-pp", ppo_dirs, tmp_path, advantage_estimator="remax", kl_coef=0.0)
-    cfg = dataclasses.replace(cfg, temperature=0.0)  # a run is refused this no-op (test_review_rewards_signals): its update is not
+    cfg, models, train = setup(
+        "reinforce", "tldr-reinforce-pp", ppo_dirs, tmp_path, advantage_estimator="remax", kl_coef=0.0
+    )
+    cfg = dataclasses.replace(
+        cfg, temperature=0.0
+    )  # a run is refused this no-op (test_review_rewards_signals): its update is not
     batch = collected(models, [e.query.ids for e in train], cfg, 0, cfg.kl_coef)
     torch.testing.assert_close(batch.baseline_scores, batch.scores)
     assert float(batch.advantages.abs().max()) < 1e-5
@@ -107,10 +131,13 @@ def test_remax_baseline_is_the_greedy_answers_score(ppo_dirs, tmp_path):
 
 
 def test_objective_options_that_disagree_are_refused(ppo_dirs, tmp_path):
-    for options, match in (({"dual_clip": 0.5}, "dual_clip=0.5 must be above 1"), ({"clip_range": 0.0, "clip_range_high": 0.28}, "needs clipping"),
-                           ({"overlong_buffer": 53}, "overlong_buffer=53 must be below max_response_length=53"),
-                           ({"advantage_estimator": "reinforce-pp-baseline"}, "samples_per_prompt to 2"),
-                           ({"dynamic_sampling": True}, "samples_per_prompt to 2")):
+    for options, match in (
+        ({"dual_clip": 0.5}, "dual_clip=0.5 must be above 1"),
+        ({"clip_range": 0.0, "clip_range_high": 0.28}, "needs clipping"),
+        ({"overlong_buffer": 53}, "overlong_buffer=53 must be below max_response_length=53"),
+        ({"advantage_estimator": "reinforce-pp-baseline"}, "samples_per_prompt to 2"),
+        ({"dynamic_sampling": True}, "samples_per_prompt to 2"),
+    ):
         with pytest.raises(ConfigError, match=match):
             resolve("reinforce", "tldr-reinforce-pp", None, options)
 
@@ -119,8 +146,19 @@ def test_objective_options_that_disagree_are_refused(ppo_dirs, tmp_path):
 def test_dynamic_sampling_resumes_from_where_the_stream_stopped(ppo_dirs, tmp_path):
     functions = tmp_path / "ties.py"
     functions.write_text(TIES)
-    args = stage_args("grpo", ppo_dirs, tmp_path, max_steps=3, sample_every=1, samples_per_prompt=4, reward_model="", eos_trick="false",
-                      reward_functions=f"{functions}:half_tied", dynamic_sampling_max_draws=6, overlong_buffer=4)
+    args = stage_args(
+        "grpo",
+        ppo_dirs,
+        tmp_path,
+        max_steps=3,
+        sample_every=1,
+        samples_per_prompt=4,
+        reward_model="",
+        eos_trick="false",
+        reward_functions=f"{functions}:half_tied",
+        dynamic_sampling_max_draws=6,
+        overlong_buffer=4,
+    )
     straight, killed = straight_and_resumed("grpo", "tldr-dapo", args, tmp_path, kill_at=1)
     drawn = json.loads((straight / "checkpoints" / "step-000003" / "trainer.json").read_text())["prompts_drawn"]
     assert drawn > 3 * 2  # refills read past one draw per update

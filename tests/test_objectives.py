@@ -27,7 +27,11 @@ def logprobs(*values, grad=False):
 def test_clip_higher_bounds_the_ratio_unevenly_and_the_dual_clip_caps_negative_advantages():
     # four tokens, old log-probs 0: ratios 1.5, 0.5, 1.5, 0.5 with advantages +1, +1, -1, -1
     new = logprobs(LOG(1.5), LOG(0.5), LOG(1.5), LOG(0.5), grad=True)
-    old, advantages, mask = torch.zeros(1, 4, dtype=torch.float64), torch.tensor([[1.0, 1.0, -1.0, -1.0]], dtype=torch.float64), torch.ones(1, 4)
+    old, advantages, mask = (
+        torch.zeros(1, 4, dtype=torch.float64),
+        torch.tensor([[1.0, 1.0, -1.0, -1.0]], dtype=torch.float64),
+        torch.ones(1, 4),
+    )
     out = ppo_clip_loss(new, old, advantages, mask, ClipRange.of(0.2, 0.28))
     # max(-A r, -A clip(r, 0.8, 1.28)): max(-1.5, -1.28), max(-0.5, -0.8), max(1.5, 1.28), max(0.5, 0.8)
     torch.testing.assert_close(out.per_token, torch.tensor([[-1.28, -0.5, 1.5, 0.8]], dtype=torch.float64))
@@ -99,7 +103,9 @@ def test_cispo_keeps_a_bounded_gradient_on_every_token_where_ppo_drops_the_clipp
     advantages, mask = torch.full((1, 2), 2.0, dtype=torch.float64), torch.ones(1, 2)
     out = cispo_loss(new, old, advantages, mask, ClipRange.of(0.2, 0.28))
     # -sg(clip(r)) A log pi: weights 1.28 and 1.1052
-    torch.testing.assert_close(out.per_token, torch.tensor([[-1.28 * 2 * 0.5, -math.exp(0.1) * 2 * 0.1]], dtype=torch.float64))
+    torch.testing.assert_close(
+        out.per_token, torch.tensor([[-1.28 * 2 * 0.5, -math.exp(0.1) * 2 * 0.1]], dtype=torch.float64)
+    )
     assert out.clip_fraction.item() == 0.5
     out.per_token.sum().backward()
     torch.testing.assert_close(new.grad, torch.tensor([[-1.28 * 2, -math.exp(0.1) * 2]], dtype=torch.float64))
@@ -112,11 +118,14 @@ PER_TOKEN = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
 MASK = torch.tensor([[1, 1, 1], [1, 0, 0]])
 
 
-@pytest.mark.parametrize(("mode", "normaliser", "want"), [
-    ("token-mean", 4.0, (1 + 2 + 3 + 4) / 4),  # every token weighs the same
-    ("seq-mean-token-mean", 2.0, (6 / 3 + 4 / 1) / 2),  # every sequence weighs the same
-    ("seq-mean-token-sum-norm", 2.0, (6 / 5 + 4 / 5) / 2),  # Dr. GRPO: token sums over the constant 5
-])
+@pytest.mark.parametrize(
+    ("mode", "normaliser", "want"),
+    [
+        ("token-mean", 4.0, (1 + 2 + 3 + 4) / 4),  # every token weighs the same
+        ("seq-mean-token-mean", 2.0, (6 / 3 + 4 / 1) / 2),  # every sequence weighs the same
+        ("seq-mean-token-sum-norm", 2.0, (6 / 5 + 4 / 5) / 2),  # Dr. GRPO: token sums over the constant 5
+    ],
+)
 def test_each_aggregation_hand_values_and_its_rows_sum_to_the_whole(mode, normaliser, want):
     assert loss_units(MASK, mode).sum().item() == normaliser
     whole = aggregate(PER_TOKEN, MASK, mode, normaliser, constant=5.0)

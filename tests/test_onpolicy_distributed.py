@@ -34,13 +34,25 @@ from .helpers import (
 )
 
 UPDATES = 3
-WEIGHTS = {"ppo": ["model/model.safetensors", "value/model.safetensors", "value/scalar_head.safetensors"],
-           "grpo": ["model/model.safetensors"], "rloo": ["model/model.safetensors"], "reinforce": ["model/model.safetensors"]}
+WEIGHTS = {
+    "ppo": ["model/model.safetensors", "value/model.safetensors", "value/scalar_head.safetensors"],
+    "grpo": ["model/model.safetensors"],
+    "rloo": ["model/model.safetensors"],
+    "reinforce": ["model/model.safetensors"],
+}
 # the new paths across processes: ReMax's greedy baseline sampled per process; DAPO's dynamic sampling
-# deciding on the gathered scores (a spread of 1.0 drops some groups of the tiny reward model's scores, which span about 2.5)
-CASES = {"ppo": ("ppo", {}), "grpo": ("grpo", {}), "rloo": ("rloo", {}), "remax": ("reinforce", {"advantage_estimator": "remax"}),
-         "dapo": ("grpo", {"dynamic_sampling": "true", "dynamic_sampling_min_spread": 1.0, "clip_range_high": 0.28})}
-STOPPED = re.compile(r"^rlhfkit: stopped by (\w+) after update (\d+); checkpoint written to (.+); resume with: (.+)$", re.M)
+# deciding on the gathered scores (a spread of 1.0 drops some groups of the tiny reward model's scores, which span
+# about 2.5)
+CASES = {
+    "ppo": ("ppo", {}),
+    "grpo": ("grpo", {}),
+    "rloo": ("rloo", {}),
+    "remax": ("reinforce", {"advantage_estimator": "remax"}),
+    "dapo": ("grpo", {"dynamic_sampling": "true", "dynamic_sampling_min_spread": 1.0, "clip_range_high": 0.28}),
+}
+STOPPED = re.compile(
+    r"^rlhfkit: stopped by (\w+) after update (\d+); checkpoint written to (.+); resume with: (.+)$", re.M
+)
 DIED = re.compile(r"^rlhfkit: process (\d) \(pid (\d+)\) died without exiting", re.M)
 
 
@@ -48,8 +60,18 @@ def comparable_args(stage, dirs, out, **extra):
     """Every episode logged (samples.jsonl then holds each response and its score), a reward that
     varies (a tiny random model rarely emits EOS), fp32, and one prompt per generation chunk."""
     group = 1 if stage in ("ppo", "reinforce") else 4
-    return stage_args(stage, dirs, out, max_steps=UPDATES, sample_every=1, log_samples=4, eos_trick="false", mixed_precision="no",
-                      generation_batch_size=group, **extra)
+    return stage_args(
+        stage,
+        dirs,
+        out,
+        max_steps=UPDATES,
+        sample_every=1,
+        log_samples=4,
+        eos_trick="false",
+        mixed_precision="no",
+        generation_batch_size=group,
+        **extra,
+    )
 
 
 def episodes(run_dir):
@@ -83,7 +105,13 @@ def test_two_processes_make_the_update_one_process_makes_on_the_same_global_batc
         assert sum(r["sampling/dropped_groups"] for r in rows[0]) > 0
     for left, right in zip(*rows, strict=True):
         numbers = {k for k, v in left.items() if isinstance(v, float) and not k.startswith("perf/")}
-        assert {"advantages/max", "advantages/min", "returns/mean", "objective/rlhf_reward", "loss/policy_avg"} <= numbers
+        assert {
+            "advantages/max",
+            "advantages/min",
+            "returns/mean",
+            "objective/rlhf_reward",
+            "loss/policy_avg",
+        } <= numbers
         for key in numbers:
             # a clip fraction counts tokens past a threshold: a rounding difference can move one token across it
             tolerance = {"abs": 0.01} if key.endswith("clipfrac_avg") else {"rel": 1e-4, "abs": 1e-5}
@@ -94,7 +122,9 @@ def test_two_processes_make_the_update_one_process_makes_on_the_same_global_batc
     for name in WEIGHTS[stage]:
         single_weights, double_weights = load_weights(one, name), load_weights(two, name)
         for key in single_weights:
-            torch.testing.assert_close(double_weights[key], single_weights[key], atol=1e-5, rtol=1e-4, msg=f"{name} {key}")
+            torch.testing.assert_close(
+                double_weights[key], single_weights[key], atol=1e-5, rtol=1e-4, msg=f"{name} {key}"
+            )
     # written once: one row per update, one eval, one model
     assert len((two / "metrics.jsonl").read_text().splitlines()) == UPDATES
 
@@ -102,7 +132,9 @@ def test_two_processes_make_the_update_one_process_makes_on_the_same_global_batc
 @pytest.mark.faults  # SIGKILL and resume: the fault-injection suite keeps the default run short
 def test_two_processes_sigkilled_and_resumed_end_bit_identical_to_an_uninterrupted_pair(ppo_dirs, tmp_path):
     stage = "grpo"
-    args = stage_args(stage, ppo_dirs, tmp_path / "straight", max_steps=4, sample_every=1, eos_trick="false", mixed_precision="no")
+    args = stage_args(
+        stage, ppo_dirs, tmp_path / "straight", max_steps=4, sample_every=1, eos_trick="false", mixed_precision="no"
+    )
     straight, killed = launched_straight_and_resumed(stage, args, tmp_path, kill_after=2)
     assert_same_files(straight, killed, ["model/model.safetensors"])
     assert_same_metrics(straight, killed, 4)

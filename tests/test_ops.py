@@ -24,7 +24,9 @@ def test_logprobs_from_logits_divides_by_temperature():
     t = 0.7
     expected = 3 / t - math.log(sum(math.exp(v / t) for v in (1.0, 2.0, 3.0)))
     assert ops.logprobs_from_logits(logits, tokens, t).item() == pytest_approx(expected)
-    assert ops.logprobs_from_logits(logits, tokens, 1.0).item() == pytest_approx(3 - math.log(sum(math.exp(v) for v in (1, 2, 3))))
+    assert ops.logprobs_from_logits(logits, tokens, 1.0).item() == pytest_approx(
+        3 - math.log(sum(math.exp(v) for v in (1, 2, 3)))
+    )
 
 
 def pytest_approx(x):
@@ -54,7 +56,6 @@ def test_filter_logits_top_k_and_top_p():
 # --- RL maths (issue 7): every value below is worked out by hand in the comments ---------------
 
 
-
 def test_masked_var_biased_and_unbiased():
     values = torch.tensor([[1.0, 2.0, 3.0, 100.0]])
     mask = torch.tensor([[1, 1, 1, 0]])
@@ -72,7 +73,9 @@ def test_detail24_25_masked_whiten_with_and_without_shifting_the_mean():
     scale = (2 / 3) ** -0.5
     torch.testing.assert_close(ops.masked_whiten(values, mask), torch.tensor([[-scale, 0.0, scale, 0.0]]))
     # shift_mean=False (reward whitening, Detail 24) adds the mean back
-    torch.testing.assert_close(ops.masked_whiten(values, mask, shift_mean=False), torch.tensor([[2 - scale, 2.0, 2 + scale, 0.0]]))
+    torch.testing.assert_close(
+        ops.masked_whiten(values, mask, shift_mean=False), torch.tensor([[2 - scale, 2.0, 2 + scale, 0.0]])
+    )
     # a single valid token does not crash a run: it whitens to 0
     assert ops.masked_whiten(values, torch.tensor([[1, 0, 0, 0]])).tolist() == [[0.0, 0.0, 0.0, 0.0]]
 
@@ -155,7 +158,9 @@ def test_chunked_logprobs_and_entropy_equal_the_full_computation_with_gradients(
     grads = torch.autograd.grad((lp.sum() + ent.sum()), (hidden, weight))
     for got, want in zip(grads, expected_grads, strict=True):
         torch.testing.assert_close(got, want)
-    from_logits, _ = ops.chunked_logprobs_entropy((hidden @ weight.T).detach(), tokens, temperature=temperature, chunk_rows=chunk_rows)
+    from_logits, _ = ops.chunked_logprobs_entropy(
+        (hidden @ weight.T).detach(), tokens, temperature=temperature, chunk_rows=chunk_rows
+    )
     torch.testing.assert_close(from_logits, expected_lp.detach())
 
 
@@ -180,7 +185,16 @@ def test_group_relative_advantages_hand_values_with_and_without_std_scaling():
     got = ops.group_relative_advantages(scores, groups)
     torch.testing.assert_close(got[:4], want)
     assert got[4:].tolist() == [0.0, 0.0, 0.0, 0.0]  # equal rewards in a group: zero advantages
-    assert ops.group_relative_advantages(scores, groups, scale_by_std=False).tolist() == [-1.5, -0.5, 0.5, 1.5, 0, 0, 0, 0]
+    assert ops.group_relative_advantages(scores, groups, scale_by_std=False).tolist() == [
+        -1.5,
+        -0.5,
+        0.5,
+        1.5,
+        0,
+        0,
+        0,
+        0,
+    ]
 
 
 def test_group_statistics_follow_group_ids_in_any_order():
@@ -214,8 +228,10 @@ def test_group_estimators_give_each_valid_token_its_sequence_advantage(name):
     mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 0, 0]])
     groups = torch.tensor([0, 0, 1, 1])
     returns = torch.tensor([0.8, 1.9, -0.3, 0.5])
-    per_row = {"grpo": ops.group_relative_advantages(rewards.sum(-1), groups, scale_by_std=False),
-               "rloo": ops.leave_one_out_advantages(rewards.sum(-1), groups)}[name]
+    per_row = {
+        "grpo": ops.group_relative_advantages(rewards.sum(-1), groups, scale_by_std=False),
+        "rloo": ops.leave_one_out_advantages(rewards.sum(-1), groups),
+    }[name]
     advantages, _ = ops.sequence_advantages(per_row, mask)
     # with two samples per group both the group mean and the leave-one-out baseline are hand-checkable
     if name == "grpo":

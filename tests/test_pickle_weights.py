@@ -46,7 +46,9 @@ def test_allow_pickle_loads_the_weights_with_a_one_line_warning(tmp_path, tiny_m
     assert tokenizer.pad_token == "[PAD]"
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("rlhfkit: warning:")]
     assert len(warnings) == 1
-    assert "allow_pickle" in warnings[0] and "pytorch_model.bin" in warnings[0] and "can run arbitrary code" in warnings[0]
+    assert (
+        "allow_pickle" in warnings[0] and "pytorch_model.bin" in warnings[0] and "can run arbitrary code" in warnings[0]
+    )
 
 
 def test_allow_pickle_still_reads_safetensors_when_a_folder_has_both(tmp_path, tiny_model_dir, capsys):
@@ -71,8 +73,13 @@ class Loaded(Exception):
     """Raised by the stand-in loader once it has seen the stage's arguments."""
 
 
-STAGE_MODULES = ("rlhfkit.adapters", "rlhfkit.trainers.sft", "rlhfkit.trainers.reward", "rlhfkit.trainers.dpo",
-                 "rlhfkit.onpolicy.trainer")
+STAGE_MODULES = (
+    "rlhfkit.adapters",
+    "rlhfkit.trainers.sft",
+    "rlhfkit.trainers.reward",
+    "rlhfkit.trainers.dpo",
+    "rlhfkit.onpolicy.trainer",
+)
 
 
 def patch_every_load_policy(monkeypatch, loader):
@@ -83,15 +90,20 @@ def patch_every_load_policy(monkeypatch, loader):
 
     for name in STAGE_MODULES:
         importlib.import_module(name)
-    patched = [m for name, m in list(sys.modules.items())
-               if name.startswith("rlhfkit") and getattr(m, "load_policy", None) is load_policy]
+    patched = [
+        m
+        for name, m in list(sys.modules.items())
+        if name.startswith("rlhfkit") and getattr(m, "load_policy", None) is load_policy
+    ]
     assert patched
     for module in patched:
         monkeypatch.setattr(module, "load_policy", loader)
 
 
 @pytest.mark.parametrize("stage", ["sft", "rm", "dpo", "ppo"])
-def test_every_training_stage_passes_allow_pickle_to_the_loader(stage, monkeypatch, tmp_path, tiny_model, tiny_model_dir):
+def test_every_training_stage_passes_allow_pickle_to_the_loader(
+    stage, monkeypatch, tmp_path, tiny_model, tiny_model_dir
+):
     from rlhfkit.cli import main
     from rlhfkit.reward_models import ScalarModel
 
@@ -102,11 +114,20 @@ def test_every_training_stage_passes_allow_pickle_to_the_loader(stage, monkeypat
         raise Loaded
 
     patch_every_load_policy(monkeypatch, loader)
-    data = data_file("tldr-sft-sample", "tldr_sft_sample.jsonl.gz") if stage in ("sft", "ppo") else data_file(
-        "summarize-from-feedback-comparisons", "batch18.jsonl.gz")
+    data = (
+        data_file("tldr-sft-sample", "tldr_sft_sample.jsonl.gz")
+        if stage in ("sft", "ppo")
+        else data_file("summarize-from-feedback-comparisons", "batch18.jsonl.gz")
+    )
     # The tiny model keeps a missed stand-in a quick failure instead of a 135M training run.
-    args = [stage, "allow_pickle=true", f"model={tiny_model_dir}", f"data={data}", f"output_dir={tmp_path / stage}",
-            "report_to="]
+    args = [
+        stage,
+        "allow_pickle=true",
+        f"model={tiny_model_dir}",
+        f"data={data}",
+        f"output_dir={tmp_path / stage}",
+        "report_to=",
+    ]
     if stage == "ppo":
         policy, tokenizer = tiny_model
         ScalarModel.from_policy(policy).save_pretrained(tmp_path / "rm")

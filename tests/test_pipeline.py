@@ -22,12 +22,22 @@ def small_inputs(tmp_path_factory, tiny_model_dir):
             "pairs": first_lines(root / "pairs.jsonl", 60, "summarize-from-feedback-comparisons", "batch13.jsonl.gz")}
 
 
-def test_pipeline_runs_every_stage_then_skips_finished_ones_and_resumes_an_interrupted_one(small_inputs, tmp_path, capsys):
+def test_pipeline_runs_every_stage_then_skips_finished_ones_and_resumes_an_interrupted_one(
+    small_inputs, tmp_path, capsys
+):
     out = tmp_path / "pipe"
     args = cli_args(stage_args("pipeline", small_inputs, out, judge=f"rm:{out / 'rm' / 'model'}"))
     assert cli_main(["pipeline", "--preset", "quickstart", *args]) == 0
-    for name in ["sft/model/model.safetensors", "rm/model/scalar_head.safetensors", "ppo/model/model.safetensors",
-                 "eval/eval.json", "eval/sft_samples.jsonl", "eval/ppo_samples.jsonl", "eval/report.html", "pipeline.json"]:
+    for name in [
+        "sft/model/model.safetensors",
+        "rm/model/scalar_head.safetensors",
+        "ppo/model/model.safetensors",
+        "eval/eval.json",
+        "eval/sft_samples.jsonl",
+        "eval/ppo_samples.jsonl",
+        "eval/report.html",
+        "pipeline.json",
+    ]:
         assert (out / name).is_file(), name
     assert f"model: {out / 'sft' / 'model'}" in (out / "ppo" / "config.yaml").read_text()  # wired to the SFT stage
     evaluation = json.loads((out / "eval" / "eval.json").read_text())
@@ -44,7 +54,9 @@ def test_pipeline_runs_every_stage_then_skips_finished_ones_and_resumes_an_inter
     report = (out / "report.html").read_text()  # one page: every stage's numbers, link and plots
     assert all(f'href="{stage}/report.html"' in report for stage in summary) and "ppo: held-out score" in report
     assert_caveats_follow_the_numbers(out)
-    pngs = [p for stage in summary for p in (out / stage).glob("**/*.png") if p.parent.name in ("plots", "rm_eval", stage)]
+    pngs = [
+        p for stage in summary for p in (out / stage).glob("**/*.png") if p.parent.name in ("plots", "rm_eval", stage)
+    ]
     assert len(pngs) >= 5 and report.count("<img") == len(pngs)
     capsys.readouterr()
     assert cli_main(["pipeline", "--preset", "quickstart", *args]) == 0
@@ -58,12 +70,17 @@ def test_pipeline_runs_every_stage_then_skips_finished_ones_and_resumes_an_inter
     assert "resume:" in (out / "ppo" / "config.yaml").read_text()
 
 
-
 def test_pipeline_runs_reinforce_on_the_reward_model_it_trained(small_inputs, tmp_path):
     out = tmp_path / "pipe"
     tiny = {k: v for k, v in TINY["pipeline"]["ppo"].items() if k != "save_every"} | {"eval_samples": 0}
-    options = stage_args("pipeline", small_inputs, out, stages="sft,rm,reinforce", judge="",
-                         reinforce={"preset": "tldr-reinforce-pp"} | tiny)
+    options = stage_args(
+        "pipeline",
+        small_inputs,
+        out,
+        stages="sft,rm,reinforce",
+        judge="",
+        reinforce={"preset": "tldr-reinforce-pp"} | tiny,
+    )
     assert cli_main(["pipeline", "--preset", "quickstart", *cli_args(options)]) == 0
     config = (out / "reinforce" / "config.yaml").read_text()
     assert f"model: {out / 'sft' / 'model'}" in config and f"reward_model: {out / 'rm' / 'model'}" in config
@@ -88,12 +105,19 @@ def assert_caveats_follow_the_numbers(out):
 def hh_pipeline_args(tiny_model_dir, data, out):
     common = "max_query_length: 96, report_to: ''"
     return [
-        f"output_dir={out}", f"model={tiny_model_dir}", "task=hh", "stages=rm,dpo,ppo,eval", f"comparisons={data / 'hh.jsonl'}",
-        "eval_posts=3", f"judge=rm:{out / 'rm' / 'model'}",
-        f"rm={{preset: hh-rm, total_batch_size: 4, micro_batch_size: 2, max_steps: 2, eval_pairs: 8, max_response_length: 48, {common}}}",
-        f"dpo={{preset: hh-dpo, total_batch_size: 4, micro_batch_size: 2, max_steps: 1, eval_samples: 0, max_response_length: 48, {common}}}",
-        f"ppo={{preset: hh-ppo, validation_posts: 6, eval_samples: 2, total_batch_size: 4, micro_batch_size: 4, generation_batch_size: 4, "
-        f"forward_batch_size: 4, max_steps: 1, max_response_length: 8, {common}}}",
+        f"output_dir={out}",
+        f"model={tiny_model_dir}",
+        "task=hh",
+        "stages=rm,dpo,ppo,eval",
+        f"comparisons={data / 'hh.jsonl'}",
+        "eval_posts=3",
+        f"judge=rm:{out / 'rm' / 'model'}",
+        "rm={preset: hh-rm, total_batch_size: 4, micro_batch_size: 2, max_steps: 2, eval_pairs: 8, "
+        f"max_response_length: 48, {common}}}",
+        "dpo={preset: hh-dpo, total_batch_size: 4, micro_batch_size: 2, max_steps: 1, eval_samples: 0, "
+        f"max_response_length: 48, {common}}}",
+        "ppo={preset: hh-ppo, validation_posts: 6, eval_samples: 2, total_batch_size: 4, micro_batch_size: 4, "
+        f"generation_batch_size: 4, forward_batch_size: 4, max_steps: 1, max_response_length: 8, {common}}}",
     ]
 
 
@@ -105,13 +129,17 @@ def test_hh_pipeline_starts_every_stage_from_the_base_model_and_answers_held_out
     assert cli_main(["pipeline", *hh_pipeline_args(tiny_model_dir, data, out)]) == 0
     for stage in ("rm", "dpo", "ppo"):  # no SFT stage: each starts from the base model, on HH data
         config = (out / stage / "config.yaml").read_text()
-        assert f"model: {tiny_model_dir}\n" in config and ("data_format: hh" in config or "prompt_format: hh" in config), stage
+        assert f"model: {tiny_model_dir}\n" in config and (
+            "data_format: hh" in config or "prompt_format: hh" in config
+        ), stage
     evaluation = json.loads((out / "eval" / "eval.json").read_text())
     assert set(evaluation["policies"]) == {"base", "dpo", "ppo"} and evaluation["prompts"] == 3
     assert evaluation["policies"]["base"]["kl"] == pytest.approx(0.0, abs=1e-4)  # the base model is the reference
     samples = [json.loads(line) for line in (out / "eval" / "base_samples.jsonl").read_text().splitlines()]
     assert all(s["query"].rstrip().endswith("Assistant:") and s["reference"] for s in samples)  # the chosen reply
-    assert [s["prompt_id"] for s in samples] == [json.loads(line)["prompt_id"] for line in (out / "eval" / "ppo_samples.jsonl").read_text().splitlines()]
+    assert [s["prompt_id"] for s in samples] == [
+        json.loads(line)["prompt_id"] for line in (out / "eval" / "ppo_samples.jsonl").read_text().splitlines()
+    ]
 
 
 def test_paper_and_seed002_pipeline_presets_wire_each_stage_to_its_table(tmp_path):
@@ -126,20 +154,39 @@ def test_paper_and_seed002_pipeline_presets_wire_each_stage_to_its_table(tmp_pat
         assert (sft.learning_rate, sft.total_batch_size, sft.lr_scheduler) == (3e-6, 128, "cosine")  # Table 3
         assert (rm.learning_rate, rm.total_batch_size, rm.model) == (3e-6, 64, str(root / "sft" / "model"))  # Table 4
         assert (dpo.beta, dpo.total_batch_size) == (0.05, 64)  # Table 6
-        assert (ppo.learning_rate, ppo.total_batch_size, ppo.kl_coef, ppo.temperature, ppo.lam, ppo.vf_coef, ppo.total_episodes) == (
-            3e-6, 512, 0.05, 0.7, 0.95, 0.1, 1_000_000)  # Table 7
+        assert (
+            ppo.learning_rate,
+            ppo.total_batch_size,
+            ppo.kl_coef,
+            ppo.temperature,
+            ppo.lam,
+            ppo.vf_coef,
+            ppo.total_episodes,
+        ) == (3e-6, 512, 0.05, 0.7, 0.95, 0.1, 1_000_000)  # Table 7
         assert ppo.reward_model == str(root / "rm" / "model") and rm.sft_data == ppo.data  # Details 15, 21
         prompts = held_out_prompts(cfg, root, pipeline_commands())
-        assert (prompts["hf_split"], prompts["split"], prompts["max_new_tokens"]) == ("validation", "all", 53)  # Figure 1
+        assert (prompts["hf_split"], prompts["split"], prompts["max_new_tokens"]) == (
+            "validation",
+            "all",
+            53,
+        )  # Figure 1
     cfg = resolve("pipeline", "seed002-gpt2-hh", None, {"output_dir": str(tmp_path / "hh")})
     rm, ppo, grpo = (stage_config(s, cfg, tmp_path / "hh", pipeline_commands()) for s in ("rm", "ppo", "grpo"))
     assert cfg.task == "hh" and "sft" not in cfg.stages and rm.model == ppo.model == "openai-community/gpt2"
-    assert (rm.learning_rate, rm.total_batch_size, rm.num_epochs, rm.weight_decay, rm.data_format) == (2e-5, 16, 3, 0.01, "hh")
+    assert (rm.learning_rate, rm.total_batch_size, rm.num_epochs, rm.weight_decay, rm.data_format) == (
+        2e-5,
+        16,
+        3,
+        0.01,
+        "hh",
+    )
     assert (ppo.kl_coef, ppo.entropy_coef, ppo.vf_coef, ppo.prompt_format) == (0.1, 0.01, 0.5, "hh")
     assert (grpo.samples_per_prompt, grpo.kl_placement) == (4, "loss")
     options = eval_options(cfg, tmp_path / "hh", [], pipeline_commands())
     assert options["template"] == "builtin:hh-helpfulness" and options["reference_model"] == "openai-community/gpt2"
-    assert options["models"][0] == "base=openai-community/gpt2" and options["reward_model"] == str(tmp_path / "hh" / "rm" / "model")
+    assert options["models"][0] == "base=openai-community/gpt2" and options["reward_model"] == str(
+        tmp_path / "hh" / "rm" / "model"
+    )
 
 
 def test_stages_must_come_after_what_they_read():

@@ -50,7 +50,9 @@ def scripted_batch(models, cfg, prompts, eos_at: list[int | None], width: int = 
     lengths = torch.tensor([width if at is None else at + 1 for at in eos_at])
     mask = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
     has_eos = torch.tensor([at is not None for at in eos_at])
-    batch = RolloutBatch(torch.arange(len(eos_at)), padded["input_ids"], padded["attention_mask"], responses, mask, has_eos)
+    batch = RolloutBatch(
+        torch.arange(len(eos_at)), padded["input_ids"], padded["attention_mask"], responses, mask, has_eos
+    )
     return score_rollout(models, batch, cfg, "no")
 
 
@@ -64,7 +66,9 @@ def test_kl_is_exactly_zero_and_the_ratio_exactly_one_before_any_update(ppo_dirs
     micro = batch.select(rows)
     new, _ = policy_logprobs(models.policy, micro, cfg.temperature)
     assert torch.equal(torch.exp(new - micro.logprobs)[micro.mask], torch.ones(int(micro.mask.sum())))
-    metrics = update.update_on_rollout(models, update.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
+    metrics = update.update_on_rollout(
+        models, update.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef
+    )
     assert metrics["val/ratio"] == 1.0 and metrics["policy/clipfrac_avg"] == 0 and metrics["policy/approxkl_avg"] == 0
 
 
@@ -84,8 +88,14 @@ def test_values_are_read_at_the_position_before_each_response_token(ppo_dirs, tm
     context = batch.context_length
     with torch.no_grad():
         for t in (0, 2):  # V(query + response[:t]) is the value model's score of that prefix at its last token
-            prefix = RolloutBatch(batch.prompts, batch.query_ids, batch.query_mask, batch.responses[:, :t],
-                                           batch.mask[:, :t], batch.has_eos)
+            prefix = RolloutBatch(
+                batch.prompts,
+                batch.query_ids,
+                batch.query_mask,
+                batch.responses[:, :t],
+                batch.mask[:, :t],
+                batch.has_eos,
+            )
             last = torch.full((3,), context + t - 1)
             expected = models.value(prefix.input_ids(), prefix.attention_mask(), eos_index=last)
             torch.testing.assert_close(batch.values[:, t], expected, atol=1e-5, rtol=1e-4)
@@ -110,7 +120,9 @@ def test_sampling_never_emits_pad(tiny_model):
     padded = left_pad_queries([[1, 2, 3], [4, 5]], tok.pad_token_id)
     for temperature in (0.0, 0.7):
         params = generation.SamplingParams(max_new_tokens=5, temperature=temperature)
-        out = generation.generate(model, padded["input_ids"], padded["attention_mask"], params, tok.eos_token_id, tok.pad_token_id)
+        out = generation.generate(
+            model, padded["input_ids"], padded["attention_mask"], params, tok.eos_token_id, tok.pad_token_id
+        )
         assert not (out.responses == tok.pad_token_id).any()
 
 
@@ -118,7 +130,12 @@ def test_detail23_score_lands_on_the_eos_index_and_missing_eos_scores_minus_one(
     cfg, models, prompts = setup(ppo_dirs, tmp_path)
     eos_at = [2, None, 0, 5]
     batch = compute_advantages(scripted_batch(models, cfg, prompts, eos_at), cfg, kl_coef=0.05)
-    assert batch.scores.tolist() == [batch.raw_scores[0].item(), -1.0, batch.raw_scores[2].item(), batch.raw_scores[3].item()]
+    assert batch.scores.tolist() == [
+        batch.raw_scores[0].item(),
+        -1.0,
+        batch.raw_scores[2].item(),
+        batch.raw_scores[3].item(),
+    ]
     metrics = evaluation.rollout_metrics(batch, 0.05)
     assert metrics["objective/scores_with_eos"] == pytest.approx(float(batch.raw_scores[[0, 2, 3]].mean()))
     assert metrics["response/eos_rate"] == 0.75
@@ -132,7 +149,9 @@ def test_detail23_score_lands_on_the_eos_index_and_missing_eos_scores_minus_one(
         torch.testing.assert_close(score_part[row], expected)
     # the reward model read the EOS token itself: the same score as a right-padded query+response row
     eos_row = torch.cat([batch.query_ids[0][batch.query_mask[0].bool()], batch.responses[0, :3]]).unsqueeze(0)
-    torch.testing.assert_close(models.reward(eos_row, torch.ones_like(eos_row)), batch.raw_scores[:1], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(
+        models.reward(eos_row, torch.ones_like(eos_row)), batch.raw_scores[:1], atol=1e-5, rtol=1e-4
+    )
 
 
 def test_everything_after_eos_is_masked_in_every_loss_and_metric(ppo_dirs, tmp_path):
@@ -151,7 +170,9 @@ def test_everything_after_eos_is_masked_in_every_loss_and_metric(ppo_dirs, tmp_p
     results = []
     for batch in (clean, dirty):
         trained = copy.deepcopy(models)
-        metrics = update.update_on_rollout(trained, update.build_optimizers(trained, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
+        metrics = update.update_on_rollout(
+            trained, update.build_optimizers(trained, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef
+        )
         results.append((metrics, trained.policy.state_dict(), trained.value.state_dict()))
     assert results[0][0] == pytest.approx(results[1][0])
     for a, b in ((results[0][1], results[1][1]), (results[0][2], results[1][2])):
@@ -167,7 +188,7 @@ def test_one_update_raises_the_logprob_of_positive_advantage_tokens(ppo_dirs, tm
     update.update_on_rollout(models, update.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
     with torch.no_grad():
         new, _ = policy_logprobs(models.policy, batch, cfg.temperature)
-    change = (new - batch.logprobs)
+    change = new - batch.logprobs
     positive, negative = batch.mask & (sign > 0), batch.mask & (sign < 0)
     assert change[positive].mean() > 0 > change[negative].mean()
 
@@ -178,7 +199,9 @@ def test_logprobs_at_sampling_and_at_training_agree_for_the_same_weights(ppo_dir
     sampling = SamplingLogprobs(monkeypatch)
     padded = left_pad_queries(prompts[:4], tok.pad_token_id)
     params = generation.SamplingParams(max_new_tokens=8, temperature=0.7, seed=3)
-    sampled = generation.generate(models.policy, padded["input_ids"], padded["attention_mask"], params, tok.eos_token_id, tok.pad_token_id)
+    sampled = generation.generate(
+        models.policy, padded["input_ids"], padded["attention_mask"], params, tok.eos_token_id, tok.pad_token_id
+    )
     valid = torch.arange(sampled.responses.size(1)).unsqueeze(0) < sampled.lengths.unsqueeze(1)
     ids = torch.cat([padded["input_ids"], sampled.responses], 1)
     mask = torch.cat([padded["attention_mask"], valid.long()], 1)
@@ -200,10 +223,26 @@ def test_logits_fallback_path_matches_the_chunked_hidden_state_path(ppo_dirs, tm
 
 def test_detail20_tldr_ppo_preset_mirrors_table_7():
     cfg = resolve("ppo", "tldr-ppo", None, {})
-    table7 = {"total_episodes": 1_000_000, "learning_rate": 3e-6, "adam_eps": 1e-5, "lr_scheduler": "linear",
-              "total_batch_size": 512, "kl_coef": 0.05, "gamma": 1.0, "lam": 0.95, "num_minibatches": 1, "update_epochs": 4,
-              "clip_range": 0.2, "value_clip_range": 0.2, "vf_coef": 0.1, "temperature": 0.7, "max_response_length": 53,
-              "missing_eos_score": -1.0, "whiten_rewards": False, "whiten_advantages": True}
+    table7 = {
+        "total_episodes": 1_000_000,
+        "learning_rate": 3e-6,
+        "adam_eps": 1e-5,
+        "lr_scheduler": "linear",
+        "total_batch_size": 512,
+        "kl_coef": 0.05,
+        "gamma": 1.0,
+        "lam": 0.95,
+        "num_minibatches": 1,
+        "update_epochs": 4,
+        "clip_range": 0.2,
+        "value_clip_range": 0.2,
+        "vf_coef": 0.1,
+        "temperature": 0.7,
+        "max_response_length": 53,
+        "missing_eos_score": -1.0,
+        "whiten_rewards": False,
+        "whiten_advantages": True,
+    }
     assert {k: getattr(cfg, k) for k in table7} == table7
 
 
@@ -241,21 +280,53 @@ def test_gradient_accumulation_matches_one_large_micro_batch(ppo_dirs, tmp_path)
 
 
 EXPECTED_METRICS = [
-    "objective/rlhf_reward", "objective/scores", "objective/kl", "objective/non_score_reward", "objective/entropy",
-    "policy/entropy_avg", "policy/approxkl_avg", "policy/clipfrac_avg", "val/clipfrac_avg", "loss/policy_avg",
-    "loss/value_avg", "val/ratio", "val/ratio_var", "response/length_mean", "response/eos_rate",
-    "response/length_score_corr", "val/explained_variance", "perf/generated_tokens_per_s", "perf/generation_s",
-    "perf/scoring_s", "perf/update_s", "train/lr",
+    "objective/rlhf_reward",
+    "objective/scores",
+    "objective/kl",
+    "objective/non_score_reward",
+    "objective/entropy",
+    "policy/entropy_avg",
+    "policy/approxkl_avg",
+    "policy/clipfrac_avg",
+    "val/clipfrac_avg",
+    "loss/policy_avg",
+    "loss/value_avg",
+    "val/ratio",
+    "val/ratio_var",
+    "response/length_mean",
+    "response/eos_rate",
+    "response/length_score_corr",
+    "val/explained_variance",
+    "perf/generated_tokens_per_s",
+    "perf/generation_s",
+    "perf/scoring_s",
+    "perf/update_s",
+    "train/lr",
 ]
 
 
 def test_run_directory_metrics_samples_and_report(ppo_dirs, tmp_path):
     out = tmp_path / "run"
-    cfg = resolve("ppo", "tldr-ppo", None, stage_args("ppo", ppo_dirs, out, eval_samples=2, sample_every=1, report_to="tensorboard"))
+    cfg = resolve(
+        "ppo",
+        "tldr-ppo",
+        None,
+        stage_args("ppo", ppo_dirs, out, eval_samples=2, sample_every=1, report_to="tensorboard"),
+    )
     assert trainer.run(cfg) == 0
-    for name in ["config.yaml", "metrics.jsonl", "samples.jsonl", "eval.json", "eval_samples.jsonl", "report.html",
-                 "plots/curves.png", "model/model.safetensors", "value/scalar_head.safetensors",
-                 "checkpoints/step-000002/value/scalar_head.safetensors", "checkpoints/step-000002/state.pt"]:
+    for name in [
+        "config.yaml",
+        "metrics.jsonl",
+        "samples.jsonl",
+        "eval.json",
+        "eval_samples.jsonl",
+        "report.html",
+        "plots/curves.png",
+        "model/model.safetensors",
+        "value/scalar_head.safetensors",
+        "checkpoints/step-000002/value/scalar_head.safetensors",
+        "checkpoints/step-000002/state.pt",
+    ]:
         assert (out / name).is_file(), name
     assert list((out / "tb").glob("events.out.tfevents.*"))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -266,7 +337,13 @@ def test_run_directory_metrics_samples_and_report(ppo_dirs, tmp_path):
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert {(s["step"], s["rank"]) for s in samples} == {(1, "highest"), (1, "lowest"), (2, "highest"), (2, "lowest")}
     evaluation = json.loads((out / "eval.json").read_text())
-    assert {"eval/sft_rm_score", "eval/ppo_rm_score", "eval/ppo_rouge_l", "eval/ppo_eos_rate", "eval/ppo_length"} <= set(evaluation)
+    assert {
+        "eval/sft_rm_score",
+        "eval/ppo_rm_score",
+        "eval/ppo_rouge_l",
+        "eval/ppo_eos_rate",
+        "eval/ppo_length",
+    } <= set(evaluation)
     state = torch.load(out / "checkpoints" / "step-000002" / "state.pt", weights_only=True)
     assert {"optimizer", "scheduler", "value_optimizer", "value_scheduler"} <= set(state)
 
@@ -275,8 +352,12 @@ def test_run_directory_metrics_samples_and_report(ppo_dirs, tmp_path):
 def test_resume_after_sigkill_ends_bit_identical(ppo_dirs, tmp_path):
     updates = 4
     common = {"max_steps": updates, "adaptive_kl": "true", "kl_horizon": 10, "sample_every": 1}
-    straight, killed = straight_and_resumed("ppo", "tldr-ppo", stage_args("ppo", ppo_dirs, tmp_path, **common), tmp_path, kill_at=2)
-    assert_same_files(straight, killed, ["model/model.safetensors", "value/model.safetensors", "value/scalar_head.safetensors"])
+    straight, killed = straight_and_resumed(
+        "ppo", "tldr-ppo", stage_args("ppo", ppo_dirs, tmp_path, **common), tmp_path, kill_at=2
+    )
+    assert_same_files(
+        straight, killed, ["model/model.safetensors", "value/model.safetensors", "value/scalar_head.safetensors"]
+    )
     rows = assert_same_metrics(straight, killed, updates)
     assert rows[-1]["objective/kl_coef"] != 0.05  # the adaptive controller moved, and resumed from its state
     samples = [(run / "samples.jsonl").read_text() for run in (straight, killed)]

@@ -31,7 +31,9 @@ from .helpers import (
 )
 
 SFT_STEPS = 6
-STOPPED = re.compile(r"^rlhfkit: stopped by (\w+) after (step|update) (\d+); checkpoint written to (.+); resume with: (.+)$", re.M)
+STOPPED = re.compile(
+    r"^rlhfkit: stopped by (\w+) after (step|update) (\d+); checkpoint written to (.+); resume with: (.+)$", re.M
+)
 
 
 def sft_command(dirs, out: Path) -> list[str]:
@@ -73,7 +75,9 @@ def test_signal_during_sft_checkpoints_exits_and_resumes_bit_identical(ppo_dirs,
     assert resume == f"rlhfkit sft resume={out}"
     assert "Traceback" not in output and not (out / LOCK_FILE).exists()
 
-    subprocess.run(rlhfkit_command(*shlex.split(resume)[1:]), check=True, env=child_env(), capture_output=True)  # the printed command
+    subprocess.run(
+        rlhfkit_command(*shlex.split(resume)[1:]), check=True, env=child_env(), capture_output=True
+    )  # the printed command
     assert_same_files(straight_sft, out, ["model/model.safetensors"])
     assert_same_metrics(straight_sft, out, SFT_STEPS)
 
@@ -99,7 +103,12 @@ def test_sigterm_during_grpo_checkpoints_the_update_and_resumes_to_the_end(ppo_d
     returncode, output = interrupt_after_first_step(command, out, signal.SIGTERM)
     assert returncode == 143, output[-3000:]
     [(name, unit, update, checkpoints, resume)] = STOPPED.findall(output)
-    assert (name, unit, checkpoints, resume) == ("SIGTERM", "update", str(out / "checkpoints"), f"rlhfkit grpo resume={out}")
+    assert (name, unit, checkpoints, resume) == (
+        "SIGTERM",
+        "update",
+        str(out / "checkpoints"),
+        f"rlhfkit grpo resume={out}",
+    )
     assert 1 <= int(update) < updates and latest_step(out) == int(update)
     assert not (out / LOCK_FILE).exists()
 

@@ -67,7 +67,9 @@ def test_cdpo_with_zero_smoothing_is_dpo_and_log2_at_the_reference_for_any_eps()
     dpo = preference_loss(chosen, rejected, PreferenceObjective("dpo", 0.3), ref_c, ref_r)
     cdpo = preference_loss(chosen, rejected, PreferenceObjective("cdpo", 0.3, label_smoothing=0.0), ref_c, ref_r)
     torch.testing.assert_close(cdpo.losses, dpo.losses)
-    at_reference = preference_loss(chosen, rejected, PreferenceObjective("cdpo", 0.3, label_smoothing=0.2), chosen, rejected)
+    at_reference = preference_loss(
+        chosen, rejected, PreferenceObjective("cdpo", 0.3, label_smoothing=0.2), chosen, rejected
+    )
     # h = 0: (1 - eps) log 2 + eps log 2 = log 2
     torch.testing.assert_close(at_reference.losses, torch.full((16,), math.log(2)))
 
@@ -75,7 +77,8 @@ def test_cdpo_with_zero_smoothing_is_dpo_and_log2_at_the_reference_for_any_eps()
 def test_cdpo_hand_value_and_zero_gradient_where_sigmoid_of_beta_h_is_one_minus_eps():
     eps, beta = 0.2, 0.5
     cdpo = PreferenceObjective("cdpo", beta, label_smoothing=eps)
-    # d/dz [-(1-eps) log s(z) - eps log s(-z)] = s(z) - (1 - eps) = 0 at s(z) = 0.8, z = log(0.8/0.2) = log 4; h = z / beta
+    # d/dz [-(1-eps) log s(z) - eps log s(-z)] = s(z) - (1 - eps) = 0 at s(z) = 0.8, z = log(0.8/0.2) = log 4; h = z /
+    # beta
     h = math.log(4) / beta
     chosen = torch.tensor([h], requires_grad=True)
     out = preference_loss(chosen, torch.tensor([0.0]), cdpo, torch.tensor([0.0]), torch.tensor([0.0]))
@@ -110,8 +113,13 @@ def test_simpo_rewards_are_length_normalised():
     # -0.5 nats per token over 4 and over 40 tokens: the same reward 2.5 * -0.5 = -1.25
     rewards = implicit_rewards(torch.tensor([-2.0, -20.0]), simpo, lengths=torch.tensor([4, 40]))
     torch.testing.assert_close(rewards, torch.tensor([-1.25, -1.25]))
-    out = preference_loss(torch.tensor([-2.0]), torch.tensor([-20.0]), simpo, chosen_lengths=torch.tensor([4]),
-                          rejected_lengths=torch.tensor([40]))
+    out = preference_loss(
+        torch.tensor([-2.0]),
+        torch.tensor([-20.0]),
+        simpo,
+        chosen_lengths=torch.tensor([4]),
+        rejected_lengths=torch.tensor([40]),
+    )
     # equal rewards: the loss is -log sigmoid(-gamma) = log(1 + e^1.4), so a tie is still pushed apart by gamma
     assert out.losses.item() == pytest.approx(softplus(1.4), abs=1e-6)
 
@@ -120,15 +128,22 @@ def test_simpo_ignores_a_reference_and_the_others_need_one():
     simpo = PreferenceObjective("simpo", 2.0, simpo_gamma=0.5)
     lengths = torch.tensor([2]), torch.tensor([2])
     alone = preference_loss(torch.tensor([-1.0]), torch.tensor([-3.0]), simpo, None, None, *lengths)
-    given = preference_loss(torch.tensor([-1.0]), torch.tensor([-3.0]), simpo, torch.tensor([9.0]), torch.tensor([-9.0]), *lengths)
+    given = preference_loss(
+        torch.tensor([-1.0]), torch.tensor([-3.0]), simpo, torch.tensor([9.0]), torch.tensor([-9.0]), *lengths
+    )
     torch.testing.assert_close(alone.losses, given.losses)
     with pytest.raises(ValueError, match="response token counts"):
         preference_loss(torch.tensor([-1.0]), torch.tensor([-3.0]), simpo)
     with pytest.raises(ValueError, match="reference"):
         preference_loss(torch.tensor([-1.0]), torch.tensor([-3.0]), PreferenceObjective("ipo", 0.1))
     with pytest.raises(ValueError, match="not one of"):
-        preference_loss(torch.tensor([-1.0]), torch.tensor([-3.0]), PreferenceObjective("kto", 0.1), torch.tensor([0.0]),
-                        torch.tensor([0.0]))
+        preference_loss(
+            torch.tensor([-1.0]),
+            torch.tensor([-3.0]),
+            PreferenceObjective("kto", 0.1),
+            torch.tensor([0.0]),
+            torch.tensor([0.0]),
+        )
 
 
 def test_the_config_offers_exactly_the_implemented_loss_types():

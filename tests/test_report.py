@@ -17,13 +17,32 @@ def test_long_cells_are_collapsed_behind_their_first_lines_and_everything_is_esc
     assert "<td>0.123</td>" in html and "<td>a &lt; b</td>" in html
 
 
-@pytest.mark.parametrize("value, shown", [
-    (None, "-"), ("", "-"), (float("inf"), "n/a"), (float("-inf"), "n/a"), (float("nan"), "n/a"), ("inf", "n/a"), ("None", "n/a"),
-    (87.8, "87.8"), (23.5, "23.5"), (0.48034, "0.480"), (-0.0963, "-0.096"), (1.2345, "1.23"), (12.0, "12"), (123456.0, "123,456"),
-    (True, "yes"), ((0.48, 0.41, 0.55), "0.480 [0.410, 0.550]"), ((-0.009, -0.025, 0.006), "-0.009 [-0.025, +0.006]"),
-    ((0.625, 0.25, 1.0), "0.625 [0.250, 1.000]"), ((0.5, None, None), "0.500"), ({"a": 1.5, "b": None}, "a 1.50; b -"),
-    ([0.1, -0.2, 0.3], "0.100, -0.200, 0.300"),  # a list of scores, not an interval
-])
+@pytest.mark.parametrize(
+    "value, shown",
+    [
+        (None, "-"),
+        ("", "-"),
+        (float("inf"), "n/a"),
+        (float("-inf"), "n/a"),
+        (float("nan"), "n/a"),
+        ("inf", "n/a"),
+        ("None", "n/a"),
+        (87.8, "87.8"),
+        (23.5, "23.5"),
+        (0.48034, "0.480"),
+        (-0.0963, "-0.096"),
+        (1.2345, "1.23"),
+        (12.0, "12"),
+        (123456.0, "123,456"),
+        (True, "yes"),
+        ((0.48, 0.41, 0.55), "0.480 [0.410, 0.550]"),
+        ((-0.009, -0.025, 0.006), "-0.009 [-0.025, +0.006]"),
+        ((0.625, 0.25, 1.0), "0.625 [0.250, 1.000]"),
+        ((0.5, None, None), "0.500"),
+        ({"a": 1.5, "b": None}, "a 1.50; b -"),
+        ([0.1, -0.2, 0.3], "0.100, -0.200, 0.300"),  # a list of scores, not an interval
+    ],
+)
 def test_cells_are_rounded_to_what_they_carry_and_never_show_none_or_inf(value, shown):
     assert format_value(value) == shown
 
@@ -75,7 +94,12 @@ def test_the_judge_caveat_fires_for_agreement_near_or_below_chance_and_names_its
     shipped = caveats.measured_judge_agreement("hf-logprob:smollm2-135m", [tmp_path])
     line = caveats.judge_caveat("hf-logprob:smollm2-135m", shipped)
     assert "0.440 [0.393, 0.490]" in line and "below chance" in line and "docs/reproduction.md" in line
-    assert caveats.judge_caveat("x", {"agreement": 0.53, "low": 0.45, "high": 0.6, "pairs": 100, "source": "s"}).count("near chance") == 1
+    assert (
+        caveats.judge_caveat("x", {"agreement": 0.53, "low": 0.45, "high": 0.6, "pairs": 100, "source": "s"}).count(
+            "near chance"
+        )
+        == 1
+    )
     assert caveats.judge_caveat("x", {"agreement": 0.72, "low": 0.66, "high": 0.78, "pairs": 100, "source": "s"}) == ""
     assert "run `rlhfkit judge-eval judge=openai:gpt-4o`" in caveats.judge_caveat("openai:gpt-4o", None)
     assert caveats.judge_caveat("rm:folder", None) == ""
@@ -83,7 +107,11 @@ def test_the_judge_caveat_fires_for_agreement_near_or_below_chance_and_names_its
 
 def test_a_judge_eval_run_overrides_the_shipped_figure(tmp_path):
     (tmp_path / "judge-eval-a").mkdir()
-    summary = {"judge": {"judge": "hf-logprob:smollm2-135m"}, "pairs": 40, "agreement": {"agreement": 0.7, "low": 0.6, "high": 0.8}}
+    summary = {
+        "judge": {"judge": "hf-logprob:smollm2-135m"},
+        "pairs": 40,
+        "agreement": {"agreement": 0.7, "low": 0.6, "high": 0.8},
+    }
     (tmp_path / "judge-eval-a" / "judge_eval.json").write_text(json.dumps(summary))
     measured = caveats.measured_judge_agreement("hf-logprob:smollm2-135m", [tmp_path])
     assert measured["agreement"] == 0.7 and measured["pairs"] == 40 and "judge-eval-a" in measured["source"]
@@ -94,7 +122,10 @@ def test_reward_model_score_alarm_and_budget_caveats_fire_only_when_their_number
     assert "at or below always-prefer-longer (0.647)" in caveats.reward_model_caveat(0.48, 0.647, -0.05)
     assert caveats.reward_model_caveat(0.70, 0.60, 0.05) == ""  # beats the rule by more than its interval
     assert "not distinguishable" in caveats.reward_model_caveat(0.62, 0.60, -0.03)
-    assert caveats.fell_caveat("RM score", -0.096, -0.556, "SFT policy") == "RM score fell from -0.096 (SFT policy) to -0.556"
+    assert (
+        caveats.fell_caveat("RM score", -0.096, -0.556, "SFT policy")
+        == "RM score fell from -0.096 (SFT policy) to -0.556"
+    )
     assert caveats.fell_caveat("RM score", -0.5, -0.1, "SFT policy") == ""
     assert "eos_rate 0.625" in caveats.alarm_caveat("ppo", {"flags": ["eos_rate"], "eos_rate": 0.625})
     assert caveats.alarm_caveat("ppo", {"flags": []}) == ""
@@ -109,7 +140,9 @@ def test_curves_put_at_most_three_panels_a_row_on_integer_steps(tmp_path):
     from PIL import Image
 
     width, height = Image.open(path).size
-    assert width <= 4.6 * PANELS_PER_ROW * 110 + 10 and height > 3 * 3.4 * 110  # three rows of three, not one row of seven
+    assert (
+        width <= 4.6 * PANELS_PER_ROW * 110 + 10 and height > 3 * 3.4 * 110
+    )  # three rows of three, not one row of seven
     fig, ax = pyplot().subplots()
     ax.plot([1, 2], [0, 1])
     integer_steps(ax)

@@ -35,12 +35,30 @@ def reports(tmp_path_factory, tiny_model_dir):
     args = cli_args(stage_args("pipeline", inputs, pipe, judge=f"rm:{pipe / 'rm' / 'model'}"))
     assert cli_main(["pipeline", "--preset", "quickstart", *args]) == 0
     judged = root / "judge-eval"
-    assert cli_main(["judge-eval", f"judge=rm:{pipe / 'rm' / 'model'}", f"data={inputs['pairs']}", f"out={judged}", "max_pairs=12",
-                     f"cache_dir={root / 'cache'}"]) == 0
+    assert (
+        cli_main(
+            [
+                "judge-eval",
+                f"judge=rm:{pipe / 'rm' / 'model'}",
+                f"data={inputs['pairs']}",
+                f"out={judged}",
+                "max_pairs=12",
+                f"cache_dir={root / 'cache'}",
+            ]
+        )
+        == 0
+    )
     runs = root / "runs-report"
     assert cli_main(["report", f"runs={pipe / 'sft'},{pipe / 'ppo'}", f"out={runs}"]) == 0
-    return {"quick start": pipe, "sft": pipe / "sft", "rm": pipe / "rm", "ppo": pipe / "ppo", "eval": pipe / "eval",
-            "judge-eval": judged, "multi-run": runs}
+    return {
+        "quick start": pipe,
+        "sft": pipe / "sft",
+        "rm": pipe / "rm",
+        "ppo": pipe / "ppo",
+        "eval": pipe / "eval",
+        "judge-eval": judged,
+        "multi-run": runs,
+    }
 
 
 @pytest.fixture(scope="module")

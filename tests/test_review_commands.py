@@ -63,14 +63,21 @@ def test_a_refused_connection_is_not_retried_and_counts_as_a_failure_not_an_answ
     verdicts = judge.judge([Pair("post", "a", "b")] * 1 + [Pair("post 2", "c", "d")])
     assert all(v.error and "Connection refused" in v.error and "not retried" in v.error for v in verdicts)
     assert (judge.stats.calls, judge.stats.retries, judge.stats.failures, judge.stats.unparseable) == (2, 0, 2, 0)
-    with pytest.raises(Exception, match="no verdict was received: all 2 pairs asked got no reply; the first: connection failed"):
+    with pytest.raises(
+        Exception, match="no verdict was received: all 2 pairs asked got no reply; the first: connection failed"
+    ):
         judge.require_a_verdict()
 
 
 def test_a_malformed_body_is_tried_twice_while_timeouts_and_server_errors_keep_their_retries(server):
     server.script = ["bad_json", "bad_json", "500", "500", "slow", "500"]
-    judge = make_judge("openai:judge-model", base_url=server.url, cache_dir=None, seed=0,
-                       options=ApiOptions(concurrency=1, timeout=0.5, retry=QUICK_RETRY))
+    judge = make_judge(
+        "openai:judge-model",
+        base_url=server.url,
+        cache_dir=None,
+        seed=0,
+        options=ApiOptions(concurrency=1, timeout=0.5, retry=QUICK_RETRY),
+    )
     first, second = judge.judge([Pair("post", "good", "bad"), Pair("post 2", "good", "bad")])
     assert first.error == "reply body is not valid JSON (gave up after 2 attempts)"
     assert second.is_vote and not second.error  # 500, 500, a timeout and 500 were retried until it answered
@@ -79,12 +86,16 @@ def test_a_malformed_body_is_tried_twice_while_timeouts_and_server_errors_keep_t
 
 
 @pytest.mark.parametrize("command", ["judge-eval", "eval"])
-def test_a_judge_that_cannot_be_reached_stops_the_command_in_one_line_and_writes_nothing(command, comparisons, tmp_path,
-                                                                                        monkeypatch, capsys):
+def test_a_judge_that_cannot_be_reached_stops_the_command_in_one_line_and_writes_nothing(
+    command, comparisons, tmp_path, monkeypatch, capsys
+):
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     judge = f"openai:gpt-4o@http://127.0.0.1:{free_port()}/v1"
-    data = {"data": str(comparisons), "max_pairs": 3} if command == "judge-eval" else {
-        "samples": f"p={samples_file(tmp_path / 'p.jsonl')}"}
+    data = (
+        {"data": str(comparisons), "max_pairs": 3}
+        if command == "judge-eval"
+        else {"samples": f"p={samples_file(tmp_path / 'p.jsonl')}"}
+    )
     args = {"judge": judge, "out": str(tmp_path / "out"), "cache_dir": str(tmp_path / "cache")} | data
     assert cli_main([command, *cli_args(args)]) == 2
     line = one_error_line(capsys)
@@ -96,8 +107,14 @@ def test_a_judge_that_cannot_be_reached_stops_the_command_in_one_line_and_writes
 def test_judge_eval_counts_failed_calls_apart_from_unparseable_replies(server, comparisons, tmp_path, capsys):
     server.script = ["bad_json", "bad_json", "no_preferred"]  # the first pair gets no reply, the next an unusable one
     out = tmp_path / "run"
-    args = {"judge": f"openai:judge-model@{server.url}", "data": str(comparisons), "out": str(out), "max_pairs": 3,
-            "concurrency": 1, "cache_dir": str(tmp_path / "cache")}
+    args = {
+        "judge": f"openai:judge-model@{server.url}",
+        "data": str(comparisons),
+        "out": str(out),
+        "max_pairs": 3,
+        "concurrency": 1,
+        "cache_dir": str(tmp_path / "cache"),
+    }
     assert cli_main(["judge-eval", *cli_args(args)]) == 0
     captured = capsys.readouterr()
     assert "unparseable 1 of 6 verdicts, failed calls 1, ties 0" in captured.out
@@ -111,8 +128,13 @@ def test_judge_eval_counts_failed_calls_apart_from_unparseable_replies(server, c
 def test_eval_counts_failed_calls_apart_from_unparseable_replies(server, tmp_path, capsys):
     server.script = ["bad_json", "bad_json", "no_preferred"]
     out = tmp_path / "run"
-    args = {"judge": f"openai:judge-model@{server.url}", "samples": f"p={samples_file(tmp_path / 'p.jsonl')}", "out": str(out),
-            "concurrency": 1, "cache_dir": str(tmp_path / "cache")}
+    args = {
+        "judge": f"openai:judge-model@{server.url}",
+        "samples": f"p={samples_file(tmp_path / 'p.jsonl')}",
+        "out": str(out),
+        "concurrency": 1,
+        "cache_dir": str(tmp_path / "cache"),
+    }
     assert cli_main(["eval", *cli_args(args)]) == 0
     assert "unparseable 1, failed calls 1" in capsys.readouterr().out
     rate = json.loads((out / "eval.json").read_text())["policies"]["p"]["win_rate"]
@@ -122,24 +144,44 @@ def test_eval_counts_failed_calls_apart_from_unparseable_replies(server, tmp_pat
 
 # ---------------------------------------------------------------- case 20: plan on a broken config.json
 
-LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-         "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 1000}
+LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "vocab_size": 1000,
+}
 
 
-@pytest.mark.parametrize("change, fragment", [
-    ({"hidden_size": 0, "intermediate_size": 0, "num_hidden_layers": 0, "num_attention_heads": 0, "vocab_size": 0},
-     "hidden_size=0 must be a whole number above 0"),
-    ({"hidden_size": -64}, "hidden_size=-64 must be a whole number above 0"),
-    ({"num_attention_heads": 2.5}, "num_attention_heads=2.5 must be a whole number above 0"),
-    ({"num_key_value_heads": 0}, "num_key_value_heads=0 must be a whole number above 0"),
-    ({"vocab_size": None}, "has no vocab_size"),
-    ({"model_type": "nonsense"}, "model_type='nonsense' is not a transformers model type"),
-])
+@pytest.mark.parametrize(
+    "change, fragment",
+    [
+        (
+            {
+                "hidden_size": 0,
+                "intermediate_size": 0,
+                "num_hidden_layers": 0,
+                "num_attention_heads": 0,
+                "vocab_size": 0,
+            },
+            "hidden_size=0 must be a whole number above 0",
+        ),
+        ({"hidden_size": -64}, "hidden_size=-64 must be a whole number above 0"),
+        ({"num_attention_heads": 2.5}, "num_attention_heads=2.5 must be a whole number above 0"),
+        ({"num_key_value_heads": 0}, "num_key_value_heads=0 must be a whole number above 0"),
+        ({"vocab_size": None}, "has no vocab_size"),
+        ({"model_type": "nonsense"}, "model_type='nonsense' is not a transformers model type"),
+    ],
+)
 def test_plan_refuses_a_config_json_with_a_bad_size_naming_the_file_and_the_field(change, fragment, tmp_path, capsys):
     values = {k: v for k, v in (LLAMA | change).items() if v is not None}
     (tmp_path / "config.json").write_text(json.dumps(values))
-    for model, where in ((tmp_path / "config.json", f"model={tmp_path / 'config.json'}"),
-                         (tmp_path, f"model={tmp_path} (its config.json)")):
+    for model, where in (
+        (tmp_path / "config.json", f"model={tmp_path / 'config.json'}"),
+        (tmp_path, f"model={tmp_path} (its config.json)"),
+    ):
         assert cli_main(["plan", f"model={model}", "stage=sft"]) == 2
         line = one_error_line(capsys)
         assert where in line and fragment in line, line
@@ -152,7 +194,9 @@ def test_plan_reads_the_sizes_under_an_architectures_own_names(tmp_path):
 
     GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=100).save_pretrained(tmp_path)
     assert read_shape(str(tmp_path)).hidden == 64
-    (tmp_path / "config.json").write_text(json.dumps(json.loads((tmp_path / "config.json").read_text()) | {"n_embd": 0}))
+    (tmp_path / "config.json").write_text(
+        json.dumps(json.loads((tmp_path / "config.json").read_text()) | {"n_embd": 0})
+    )
     with pytest.raises(Exception, match="n_embd=0 must be a whole number above 0"):
         read_shape(str(tmp_path))
 
@@ -188,8 +232,16 @@ def test_an_output_that_exists_is_refused_in_one_line_and_kept(argv, kind, tmp_p
 def test_generate_overwrite_true_replaces_the_file(ppo_dirs, tmp_path):
     out = tmp_path / "samples.jsonl"
     out.write_text('{"precious": 1}\n')
-    args = [f"model={ppo_dirs['policy']}", f"data={ppo_dirs['posts']}", "validation_posts=4", "num_samples=2", "max_new_tokens=3",
-            "max_query_length=128", f"out={out}", "overwrite=true"]
+    args = [
+        f"model={ppo_dirs['policy']}",
+        f"data={ppo_dirs['posts']}",
+        "validation_posts=4",
+        "num_samples=2",
+        "max_new_tokens=3",
+        "max_query_length=128",
+        f"out={out}",
+        "overwrite=true",
+    ]
     assert cli_main(["generate", *args]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 2 and all("prompt_id" in row and "precious" not in row for row in rows)
@@ -200,23 +252,49 @@ def test_generate_overwrite_true_replaces_the_file(ppo_dirs, tmp_path):
 
 @pytest.mark.parametrize("command", ["rm", "rm-eval"])
 @pytest.mark.parametrize("value", ["1.5", "1", "-0.1"])
-def test_a_validation_fraction_outside_0_to_1_is_refused_naming_the_option_and_its_range(command, value, tmp_path, capsys):
-    assert cli_main([command, "model=never-loaded", "data=never-read", f"validation_fraction={value}",
-                     f"{'output_dir' if command == 'rm' else 'out'}={tmp_path / 'out'}"]) == 2
+def test_a_validation_fraction_outside_0_to_1_is_refused_naming_the_option_and_its_range(
+    command, value, tmp_path, capsys
+):
+    assert (
+        cli_main(
+            [
+                command,
+                "model=never-loaded",
+                "data=never-read",
+                f"validation_fraction={value}",
+                f"{'output_dir' if command == 'rm' else 'out'}={tmp_path / 'out'}",
+            ]
+        )
+        == 2
+    )
     assert f"validation_fraction={float(value)} is out of range; it must be >= 0 and below 1" in one_error_line(capsys)
     assert not (tmp_path / "out").exists()
 
 
 def pipeline_eval_args(ppo_dirs, out: Path, **extra) -> list[str]:
-    return cli_args({"model": ppo_dirs["policy"], "sft_data": ppo_dirs["posts"], "comparisons": ppo_dirs["pairs"], "stages": "eval",
-                     "judge": "", "output_dir": out} | extra)
+    return cli_args(
+        {
+            "model": ppo_dirs["policy"],
+            "sft_data": ppo_dirs["posts"],
+            "comparisons": ppo_dirs["pairs"],
+            "stages": "eval",
+            "judge": "",
+            "output_dir": out,
+        }
+        | extra
+    )
 
 
 def test_pipeline_eval_alone_names_the_stage_and_the_options_that_choose_its_posts(ppo_dirs, tmp_path, capsys):
     assert cli_main(["pipeline", *pipeline_eval_args(ppo_dirs, tmp_path / "p", eval_posts=4)]) == 2
     line = one_error_line(capsys)
-    assert line.startswith("rlhfkit: error: pipeline stage eval: asked for 300 validation prompts but the data has only 40")
-    assert "eval_posts=4 of the validation_posts=300 posts the sft stage holds out" in line and "sft={validation_posts: N}" in line
+    assert line.startswith(
+        "rlhfkit: error: pipeline stage eval: asked for 300 validation prompts but the data has only 40"
+    )
+    assert (
+        "eval_posts=4 of the validation_posts=300 posts the sft stage holds out" in line
+        and "sft={validation_posts: N}" in line
+    )
     assert cli_main(["pipeline", *pipeline_eval_args(ppo_dirs, tmp_path / "q", sft={"validation_posts": 4})]) == 2
     line = one_error_line(capsys)
     assert "pipeline stage eval: eval_posts=16 is more than the 4 posts the sft stage holds out" in line
@@ -225,7 +303,9 @@ def test_pipeline_eval_alone_names_the_stage_and_the_options_that_choose_its_pos
 
 def test_pipeline_eval_alone_answers_eval_posts_of_the_posts_the_sft_mapping_holds_out(ppo_dirs, tmp_path):
     out = tmp_path / "p"
-    args = pipeline_eval_args(ppo_dirs, out, eval_posts=3, sft={"validation_posts": 5, "max_query_length": 128, "max_response_length": 4})
+    args = pipeline_eval_args(
+        ppo_dirs, out, eval_posts=3, sft={"validation_posts": 5, "max_query_length": 128, "max_response_length": 4}
+    )
     assert cli_main(["pipeline", *args]) == 0
     samples = [json.loads(line) for line in (out / "eval" / "base_samples.jsonl").read_text().splitlines()]
     assert len(samples) == 3 and json.loads((out / "eval" / "eval.json").read_text())["prompts"] == 3
@@ -299,10 +379,22 @@ def test_pipeline_help_shows_each_stage_mapping_with_its_own_preset_and_eval_wit
 
 CHAT = [{"role": "user", "content": "What colour is the sky?"}]
 GENERIC = [  # (records, the line `data format:` starts with, what they are read as)
-    ([{"prompt": "The sky is", "chosen": " blue.", "rejected": " green."}], "preference, explicit prompt, standard", "comparison"),
-    ([{"chosen": "Q: sky? A: blue.", "rejected": "Q: sky? A: green."}], "preference, implicit prompt, standard", "comparison"),
+    (
+        [{"prompt": "The sky is", "chosen": " blue.", "rejected": " green."}],
+        "preference, explicit prompt, standard",
+        "comparison",
+    ),
+    (
+        [{"chosen": "Q: sky? A: blue.", "rejected": "Q: sky? A: green."}],
+        "preference, implicit prompt, standard",
+        "comparison",
+    ),
     ([{"prompt": "The sky is", "completion": " blue."}], "prompt-completion, standard", "SFT"),
-    ([{"prompt": CHAT, "completion": [{"role": "assistant", "content": "Blue."}]}], "prompt-completion, conversational", "SFT"),
+    (
+        [{"prompt": CHAT, "completion": [{"role": "assistant", "content": "Blue."}]}],
+        "prompt-completion, conversational",
+        "SFT",
+    ),
     ([{"text": "The sky is blue."}], "language-modeling, standard", "SFT"),
     ([{"prompt": "The sky is"}], "prompt-only, standard", "prompt"),
     ([{"prompt": CHAT, "answer": "blue"}], "prompt-only, conversational", "prompt"),
@@ -311,7 +403,9 @@ GENERIC = [  # (records, the line `data format:` starts with, what they are read
 
 
 @pytest.mark.parametrize("records, detected, read_as", GENERIC, ids=[g[1] for g in GENERIC])
-def test_data_analyze_detects_and_prints_every_generic_format(records, detected, read_as, tiny_model_dir, tmp_path, capsys):
+def test_data_analyze_detects_and_prints_every_generic_format(
+    records, detected, read_as, tiny_model_dir, tmp_path, capsys
+):
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in records * 3))
     out = tmp_path / "analysis"
@@ -325,7 +419,12 @@ def test_data_analyze_detects_and_prints_every_generic_format(records, detected,
 def test_data_analyze_names_the_formats_it_knows_when_none_fits(tiny_model_dir, tmp_path, capsys):
     data = tmp_path / "data.jsonl"
     data.write_text('{"title": "no format has only this"}\n')
-    assert cli_main(["data", "analyze", "--path", str(data), "--out", str(tmp_path / "out"), "--model", str(tiny_model_dir)]) == 2
+    assert (
+        cli_main(
+            ["data", "analyze", "--path", str(data), "--out", str(tmp_path / "out"), "--model", str(tiny_model_dir)]
+        )
+        == 2
+    )
     line = one_error_line(capsys)
     assert f"{data}:1: no data format has the columns title" in line and "prompt-only (prompt)" in line
     assert line.count("tldr-sft (") == 1

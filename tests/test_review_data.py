@@ -56,11 +56,18 @@ FITTING = [
     ("text", {"prompt": "Summarize:\n" + WORDS}, 16, lambda text: WORDS.endswith(text)),  # a long last line is content
     ("hh", {"dialogue": f"{HH_TURN} {POST}{HH_ASSISTANT}"}, 16, kept_before(HH_ASSISTANT)),
     ("tldr", {"subreddit": "a", "title": "b", "post": POST}, 30, lambda text: "POST: My roommate" in text),
-    ("chat", chat(("user", WORDS)), 40, lambda text: "word0 word1" in text and text.endswith("<|im_start|>assistant\n")),
+    (
+        "chat",
+        chat(("user", WORDS)),
+        40,
+        lambda text: "word0 word1" in text and text.endswith("<|im_start|>assistant\n"),
+    ),
 ]
 
 
-@pytest.mark.parametrize(("task", "fields", "limit", "check"), FITTING, ids=[f"{c[0]}-{i}" for i, c in enumerate(FITTING)])
+@pytest.mark.parametrize(
+    ("task", "fields", "limit", "check"), FITTING, ids=[f"{c[0]}-{i}" for i, c in enumerate(FITTING)]
+)
 def test_a_cut_query_keeps_some_of_its_content_and_fits(tokenizer, task, fields, limit, check):
     query = encode_query(tokenizer, task, fields, limit)
     assert query.truncated and len(query.ids) <= limit
@@ -69,18 +76,45 @@ def test_a_cut_query_keeps_some_of_its_content_and_fits(tokenizer, task, fields,
 
 # (task, fields, max_query_length, error, message): nothing of the content fits
 NOT_FITTING = [
-    ("tldr", {"subreddit": "a", "title": WORDS, "post": POST}, 64, QueryTooLong, "no text of the prompt's post fits in max_query_length=64"),
-    ("tldr", {"subreddit": "a", "title": "b", "post": POST}, 8, ConfigError,
-     "the tldr query template (every field empty) alone is 23 tokens, longer than max_query_length=8; raise max_query_length above 23"),
+    (
+        "tldr",
+        {"subreddit": "a", "title": WORDS, "post": POST},
+        64,
+        QueryTooLong,
+        "no text of the prompt's post fits in max_query_length=64",
+    ),
+    (
+        "tldr",
+        {"subreddit": "a", "title": "b", "post": POST},
+        8,
+        ConfigError,
+        "the tldr query template (every field empty) alone is 23 tokens, longer than max_query_length=8; raise "
+        "max_query_length above 23",
+    ),
     ("text", {"prompt": "Words here\n" + "? " * 60}, 16, QueryTooLong, "no text of the prompt's prompt fits"),
-    ("chat", chat(("system", WORDS), ("user", "Summarize the rules.")), 40, QueryTooLong, "no text of the prompt's last message fits"),
-    ("chat", chat(("user", POST)), 3, ConfigError, "the chat template (one empty user turn) alone is 30 tokens, longer than max_query_length=3"),
+    (
+        "chat",
+        chat(("system", WORDS), ("user", "Summarize the rules.")),
+        40,
+        QueryTooLong,
+        "no text of the prompt's last message fits",
+    ),
+    (
+        "chat",
+        chat(("user", POST)),
+        3,
+        ConfigError,
+        "the chat template (one empty user turn) alone is 30 tokens, longer than max_query_length=3",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("task", "fields", "limit", "error", "message"), NOT_FITTING, ids=[f"{c[0]}-{i}" for i, c in enumerate(NOT_FITTING)])
-def test_a_query_of_which_no_content_fits_is_the_records_error_unless_the_template_alone_is_too_long(tokenizer, task, fields, limit,
-                                                                                                    error, message):
+@pytest.mark.parametrize(
+    ("task", "fields", "limit", "error", "message"), NOT_FITTING, ids=[f"{c[0]}-{i}" for i, c in enumerate(NOT_FITTING)]
+)
+def test_a_query_of_which_no_content_fits_is_the_records_error_unless_the_template_alone_is_too_long(
+    tokenizer, task, fields, limit, error, message
+):
     with pytest.raises(error, match=re.escape(message)) as raised:
         encode_query(tokenizer, task, fields, limit)
     assert type(raised.value) is error  # QueryTooLong skips a record; ConfigError (the template's) refuses the run
@@ -107,10 +141,14 @@ def policy_tokenizer(ppo_dirs):
     return load_tokenizer(str(ppo_dirs["policy"]))
 
 
-def test_prompt_only_data_cut_to_16_tokens_keeps_each_prompts_end_and_warns_once(ppo_dirs, policy_tokenizer, tmp_path, capsys):
+def test_prompt_only_data_cut_to_16_tokens_keeps_each_prompts_end_and_warns_once(
+    ppo_dirs, policy_tokenizer, tmp_path, capsys
+):
     posts = [json.loads(line)["post"][:300] for line in ppo_dirs["posts"].read_text().splitlines()]
     data = write_rows(tmp_path / "prompts.jsonl", [{"prompt": post + "\nTL;DR:"} for post in posts])
-    options = stage_args("grpo", ppo_dirs, tmp_path / "run", data=str(data), prompt_format="prompt-only", max_query_length=16)
+    options = stage_args(
+        "grpo", ppo_dirs, tmp_path / "run", data=str(data), prompt_format="prompt-only", max_query_length=16
+    )
     cfg = resolve("grpo", PRESETS["grpo"], None, options)
     train, held_out, notes = evaluation.split_posts(cfg, policy_tokenizer)
     assert len(train) + len(held_out) == len(posts)  # nothing lost: every prompt kept some of its text
@@ -119,8 +157,10 @@ def test_prompt_only_data_cut_to_16_tokens_keeps_each_prompts_end_and_warns_once
         assert example.query.text.endswith("\nTL;DR:") and re.search(r"\w", content) and len(example.query.ids) <= 16
         assert example.record.fields["prompt"].removesuffix("\nTL;DR:").endswith(content)
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("rlhfkit: warning: ")]
-    assert warnings == [f"rlhfkit: warning: {len(train)} of {len(train)} training prompts were cut to fit max_query_length=16 tokens "
-                        "and lost part of their prompt; raise max_query_length to keep more of it"]
+    assert warnings == [
+        f"rlhfkit: warning: {len(train)} of {len(train)} training prompts were cut to fit max_query_length=16 tokens "
+        "and lost part of their prompt; raise max_query_length to keep more of it"
+    ]
 
 
 def test_tldr_posts_at_64_tokens_skip_the_posts_whose_title_alone_is_too_long_and_train(ppo_dirs, tmp_path, capsys):
@@ -131,10 +171,15 @@ def test_tldr_posts_at_64_tokens_skip_the_posts_whose_title_alone_is_too_long_an
     assert "Traceback" not in printed.err and "template alone" not in printed.err
     line = next(line for line in printed.out.splitlines() if line.startswith("query tokenization: "))
     posts = re.escape(str(ppo_dirs["posts"]))
-    assert re.search(rf"training kept \d+ prompts, skipped (\d+): query_too_long: \1 \(e\.g\. {posts}:\d+\)", line), line
+    assert re.search(rf"training kept \d+ prompts, skipped (\d+): query_too_long: \1 \(e\.g\. {posts}:\d+\)", line), (
+        line
+    )
     sides = re.findall(r"(?:training|held-out) kept (\d+) prompts, skipped (none|\d+)", line)
     read = int(re.search(r"loaded: kept (\d+) prompts", printed.out)[1])
-    assert len(sides) == 2 and sum(int(kept) + (0 if skipped == "none" else int(skipped)) for kept, skipped in sides) == read
+    assert (
+        len(sides) == 2
+        and sum(int(kept) + (0 if skipped == "none" else int(skipped)) for kept, skipped in sides) == read
+    )
     assert (out / "model").is_dir()
 
 
@@ -142,7 +187,9 @@ def test_tldr_posts_at_64_tokens_skip_the_posts_whose_title_alone_is_too_long_an
 
 
 def pref_rows(n=8):
-    return [{"prompt": f"Post {i}\nTL;DR:", "chosen": f" short {i}", "rejected": f" long summary {i}"} for i in range(n)]
+    return [
+        {"prompt": f"Post {i}\nTL;DR:", "chosen": f" short {i}", "rejected": f" long summary {i}"} for i in range(n)
+    ]
 
 
 def user_turn(i):
@@ -150,24 +197,56 @@ def user_turn(i):
 
 
 FORMAT_ERRORS = [  # (stage, extra options, rows, fragment the one error line holds)
-    ("rm", {}, pref_rows(), "it looks like preference data (explicit prompt, standard): read it with data_format=preference "
-                            "(or data_format=auto)"),
-    ("grpo", {}, [{"prompt": f"Post {i}\nTL;DR:"} for i in range(8)],
-     "it looks like prompt-only data (standard): read it with prompt_format=prompt-only (or prompt_format=auto)"),
-    ("grpo", {}, [{"prompt": user_turn(i)} for i in range(8)],
-     "it looks like prompt-only data (conversational): read it with prompt_format=prompt-only (or prompt_format=auto)"),
-    ("sft", {}, [{"prompt": user_turn(i), "completion": [{"role": "assistant", "content": "ok"}]} for i in range(8)],
-     "it looks like prompt-completion data (conversational): read it with data_format=prompt-completion (or data_format=auto)"),
-    ("grpo", {}, [{"question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"} for i in range(8)],
-     "it looks like gsm8k data: read it with prompt_format=gsm8k (or prompt_format=auto)"),
-    ("sft", {"data_format": "auto"}, pref_rows(),
-     "it looks like preference data (explicit prompt, standard), which is read by rlhfkit rm, dpo, rm-eval and judge-eval "
-     "(data_format=preference)"),
+    (
+        "rm",
+        {},
+        pref_rows(),
+        "it looks like preference data (explicit prompt, standard): read it with data_format=preference "
+        "(or data_format=auto)",
+    ),
+    (
+        "grpo",
+        {},
+        [{"prompt": f"Post {i}\nTL;DR:"} for i in range(8)],
+        "it looks like prompt-only data (standard): read it with prompt_format=prompt-only (or prompt_format=auto)",
+    ),
+    (
+        "grpo",
+        {},
+        [{"prompt": user_turn(i)} for i in range(8)],
+        "it looks like prompt-only data (conversational): read it with prompt_format=prompt-only (or "
+        "prompt_format=auto)",
+    ),
+    (
+        "sft",
+        {},
+        [{"prompt": user_turn(i), "completion": [{"role": "assistant", "content": "ok"}]} for i in range(8)],
+        "it looks like prompt-completion data (conversational): read it with data_format=prompt-completion (or "
+        "data_format=auto)",
+    ),
+    (
+        "grpo",
+        {},
+        [{"question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"} for i in range(8)],
+        "it looks like gsm8k data: read it with prompt_format=gsm8k (or prompt_format=auto)",
+    ),
+    (
+        "sft",
+        {"data_format": "auto"},
+        pref_rows(),
+        "it looks like preference data (explicit prompt, standard), which is read by rlhfkit rm, dpo, rm-eval and "
+        "judge-eval "
+        "(data_format=preference)",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("stage", "options", "rows", "fragment"), FORMAT_ERRORS, ids=[f"{c[0]}-{i}" for i, c in enumerate(FORMAT_ERRORS)])
-def test_data_in_another_format_fails_naming_the_option_that_reads_it(ppo_dirs, tmp_path, capsys, stage, options, rows, fragment):
+@pytest.mark.parametrize(
+    ("stage", "options", "rows", "fragment"), FORMAT_ERRORS, ids=[f"{c[0]}-{i}" for i, c in enumerate(FORMAT_ERRORS)]
+)
+def test_data_in_another_format_fails_naming_the_option_that_reads_it(
+    ppo_dirs, tmp_path, capsys, stage, options, rows, fragment
+):
     data = write_rows(tmp_path / "data.jsonl", rows)
     before = data.read_bytes()
     args = stage_args(stage, ppo_dirs, tmp_path / "run", data=str(data), **options)
@@ -182,22 +261,44 @@ def test_data_in_another_format_fails_naming_the_option_that_reads_it(ppo_dirs, 
 NOTHING_LEFT = [  # (stage, options that let no example in, what is left, the reason, the option to raise)
     ("sft", {"max_response_length": 4}, "training examples", "response_too_long", "max_response_length"),
     ("rm", {"max_response_length": 2}, "training pairs", "response_too_long", "max_response_length"),
-    ("dpo", {"max_query_length": 24}, "training pairs", "query_too_long", "max_query_length"),  # the template alone is 23
+    (
+        "dpo",
+        {"max_query_length": 24},
+        "training pairs",
+        "query_too_long",
+        "max_query_length",
+    ),  # the template alone is 23
     ("grpo", {"max_query_length": 24}, "training prompts", "query_too_long", "max_query_length"),
 ]
 
 
-@pytest.mark.parametrize(("stage", "options", "what", "reason", "option"), NOTHING_LEFT, ids=[c[0] for c in NOTHING_LEFT])
-def test_no_examples_left_names_the_reason_and_the_option_to_raise(ppo_dirs, tmp_path, capsys, stage, options, what, reason, option):
+@pytest.mark.parametrize(
+    ("stage", "options", "what", "reason", "option"), NOTHING_LEFT, ids=[c[0] for c in NOTHING_LEFT]
+)
+def test_no_examples_left_names_the_reason_and_the_option_to_raise(
+    ppo_dirs, tmp_path, capsys, stage, options, what, reason, option
+):
     args = stage_args(stage, ppo_dirs, tmp_path / "run", max_steps=1, **options)
     line = one_error_line([stage, *cli_args(args)], capsys)
-    assert re.fullmatch(rf"rlhfkit: error: no {what} left to train on \(kept 0 {what}, skipped (\d+): {reason}: \1 \(e\.g\. .+\)\); "
-                        rf"raise {option}", line), line
+    assert re.fullmatch(
+        rf"rlhfkit: error: no {what} left to train on \(kept 0 {what}, skipped (\d+): {reason}: \1 \(e\.g\. .+\)\); "
+        rf"raise {option}",
+        line,
+    ), line
 
 
-@pytest.mark.parametrize(("stage", "option"), [("sft", "data_format"), ("rm", "data_format"), ("dpo", "data_format"),
-                                               ("rm-eval", "data_format"), ("grpo", "prompt_format"), ("ppo", "prompt_format"),
-                                               ("generate", "prompt_format")])
+@pytest.mark.parametrize(
+    ("stage", "option"),
+    [
+        ("sft", "data_format"),
+        ("rm", "data_format"),
+        ("dpo", "data_format"),
+        ("rm-eval", "data_format"),
+        ("grpo", "prompt_format"),
+        ("ppo", "prompt_format"),
+        ("generate", "prompt_format"),
+    ],
+)
 def test_the_help_of_the_format_option_names_every_other_format(stage, option, capsys):
     assert cli_main([stage, "--help"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -233,5 +334,7 @@ def test_a_byte_that_is_not_utf8_is_named_by_its_line_and_offset(ppo_dirs, tmp_p
     offset = raw.index(b"\xff")
     with pytest.raises(DataFormatError) as raised:
         load_sft([str(path)])
-    assert str(raised.value) == f"{path}:4: not UTF-8 text (invalid start byte 0xff at byte {offset} of the file); convert it to UTF-8"
-
+    assert (
+        str(raised.value)
+        == f"{path}:4: not UTF-8 text (invalid start byte 0xff at byte {offset} of the file); convert it to UTF-8"
+    )

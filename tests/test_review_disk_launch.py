@@ -93,9 +93,19 @@ def fail_report(monkeypatch, out):
 # case: (the write that fails, the start of the error line after "rlhfkit: error: ", the run's steps (a checkpoint
 # after each), the checkpoint then resumed); a checkpoint's write: in the resume test below
 FULL_DISK = {
-    "final model": (fail_final_model, "no space left on device in {out} while writing the final model model/", 1, "step-000001"),
+    "final model": (
+        fail_final_model,
+        "no space left on device in {out} while writing the final model model/",
+        1,
+        "step-000001",
+    ),
     "metrics": (fail_metrics_of_step_1, "disk quota exceeded in {out} while writing the metrics of step 1", 1, None),
-    "report": (fail_report, "no space left on device in {out} while writing report.html and report.json", 1, "step-000001"),
+    "report": (
+        fail_report,
+        "no space left on device in {out} while writing report.html and report.json",
+        1,
+        "step-000001",
+    ),
 }
 
 
@@ -111,15 +121,20 @@ def error_line(code, err):
 
 
 @pytest.mark.parametrize("case", sorted(FULL_DISK))
-def test_a_full_disk_is_one_line_naming_the_folder_and_size_and_loses_nothing(case, ppo_dirs, tmp_path, monkeypatch, capsys):
+def test_a_full_disk_is_one_line_naming_the_folder_and_size_and_loses_nothing(
+    case, ppo_dirs, tmp_path, monkeypatch, capsys
+):
     fail, start, steps, resumable = FULL_DISK[case]
     out = tmp_path / "run"
     fail(monkeypatch, out)
     line = error_line(main(sft_run(ppo_dirs, out, steps)), capsys.readouterr().err)
-    assert re.match(re.escape(start.format(out=out)) + r" \(about \d+ [kMG]?B(; \d+ [kMGT]?B free there)?\): ", line), line
+    assert re.match(re.escape(start.format(out=out)) + r" \(about \d+ [kMG]?B(; \d+ [kMGT]?B free there)?\): ", line), (
+        line
+    )
     assert ("free there" in line) == line.startswith("no space left"), line  # a quota is not what the disk has free
-    assert line.endswith(f"free space or raise the quota, then continue with resume={out} (from its last complete checkpoint)") or \
-        line.endswith(f"(a training stage: with resume={out})"), line
+    assert line.endswith(
+        f"free space or raise the quota, then continue with resume={out} (from its last complete checkpoint)"
+    ) or line.endswith(f"(a training stage: with resume={out})"), line
     assert_nothing_lost(out, resumable)
 
 
@@ -130,15 +145,18 @@ def assert_nothing_lost(out, resumable):
     assert (found.name if found else None) == resumable
 
 
-def test_resume_on_a_still_full_disk_is_one_line_leaving_no_lock_and_resumes_once_there_is_room(ppo_dirs, tmp_path,
-                                                                                                 monkeypatch, capsys):
+def test_resume_on_a_still_full_disk_is_one_line_leaving_no_lock_and_resumes_once_there_is_room(
+    ppo_dirs, tmp_path, monkeypatch, capsys
+):
     out = tmp_path / "run"
     fail_second_state_save(monkeypatch, out)
     line = error_line(main(sft_run(ppo_dirs, out, 2)), capsys.readouterr().err)
     monkeypatch.undo()
     kept = [f for f in (out / "checkpoints" / "step-000001").rglob("*") if f.is_file() and "tokenizer" not in f.name]
     size = readable_size(sum(f.stat().st_size for f in kept))  # a checkpoint of this run, its tokenizer aside
-    assert line.startswith(f"no space left on device in {out}/checkpoints while writing checkpoint step-000002 (about {size};")
+    assert line.startswith(
+        f"no space left on device in {out}/checkpoints while writing checkpoint step-000002 (about {size};"
+    )
     assert_nothing_lost(out, "step-000001")
     release_run_dir(out)  # as when the failed run's process ended
     real_fdopen = os.fdopen
@@ -168,7 +186,10 @@ def test_a_disk_full_error_is_found_in_what_libraries_raise():
             raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598") from None
     except RuntimeError as torch_save_error:  # torch.save's error while handling the file's OSError
         assert disk_full_reason(torch_save_error) == "Disk quota exceeded"
-    assert disk_full_reason(SafetensorError("I/O error: No space left on device (os error 28)")) == "No space left on device"
+    assert (
+        disk_full_reason(SafetensorError("I/O error: No space left on device (os error 28)"))
+        == "No space left on device"
+    )
     assert disk_full_reason(OSError(errno.EACCES, "Permission denied")) is None
 
 
@@ -230,14 +251,16 @@ def write_lock(folder, data: bytes, age: float = 60.0):
     return path
 
 
-@pytest.mark.parametrize("data", [b"", b"{\"pid\": 12", b"[\"not\", \"a\", \"lock\"]"], ids=["empty", "cut", "not-a-record"])
+@pytest.mark.parametrize("data", [b"", b'{"pid": 12', b'["not", "a", "lock"]'], ids=["empty", "cut", "not-a-record"])
 def test_an_empty_or_unreadable_lock_left_by_a_crash_is_taken_over(tmp_path, data, capsys):
     path = write_lock(tmp_path, data)
     lock_run_dir(tmp_path)
     assert json.loads(path.read_text())["pid"] == os.getpid()
     [warning] = capsys.readouterr().err.strip().splitlines()
-    assert warning == (f"rlhfkit: warning: {path} was left by a process that died while writing it (it is empty or "
-                       "unreadable); taking the folder over")
+    assert warning == (
+        f"rlhfkit: warning: {path} was left by a process that died while writing it (it is empty or "
+        "unreadable); taking the folder over"
+    )
     release_run_dir(tmp_path)
 
 
@@ -337,7 +360,10 @@ def test_an_error_after_another_process_failed_or_died_is_one_line(launched_rank
     with pytest.raises(SystemExit) as exit_, launched_process_status():
         raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer")
     assert exit_.value.code == 1 and time.monotonic() - started < launch.AGREEMENT_WAIT  # not waiting for the dead
-    assert capsys.readouterr().err == "rlhfkit: process 0 stopped: process 1 failed or died first (RuntimeError in this one)\n"
+    assert (
+        capsys.readouterr().err
+        == "rlhfkit: process 0 stopped: process 1 failed or died first (RuntimeError in this one)\n"
+    )
 
 
 def test_an_error_while_the_others_run_keeps_its_traceback(launched_rank):
@@ -376,11 +402,18 @@ def test_an_agreed_code_is_the_launchs_whatever_the_launcher_says():
 @pytest.mark.slow  # one real 2-process launch
 def test_a_data_error_under_two_processes_is_one_line_and_exit_2(ppo_dirs, tmp_path):
     bad = tmp_path / "bad.jsonl"
-    bad.write_text("".join(json.dumps({"subreddit": "x", "title": "t", "post": "", "summary": "s"}) + "\n" for _ in range(8)))
+    bad.write_text(
+        "".join(json.dumps({"subreddit": "x", "title": "t", "post": "", "summary": "s"}) + "\n" for _ in range(8))
+    )
     out = tmp_path / "run"
     args = cli_args(stage_args("sft", ppo_dirs, out, data=str(bad), max_steps=1))
-    proc = subprocess.run(rlhfkit_command("sft", *args, "--num-processes", "2"), env=launcher_env(), capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        rlhfkit_command("sft", *args, "--num-processes", "2"),
+        env=launcher_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     errors = [line for line in proc.stderr.splitlines() if line.startswith("rlhfkit: error: ")]
     assert proc.returncode == 2 and len(errors) == 1 and f"{bad}: no usable examples" in errors[0], proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and "ChildFailedError" not in proc.stderr and "FAILED" not in proc.stderr

@@ -63,7 +63,9 @@ def test_the_added_pad_row_is_zero_and_the_same_on_every_load(pad_is_eos_policy)
     rows = first.get_input_embeddings().weight
     assert rows.size(0) == len(tokenizer) and tokenizer.pad_token_id == len(tokenizer) - 1
     assert torch.equal(rows[tokenizer.pad_token_id], torch.zeros_like(rows[0]))
-    assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), second.state_dict().values(), strict=True))
+    assert all(
+        torch.equal(a, b) for a, b in zip(first.state_dict().values(), second.state_dict().values(), strict=True)
+    )
 
 
 def test_loading_a_model_leaves_the_random_stream_as_it_was(pad_is_eos_policy):
@@ -88,11 +90,15 @@ def test_the_pad_row_changes_no_other_tokens_probability(pad_is_eos_policy):
     # the same entropy as without the row: PAD has probability 0 and every other token its old one
     torch.testing.assert_close(entropies, -(expected.exp() * expected).sum(-1), rtol=0, atol=1e-5)
     padded = ids.clone()
-    padded[0, -2:] = tokenizer.pad_token_id  # a response's padding after its EOS: finite, so masked products stay finite
+    padded[0, -2:] = (
+        tokenizer.pad_token_id
+    )  # a response's padding after its EOS: finite, so masked products stay finite
     assert torch.equal(response_logprobs(policy, padded, mask, 2, 0.7)[0][0, -2:], torch.zeros(2))
 
 
-def test_kl_is_exactly_zero_at_the_first_update_from_a_model_whose_pad_is_its_eos(ppo_dirs, pad_is_eos_policy, tmp_path):
+def test_kl_is_exactly_zero_at_the_first_update_from_a_model_whose_pad_is_its_eos(
+    ppo_dirs, pad_is_eos_policy, tmp_path
+):
     out = tmp_path / "run"
     assert cli_main(command("grpo", ppo_dirs | {"policy": pad_is_eos_policy}, out, eos_trick="false")) == 0
     assert [r["objective/kl"] for r in metrics(out) if "objective/kl" in r] == [0.0]
@@ -128,9 +134,12 @@ MODEL_MISTAKES = [  # (case, the option given, model, stage, what the one line s
 ]
 
 
-@pytest.mark.parametrize("case, option, model, stage, message", MODEL_MISTAKES, ids=[f"{m[0]}-{m[2]}" for m in MODEL_MISTAKES])
-def test_a_model_folder_that_cannot_serve_is_one_line_and_leaves_no_run_folder(case, option, model, stage, message, ppo_dirs,
-                                                                               broken_models, tmp_path, capsys):
+@pytest.mark.parametrize(
+    "case, option, model, stage, message", MODEL_MISTAKES, ids=[f"{m[0]}-{m[2]}" for m in MODEL_MISTAKES]
+)
+def test_a_model_folder_that_cannot_serve_is_one_line_and_leaves_no_run_folder(
+    case, option, model, stage, message, ppo_dirs, broken_models, tmp_path, capsys
+):
     out = tmp_path / "run"
     line = one_error_line(command(stage, ppo_dirs | {"policy": broken_models[model]}, out), capsys)
     assert message in line and str(broken_models[model]) in line, line
@@ -140,7 +149,11 @@ def test_a_model_folder_that_cannot_serve_is_one_line_and_leaves_no_run_folder(c
 def test_a_run_folder_given_for_its_model_names_the_model_folder_to_give(finished_run, ppo_dirs, tmp_path, capsys):
     out = tmp_path / "grpo"
     line = one_error_line(command("grpo", ppo_dirs | {"rm": finished_run}, out), capsys)  # case 24
-    assert line == f"rlhfkit: error: reward_model={finished_run} is a run folder; give the model it wrote: reward_model={finished_run}/model"
+    assert (
+        line
+        == f"rlhfkit: error: reward_model={finished_run} is a run folder; give the model it wrote: "
+           f"reward_model={finished_run}/model"
+    )
     assert not out.exists()
 
 
@@ -155,7 +168,11 @@ def test_a_folder_of_someone_elses_files_is_refused_and_overwrite_moves_it_aside
     before = files_of(out)
     line = one_error_line(command("sft", ppo_dirs, out), capsys)
     assert f"output_dir={out} is not empty (metrics.jsonl, model, report.html) and holds no rlhfkit run" in line, line
-    assert files_of(out) == before and sorted(p.name for p in out.iterdir()) == ["metrics.jsonl", "model", "report.html"]
+    assert files_of(out) == before and sorted(p.name for p in out.iterdir()) == [
+        "metrics.jsonl",
+        "model",
+        "report.html",
+    ]
     assert cli_main(command("sft", ppo_dirs, out, overwrite="true")) == 0
     (aside,) = tmp_path.glob("notes.old-*")
     assert files_of(aside) == before and (out / "config.yaml").is_file()
@@ -168,13 +185,20 @@ def finished_run(ppo_dirs, tmp_path) -> Path:
     return out
 
 
-@pytest.mark.parametrize("changed, named", [
-    (["learning_rate=0.5"], "learning_rate=0.5 (the run has 0.001)"),
-    (["learning_rate=0.5", "total_batch_size=2"], "learning_rate=0.5 (the run has 0.001); total_batch_size=2 (the run has 4)"),
-    (["model={other}"], "model={other} (the run has {policy})"),
-])
-def test_resume_refuses_options_that_could_not_take_effect_naming_each(changed, named, finished_run, ppo_dirs, pad_is_eos_policy,
-                                                                      capsys):
+@pytest.mark.parametrize(
+    "changed, named",
+    [
+        (["learning_rate=0.5"], "learning_rate=0.5 (the run has 0.001)"),
+        (
+            ["learning_rate=0.5", "total_batch_size=2"],
+            "learning_rate=0.5 (the run has 0.001); total_batch_size=2 (the run has 4)",
+        ),
+        (["model={other}"], "model={other} (the run has {policy})"),
+    ],
+)
+def test_resume_refuses_options_that_could_not_take_effect_naming_each(
+    changed, named, finished_run, ppo_dirs, pad_is_eos_policy, capsys
+):
     fill = {"other": pad_is_eos_policy, "policy": ppo_dirs["policy"]}
     before = files_of(finished_run)
     line = one_error_line(["sft", f"resume={finished_run}", *(c.format(**fill) for c in changed)], capsys)
@@ -218,8 +242,10 @@ def test_an_unfinished_run_with_checkpoints_is_refused_before_any_data_is_read(p
     shutil.rmtree(out / "model")  # as if stopped after its first checkpoint
     before = files_of(out)
     line = one_error_line(command("sft", ppo_dirs, out, data=tmp_path / "never-read.jsonl"), capsys)
-    assert line == (f"rlhfkit: error: output_dir={out} holds an unfinished run with checkpoints; pass resume={out} to continue "
-                    "it, choose a new output_dir, or set overwrite=true to move it aside")
+    assert line == (
+        f"rlhfkit: error: output_dir={out} holds an unfinished run with checkpoints; pass resume={out} to continue "
+        "it, choose a new output_dir, or set overwrite=true to move it aside"
+    )
     assert files_of(out) == before
 
 

@@ -36,7 +36,8 @@ def slow(prompts, completions, **columns):
     return [0.0] * len(completions)
 def reads_answer(prompts, completions, answer, **columns): return [0.0] * len(completions)
 def signals_on_call(prompts, completions, **columns):
-    """Sends the signal in os.environ["SIGNAL_ON_CALL"] ("SIGTERM:2": on its 2nd call) to its own process, then hangs."""
+    """Sends the signal in os.environ["SIGNAL_ON_CALL"] ("SIGTERM:2": on its 2nd call) to its own process,
+    then hangs."""
     CALLS.append(1)
     name, _, call = os.environ.get("SIGNAL_ON_CALL", "").partition(":")
     if name and len(CALLS) == int(call):
@@ -54,7 +55,12 @@ def functions_file(tmp_path):
 
 
 def grpo_args(ppo_dirs, out: Path, **extra) -> list[str]:
-    return ["grpo", "--preset", PRESETS["grpo"], *cli_args(stage_args("grpo", ppo_dirs, out, **({"max_steps": 1} | extra)))]
+    return [
+        "grpo",
+        "--preset",
+        PRESETS["grpo"],
+        *cli_args(stage_args("grpo", ppo_dirs, out, **({"max_steps": 1} | extra))),
+    ]
 
 
 def one_error_line(err: str) -> str:
@@ -65,21 +71,53 @@ def one_error_line(err: str) -> str:
 
 # (case, options, the error line's fragment)
 REFUSED = [
-    ("9: sys.exit(0)", {"reward_functions": "{rf}:exits"}, "reward function 'exits' raised SystemExit(0) instead of returning its scores"),
-    ("9: KeyboardInterrupt", {"reward_functions": "{rf}:interrupts"}, "reward function 'interrupts' raised KeyboardInterrupt()"),
-    ("10: raises every call", {"reward_functions": "{rf}:raises"},
-     "reward function 'raises' failed on all 8 rows of update 1 (the last: raised RuntimeError: boom)"),
-    ("10: gsm8k without answer", {"reward_functions": "gsm8k"}, "reward_functions: gsm8k reads the column 'answer', which 32 of 32 prompts lack"),
-    ("10: a user function's column", {"reward_functions": "{rf}:reads_answer"}, "reads_answer reads the column 'answer'"),
-    ("11: wrong count", {"reward_functions": "{rf}:wrongn"}, "'wrongn' failed on all 8 rows of update 1 (the last: returned 1 values for 8 completions)"),
-    ("15: reward_timeout", {"reward_functions": "{rf}:slow", "reward_timeout": 0.5},
-     "'slow' failed on all 8 rows of update 1 (the last: still running after reward_timeout=0.5 s: stopped)"),
-    ("12: grpo greedy", {"temperature": 0}, "temperature=0 samples greedily: the samples_per_prompt=4 responses to a prompt are identical"),
+    (
+        "9: sys.exit(0)",
+        {"reward_functions": "{rf}:exits"},
+        "reward function 'exits' raised SystemExit(0) instead of returning its scores",
+    ),
+    (
+        "9: KeyboardInterrupt",
+        {"reward_functions": "{rf}:interrupts"},
+        "reward function 'interrupts' raised KeyboardInterrupt()",
+    ),
+    (
+        "10: raises every call",
+        {"reward_functions": "{rf}:raises"},
+        "reward function 'raises' failed on all 8 rows of update 1 (the last: raised RuntimeError: boom)",
+    ),
+    (
+        "10: gsm8k without answer",
+        {"reward_functions": "gsm8k"},
+        "reward_functions: gsm8k reads the column 'answer', which 32 of 32 prompts lack",
+    ),
+    (
+        "10: a user function's column",
+        {"reward_functions": "{rf}:reads_answer"},
+        "reads_answer reads the column 'answer'",
+    ),
+    (
+        "11: wrong count",
+        {"reward_functions": "{rf}:wrongn"},
+        "'wrongn' failed on all 8 rows of update 1 (the last: returned 1 values for 8 completions)",
+    ),
+    (
+        "15: reward_timeout",
+        {"reward_functions": "{rf}:slow", "reward_timeout": 0.5},
+        "'slow' failed on all 8 rows of update 1 (the last: still running after reward_timeout=0.5 s: stopped)",
+    ),
+    (
+        "12: grpo greedy",
+        {"temperature": 0},
+        "temperature=0 samples greedily: the samples_per_prompt=4 responses to a prompt are identical",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("case", "options", "fragment"), REFUSED, ids=[c[0] for c in REFUSED])
-def test_a_run_that_cannot_learn_stops_in_one_line_and_leaves_no_folder(ppo_dirs, functions_file, tmp_path, capsys, case, options, fragment):
+def test_a_run_that_cannot_learn_stops_in_one_line_and_leaves_no_folder(
+    ppo_dirs, functions_file, tmp_path, capsys, case, options, fragment
+):
     out = tmp_path / "run"
     options = {k: str(v).format(rf=functions_file) for k, v in options.items()}
     started = time.monotonic()
@@ -89,12 +127,19 @@ def test_a_run_that_cannot_learn_stops_in_one_line_and_leaves_no_folder(ppo_dirs
     assert time.monotonic() - started < 60  # never a per-row retry of a slow function
 
 
-@pytest.mark.parametrize(("stage", "options", "fragment"), [
-    ("rloo", {}, "advantage_estimator=rloo compares them"),
-    ("reinforce", {"advantage_estimator": "reinforce-pp-baseline", "samples_per_prompt": 2}, "reinforce-pp-baseline compares them"),
-    ("reinforce", {"advantage_estimator": "remax"}, "each response is its own greedy baseline"),
-    ("grpo", {"dynamic_sampling": True}, "dynamic_sampling=true drops every group"),
-])
+@pytest.mark.parametrize(
+    ("stage", "options", "fragment"),
+    [
+        ("rloo", {}, "advantage_estimator=rloo compares them"),
+        (
+            "reinforce",
+            {"advantage_estimator": "reinforce-pp-baseline", "samples_per_prompt": 2},
+            "reinforce-pp-baseline compares them",
+        ),
+        ("reinforce", {"advantage_estimator": "remax"}, "each response is its own greedy baseline"),
+        ("grpo", {"dynamic_sampling": True}, "dynamic_sampling=true drops every group"),
+    ],
+)
 def test_greedy_sampling_is_refused_where_samples_are_compared(stage, options, fragment):
     with pytest.raises(ConfigError, match=f"temperature=0 samples greedily: .*{fragment}.*every advantage is 0"):
         resolve(stage, PRESETS[stage], None, options | {"temperature": "0"})
@@ -135,7 +180,9 @@ def test_a_call_past_the_timeout_fails_its_rows_without_retrying_them():
 
 def test_built_in_and_user_functions_declare_the_columns_they_need(tmp_path):
     assert required_columns(BUILTINS["gsm8k"]) == ["answer"]
-    assert required_columns(BUILTINS["length"]) == [] and required_columns(BUILTINS["format"]) == []  # given to every call
+    assert (
+        required_columns(BUILTINS["length"]) == [] and required_columns(BUILTINS["format"]) == []
+    )  # given to every call
 
     def optional(prompts, completions, answer=None, **columns):
         return [0.0] * len(completions)
@@ -143,7 +190,9 @@ def test_built_in_and_user_functions_declare_the_columns_they_need(tmp_path):
     assert required_columns(optional) == []
     functions = RewardFunctions.from_specs(["gsm8k"])
     functions.check_columns([{"answer": "3"}, {"answer": "4"}], ["d:1", "d:2"])
-    with pytest.raises(ConfigError, match=r"gsm8k reads the column 'answer', which 1 of 2 prompts lack \(the first: d:2\)"):
+    with pytest.raises(
+        ConfigError, match=r"gsm8k reads the column 'answer', which 1 of 2 prompts lack \(the first: d:2\)"
+    ):
         functions.check_columns([{"answer": "3"}, {}], ["d:1", "d:2"])
 
 
@@ -164,7 +213,8 @@ def test_interruptible_raises_at_once_inside_a_step_and_nowhere_else():
 
 
 def test_sigterm_inside_a_reward_function_checkpoints_the_update_before_and_resumes_bit_identical(
-        ppo_dirs, functions_file, tmp_path, capsys, monkeypatch):
+    ppo_dirs, functions_file, tmp_path, capsys, monkeypatch
+):
     options = {"reward_model": "", "reward_functions": f"{functions_file}:signals_on_call", "max_steps": 2}
     straight, out = tmp_path / "straight", tmp_path / "run"
     assert cli_main(grpo_args(ppo_dirs, straight, **options)) == 0
@@ -173,8 +223,11 @@ def test_sigterm_inside_a_reward_function_checkpoints_the_update_before_and_resu
         cli_main(grpo_args(ppo_dirs, out, **options))
     err = capsys.readouterr().err
     assert stopped.value.code == 143 and "Traceback" not in err
-    assert stop_line(err) == f"rlhfkit: stopped by SIGTERM after update 1; checkpoint written to {out / 'checkpoints'}; resume with: " \
-                             f"rlhfkit grpo resume={out}"
+    assert (
+        stop_line(err)
+        == f"rlhfkit: stopped by SIGTERM after update 1; checkpoint written to {out / 'checkpoints'}; resume with: "
+        f"rlhfkit grpo resume={out}"
+    )
     assert json.loads((out / "checkpoints" / "latest").read_text())["step"] == 1
 
     monkeypatch.delenv("SIGNAL_ON_CALL")
@@ -185,15 +238,19 @@ def test_sigterm_inside_a_reward_function_checkpoints_the_update_before_and_resu
 
 @pytest.mark.faults  # a run and its resume with an evaluation each: over 10 s
 def test_sigint_in_the_final_evaluation_names_the_final_checkpoint_and_resuming_finishes(
-        ppo_dirs, functions_file, tmp_path, capsys, monkeypatch):
+    ppo_dirs, functions_file, tmp_path, capsys, monkeypatch
+):
     out = tmp_path / "run"
     monkeypatch.setenv("SIGNAL_ON_CALL", "SIGINT:3")  # update 1, the SFT policy's answers, then the trained policy's
     with pytest.raises(SystemExit) as stopped:
         cli_main(grpo_args(ppo_dirs, out, reward_functions=f"{functions_file}:signals_on_call", eval_samples=2))
     err = capsys.readouterr().err
     assert stopped.value.code == 130 and "Traceback" not in err
-    assert stop_line(err) == f"rlhfkit: stopped by SIGINT after update 1; checkpoint written to {out / 'checkpoints'}; resume with: " \
-                             f"rlhfkit grpo resume={out}"
+    assert (
+        stop_line(err)
+        == f"rlhfkit: stopped by SIGINT after update 1; checkpoint written to {out / 'checkpoints'}; resume with: "
+        f"rlhfkit grpo resume={out}"
+    )
     assert not (out / "eval.json").exists()
     monkeypatch.delenv("SIGNAL_ON_CALL")
     assert cli_main(["grpo", f"resume={out}"]) == 0
@@ -217,7 +274,10 @@ def test_sigterm_in_dpo_reference_pass_says_how_to_start_again_which_finishes(pp
     err = capsys.readouterr().err
     restart = f"rlhfkit dpo --config {out / 'config.yaml'}"
     assert stopped.value.code == 143 and "Traceback" not in err
-    assert stop_line(err) == f"rlhfkit: stopped by SIGTERM before the run's first checkpoint; start it again with: {restart}"
+    assert (
+        stop_line(err)
+        == f"rlhfkit: stopped by SIGTERM before the run's first checkpoint; start it again with: {restart}"
+    )
     monkeypatch.setattr(dpo, "pair_logprobs_all", original)
     assert cli_main(restart.split()[1:]) == 0
     assert (out / "model" / "model.safetensors").is_file()
@@ -228,8 +288,12 @@ def test_ctrl_c_ends_a_hanging_reward_function_within_seconds(ppo_dirs, function
     out, log, entered = tmp_path / "run", tmp_path / "run.log", tmp_path / "entered"
     options = stage_args("grpo", ppo_dirs, out, max_steps=2, reward_functions=f"{functions_file}:slow")
     with log.open("w") as sink:
-        proc = subprocess.Popen(rlhfkit_command("grpo", "--preset", PRESETS["grpo"], *cli_args(options)),
-                                env=child_env() | {"REWARD_ENTERED": str(entered)}, stdout=sink, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            rlhfkit_command("grpo", "--preset", PRESETS["grpo"], *cli_args(options)),
+            env=child_env() | {"REWARD_ENTERED": str(entered)},
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 120
         while not entered.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)

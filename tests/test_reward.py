@@ -27,7 +27,10 @@ def reward_model(tiny_model):
 def pairs_of(tok):
     fields = {"subreddit": "test", "title": "A title", "post": "First paragraph.\nSecond paragraph here."}
     query = encode_query(tok, "tldr", fields, 512).ids
-    return [(query, encode_completion(tok, "short one")), (query[:10], encode_completion(tok, "a much longer summary of the post"))]
+    return [
+        (query, encode_completion(tok, "short one")),
+        (query[:10], encode_completion(tok, "a much longer summary of the post")),
+    ]
 
 
 def test_detail11_head_init_std_is_one_over_sqrt_d_model_plus_one():
@@ -91,7 +94,9 @@ def test_saved_reward_model_reloads_with_one_call_and_scores_identically(reward_
     tok.save_pretrained(tmp_path / "rm")
     loaded, loaded_tok = load_reward_model(tmp_path / "rm")
     batch = scoring.collate_scored(*zip(*pairs_of(tok), strict=True), tok.pad_token_id)
-    torch.testing.assert_close(loaded(batch["input_ids"], batch["attention_mask"]), model(batch["input_ids"], batch["attention_mask"]))
+    torch.testing.assert_close(
+        loaded(batch["input_ids"], batch["attention_mask"]), model(batch["input_ids"], batch["attention_mask"])
+    )
     assert loaded_tok.pad_token_id == tok.pad_token_id != tok.eos_token_id
 
 
@@ -105,15 +110,25 @@ def test_detail15_normalisation_gives_reference_mean_zero(reward_model, tmp_path
     from rlhfkit.data.tldr import load_sft
 
     examples, _ = tokenize_sft(load_sft([str(refs)])[0], tok, 128, 53)
-    after = scoring.score_texts(model, tok.pad_token_id, [e.query.ids for e in examples], [e.response for e in examples], 4, "t")
+    after = scoring.score_texts(
+        model, tok.pad_token_id, [e.query.ids for e in examples], [e.response for e in examples], 4, "t"
+    )
     assert abs(after.mean()) < 1e-4
 
 
 def test_rm_stage_and_rm_eval_end_to_end(tiny_model_dir, tmp_path):
     pairs = first_lines(tmp_path / "pairs.jsonl", 48, "summarize-from-feedback-comparisons", "batch13.jsonl.gz")
     out = tmp_path / "rm"
-    args = stage_args("rm", {"policy": tiny_model_dir, "pairs": pairs}, out, total_batch_size=4, micro_batch_size=2, max_steps=2,
-                      validation_fraction=0.25, eval_every=1)
+    args = stage_args(
+        "rm",
+        {"policy": tiny_model_dir, "pairs": pairs},
+        out,
+        total_batch_size=4,
+        micro_batch_size=2,
+        max_steps=2,
+        validation_fraction=0.25,
+        eval_every=1,
+    )
     assert cli_main(["rm", "--preset", "tldr-rm", *cli_args(args)]) == 0
     evaluation = json.loads((out / "rm_eval" / "rm_eval.json").read_text())
     assert evaluation["pairs"] > 0 and 0 <= evaluation["accuracy"] <= 1
@@ -125,8 +140,20 @@ def test_rm_stage_and_rm_eval_end_to_end(tiny_model_dir, tmp_path):
     assert any("val/accuracy" in m for m in metrics) and any("train/chosen_reward" in m for m in metrics)
 
     eval_out = tmp_path / "eval"
-    assert cli_main(["rm-eval", f"model={out / 'model'}", f"data={pairs}", "side=validation", "validation_fraction=0.25",
-                     "max_query_length=128", f"out={eval_out}"]) == 0
+    assert (
+        cli_main(
+            [
+                "rm-eval",
+                f"model={out / 'model'}",
+                f"data={pairs}",
+                "side=validation",
+                "validation_fraction=0.25",
+                "max_query_length=128",
+                f"out={eval_out}",
+            ]
+        )
+        == 0
+    )
     again = json.loads((eval_out / "rm_eval.json").read_text())
     assert again["pairs"] == evaluation["pairs"]
     assert np.isclose(again["accuracy"], evaluation["accuracy"])

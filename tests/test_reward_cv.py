@@ -35,7 +35,12 @@ def rm_args(model_dir, out, **extra) -> list[str]:
     """A tiny 3-fold cross-validated RM run on the first 36 pairs of batch 18."""
     options = {"max_steps": 2, "max_query_length": 96, "max_response_length": 48, "max_pairs": 36, "eval_pairs": 8,
                "cross_validation_folds": 3} | extra
-    return ["rm", "--preset", "tldr-rm", *cli_args(stage_args("rm", {"policy": model_dir, "pairs": DATA}, out, **options))]
+    return [
+        "rm",
+        "--preset",
+        "tldr-rm",
+        *cli_args(stage_args("rm", {"policy": model_dir, "pairs": DATA}, out, **options)),
+    ]
 
 
 def interrupt_during_cross_validation(out) -> None:
@@ -51,11 +56,15 @@ def recorded(monkeypatch):
     real_train, real_fold = reward_cv.train, reward_cv.train_fold
 
     def train(cfg, stage, run_dir, checkpoint=None, resume=None):
-        calls[-1]["trained"] = [getattr(e, "record", None) and e.record.prompt_id for e in stage.examples]  # cached features: None
+        calls[-1]["trained"] = [
+            getattr(e, "record", None) and e.record.prompt_id for e in stage.examples
+        ]  # cached features: None
         return real_train(cfg, stage, run_dir, checkpoint, resume)
 
     def train_fold(cfg, initial, make_stage, score, examples, train_idx, held_idx, fold_dir):
-        calls.append({"fold": fold_dir.name, "held": [examples[i].record.prompt_id for i in held_idx], "pairs": len(examples)})
+        calls.append(
+            {"fold": fold_dir.name, "held": [examples[i].record.prompt_id for i in held_idx], "pairs": len(examples)}
+        )
         return real_fold(cfg, initial, make_stage, score, examples, train_idx, held_idx, fold_dir)
 
     monkeypatch.setattr(reward_cv, "train", train)
@@ -63,7 +72,9 @@ def recorded(monkeypatch):
     return calls
 
 
-def test_cross_validation_scores_every_pair_once_with_a_model_that_never_saw_its_prompt(tiny_model_dir, tmp_path, recorded):
+def test_cross_validation_scores_every_pair_once_with_a_model_that_never_saw_its_prompt(
+    tiny_model_dir, tmp_path, recorded
+):
     out = tmp_path / "rm"
     assert cli_main([*rm_args(tiny_model_dir, out, validation_fraction=0.2)]) == 0
     assert [c["fold"] for c in recorded] == ["fold-0", "fold-1", "fold-2"]
@@ -89,9 +100,13 @@ def test_cross_validation_scores_every_pair_once_with_a_model_that_never_saw_its
     assert again["indices"] == first["indices"] and again["chosen"] == pytest.approx(first["chosen"], abs=1e-6)
 
 
-def test_cross_validation_balances_only_the_fold_training_pairs_and_refuses_a_foreign_fold_file(tiny_model_dir, tmp_path, recorded):
+def test_cross_validation_balances_only_the_fold_training_pairs_and_refuses_a_foreign_fold_file(
+    tiny_model_dir, tmp_path, recorded
+):
     out = tmp_path / "rm"
-    args = rm_args(tiny_model_dir, out, validation_fraction=0, trainable_layers=0, length_balance="true", total_batch_size=4)
+    args = rm_args(
+        tiny_model_dir, out, validation_fraction=0, trainable_layers=0, length_balance="true", total_batch_size=4
+    )
     assert cli_main(args) == 0
     for call in recorded:
         assert len(call["trained"]) + len(call["held"]) < call["pairs"]  # the majority side was subsampled for training
@@ -100,7 +115,11 @@ def test_cross_validation_balances_only_the_fold_training_pairs_and_refuses_a_fo
     recorded.clear()
     assert cli_main([*args, "learning_rate=5e-4"]) == 2  # other options: the finished run is not written over
     assert cli_main([*args, "learning_rate=5e-4", "overwrite=true"]) == 0
-    assert [c["fold"] for c in recorded] == ["fold-0", "fold-1", "fold-2"]  # no fold file of the run moved aside is reused
+    assert [c["fold"] for c in recorded] == [
+        "fold-0",
+        "fold-1",
+        "fold-2",
+    ]  # no fold file of the run moved aside is reused
     interrupt_during_cross_validation(out)
     fold = json.loads((out / "cross_validation" / "fold-0.json").read_text())
     fold["indices"] = fold["indices"][1:]

@@ -64,21 +64,31 @@ def test_packed_rows_hide_the_chosen_response_from_the_rejected_one(tiny_model, 
 def synthetic_features(n: int, dim: int, seed: int) -> dict[str, torch.Tensor]:
     """Responses whose hidden state mixes their length, a hidden quality feature and noise; humans
     prefer by both length and quality. Length and quality are independent."""
-    mixing = torch.linalg.qr(torch.randn(dim, dim, generator=torch.Generator().manual_seed(100)))[0]  # the heads must find the directions
+    mixing = torch.linalg.qr(torch.randn(dim, dim, generator=torch.Generator().manual_seed(100)))[
+        0
+    ]  # the heads must find the directions
     g = torch.Generator().manual_seed(seed)
 
     def responses():
         length = torch.randint(5, 60, (n,), generator=g).float()
         quality = torch.randn(n, generator=g)
-        latent = torch.cat([((length - 32) / 16).unsqueeze(1), quality.unsqueeze(1), 0.3 * torch.randn(n, dim - 2, generator=g)], 1)
+        latent = torch.cat(
+            [((length - 32) / 16).unsqueeze(1), quality.unsqueeze(1), 0.3 * torch.randn(n, dim - 2, generator=g)], 1
+        )
         return latent @ mixing, length, quality
 
     a, len_a, q_a = responses()
     b, len_b, q_b = responses()
     a_wins = torch.rand(n, generator=g) < torch.sigmoid(1.5 * (len_a - len_b) / 16 + 1.5 * (q_a - q_b))
     pick = lambda x, y: torch.where(a_wins.unsqueeze(-1) if x.dim() == 2 else a_wins, x, y)  # noqa: E731
-    return {"chosen_features": pick(a, b), "rejected_features": pick(b, a), "chosen_lengths": pick(len_a, len_b),
-            "rejected_lengths": pick(len_b, len_a), "chosen_quality": pick(q_a, q_b), "rejected_quality": pick(q_b, q_a)}
+    return {
+        "chosen_features": pick(a, b),
+        "rejected_features": pick(b, a),
+        "chosen_lengths": pick(len_a, len_b),
+        "rejected_lengths": pick(len_b, len_a),
+        "chosen_quality": pick(q_a, q_b),
+        "rejected_quality": pick(q_b, q_a),
+    }
 
 
 def train_heads(length_head: bool, data: dict[str, torch.Tensor], dim: int) -> ScalarModel:
@@ -104,22 +114,32 @@ def correlations(model: ScalarModel, data: dict[str, torch.Tensor]) -> dict[str,
     quality = torch.cat([scores["chosen"], scores["rejected"]])
     lengths = torch.cat([data["chosen_lengths"], data["rejected_lengths"]])
     hidden_quality = torch.cat([data["chosen_quality"], data["rejected_quality"]])
-    out = {"reward_vs_length": float(ops.pearson(quality, lengths)), "reward_vs_quality": float(ops.pearson(quality, hidden_quality))}
+    out = {
+        "reward_vs_length": float(ops.pearson(quality, lengths)),
+        "reward_vs_quality": float(ops.pearson(quality, hidden_quality)),
+    }
     if "chosen_length" in scores:
-        out["length_head_vs_length"] = float(ops.pearson(torch.cat([scores["chosen_length"], scores["rejected_length"]]), lengths))
+        out["length_head_vs_length"] = float(
+            ops.pearson(torch.cat([scores["chosen_length"], scores["rejected_length"]]), lengths)
+        )
     return out
 
 
 def test_odin_quality_head_recovers_the_hidden_quality_and_ignores_length():
     train, held_out = synthetic_features(4096, 16, seed=0), synthetic_features(2048, 16, seed=1)
-    plain, odin = correlations(train_heads(False, train, 16), held_out), correlations(train_heads(True, train, 16), held_out)
+    plain, odin = (
+        correlations(train_heads(False, train, 16), held_out),
+        correlations(train_heads(True, train, 16), held_out),
+    )
     assert plain["reward_vs_length"] > 0.5  # without ODIN the reward is largely length
     assert abs(odin["reward_vs_length"]) < 0.1
     assert odin["reward_vs_quality"] > 0.9
     assert odin["length_head_vs_length"] > 0.9
 
 
-def test_odin_length_head_is_saved_and_reloaded_but_only_the_quality_head_is_the_reward(tiny_model, real_pairs, tmp_path):
+def test_odin_length_head_is_saved_and_reloaded_but_only_the_quality_head_is_the_reward(
+    tiny_model, real_pairs, tmp_path
+):
     policy, tok = tiny_model
     torch.manual_seed(0)
     model = ScalarModel.from_policy(policy, length_head=True).eval()
@@ -153,8 +173,14 @@ def test_length_balance_gives_equal_shares_and_keeps_equal_length_pairs(real_pai
     longer = sum(len(e.chosen) > len(e.rejected) for e in kept)
     shorter = sum(len(e.chosen) < len(e.rejected) for e in kept)
     equal_before = sum(len(e.chosen) == len(e.rejected) for e in examples)
-    assert longer == shorter == min(sum(len(e.chosen) > len(e.rejected) for e in examples),
-                                    sum(len(e.chosen) < len(e.rejected) for e in examples))
+    assert (
+        longer
+        == shorter
+        == min(
+            sum(len(e.chosen) > len(e.rejected) for e in examples),
+            sum(len(e.chosen) < len(e.rejected) for e in examples),
+        )
+    )
     assert sum(len(e.chosen) == len(e.rejected) for e in kept) == equal_before
     assert longer > 100 and f"{longer} chosen-longer + {shorter} chosen-shorter" in note
     assert length_balanced_indices(examples, seed=3)[0] == indices  # seeded
@@ -169,10 +195,18 @@ def test_length_penalised_score_is_exact():
 def test_ppo_scores_carry_the_length_penalty_before_the_eos_trick():
     cfg = PPOConfig(reward_length_penalty=0.1, kl_coef=0.0)
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.bool)
-    batch = RolloutBatch(torch.arange(2), torch.ones(2, 1, dtype=torch.long), torch.ones(2, 1, dtype=torch.long),
-                         torch.ones(2, 4, dtype=torch.long), mask, torch.tensor([True, False]),
-                         logprobs=torch.zeros(2, 4), ref_logprobs=torch.zeros(2, 4), values=torch.zeros(2, 4),
-                         raw_scores=torch.tensor([1.0, 3.0]))
+    batch = RolloutBatch(
+        torch.arange(2),
+        torch.ones(2, 1, dtype=torch.long),
+        torch.ones(2, 1, dtype=torch.long),
+        torch.ones(2, 4, dtype=torch.long),
+        mask,
+        torch.tensor([True, False]),
+        logprobs=torch.zeros(2, 4),
+        ref_logprobs=torch.zeros(2, 4),
+        values=torch.zeros(2, 4),
+        raw_scores=torch.tensor([1.0, 3.0]),
+    )
     out = compute_advantages(batch, cfg, 0.0)
     torch.testing.assert_close(out.scores, torch.tensor([1.0 - 0.1 * 3, cfg.missing_eos_score]))
 
@@ -182,8 +216,13 @@ def comparison(prompt: str, split: str) -> Comparison:
 
 
 def test_split_disjoint_protocol_trains_and_validates_on_different_splits_and_prompts():
-    records = [comparison("p1", "valid2"), comparison("p2", "valid2"), comparison("p3", "valid1"), comparison("p1", "valid1"),
-               comparison("p4", "train")]
+    records = [
+        comparison("p1", "valid2"),
+        comparison("p2", "valid2"),
+        comparison("p3", "valid1"),
+        comparison("p1", "valid1"),
+        comparison("p4", "train"),
+    ]
     cfg = RMConfig(validation_splits=["valid1"], splits=["valid2"])
     train, validation, notes = split_by_upstream_split(cfg.pair_selection, records)
     assert [r.prompt_id for r in train] == ["p1", "p2"] and [r.prompt_id for r in validation] == ["p3"]
@@ -228,9 +267,20 @@ def test_cached_features_score_as_the_full_model_and_are_reused(tiny_model, real
 def test_rm_cli_with_odin_balance_split_disjoint_and_frozen_backbone(tiny_model_dir, tmp_path):
     data = data_file(*COMPARISONS)
     out = tmp_path / "rm"
-    args = stage_args("rm", {"policy": tiny_model_dir, "pairs": data}, out, total_batch_size=16, micro_batch_size=8, max_steps=2,
-                      validation_splits="valid1", splits="valid2", length_head="true", length_balance="true", trainable_layers=0,
-                      eval_pairs=16)
+    args = stage_args(
+        "rm",
+        {"policy": tiny_model_dir, "pairs": data},
+        out,
+        total_batch_size=16,
+        micro_batch_size=8,
+        max_steps=2,
+        validation_splits="valid1",
+        splits="valid2",
+        length_head="true",
+        length_balance="true",
+        trainable_layers=0,
+        eval_pairs=16,
+    )
     assert cli_main(["rm", "--preset", "tldr-rm", *cli_args(args)]) == 0
     evaluation = json.loads((out / "rm_eval" / "rm_eval.json").read_text())
     assert set(evaluation["breakdown"]["split"]) == {"valid1"}
@@ -241,7 +291,21 @@ def test_rm_cli_with_odin_balance_split_disjoint_and_frozen_backbone(tiny_model_
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert any("train/quality_length_corr" in m for m in metrics)
     eval_out = tmp_path / "eval"
-    assert cli_main(["rm-eval", f"model={out / 'model'}", f"data={data}", "splits=valid1", "max_query_length=128", "max_pairs=24",
-                     "length_penalty=0.5", f"out={eval_out}", "probes="]) == 0
+    assert (
+        cli_main(
+            [
+                "rm-eval",
+                f"model={out / 'model'}",
+                f"data={data}",
+                "splits=valid1",
+                "max_query_length=128",
+                "max_pairs=24",
+                "length_penalty=0.5",
+                f"out={eval_out}",
+                "probes=",
+            ]
+        )
+        == 0
+    )
     penalised = json.loads((eval_out / "rm_eval.json").read_text())
     assert penalised["length_penalty"] == 0.5 and penalised["pairs"] == 24

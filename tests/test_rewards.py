@@ -40,17 +40,27 @@ def test_gsm8k_exact_match_on_hand_written_cases(completion, reference, expected
 def test_answer_extraction_and_format_reward():
     assert extract_answer("3 * 4 = 12, so the answer is 12.") == 12.0
     assert extract_answer("no digits here") is None
-    assert answer_format([], ["Work.\nThe answer is 18.", "The answer is 18. Bye!", "18", "the answer is $1,000"]) == [1.0, 0.0, 0.0, 1.0]
+    assert answer_format([], ["Work.\nThe answer is 18.", "The answer is 18. Bye!", "18", "the answer is $1,000"]) == [
+        1.0,
+        0.0,
+        0.0,
+        1.0,
+    ]
 
 
 def test_length_penalty_is_minus_the_share_of_the_budget():
-    assert length_penalty(["a"] * 3, ["x"] * 3, completion_lengths=[0, 50, 100], max_completion_length=100) == [0.0, -0.5, -1.0]
+    assert length_penalty(["a"] * 3, ["x"] * 3, completion_lengths=[0, 50, 100], max_completion_length=100) == [
+        0.0,
+        -0.5,
+        -1.0,
+    ]
 
 
 def test_user_callable_by_module_and_by_file(tmp_path, monkeypatch):
     (tmp_path / "my_rewards.py").write_text(
         "def shouting(prompts, completions, answer, **columns):\n"
-        "    return [float(c.isupper()) + float(a) for c, a in zip(completions, answer)]\n")
+        "    return [float(c.isupper()) + float(a) for c, a in zip(completions, answer)]\n"
+    )
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     for spec in ("my_rewards:shouting", str(tmp_path / "my_rewards.py") + ":shouting"):
@@ -77,7 +87,9 @@ def fragile(prompts, completions, **columns):
 
 def test_a_failing_row_is_reported_with_its_row_and_counted_never_zero(capsys):
     functions = RewardFunctions(["fragile"], [fragile], error_score=-7.0)
-    scores = functions.score(["p"] * 4, ["fine", "boom", "nan", "fine"], {}, ["a.jsonl:1", "a.jsonl:2", "a.jsonl:3", "a.jsonl:4"])
+    scores = functions.score(
+        ["p"] * 4, ["fine", "boom", "nan", "fine"], {}, ["a.jsonl:1", "a.jsonl:2", "a.jsonl:3", "a.jsonl:4"]
+    )
     assert scores == [[1.0, -7.0, -7.0, 1.0]]  # the good rows keep their value, the bad ones get error_score
     errors = functions.take_errors()
     assert [(e.row, e.where) for e in errors] == [(1, "a.jsonl:2"), (2, "a.jsonl:3")]
@@ -89,19 +101,28 @@ def test_a_failing_row_is_reported_with_its_row_and_counted_never_zero(capsys):
 
 def test_wrong_count_of_values_fails_every_row_of_the_call():
     functions = RewardFunctions(["short"], [lambda prompts, completions, **c: [1.0]], error_score=-1.0)
-    assert functions.score(["p"] * 2, ["a", "b"], {}, ["w1", "w2"]) == [[-1.0, -1.0]]  # no value can be matched to its row
+    assert functions.score(["p"] * 2, ["a", "b"], {}, ["w1", "w2"]) == [
+        [-1.0, -1.0]
+    ]  # no value can be matched to its row
     assert [e.problem for e in functions.take_errors()] == ["returned 1 values for 2 completions"] * 2
     functions = RewardFunctions(["none"], [lambda prompts, completions, **c: [None] * len(completions)])
-    assert functions.score(["p"], ["a"], {}, ["w1"]) == [[-1.0]] and "not a number" in functions.take_errors()[0].problem
+    assert (
+        functions.score(["p"], ["a"], {}, ["w1"]) == [[-1.0]] and "not a number" in functions.take_errors()[0].problem
+    )
 
 
 def test_gsm8k_records_keep_the_final_number_and_count_steps(tmp_path):
     assert final_number("48/2 = <<48/2=24>>24\n#### 1,024") == "1024" and final_number("no mark") is None
     assert calculator_steps("a <<1+1=2>> b <<2*3=6>>") == 2
     bad = tmp_path / "gsm.jsonl"
-    bad.write_text(json.dumps({"question": "How many?", "answer": "It is 3.\n#### 3"}) + "\n"
-                   + json.dumps({"question": "How many?", "answer": "no final line"}) + "\n"
-                   + json.dumps({"question": "", "answer": "#### 1"}) + "\n")
+    bad.write_text(
+        json.dumps({"question": "How many?", "answer": "It is 3.\n#### 3"})
+        + "\n"
+        + json.dumps({"question": "How many?", "answer": "no final line"})
+        + "\n"
+        + json.dumps({"question": "", "answer": "#### 1"})
+        + "\n"
+    )
     records, log = load_gsm8k([str(bad)])
     assert [r.columns["answer"] for r in records] == ["3"] and records[0].task == "chat"
     assert dict(log.counts) == {"no_final_answer": 1, "no_question": 1}
@@ -120,17 +141,29 @@ def on_policy_setup(stage, ppo_dirs, tmp_path, **extra):
 def test_the_score_is_the_weighted_sum_of_functions_and_reward_model(ppo_dirs, tmp_path, monkeypatch):
     (tmp_path / "toy_rewards.py").write_text(
         "def vowels(prompts, completions, **columns):\n"
-        "    return [float(sum(ch in 'aeiou' for ch in c)) for c in completions]\n")
+        "    return [float(sum(ch in 'aeiou' for ch in c)) for c in completions]\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
-    cfg, models, train = on_policy_setup("grpo", ppo_dirs, tmp_path, reward_functions="toy_rewards:vowels,length",
-                                         reward_weights="0.5,2.0,3.0")
+    cfg, models, train = on_policy_setup(
+        "grpo", ppo_dirs, tmp_path, reward_functions="toy_rewards:vowels,length", reward_weights="0.5,2.0,3.0"
+    )
     batch = collected(models, [e.query.ids for e in train], cfg, 0, cfg.kl_coef, texts=PromptTexts.of(train))
     vowels, length, rm = batch.reward_components.T
-    texts = [models.tokenizer.decode(batch.responses[i][batch.mask[i]].tolist(), skip_special_tokens=True) for i in range(batch.size)]
+    texts = [
+        models.tokenizer.decode(batch.responses[i][batch.mask[i]].tolist(), skip_special_tokens=True)
+        for i in range(batch.size)
+    ]
     assert vowels.tolist() == [float(sum(ch in "aeiou" for ch in t)) for t in texts]
     torch.testing.assert_close(length, -batch.lengths.float() / cfg.max_response_length)
-    torch.testing.assert_close(rm, models.reward(batch.input_ids(), batch.attention_mask(), context_length=batch.context_length,
-                                                 eos_index=batch.context_length + batch.lengths - 1))
+    torch.testing.assert_close(
+        rm,
+        models.reward(
+            batch.input_ids(),
+            batch.attention_mask(),
+            context_length=batch.context_length,
+            eos_index=batch.context_length + batch.lengths - 1,
+        ),
+    )
     torch.testing.assert_close(batch.raw_scores, 0.5 * vowels + 2.0 * length + 3.0 * rm)
 
 
@@ -143,9 +176,18 @@ def test_reward_functions_alone_train_and_log_each_component(ppo_dirs, tmp_path,
         "    CALLS.append(1)\n"
         "    if len(CALLS) % 2:\n"
         "        raise KeyError('no posts please')\n"
-        "    return [1.0] * len(completions)\n")
-    args = stage_args("grpo", ppo_dirs, tmp_path / "run", reward_model="", reward_functions=f"{tmp_path / 'picky.py'}:picky,length",
-                      max_steps=1, eval_samples=2, reward_error_score=-3.0)
+        "    return [1.0] * len(completions)\n"
+    )
+    args = stage_args(
+        "grpo",
+        ppo_dirs,
+        tmp_path / "run",
+        reward_model="",
+        reward_functions=f"{tmp_path / 'picky.py'}:picky,length",
+        max_steps=1,
+        eval_samples=2,
+        reward_error_score=-3.0,
+    )
     assert cli_main(["grpo", *[f"{k}={v}" for k, v in args.items()]]) == 0
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert {"rewards/picky", "rewards/length", "rewards/picky_errors", "rewards/length_errors"} <= set(metrics[0])
@@ -191,13 +233,23 @@ def test_a_sequence_classification_reward_model_scores_at_eos_like_its_own_head(
 
 def graded_answers(correct: list[list[int]]) -> dict:
     values = np.array(correct, dtype=np.float64)
-    return {"correct": values, "format": np.ones_like(values), "tokens": np.full_like(values, 10.0), "eos": np.ones_like(values),
-            "texts": np.full(values.shape, "x", dtype=object)}
+    return {
+        "correct": values,
+        "format": np.ones_like(values),
+        "tokens": np.full_like(values, 10.0),
+        "eos": np.ones_like(values),
+        "texts": np.full(values.shape, "x", dtype=object),
+    }
 
 
 def test_accuracy_table_pairs_every_policy_with_the_first():
-    results = {"base": {"greedy": graded_answers([[1], [0], [0], [1]]), "sampled": graded_answers([[1, 0], [0, 0], [0, 1], [0, 0]])},
-               "rl": {"greedy": graded_answers([[1], [1], [0], [1]]), "kl": 0.5}}
+    results = {
+        "base": {
+            "greedy": graded_answers([[1], [0], [0], [1]]),
+            "sampled": graded_answers([[1, 0], [0, 0], [0, 1], [0, 0]]),
+        },
+        "rl": {"greedy": graded_answers([[1], [1], [0], [1]]), "kl": 0.5},
+    }
     everything = np.ones(4, dtype=bool)
     base, rl = accuracy.summary_table(results, everything, seed=0)
     assert base["greedy_accuracy"] == 0.5 and "greedy_minus_first" not in base
@@ -213,8 +265,22 @@ def test_eval_task_gsm8k_end_to_end_on_the_tiny_model(tiny_model_dir, tmp_path):
     from rlhfkit.cli import main as cli_main
 
     out = tmp_path / "eval"
-    assert cli_main(["eval", "task=gsm8k", f"models=base={tiny_model_dir},same={tiny_model_dir}", f"data={GSM8K_TEST}",
-                     "max_prompts=6", "pass_k=2", "max_response_length=6", f"reference_model={tiny_model_dir}", f"out={out}"]) == 0
+    assert (
+        cli_main(
+            [
+                "eval",
+                "task=gsm8k",
+                f"models=base={tiny_model_dir},same={tiny_model_dir}",
+                f"data={GSM8K_TEST}",
+                "max_prompts=6",
+                "pass_k=2",
+                "max_response_length=6",
+                f"reference_model={tiny_model_dir}",
+                f"out={out}",
+            ]
+        )
+        == 0
+    )
     tables = json.loads((out / "accuracy.json").read_text())["tables"]
     assert list(tables) == ["all", "easy (<= 2 calculator steps)"]
     base, same = tables["all"]

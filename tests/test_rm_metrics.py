@@ -192,7 +192,8 @@ def test_headline_and_report_show_the_length_rule_and_the_intervals(tmp_path):
     (tmp_path / "config.yaml").write_text("seed: 0\n")
     page = write_rm_report(tmp_path, "rm", RMConfig(), ["five pairs"], result, tmp_path / "rm_eval").read_text()
     assert "always-longer" in page and "chosen-shorter accuracy" in page and "model - longer" in page
-    assert "reward model accuracy 0.400 is at or below always-prefer-longer (0.500)" in page  # the caveat, from the numbers
+    # the caveat, from the numbers
+    assert "reward model accuracy 0.400 is at or below always-prefer-longer (0.500)" in page
     assert f"0.667 [{result['breakdown']['split']['valid1']['low']:.3f}, 1.000]" in page
 
 
@@ -301,9 +302,7 @@ def test_error_prompt_of_a_dialogue():
 
 def test_shipped_probes_load():
     probes = load_probes()
-    assert probes and all(
-        p.task == "tldr" and set(p.fields) == {"subreddit", "title", "post"} for p in probes
-    )
+    assert probes and all(p.task == "tldr" and set(p.fields) == {"subreddit", "title", "post"} for p in probes)
     kinds = {ladder.kind for p in probes for ladder in p.ladders}
     assert kinds == {"quality", "length"}
     quality = next(ladder for ladder in probes[0].ladders if ladder.kind == "quality")
@@ -406,9 +405,7 @@ def test_probe_table_and_checks(tmp_path):
     quality, length = probe_checks(rows)
     assert quality["monotonic_decreasing"] and quality["spearman"] == pytest.approx(-1.0)
     assert length["slope_per_word"] == pytest.approx(0.5)  # scores 1, 2, 3 at 2, 4, 6 words
-    assert (
-        length["change_across_ladder"] == pytest.approx(2.0) and "longer scores higher" in length["verdict"]
-    )
+    assert length["change_across_ladder"] == pytest.approx(2.0) and "longer scores higher" in length["verdict"]
     broken = probe_checks(probe_table(probes, [-1.0, 2.0, 3.0, 2.0, 1.0]))
     assert not broken[0]["monotonic_decreasing"] and broken[0]["violations"] == ["bad"]
     assert broken[1]["slope_per_word"] == pytest.approx(-0.5)
@@ -469,22 +466,17 @@ def test_write_rm_eval_writes_json_errors_and_pngs(tmp_path):
     assert saved["confident_errors"] == {"file": "confident_errors.jsonl", "count": 7}
     lines = (tmp_path / "confident_errors.jsonl").read_text().splitlines()
     margins = [json.loads(line)["margin"] for line in lines]
-    assert (
-        len(lines) == 7 and margins == sorted(margins) and margins[0] == pytest.approx(min(chosen - rejected))
-    )
+    assert len(lines) == 7 and margins == sorted(margins) and margins[0] == pytest.approx(min(chosen - rejected))
     assert saved["probes"]["checks"] and (tmp_path / "probes.md").exists()
     assert "headline" not in saved and "pairs 60" in headline(result)
 
 
 def test_write_rm_eval_skips_batch_plots_without_batches(tmp_path):
     comparisons = [
-        Comparison(str(i), "hh", {"dialogue": "\n\nHuman: q\n\nAssistant:"}, "yes", "no", "hh")
-        for i in range(6)
+        Comparison(str(i), "hh", {"dialogue": "\n\nHuman: q\n\nAssistant:"}, "yes", "no", "hh") for i in range(6)
     ]
     chosen, rejected = np.arange(6.0), np.full(6, 2.5)
-    files = write_rm_eval(
-        tmp_path, rm.evaluate_rewards(comparisons, chosen, rejected, n_bins=2), chosen, rejected
-    )
+    files = write_rm_eval(tmp_path, rm.evaluate_rewards(comparisons, chosen, rejected, n_bins=2), chosen, rejected)
     assert "accuracy_by_batch.png" not in files and "length_bias.png" not in files
     assert (tmp_path / "calibration.png").read_bytes()[:8] == PNG_MAGIC
 

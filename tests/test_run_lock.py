@@ -71,8 +71,12 @@ def test_the_same_process_may_lock_its_folder_again(tmp_path, capsys):
 def test_a_stale_lock_is_reported_taken_over_and_released_when_the_run_ends(ppo_dirs, tmp_path):
     out, gone = tmp_path / "run", dead_pid()
     write_lock(out, holder_record(gone))
-    proc = subprocess.run(rlhfkit_command("sft", *cli_args(stage_args("sft", ppo_dirs, out, max_steps=1))), env=child_env(),
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        rlhfkit_command("sft", *cli_args(stage_args("sft", ppo_dirs, out, max_steps=1))),
+        env=child_env(),
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("rlhfkit: warning:") and "lock" in line]
     assert len(warnings) == 1 and f"left by process {gone}" in warnings[0] and "taking the folder over" in warnings[0]
@@ -81,11 +85,19 @@ def test_a_stale_lock_is_reported_taken_over_and_released_when_the_run_ends(ppo_
 
 @pytest.mark.parametrize("end", ["error", "sigterm"])
 def test_the_lock_is_released_when_its_process_fails_or_is_terminated(tmp_path, end):
-    script = ("import sys; from pathlib import Path; from rlhfkit.runlock import lock_run_dir\n"
-              f"lock_run_dir(Path({str(tmp_path)!r})); print('locked', flush=True)\n"
-              "sys.stdin.readline(); raise RuntimeError('boom')\n")
-    with subprocess.Popen([sys.executable, "-c", script], env=child_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                          stderr=subprocess.DEVNULL, text=True) as proc:
+    script = (
+        "import sys; from pathlib import Path; from rlhfkit.runlock import lock_run_dir\n"
+        f"lock_run_dir(Path({str(tmp_path)!r})); print('locked', flush=True)\n"
+        "sys.stdin.readline(); raise RuntimeError('boom')\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", script],
+        env=child_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    ) as proc:
         assert proc.stdout.readline() == "locked\n"
         assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == proc.pid
         if end == "sigterm":  # outside a training loop, which would first write a checkpoint

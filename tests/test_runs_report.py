@@ -15,9 +15,20 @@ def fake_run(folder, stage, rows, evaluation=None):
 
 
 def test_on_policy_runs_line_up_by_episodes_and_last_values_are_tabled(tmp_path, capsys):
-    ppo = fake_run(tmp_path / "ppo", "ppo", [{"step": s, "episodes": 16 * s, "objective/scores": -0.5 + 0.1 * s, "val/explained_variance": 0.1}
-                                             for s in (1, 2, 3)], {"eval/ppo_rm_score": 0.2})
-    grpo = fake_run(tmp_path / "grpo", "grpo", [{"step": s, "episodes": 32 * s, "objective/scores": -0.4, "loss/kl_avg": 0.01} for s in (1, 2)])
+    ppo = fake_run(
+        tmp_path / "ppo",
+        "ppo",
+        [
+            {"step": s, "episodes": 16 * s, "objective/scores": -0.5 + 0.1 * s, "val/explained_variance": 0.1}
+            for s in (1, 2, 3)
+        ],
+        {"eval/ppo_rm_score": 0.2},
+    )
+    grpo = fake_run(
+        tmp_path / "grpo",
+        "grpo",
+        [{"step": s, "episodes": 32 * s, "objective/scores": -0.4, "loss/kl_avg": 0.01} for s in (1, 2)],
+    )
     out = tmp_path / "report"
     assert cli_main(["report", f"runs={ppo},{grpo}", f"out={out}"]) == 0
     assert "1 shared metrics against episodes" in capsys.readouterr().out

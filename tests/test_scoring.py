@@ -14,7 +14,11 @@ from rlhfkit.reward_models import ScalarModel
 
 from .helpers import data_file
 
-FIELDS = {"subreddit": "test", "title": "A title", "post": "First paragraph.\nSecond paragraph, a little longer than the first."}
+FIELDS = {
+    "subreddit": "test",
+    "title": "A title",
+    "post": "First paragraph.\nSecond paragraph, a little longer than the first.",
+}
 
 
 def reward_model(tiny_model, head: str = "eos-linear") -> tuple[ScalarModel, object]:
@@ -34,7 +38,9 @@ def rows_of(tok) -> tuple[list[list[int]], list[list[int]]]:
     return queries, responses
 
 
-def rollout_rows(queries: list[list[int]], responses: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
+def rollout_rows(
+    queries: list[list[int]], responses: list[list[int]], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
     """(input_ids, attention_mask, Q, response lengths) laid out as generation leaves them: queries
     left padded to Q columns, then the responses right padded."""
     left = left_pad_queries(queries, pad_id)
@@ -54,7 +60,9 @@ def test_rollout_rows_score_like_right_padded_rows_in_any_batch_order(tiny_model
     torch.testing.assert_close(left.double(), torch.from_numpy(right), atol=1e-4, rtol=1e-4)
     order = [3, 0, 4, 2, 1]
     with torch.no_grad():
-        shuffled = scoring.scores_at_eos(model, *rollout_rows([queries[i] for i in order], [responses[i] for i in order], tok.pad_token_id))
+        shuffled = scoring.scores_at_eos(
+            model, *rollout_rows([queries[i] for i in order], [responses[i] for i in order], tok.pad_token_id)
+        )
     torch.testing.assert_close(shuffled, left[order], atol=1e-4, rtol=1e-4)
 
 
@@ -77,7 +85,10 @@ def test_longest_first_batching_returns_scores_in_input_order(tiny_model):
     model, tok = reward_model(tiny_model)
     queries, responses = rows_of(tok)
     batched = scoring.score_texts(model, tok.pad_token_id, queries, responses, batch_size=2)
-    alone = [scoring.score_texts(model, tok.pad_token_id, [q], [r], batch_size=1)[0] for q, r in zip(queries, responses, strict=True)]
+    alone = [
+        scoring.score_texts(model, tok.pad_token_id, [q], [r], batch_size=1)[0]
+        for q, r in zip(queries, responses, strict=True)
+    ]
     assert batched == pytest.approx(alone, abs=1e-5)
     assert scoring.score_texts(model, tok.pad_token_id, [], [], batch_size=2).shape == (0,)
 
@@ -95,19 +106,28 @@ def test_eos_trick_replaces_exactly_the_rows_without_eos_through_ops(tiny_model,
 
     monkeypatch.setattr(scoring.ops, "eos_trick", spy)
     plain = scoring.score_texts(model, tok.pad_token_id, queries, responses, batch_size=2)
-    tricked = scoring.score_texts(model, tok.pad_token_id, queries, responses, batch_size=2, has_eos=has_eos, missing_eos_score=-3.5)
+    tricked = scoring.score_texts(
+        model, tok.pad_token_id, queries, responses, batch_size=2, has_eos=has_eos, missing_eos_score=-3.5
+    )
     assert len(calls) == 1
     assert tricked.tolist() == [s if e else -3.5 for s, e in zip(plain.tolist(), has_eos, strict=True)]
     assert -3.5 not in plain.tolist()
-    assert scoring.score_texts(model, tok.pad_token_id, queries, responses, 2, has_eos=has_eos)[3] == scoring.MISSING_EOS_SCORE
+    assert (
+        scoring.score_texts(model, tok.pad_token_id, queries, responses, 2, has_eos=has_eos)[3]
+        == scoring.MISSING_EOS_SCORE
+    )
 
 
 def test_pair_scores_equal_the_scores_of_each_response_in_its_own_row(tiny_model):
     model, tok = reward_model(tiny_model)
-    records, _ = load_pairs("tldr-comparisons", [str(data_file("summarize-from-feedback-comparisons", "batch18.jsonl.gz"))])
+    records, _ = load_pairs(
+        "tldr-comparisons", [str(data_file("summarize-from-feedback-comparisons", "batch18.jsonl.gz"))]
+    )
     pairs, _ = tokenize_pairs(records[:5], tok, query_limits(96, 96), 64)
     chosen, rejected = scoring.score_pairs(model, tok.pad_token_id, pairs, batch_size=2)
     queries = [p.query.ids for p in pairs]
-    rows = scoring.score_texts(model, tok.pad_token_id, queries * 2, [p.chosen for p in pairs] + [p.rejected for p in pairs], 3)
+    rows = scoring.score_texts(
+        model, tok.pad_token_id, queries * 2, [p.chosen for p in pairs] + [p.rejected for p in pairs], 3
+    )
     assert chosen == pytest.approx(rows[: len(pairs)], abs=1e-4)
     assert rejected == pytest.approx(rows[len(pairs) :], abs=1e-4)

@@ -43,7 +43,9 @@ def test_loss_from_labelled_positions_only_equals_cross_entropy_over_full_logits
     loss, _ = sft.sft_loss(model, batch)
     (grad,) = torch.autograd.grad(loss, model.model.layers[0].mlp.up_proj.weight)
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
-    expected = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), batch["labels"][:, 1:].reshape(-1), reduction="sum")
+    expected = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.size(-1)), batch["labels"][:, 1:].reshape(-1), reduction="sum"
+    )
     (expected_grad,) = torch.autograd.grad(expected, model.model.layers[0].mlp.up_proj.weight)
     torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(grad, expected_grad, rtol=1e-4, atol=1e-6)
@@ -59,9 +61,19 @@ def test_sft_lowers_the_loss_on_a_fixed_batch(tiny_model, ppo_dirs):
 
 def test_detail9_run_directory_has_config_metrics_events_checkpoints_samples_plots_report(ppo_dirs, tmp_path):
     out = tmp_path / "run"
-    cfg = resolve("sft", "tldr-sft", None, stage_args("sft", ppo_dirs, out, eval_samples=2, max_steps=2, report_to="tensorboard"))
+    cfg = resolve(
+        "sft", "tldr-sft", None, stage_args("sft", ppo_dirs, out, eval_samples=2, max_steps=2, report_to="tensorboard")
+    )
     assert sft.run(cfg) == 0
-    for name in ["config.yaml", "metrics.jsonl", "samples.jsonl", "samples_base.jsonl", "eval.json", "report.html", "plots/loss.png"]:
+    for name in [
+        "config.yaml",
+        "metrics.jsonl",
+        "samples.jsonl",
+        "samples_base.jsonl",
+        "eval.json",
+        "report.html",
+        "plots/loss.png",
+    ]:
         assert (out / name).is_file(), name
     assert list((out / "tb").glob("events.out.tfevents.*"))
     assert (out / "model" / "model.safetensors").is_file() and (out / "model" / "tokenizer.json").is_file()
@@ -106,10 +118,14 @@ def test_resume_after_sigkill_gives_bit_identical_weights(ppo_dirs, tmp_path):
     env = {**os.environ, "TQDM_DISABLE": "1"}
     steps = 8
     straight = tmp_path / "straight"
-    subprocess.run(sft_command(stage_args("sft", ppo_dirs, straight, max_steps=steps)), check=True, env=env, capture_output=True)
+    subprocess.run(
+        sft_command(stage_args("sft", ppo_dirs, straight, max_steps=steps)), check=True, env=env, capture_output=True
+    )
 
     killed = tmp_path / "killed"
-    killed_at = kill_after_checkpoint(sft_command(stage_args("sft", ppo_dirs, killed, max_steps=steps, save_every=1)), killed, 2, env)
+    killed_at = kill_after_checkpoint(
+        sft_command(stage_args("sft", ppo_dirs, killed, max_steps=steps, save_every=1)), killed, 2, env
+    )
     assert killed_at < steps
 
     resumed = stage_args("sft", ppo_dirs, killed, max_steps=steps, save_every=1, resume=killed)
@@ -128,8 +144,16 @@ def test_generate_command_writes_samples_with_rouge_for_the_validation_posts(ppo
     from rlhfkit.cli import main
 
     out = tmp_path / "samples.jsonl"
-    args = [f"model={ppo_dirs['policy']}", f"data={ppo_dirs['posts']}", "validation_posts=8", "num_samples=3", "max_new_tokens=5",
-            "max_query_length=128", f"out={out}", "temperature=0"]
+    args = [
+        f"model={ppo_dirs['policy']}",
+        f"data={ppo_dirs['posts']}",
+        "validation_posts=8",
+        "num_samples=3",
+        "max_new_tokens=5",
+        "max_query_length=128",
+        f"out={out}",
+        "temperature=0",
+    ]
     assert main(["generate", *args]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     records, _ = load_sft([str(ppo_dirs["posts"])])
@@ -159,8 +183,12 @@ def test_gradient_checkpointing_run_matches_plain_run(ppo_dirs, tmp_path):
 
 def test_gradient_accumulation_matches_one_large_batch(ppo_dirs, tmp_path):
     """The effective batch is micro batch x accumulation: 2 x 2 must train like 4 x 1 (exactly in fp32)."""
-    assert_runs_train_alike(ppo_dirs, tmp_path, [{"micro_batch_size": 2, "mixed_precision": "no"},
-                                                 {"micro_batch_size": 4, "mixed_precision": "no"}], max_steps=2)
+    assert_runs_train_alike(
+        ppo_dirs,
+        tmp_path,
+        [{"micro_batch_size": 2, "mixed_precision": "no"}, {"micro_batch_size": 4, "mixed_precision": "no"}],
+        max_steps=2,
+    )
 
 
 def test_two_processes_train_like_one(ppo_dirs, tmp_path):
@@ -169,8 +197,12 @@ def test_two_processes_train_like_one(ppo_dirs, tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     exact = {"max_steps": 2, "mixed_precision": "no"}  # bf16 rounds differently for other batch shapes
     subprocess.run(sft_command(stage_args("sft", ppo_dirs, one, **exact)), check=True, env=env, capture_output=True)
-    proc = subprocess.run([*sft_command(stage_args("sft", ppo_dirs, two, **exact)), "--num-processes", "2"], env=env,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [*sft_command(stage_args("sft", ppo_dirs, two, **exact)), "--num-processes", "2"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     a, b = load_file(one / "model" / "model.safetensors"), load_file(two / "model" / "model.safetensors")
     for key in a:
@@ -189,8 +221,22 @@ def test_cli_reports_non_finite_loss_in_one_line_with_exit_code_3(ppo_dirs, tmp_
 
 def test_constant_schedule_honours_warmup_and_evaluations_are_always_logged(ppo_dirs, tmp_path):
     out = tmp_path / "run"
-    cfg = resolve("sft", None, None, stage_args("sft", ppo_dirs, out, max_steps=2, lr_scheduler="constant",
-                                               warmup_steps=2, eval_every=1, log_every=5, eval_samples=2))
+    cfg = resolve(
+        "sft",
+        None,
+        None,
+        stage_args(
+            "sft",
+            ppo_dirs,
+            out,
+            max_steps=2,
+            lr_scheduler="constant",
+            warmup_steps=2,
+            eval_every=1,
+            log_every=5,
+            eval_samples=2,
+        ),
+    )
     sft.run(cfg)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if "train/lr" in r]
@@ -225,16 +271,29 @@ def test_bad_resume_path_fails_before_creating_a_run_directory(tmp_path, monkeyp
 
 def test_resume_into_a_new_folder_carries_the_metrics_history(ppo_dirs, tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
-    sft.run(resolve("sft", None, None, stage_args("sft", ppo_dirs, first, max_steps=2, save_every=1, keep_checkpoints=0)))
-    sft.run(resolve("sft", None, None, stage_args("sft", ppo_dirs, second, max_steps=3,
-                                                 resume=first / "checkpoints" / "step-000002")))
+    sft.run(
+        resolve("sft", None, None, stage_args("sft", ppo_dirs, first, max_steps=2, save_every=1, keep_checkpoints=0))
+    )
+    sft.run(
+        resolve(
+            "sft",
+            None,
+            None,
+            stage_args("sft", ppo_dirs, second, max_steps=3, resume=first / "checkpoints" / "step-000002"),
+        )
+    )
     rows = [json.loads(line) for line in (second / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 3]
 
 
-@pytest.mark.parametrize(("cuda", "avx512_bf16", "amx", "expected"), [
-    (False, True, False, "bf16"), (False, False, True, "bf16"), (False, False, False, "no"),
-])
+@pytest.mark.parametrize(
+    ("cuda", "avx512_bf16", "amx", "expected"),
+    [
+        (False, True, False, "bf16"),
+        (False, False, True, "bf16"),
+        (False, False, False, "no"),
+    ],
+)
 def test_auto_precision_is_bf16_only_where_the_hardware_computes_it(monkeypatch, cuda, avx512_bf16, amx, expected):
     from rlhfkit.trainers import run
 
@@ -251,8 +310,14 @@ def test_bf16_autocast_losses_stay_within_2_percent_of_fp32(ppo_dirs, tmp_path):
     for precision in ("no", "bf16"):
         out = tmp_path / precision
         # evaluations and checkpoints between steps must leave bf16 autocast on for the steps after them
-        sft.run(resolve("sft", None, None, stage_args("sft", ppo_dirs, out, max_steps=4, mixed_precision=precision,
-                                                      eval_every=1, save_every=1)))
+        sft.run(
+            resolve(
+                "sft",
+                None,
+                None,
+                stage_args("sft", ppo_dirs, out, max_steps=4, mixed_precision=precision, eval_every=1, save_every=1),
+            )
+        )
         losses[precision] = [m["train/loss"] for m in read_metrics(out) if "train/loss" in m]
     assert len(losses["no"]) == 4
     for fp32, bf16 in zip(losses["no"], losses["bf16"], strict=True):

@@ -95,8 +95,16 @@ ON_POLICY_WEIGHTS = {"ppo": ["model/model.safetensors", "value/model.safetensors
 
 def on_policy_args(stage, dirs, out, **extra):
     """Two updates in fp32, one prompt per generation chunk, a reward that varies (no EOS trick)."""
-    return stage_args(stage, dirs, out, max_steps=2, eos_trick="false", generation_batch_size=1 if stage == "ppo" else 4,
-                      **EXACT, **extra)
+    return stage_args(
+        stage,
+        dirs,
+        out,
+        max_steps=2,
+        eos_trick="false",
+        generation_batch_size=1 if stage == "ppo" else 4,
+        **EXACT,
+        **extra,
+    )
 
 
 @pytest.mark.parametrize("stage", ["ppo", pytest.param("grpo", marks=SLOW), pytest.param("rloo", marks=SLOW)])
@@ -114,16 +122,27 @@ def test_fsdp2_on_two_processes_makes_the_on_policy_update_of_one_unsharded_proc
         for key in a:
             torch.testing.assert_close(b[key], a[key], atol=1e-5, rtol=1e-4, msg=(name, key))
     start, trained = load_file(ppo_dirs["policy"] / "model.safetensors"), load_file(one / "model" / "model.safetensors")
-    assert max(float((trained[k] - start[k]).abs().max()) for k in trained) > 1e-4  # the runs moved, beyond the tolerance
+    assert (
+        max(float((trained[k] - start[k]).abs().max()) for k in trained) > 1e-4
+    )  # the runs moved, beyond the tolerance
     rows = [[json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] for run in (one, two)]
     for left, right in zip(*rows, strict=True):
         # the gradient norm tells a sum of the processes' gradients from a mean, which AdamW's steps barely show
-        for key in ("objective/scores", "objective/kl", "loss/policy_avg", "val/ratio", "response/length_mean", "policy/grad_norm"):
+        for key in (
+            "objective/scores",
+            "objective/kl",
+            "loss/policy_avg",
+            "val/ratio",
+            "response/length_mean",
+            "policy/grad_norm",
+        ):
             assert right[key] == pytest.approx(left[key], rel=1e-4, abs=1e-5), key
     checkpoint = two / "checkpoints" / "step-000001"
     assert load_file(checkpoint / "model" / "model.safetensors").keys() == trained.keys()  # full weights, not shards
     state = torch.load(checkpoint / "state.pt", weights_only=True)
-    assert "model.layers.0.self_attn.q_proj.weight" in state["optimizer"]["state"]  # full state, keyed by parameter name
+    assert (
+        "model.layers.0.self_attn.q_proj.weight" in state["optimizer"]["state"]
+    )  # full state, keyed by parameter name
     if stage == "ppo":
         assert "backbone.layers.0.self_attn.q_proj.weight" in state["value_optimizer"]["state"]
 
@@ -136,11 +155,18 @@ def test_fsdp2_ppo_sigkilled_and_resumed_ends_bit_identical_to_an_uninterrupted_
     assert_same_metrics(straight, killed, 3)
 
 
-@pytest.mark.parametrize("stage, extra, message", [
-    ("ppo", {"sharding": "zero3"}, "sharding=zero3 is for sft, rm, dpo; for ppo use sharding=fsdp2"),
-    ("ppo", {"sharding": "fsdp2", "frozen_device": "cpu"}, "sharding=fsdp2 with frozen_device=cpu: a sharded reference"),
-    ("dpo", {"sharding": "fsdp2", "lora_rank": 8}, "sharding=fsdp2 with lora_rank=8: choose one"),
-])
+@pytest.mark.parametrize(
+    "stage, extra, message",
+    [
+        ("ppo", {"sharding": "zero3"}, "sharding=zero3 is for sft, rm, dpo; for ppo use sharding=fsdp2"),
+        (
+            "ppo",
+            {"sharding": "fsdp2", "frozen_device": "cpu"},
+            "sharding=fsdp2 with frozen_device=cpu: a sharded reference",
+        ),
+        ("dpo", {"sharding": "fsdp2", "lora_rank": 8}, "sharding=fsdp2 with lora_rank=8: choose one"),
+    ],
+)
 def test_sharding_that_cannot_run_is_refused_at_start_in_one_line(stage, extra, message, ppo_dirs, tmp_path, capsys):
     out = tmp_path / "run"
     assert cli_main([stage, *cli_args(stage_args(stage, ppo_dirs, out, **extra))]) == 2
@@ -157,4 +183,3 @@ def test_zero_without_deepspeed_installed_names_the_extra_to_install(monkeypatch
     monkeypatch.setattr(sharding, "deepspeed_installed", lambda: False)
     with pytest.raises(ConfigError, match=r"sharding=zero2 needs DeepSpeed: pip install 'rlhfkit\[deepspeed\]'"):
         sharding.check_sharding(resolve("sft", None, None, {"sharding": "zero2"}).sharding_options)
-

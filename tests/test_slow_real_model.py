@@ -73,5 +73,7 @@ def test_real_model_ppo_starts_with_kl_zero_and_ratio_one(real_examples):
     examples, _ = tokenize_sft(real_examples, tok, 128, 53)
     batch = collected(models, [e.query.ids for e in examples], cfg, 0, cfg.kl_coef)
     assert torch.equal(batch.kl, torch.zeros_like(batch.kl))
-    metrics = update.update_on_rollout(models, update.build_optimizers(models, cfg, 1), batch, cfg, 1, "no", cfg.kl_coef)
+    metrics = update.update_on_rollout(
+        models, update.build_optimizers(models, cfg, 1), batch, cfg, 1, "no", cfg.kl_coef
+    )
     assert metrics["val/ratio"] == 1.0 and metrics["policy/approxkl_avg"] == 0

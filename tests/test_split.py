@@ -65,7 +65,9 @@ def test_exact_number_of_distinct_validation_prompts(pairs):
 
 def test_too_many_validation_prompts_fails(pairs):
     distinct = len({key(r) for r in pairs})
-    with pytest.raises(ValueError, match=f"asked for {distinct + 1} validation prompts but the data has only {distinct}"):
+    with pytest.raises(
+        ValueError, match=f"asked for {distinct + 1} validation prompts but the data has only {distinct}"
+    ):
         split_by_prompt(pairs, key, validation_size=distinct + 1)
     with pytest.raises(ValueError, match="only"):
         split_by_prompt(pairs, key, validation_fraction=1.5)

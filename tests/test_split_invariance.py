@@ -38,7 +38,9 @@ def assert_same_gradient(got, want, what):
 def test_one_updates_gradient_is_the_same_in_1x8_2x4_and_4x2_micro_batches(case, tiny_model_dir):
     whole = one_update_gradient(tiny_model_dir, case, micro_batch_size=8)
     for micro in (4, 2):
-        assert_same_gradient(one_update_gradient(tiny_model_dir, case, micro_batch_size=micro), whole, f"{8 // micro}x{micro}")
+        assert_same_gradient(
+            one_update_gradient(tiny_model_dir, case, micro_batch_size=micro), whole, f"{8 // micro}x{micro}"
+        )
 
 
 def test_the_split_invariance_has_teeth_a_per_micro_batch_token_mean_differs(tiny_model_dir, monkeypatch):
@@ -60,8 +62,15 @@ def test_the_split_invariance_has_teeth_a_per_micro_batch_token_mean_differs(tin
 
 def test_two_gloo_processes_give_the_gradient_one_process_gives(tiny_model_dir, tmp_path):
     out = tmp_path / "gradients.pt"
-    mp.start_processes(split_invariance_worker, args=(2, free_port(), str(tiny_model_dir), CASES, 2, str(out)), nprocs=2,
-                       start_method="spawn", join=True)
+    mp.start_processes(
+        split_invariance_worker,
+        args=(2, free_port(), str(tiny_model_dir), CASES, 2, str(out)),
+        nprocs=2,
+        start_method="spawn",
+        join=True,
+    )
     gradients = torch.load(out, weights_only=True)
     for case, gradient in zip(CASES, gradients, strict=True):
-        assert_same_gradient(gradient, one_update_gradient(tiny_model_dir, case, micro_batch_size=8), f"2 processes, {case_id(case)}")
+        assert_same_gradient(
+            gradient, one_update_gradient(tiny_model_dir, case, micro_batch_size=8), f"2 processes, {case_id(case)}"
+        )

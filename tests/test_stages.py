@@ -25,7 +25,9 @@ def preset_stage(name: str) -> str:
 def fake_runner(monkeypatch, stage: str, code: int = 0) -> list:
     """Swap the registered runner of `stage` for one that records the config it is given."""
     calls = []
-    monkeypatch.setitem(STAGES, stage, dataclasses.replace(STAGES[stage], runner=lambda: lambda cfg: calls.append(cfg) or code))
+    monkeypatch.setitem(
+        STAGES, stage, dataclasses.replace(STAGES[stage], runner=lambda: lambda cfg: calls.append(cfg) or code)
+    )
     return calls
 
 
@@ -52,7 +54,10 @@ def test_every_runner_imports_and_takes_one_argument(stage):
 @pytest.mark.parametrize("stage", [s for s in CONFIGURED if s.presets], ids=lambda s: s.name)
 def test_stage_help_lists_its_presets(stage, capsys):
     assert cli.main([*stage.words, "--help"]) == 0
-    listed = [line.split()[0] for line in capsys.readouterr().out.split("presets (--preset NAME):\n")[1].split("\n\n")[0].splitlines()]
+    listed = [
+        line.split()[0]
+        for line in capsys.readouterr().out.split("presets (--preset NAME):\n")[1].split("\n\n")[0].splitlines()
+    ]
     assert listed == list(stage.presets)
 
 
@@ -73,7 +78,9 @@ def test_single_process_refusal_names_the_multi_process_stages(monkeypatch, caps
 def test_pipeline_runs_each_stage_through_the_registry(monkeypatch, tmp_path):
     calls = fake_runner(monkeypatch, "sft")
     (tmp_path / "sft").mkdir()  # the run folder a real stage makes
-    cfg = resolve("pipeline", None, None, {"stages": "sft", "output_dir": str(tmp_path), "model": "m", "sft_data": "posts.jsonl"})
+    cfg = resolve(
+        "pipeline", None, None, {"stages": "sft", "output_dir": str(tmp_path), "model": "m", "sft_data": "posts.jsonl"}
+    )
     assert run_resolved("pipeline", cfg) == 0
     assert [(c.model, c.data, c.output_dir) for c in calls] == [("m", ["posts.jsonl"], str(tmp_path / "sft"))]
     assert (tmp_path / "sft" / pipeline.DONE).is_file()
@@ -94,7 +101,10 @@ def test_a_stage_and_its_memory_plan_accept_or_refuse_a_sharding_alike(stage, sh
     """The command and `rlhfkit plan stage=...` go through the one check of the registry's declaration."""
     monkeypatch.setenv("WORLD_SIZE", "2")  # as under --num-processes 2
     outcomes = []
-    for name, overrides in ((stage.name, {"sharding": sharding}), ("plan", {"stage": stage.name, "sharding": sharding})):
+    for name, overrides in (
+        (stage.name, {"sharding": sharding}),
+        ("plan", {"stage": stage.name, "sharding": sharding}),
+    ):
         try:
             resolve(name, None, None, overrides)
             outcomes.append("accepted")
@@ -115,5 +125,8 @@ def test_every_stage_the_pipeline_runs_has_its_options_field_and_unknown_ones_ar
     for stage in (*commands.policy_stages, *{s for reads in commands.reads.values() for s in reads}):
         assert isinstance(defaults.options_of(stage), dict), stage
         resolve("pipeline", None, None, {"stages": stage})
-    with pytest.raises(ConfigError, match=r"stages: generate is not a pipeline stage; choose from sft, rm, dpo, ppo, grpo, rloo, reinforce, eval"):
+    with pytest.raises(
+        ConfigError,
+        match=r"stages: generate is not a pipeline stage; choose from sft, rm, dpo, ppo, grpo, rloo, reinforce, eval",
+    ):
         resolve("pipeline", None, None, {"stages": "sft,generate"})

@@ -23,7 +23,10 @@ def launched_processes(requested: int = 1) -> int:
 def check_config(cfg: Any, processes: int = 1) -> Any:
     """`cfg`, once its options agree with each other on `processes` processes."""
     if isinstance(cfg, RunConfig) and cfg.resume and cfg.overwrite:
-        raise ConfigError(f"resume={cfg.resume} continues a run and overwrite=true moves the run in output_dir aside: give one of them")
+        raise ConfigError(
+            f"resume={cfg.resume} continues a run and overwrite=true moves the run in output_dir aside: give one of "
+            "them"
+        )
     if isinstance(cfg, TrainConfig):
         check_training_length(cfg)
         check_batch_split(cfg, processes)
@@ -49,20 +52,25 @@ def check_output_file(out: str, overwrite: bool) -> None:
 
 
 def check_output_folder(out: str, overwrite: bool) -> None:
-    """A command's output folder that already holds files is refused unless overwrite=true (empty: a new timestamped folder)."""
+    """A command's output folder that already holds files is refused unless overwrite=true (empty: a new timestamped
+    folder)."""
     path = Path(out)
     if out and path.exists() and not path.is_dir():
         raise ConfigError(f"out={out} is a file; give a folder for the command's results")
     held = sorted(p.name for p in path.iterdir()) if out and path.is_dir() else []
     if held and not overwrite:
         shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
-        raise ConfigError(f"out={out} already holds files ({shown}); pass overwrite=true to write over them, or choose another out=")
+        raise ConfigError(
+            f"out={out} already holds files ({shown}); pass overwrite=true to write over them, or choose another out="
+        )
 
 
 def check_training_length(cfg: TrainConfig) -> None:
     if not cfg.max_steps and not cfg.num_epochs:
-        raise ConfigError("max_steps=0 and num_epochs=0 leave nothing to train: set max_steps (optimizer steps) or num_epochs "
-                          "(passes over the data) above 0")
+        raise ConfigError(
+            "max_steps=0 and num_epochs=0 leave nothing to train: set max_steps (optimizer steps) or num_epochs "
+            "(passes over the data) above 0"
+        )
 
 
 def check_batch_split(cfg: TrainConfig, processes: int) -> None:
@@ -78,36 +86,52 @@ def check_update_split(cfg: OnPolicyConfig, processes: int) -> None:
     """An update's batch splits into groups, minibatches and processes (each process samples whole groups
     of the same number of prompts), and the run holds at least one update."""
     if cfg.total_batch_size % cfg.samples_per_prompt:
-        raise ConfigError(f"total_batch_size={cfg.total_batch_size} must be a multiple of samples_per_prompt={cfg.samples_per_prompt}")
+        raise ConfigError(
+            f"total_batch_size={cfg.total_batch_size} must be a multiple of samples_per_prompt={cfg.samples_per_prompt}"
+        )
     if cfg.total_batch_size % cfg.num_minibatches:
-        raise ConfigError(f"total_batch_size={cfg.total_batch_size} must be a multiple of num_minibatches={cfg.num_minibatches}")
+        raise ConfigError(
+            f"total_batch_size={cfg.total_batch_size} must be a multiple of num_minibatches={cfg.num_minibatches}"
+        )
     prompts = cfg.total_batch_size // cfg.samples_per_prompt
     if prompts % processes:
-        raise ConfigError(f"total_batch_size / samples_per_prompt = {prompts} prompts per update must be a multiple "
-                          f"of the {processes} processes: each samples the same number of whole groups")
+        raise ConfigError(
+            f"total_batch_size / samples_per_prompt = {prompts} prompts per update must be a multiple "
+            f"of the {processes} processes: each samples the same number of whole groups"
+        )
     if not cfg.max_steps and cfg.total_episodes < cfg.total_batch_size:
-        raise ConfigError(f"total_episodes={cfg.total_episodes} is less than one update of total_batch_size={cfg.total_batch_size}")
+        raise ConfigError(
+            f"total_episodes={cfg.total_episodes} is less than one update of total_batch_size={cfg.total_batch_size}"
+        )
 
 
 def check_objective(cfg: OnPolicyConfig) -> None:
     """The objective's options agree: bounds that exist, an overlong buffer inside the allowed length
     (what an advantage estimator needs, the registry checks with the estimator's declaration)."""
     if cfg.clip_range_high and not cfg.clip_range:
-        raise ConfigError(f"clip_range_high={cfg.clip_range_high} needs clipping: set clip_range above 0 (the lower bound)")
+        raise ConfigError(
+            f"clip_range_high={cfg.clip_range_high} needs clipping: set clip_range above 0 (the lower bound)"
+        )
     if cfg.dual_clip and cfg.dual_clip <= 1:
         raise ConfigError(f"dual_clip={cfg.dual_clip} must be above 1 (Ye et al. 2020: 3), or 0 to turn it off")
     if cfg.overlong_buffer >= cfg.max_response_length:
-        raise ConfigError(f"overlong_buffer={cfg.overlong_buffer} must be below max_response_length={cfg.max_response_length}: "
-                          "it is the last part of the allowed length (DAPO: 4,096 of 20,480)")
+        raise ConfigError(
+            f"overlong_buffer={cfg.overlong_buffer} must be below max_response_length={cfg.max_response_length}: "
+            "it is the last part of the allowed length (DAPO: 4,096 of 20,480)"
+        )
 
 
 def check_preference_loss(cfg: DPOConfig) -> None:
     """An option of one preference loss is not silently ignored by another, and cDPO's eps is a flip rate below 1/2."""
     if cfg.loss_type == "cdpo" and not 0 < cfg.label_smoothing < 0.5:
-        raise ConfigError(f"loss_type=cdpo needs label_smoothing in (0, 0.5), the assumed rate of flipped labels; got "
-                          f"{cfg.label_smoothing} (0 is plain dpo, 0.5 ignores the labels)")
+        raise ConfigError(
+            f"loss_type=cdpo needs label_smoothing in (0, 0.5), the assumed rate of flipped labels; got "
+            f"{cfg.label_smoothing} (0 is plain dpo, 0.5 ignores the labels)"
+        )
     if cfg.loss_type != "cdpo" and cfg.label_smoothing:
-        raise ConfigError(f"label_smoothing={cfg.label_smoothing} only applies to loss_type=cdpo (conservative DPO), "
-                          f"not {cfg.loss_type}")
+        raise ConfigError(
+            f"label_smoothing={cfg.label_smoothing} only applies to loss_type=cdpo (conservative DPO), "
+            f"not {cfg.loss_type}"
+        )
     if cfg.loss_type == "simpo" and cfg.reference_model:
         raise ConfigError(f"loss_type=simpo uses no reference model: remove reference_model={cfg.reference_model}")

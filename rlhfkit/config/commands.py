@@ -21,9 +21,19 @@ from .values import (
 
 @dataclass
 class AnalyzeConfig:
-    dataset: Literal["auto", "tldr-sft", "tldr-comparisons", "hh", "gsm8k", "prompt-completion", "language-modeling", "preference",
-                     "prompt-only"] = opt("auto", "format of `path` (auto: detected from the first record's columns and printed; "
-                                          "docs/data-formats.md)")
+    dataset: Literal[
+        "auto",
+        "tldr-sft",
+        "tldr-comparisons",
+        "hh",
+        "gsm8k",
+        "prompt-completion",
+        "language-modeling",
+        "preference",
+        "prompt-only",
+    ] = opt(
+        "auto", "format of `path` (auto: detected from the first record's columns and printed; docs/data-formats.md)"
+    )
     path: list[str] = opt([], "files, folders or a Hugging Face dataset id (comma separated)")
     model: str = opt("smollm2-135m", "tokenizer used for token lengths (any HF model dir or hub id)")
     out: str = opt("runs/analysis", "folder for analysis.json and the PNG plots")
@@ -33,14 +43,19 @@ class AnalyzeConfig:
     hf_split: str = opt("", "split to read when `path` is a hub id (empty: all splits)")
 
 
-
-
 @dataclass
 class GenerateConfig(DataFieldsConfig):
     model: str = opt("smollm2-135m", "policy to sample from: embedded name, HF directory or hub id")
-    data: list[str] = opt([], "prompts in prompt_format (hub id, files or folders): TL;DR SFT posts, HH-RLHF comparisons, prompt-only data")
+    data: list[str] = opt(
+        [],
+        "prompts in prompt_format (hub id, files or folders): TL;DR SFT posts, HH-RLHF comparisons, prompt-only data",
+    )
     prompt_format: Literal["tldr-sft", "hh", "gsm8k", "auto", "prompt-only"] = opt("tldr-sft", PROMPT_FORMATS_HELP)
-    prompt_suite: str = opt("", "answer a prompt suite instead of summarising posts: builtin-hh or a YAML file (see rlhfkit/prompts)", "seed 002")
+    prompt_suite: str = opt(
+        "",
+        "answer a prompt suite instead of summarising posts: builtin-hh or a YAML file (see rlhfkit/prompts)",
+        "seed 002",
+    )
     hf_split: str = opt("train", "split to read when `data` is a hub id (train: the one `rlhfkit sft` splits)")
     split: Literal["all", "train", "validation"] = opt("validation", "which side of the post split to use")
     validation_posts: int = opt(300, "posts held out by post identity (same split as `rlhfkit sft` with the same seed)")
@@ -59,28 +74,46 @@ class GenerateConfig(DataFieldsConfig):
 
 @dataclass
 class RMEvalConfig(DataFieldsConfig):
-    model: str = opt("", "reward model folder written by `rlhfkit rm`, or a DPO policy (its implicit reward, equation 5)", "Detail 19")
-    reference_model: str = opt("", "DPO only: the reference policy (empty: the one `rlhfkit dpo` recorded in the model folder)", "Appendix A")
+    model: str = opt(
+        "",
+        "reward model folder written by `rlhfkit rm`, or a DPO policy (its implicit reward, equation 5)",
+        "Detail 19",
+    )
+    reference_model: str = opt(
+        "", "DPO only: the reference policy (empty: the one `rlhfkit dpo` recorded in the model folder)", "Appendix A"
+    )
     beta: float = opt(0.0, "DPO only: beta of the implicit reward (0: the one `rlhfkit dpo` recorded)", "Appendix A")
-    data: list[str] = opt([], "comparisons: hub id or OpenAI JSON-lines / HH-RLHF jsonl.gz files, or preference data (docs/data-formats.md)")
+    data: list[str] = opt(
+        [],
+        "comparisons: hub id or OpenAI JSON-lines / HH-RLHF jsonl.gz files, or preference data (docs/data-formats.md)",
+    )
     data_format: Literal["tldr-comparisons", "hh", "auto", "preference"] = opt("tldr-comparisons", PAIR_FORMATS_HELP)
     hf_split: str = opt("validation", "split to read when `data` is a hub id")
     splits: list[str] = opt([], "keep only comparisons from these splits (empty: all)", "Detail 16")
     batches: list[str] = opt([], "keep only comparisons from these annotation batches (empty: all)", "Detail 16")
-    side: Literal["all", "validation", "train"] = opt("all", "which side of the prompt split to score (as `rlhfkit rm` split it)")
+    side: Literal["all", "validation", "train"] = opt(
+        "all", "which side of the prompt split to score (as `rlhfkit rm` split it)"
+    )
     validation_fraction: float = opt(0.1, "the prompt split's validation fraction (same as the training run)", below=1)
     seed: int = opt(1, "the prompt split's seed (same as the training run)")
     max_pairs: int = opt(0, "score at most this many pairs (0: all)")
     batch_size: int = opt(8, "pairs per forward pass", minimum=1)
     max_query_length: int = query_length_opt()
     max_article_query_length: int = article_length_opt()
-    max_response_length: int = opt(169, "response tokens including EOS; longer pairs are skipped and counted", "Detail 4", minimum=1)
-    probes: str = opt("builtin", "YAML of graded probe responses ('builtin': the TL;DR probes, for TL;DR data only; '': none)")
+    max_response_length: int = opt(
+        169, "response tokens including EOS; longer pairs are skipped and counted", "Detail 4", minimum=1
+    )
+    probes: str = opt(
+        "builtin", "YAML of graded probe responses ('builtin': the TL;DR probes, for TL;DR data only; '': none)"
+    )
     errors: int = opt(20, "most confidently wrong pairs written to confident_errors.jsonl")
     calibration_bins: int = opt(10, "reward-margin bins of the calibration plot", "Detail 18", minimum=1)
     dump_logits: int = opt(1, "pairs whose per-token reward logits are dumped", "Detail 13")
-    length_penalty: float = opt(0.0, "score each response as reward - length_penalty x response tokens (what PPO sees with "
-                                "reward_length_penalty)", minimum=0.0)
+    length_penalty: float = opt(
+        0.0,
+        "score each response as reward - length_penalty x response tokens (what PPO sees with reward_length_penalty)",
+        minimum=0.0,
+    )
     trust_remote_code: bool = remote_code_opt()
     out: str = opt("", "output folder (empty: runs/rm-eval-<timestamp>)")
     overwrite: bool = output_overwrite_opt()
@@ -91,8 +124,11 @@ class RMEvalConfig(DataFieldsConfig):
 
 
 def stage_opt(preset: str, what: str) -> Any:
-    return opt({"preset": preset}, f"options of the {what} stage, on top of its preset (the `preset` key) and the pipeline's wiring, "
-               f"e.g. '{{max_steps: 4, preset: {preset}}}'")
+    return opt(
+        {"preset": preset},
+        f"options of the {what} stage, on top of its preset (the `preset` key) and the pipeline's wiring, "
+        f"e.g. '{{max_steps: 4, preset: {preset}}}'",
+    )
 
 
 @dataclass
@@ -100,15 +136,34 @@ class PipelineConfig:
     """`rlhfkit pipeline`: the stages in order, each in its own sub-directory of output_dir."""
 
     output_dir: str = opt("runs/pipeline", "run directory; each stage writes <output_dir>/<stage>/")
-    stages: list[str] = opt(["sft", "rm", "ppo", "eval"], "stages to run, in this order: sft, rm, dpo, ppo, grpo, rloo, "
-                            "reinforce (any stage that trains a policy, and the reward model they read), then eval")
-    task: Literal["tldr", "hh"] = opt("tldr", "tldr: SFT data (posts, reference summaries) and TL;DR comparisons; hh: HH-RLHF comparisons only, whose dialogues are also the prompts (no SFT stage, seed 002)")
+    stages: list[str] = opt(
+        ["sft", "rm", "ppo", "eval"],
+        "stages to run, in this order: sft, rm, dpo, ppo, grpo, rloo, "
+        "reinforce (any stage that trains a policy, and the reward model they read), then eval",
+    )
+    task: Literal["tldr", "hh"] = opt(
+        "tldr",
+        "tldr: SFT data (posts, reference summaries) and TL;DR comparisons; hh: HH-RLHF comparisons only, whose "
+        "dialogues are also the prompts (no SFT stage, seed 002)",
+    )
     model: str = opt("smollm2-135m", "base model the SFT stage starts from")
-    sft_data: list[str] = opt(["vwxyzjn/summarize_from_feedback_tldr_3_filtered"], "TL;DR SFT data: SFT, the RM's Detail 15 bias, on-policy prompts", "Detail 1")
-    comparisons: list[str] = opt(["openai/summarize_from_feedback"], "human comparisons for the reward model and DPO (task=hh: also the prompts)", "Detail 1")
+    sft_data: list[str] = opt(
+        ["vwxyzjn/summarize_from_feedback_tldr_3_filtered"],
+        "TL;DR SFT data: SFT, the RM's Detail 15 bias, on-policy prompts",
+        "Detail 1",
+    )
+    comparisons: list[str] = opt(
+        ["openai/summarize_from_feedback"],
+        "human comparisons for the reward model and DPO (task=hh: also the prompts)",
+        "Detail 1",
+    )
     judge: str = opt("hf:smollm2-135m", "judge of the eval stage (see `rlhfkit eval --help`); empty: no win rates")
     eval_posts: int = opt(16, "held-out posts summarised by every policy in the eval stage", minimum=1)
-    eval_hf_split: str = opt("", "hub split whose posts the eval stage summarises (e.g. validation, as Figure 1; empty: the posts the SFT split held out)")
+    eval_hf_split: str = opt(
+        "",
+        "hub split whose posts the eval stage summarises (e.g. validation, as Figure 1; empty: the posts the SFT split "
+        "held out)",
+    )
     sft: dict[str, Any] = stage_opt("tldr-sft", "SFT")
     rm: dict[str, Any] = stage_opt("tldr-rm", "reward-model")
     dpo: dict[str, Any] = stage_opt("tldr-dpo", "DPO")
@@ -116,8 +171,11 @@ class PipelineConfig:
     grpo: dict[str, Any] = stage_opt("tldr-grpo", "GRPO")
     rloo: dict[str, Any] = stage_opt("tldr-rloo", "RLOO")
     reinforce: dict[str, Any] = stage_opt("tldr-reinforce-pp", "REINFORCE")
-    eval: dict[str, Any] = opt({}, "options of the eval stage: `rlhfkit eval` keys, e.g. '{max_prompts: 8}' (no preset; eval_posts sets "
-                               "how many posts each policy answers)")
+    eval: dict[str, Any] = opt(
+        {},
+        "options of the eval stage: `rlhfkit eval` keys, e.g. '{max_prompts: 8}' (no preset; eval_posts sets "
+        "how many posts each policy answers)",
+    )
 
     def options_of(self, stage: str) -> dict[str, Any]:
         """The options given to `stage` (the field named after it; tests/test_pipeline.py checks that every
@@ -129,10 +187,21 @@ class PipelineConfig:
 class JudgeConfig:
     """Fields of the commands that ask a judge."""
 
-    judge: str = opt("", "judge spec: openai:<model>[@<base url>], anthropic:<model>, hf:<model or folder>, hf-logprob:<model or folder>, rm:<reward model folder>")
+    judge: str = opt(
+        "",
+        "judge spec: openai:<model>[@<base url>], anthropic:<model>, hf:<model or folder>, hf-logprob:<model or "
+        "folder>, rm:<reward model folder>",
+    )
     seed: int = opt(1, "seed of the sample and of the A/B order of each pair")
-    template: str = opt("", "judge prompt template file, or builtin:hh-helpfulness for HH-RLHF dialogues (empty: the paper's Appendix I prompt)", "Appendix I")
-    cache_dir: str = opt("runs/judge-cache", "verdict cache folder shared by evaluations (a repeated pair is never paid twice)")
+    template: str = opt(
+        "",
+        "judge prompt template file, or builtin:hh-helpfulness for HH-RLHF dialogues (empty: the paper's Appendix I "
+        "prompt)",
+        "Appendix I",
+    )
+    cache_dir: str = opt(
+        "runs/judge-cache", "verdict cache folder shared by evaluations (a repeated pair is never paid twice)"
+    )
     concurrency: int = opt(4, "API judges: requests in flight at once", minimum=1)
     timeout: float = opt(60.0, "API judges: seconds per request before it is retried", minimum=0.001)
     input_price: float = opt(0.0, "API judges: price per million input tokens, for the cost line")
@@ -155,8 +224,11 @@ class JudgeEvalConfig(JudgeConfig):
 
 @dataclass
 class EvalConfig(JudgeConfig):
-    task: Literal["samples", "gsm8k"] = opt("samples", "samples: compare policies' samples (judges, RM scores, KL); gsm8k: accuracy of "
-                                            "`models` on the GSM8K problems in `data` (rlhfkit/eval/accuracy.py)")
+    task: Literal["samples", "gsm8k"] = opt(
+        "samples",
+        "samples: compare policies' samples (judges, RM scores, KL); gsm8k: accuracy of "
+        "`models` on the GSM8K problems in `data` (rlhfkit/eval/accuracy.py)",
+    )
     samples: list[str] = opt([], "name=path of each policy's samples, written by `rlhfkit generate` on the same posts")
     data: list[str] = opt([], "task=gsm8k: problems (files or hub id), e.g. ../shared/data/gsm8k/test.jsonl.gz")
     hf_split: str = opt("test", "task=gsm8k: split to read when `data` is a hub id")
@@ -165,15 +237,30 @@ class EvalConfig(JudgeConfig):
     max_response_length: int = opt(256, "task=gsm8k: answer tokens generated", minimum=1)
     max_query_length: int = opt(512, "task=gsm8k: prompt tokens", minimum=1)
     generation_batch_size: int = opt(32, "task=gsm8k: answers per generation batch", minimum=1)
-    easy_steps: int = opt(2, "task=gsm8k: also report problems whose reference solution has at most this many calculator steps")
+    easy_steps: int = opt(
+        2, "task=gsm8k: also report problems whose reference solution has at most this many calculator steps"
+    )
     trust_remote_code: bool = remote_code_opt()
-    rm_judge: str = opt("", "rm:<reward model folder>: its preference consistency with `judge` on the same pairs", "Detail 17")
-    reward_model: str = opt("", "reward model folder: mean RM score of each policy's samples (-1 without EOS, Detail 23)")
-    reference_model: str = opt("", "reference policy (the SFT model): token shift of every policy's samples, KL of those in `models`", "Appendix F.2")
-    models: list[str] = opt([], "name=folder of the policies behind the samples (same names), for their KL to reference_model; "
-                                "task=gsm8k: name=model of each policy evaluated, the first the baseline")
+    rm_judge: str = opt(
+        "", "rm:<reward model folder>: its preference consistency with `judge` on the same pairs", "Detail 17"
+    )
+    reward_model: str = opt(
+        "", "reward model folder: mean RM score of each policy's samples (-1 without EOS, Detail 23)"
+    )
+    reference_model: str = opt(
+        "",
+        "reference policy (the SFT model): token shift of every policy's samples, KL of those in `models`",
+        "Appendix F.2",
+    )
+    models: list[str] = opt(
+        [],
+        "name=folder of the policies behind the samples (same names), for their KL to reference_model; "
+        "task=gsm8k: name=model of each policy evaluated, the first the baseline",
+    )
     shift_samples: int = opt(3, "samples per policy shown with their tokens coloured by shift in the report", "Table 8")
-    max_prompts: int = opt(0, "compare on at most this many common prompts (task=gsm8k: the first problems of `data`; 0: all)")
+    max_prompts: int = opt(
+        0, "compare on at most this many common prompts (task=gsm8k: the first problems of `data`; 0: all)"
+    )
     out: str = opt("", "output folder (empty: runs/eval-<timestamp>)")
     overwrite: bool = output_overwrite_opt()
 
@@ -183,29 +270,49 @@ class PlanConfig:
     """`rlhfkit plan`: a stage's estimated peak memory per device (rlhfkit/memory_plan.py, docs/memory.md).
     A batch or length option left at 0 takes the stage's own default."""
 
-    model: str = opt("smollm2-135m", "model: embedded name, folder with config.json, a config.json file, or hub id (shipped "
-                     "configs need no network: Llama-3.2-1B, pythia-1b-deduped, pythia-2.8b-deduped, "
-                     "pythia-6.9b-deduped, SmolLM2-135M, or their hub ids)")
-    stage: str = opt("ppo", "the stage whose peak memory is estimated: any stage that trains (sft, rm, dpo, ppo, grpo, rloo, reinforce)")
-    reward_model: str = opt("", "on-policy: architecture of the reward and value models, given as `model` is (empty: the policy's)")
+    model: str = opt(
+        "smollm2-135m",
+        "model: embedded name, folder with config.json, a config.json file, or hub id (shipped "
+        "configs need no network: Llama-3.2-1B, pythia-1b-deduped, pythia-2.8b-deduped, "
+        "pythia-6.9b-deduped, SmolLM2-135M, or their hub ids)",
+    )
+    stage: str = opt(
+        "ppo",
+        "the stage whose peak memory is estimated: any stage that trains (sft, rm, dpo, ppo, grpo, rloo, reinforce)",
+    )
+    reward_model: str = opt(
+        "", "on-policy: architecture of the reward and value models, given as `model` is (empty: the policy's)"
+    )
     micro_batch_size: int = opt(0, "rows (rm, dpo: pairs) per forward/backward pass (0: the stage's default)")
-    forward_batch_size: int = opt(0, "dpo, on-policy: rows (dpo: pairs) per no-grad forward pass (0: the stage's default)")
+    forward_batch_size: int = opt(
+        0, "dpo, on-policy: rows (dpo: pairs) per no-grad forward pass (0: the stage's default)"
+    )
     generation_batch_size: int = opt(0, "on-policy: rows per generation batch (0: the stage's default)")
     samples_per_prompt: int = opt(0, "on-policy: responses sampled per prompt (0: the stage's default)")
     max_query_length: int = opt(0, "query tokens (0: the stage's default)")
     max_response_length: int = opt(0, "response tokens (0: the stage's default)")
-    mixed_precision: Literal["auto", "no", "bf16"] = opt("auto", "as the stage's option; auto plans bf16 autocast, as on a GPU with bf16")
+    mixed_precision: Literal["auto", "no", "bf16"] = opt(
+        "auto", "as the stage's option; auto plans bf16 autocast, as on a GPU with bf16"
+    )
     gradient_checkpointing: bool = opt(False, "recompute activations in the backward pass")
     lora_rank: int = opt(0, "LoRA rank of the trained models (0: full fine-tuning)")
-    lora_target_modules: list[str] = opt([], "module names the adapters wrap (empty: every linear layer of the decoder blocks)")
-    sharding: Literal["none", "fsdp2", "zero2", "zero3"] = opt("none", "as the stage's option: zero2 shards gradients and optimizer "
-                                                               "state, fsdp2 and zero3 the weights too")
+    lora_target_modules: list[str] = opt(
+        [], "module names the adapters wrap (empty: every linear layer of the decoder blocks)"
+    )
+    sharding: Literal["none", "fsdp2", "zero2", "zero3"] = opt(
+        "none", "as the stage's option: zero2 shards gradients and optimizer state, fsdp2 and zero3 the weights too"
+    )
     devices: int = opt(1, "devices (processes) the stage runs on", minimum=1)
     decoding: Literal["auto", "eager", "cuda-graphs", "buckets"] = opt(
-        "auto", "on-policy: as the stage's option; auto plans CUDA-graph decoding, whose buffers stay through the update")
+        "auto",
+        "on-policy: as the stage's option; auto plans CUDA-graph decoding, whose buffers stay through the update",
+    )
     device_memory_gb: float = opt(80.0, "memory of one device, GiB", minimum=0.001)
-    headroom: float = opt(0.1, "fraction of device memory kept free for the CUDA context, allocator fragmentation and what the "
-                          "plan does not model")
+    headroom: float = opt(
+        0.1,
+        "fraction of device memory kept free for the CUDA context, allocator fragmentation and what the "
+        "plan does not model",
+    )
     format: Literal["table", "json"] = opt("table", "output: a table, or one JSON object")
 
 
@@ -214,5 +321,3 @@ class RunsReportConfig:
     runs: list[str] = opt([], "run directories to put side by side (any stages; on-policy runs line up by episodes)")
     out: str = opt("runs/report", "output folder for report.html and plots/")
     max_plots: int = opt(40, "panels at most (headline metrics first)", minimum=1)
-
-

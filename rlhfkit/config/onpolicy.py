@@ -18,84 +18,175 @@ from .values import PROMPT_FORMATS_HELP, opt
 class OnPolicyConfig(RunConfig):
     """Fields of every on-policy stage: prompts, sampling, scoring, KL penalty, clipped updates."""
 
-    model: str = opt("smollm2-135m", "SFT policy: starts the trained policy and is the frozen reference policy", "Section 7")
-    reward_model: str = opt("", "frozen reward model: the model/ folder written by `rlhfkit rm`, or any AutoModelForSequenceClassification "
-                                "folder or hub id with one output (empty: reward functions alone; one of the two is required)", "Section 7")
-    reward_functions: list[str] = opt([], "programmatic rewards (rlhfkit/rewards.py): built-ins gsm8k, format, length, or a callable as "
-                                          "module:function or file.py:function taking (prompts, completions, **columns)")
-    reward_weights: list[float] = opt([], "weight of each reward: one per reward function, then one for the reward model when there is "
-                                          "one (empty: all 1)", minimum=-math.inf)
-    reward_error_score: float = opt(-1.0, "reward of a row whose reward function raised, returned a wrong count or a non-finite value "
-                                          "or overran reward_timeout (each one is reported and counted in rewards/<name>_errors; a "
-                                          "function that fails on every row of an update stops the run)", minimum=-math.inf)
-    stop_on_reward_error: bool = opt(False, "stop the run at the first row a reward function fails on, instead of scoring it reward_error_score")
-    reward_timeout: float = opt(600.0, "seconds a reward function's call may run; one still running is stopped and its rows scored "
-                                       "reward_error_score, as failures (0: no limit; docs/rewards.md)", minimum=0.0)
-    data: list[str] = opt(["vwxyzjn/summarize_from_feedback_tldr_3_filtered"], "prompts: TL;DR SFT data (their posts), HH-RLHF comparisons "
-                          "(their dialogues) with prompt_format=hh, GSM8K problems with prompt_format=gsm8k", "Detail 1")
+    model: str = opt(
+        "smollm2-135m", "SFT policy: starts the trained policy and is the frozen reference policy", "Section 7"
+    )
+    reward_model: str = opt(
+        "",
+        "frozen reward model: the model/ folder written by `rlhfkit rm`, or any AutoModelForSequenceClassification "
+        "folder or hub id with one output (empty: reward functions alone; one of the two is required)",
+        "Section 7",
+    )
+    reward_functions: list[str] = opt(
+        [],
+        "programmatic rewards (rlhfkit/rewards.py): built-ins gsm8k, format, length, or a callable as "
+        "module:function or file.py:function taking (prompts, completions, **columns)",
+    )
+    reward_weights: list[float] = opt(
+        [],
+        "weight of each reward: one per reward function, then one for the reward model when there is "
+        "one (empty: all 1)",
+        minimum=-math.inf,
+    )
+    reward_error_score: float = opt(
+        -1.0,
+        "reward of a row whose reward function raised, returned a wrong count or a non-finite value "
+        "or overran reward_timeout (each one is reported and counted in rewards/<name>_errors; a "
+        "function that fails on every row of an update stops the run)",
+        minimum=-math.inf,
+    )
+    stop_on_reward_error: bool = opt(
+        False, "stop the run at the first row a reward function fails on, instead of scoring it reward_error_score"
+    )
+    reward_timeout: float = opt(
+        600.0,
+        "seconds a reward function's call may run; one still running is stopped and its rows scored "
+        "reward_error_score, as failures (0: no limit; docs/rewards.md)",
+        minimum=0.0,
+    )
+    data: list[str] = opt(
+        ["vwxyzjn/summarize_from_feedback_tldr_3_filtered"],
+        "prompts: TL;DR SFT data (their posts), HH-RLHF comparisons "
+        "(their dialogues) with prompt_format=hh, GSM8K problems with prompt_format=gsm8k",
+        "Detail 1",
+    )
     prompt_format: Literal["tldr-sft", "hh", "gsm8k", "auto", "prompt-only"] = opt("tldr-sft", PROMPT_FORMATS_HELP)
     hf_split: str = opt("train", "split to read when `data` is a hub id")
-    validation_posts: int = opt(300, "posts held out by post identity, as `rlhfkit sft` splits them: never prompts; evaluation summarises them")
+    validation_posts: int = opt(
+        300, "posts held out by post identity, as `rlhfkit sft` splits them: never prompts; evaluation summarises them"
+    )
     eval_samples: int = opt(64, "held-out posts summarised by the SFT and trained policies at the end (0: none)")
     eval_temperature: float = opt(0.0, "temperature of the evaluation summaries (0: greedy)")
     learning_rate: float = opt(3e-6, "AdamW learning rate", "Table 7")
     adam_eps: float = opt(1e-5, "AdamW epsilon", "Table 7")
-    lr_scheduler: Literal["cosine", "linear", "constant"] = opt("linear", "learning-rate schedule over the updates", "Table 7")
-    total_episodes: int = opt(1_000_000, "episodes (sampled responses) in the whole run", "Table 7, Detail 21", minimum=1)
+    lr_scheduler: Literal["cosine", "linear", "constant"] = opt(
+        "linear", "learning-rate schedule over the updates", "Table 7"
+    )
+    total_episodes: int = opt(
+        1_000_000, "episodes (sampled responses) in the whole run", "Table 7, Detail 21", minimum=1
+    )
     total_batch_size: int = opt(512, "episodes per update (rollout batch)", "Table 7", minimum=1)
     max_steps: int = opt(0, "stop after this many updates (0: total_episodes / total_batch_size)")
     num_minibatches: int = opt(1, "minibatches per update epoch; one optimizer step each", "Table 7 (N_mb)", minimum=1)
     update_epochs: int = opt(4, "passes over each rollout batch", "Table 7 (K)", minimum=1)
     micro_batch_size: int = opt(8, "rows per forward/backward pass in the update (gradient accumulation)", minimum=1)
     generation_batch_size: int = opt(64, "queries per generation batch", minimum=1)
-    forward_batch_size: int = opt(16, "rows per no-grad forward pass over the rollout (policy, reference, value, reward)", minimum=1)
+    forward_batch_size: int = opt(
+        16, "rows per no-grad forward pass over the rollout (policy, reference, value, reward)", minimum=1
+    )
     samples_per_prompt: int = opt(1, "responses sampled per prompt (1 for PPO; group methods use more)", minimum=1)
-    max_response_length: int = opt(53, "response tokens sampled; the response is cut after its first EOS", "Detail 23", minimum=1)
-    temperature: float = opt(0.7, "sampling temperature, also applied in every forward pass that computes logprobs", "Table 7")
+    max_response_length: int = opt(
+        53, "response tokens sampled; the response is cut after its first EOS", "Detail 23", minimum=1
+    )
+    temperature: float = opt(
+        0.7, "sampling temperature, also applied in every forward pass that computes logprobs", "Table 7"
+    )
     decoding: Literal["auto", "eager", "cuda-graphs", "buckets"] = opt(
-        "auto", "how decoding steps run (never what is sampled): auto is cuda-graphs on a CUDA device and eager elsewhere; "
-        "buckets drops finished rows as cuda-graphs does, without capture (docs/performance.md)")
-    missing_eos_score: float = opt(-1.0, "score of a response without EOS (the EOS trick)", "Detail 23", minimum=-math.inf)
+        "auto",
+        "how decoding steps run (never what is sampled): auto is cuda-graphs on a CUDA device and eager elsewhere; "
+        "buckets drops finished rows as cuda-graphs does, without capture (docs/performance.md)",
+    )
+    missing_eos_score: float = opt(
+        -1.0, "score of a response without EOS (the EOS trick)", "Detail 23", minimum=-math.inf
+    )
     eos_trick: bool = opt(True, "replace the score of responses without EOS by missing_eos_score", "Detail 23")
-    reward_length_penalty: float = opt(0.0, "subtract this x response tokens from each reward-model score (a length-penalised reward)",
-                                       minimum=0.0)
+    reward_length_penalty: float = opt(
+        0.0, "subtract this x response tokens from each reward-model score (a length-penalised reward)", minimum=0.0
+    )
     kl_coef: float = opt(0.05, "KL penalty coefficient beta of equation 3", "Table 7")
-    kl_estimator: Literal["k1", "k2", "k3"] = opt("k1", "per-token KL estimator in the penalty (k1: log ratio, the paper's)", "Equation 3")
+    kl_estimator: Literal["k1", "k2", "k3"] = opt(
+        "k1", "per-token KL estimator in the penalty (k1: log ratio, the paper's)", "Equation 3"
+    )
     adaptive_kl: bool = opt(False, "adapt kl_coef toward kl_target (Ziegler et al. 2019)")
     kl_target: float = opt(6.0, "target KL (sum over tokens) of the adaptive controller", minimum=1e-9)
     kl_horizon: float = opt(10000.0, "horizon in episodes of the adaptive controller", minimum=1)
-    whiten_rewards: bool = opt(False, "whiten the per-token rewards of each rollout batch, keeping their mean", "Detail 24")
+    whiten_rewards: bool = opt(
+        False, "whiten the per-token rewards of each rollout batch, keeping their mean", "Detail 24"
+    )
     whiten_advantages: bool = opt(True, "whiten the advantages over valid tokens", "Detail 25")
-    gamma: float = opt(1.0, "discount factor of the per-token returns (PPO's GAE, REINFORCE++, ReMax; not the grouped "
-                            "estimators, which read the sequence's score)", "Table 7")
+    gamma: float = opt(
+        1.0,
+        "discount factor of the per-token returns (PPO's GAE, REINFORCE++, ReMax; not the grouped "
+        "estimators, which read the sequence's score)",
+        "Table 7",
+    )
     lam: float = opt(0.95, "GAE lambda (PPO's value-model advantages only)", "Table 7")
-    clip_range: float = opt(0.2, "policy ratio clipping epsilon, below (and above unless clip_range_high is set; 0: no clipping)", "Table 7")
-    clip_range_high: float = opt(0.0, "upper clipping epsilon: the ratio is kept within [1 - clip_range, 1 + clip_range_high] (0: "
-                                      "clip_range; DAPO's clip-higher: 0.28)")
-    dual_clip: float = opt(0.0, "dual clip c > 1: the loss of a token with a negative advantage is at most -c x advantage, however large "
-                                "its ratio (Ye et al. 2020: 3; 0: off)")
+    clip_range: float = opt(
+        0.2, "policy ratio clipping epsilon, below (and above unless clip_range_high is set; 0: no clipping)", "Table 7"
+    )
+    clip_range_high: float = opt(
+        0.0,
+        "upper clipping epsilon: the ratio is kept within [1 - clip_range, 1 + clip_range_high] (0: "
+        "clip_range; DAPO's clip-higher: 0.28)",
+    )
+    dual_clip: float = opt(
+        0.0,
+        "dual clip c > 1: the loss of a token with a negative advantage is at most -c x advantage, however large "
+        "its ratio (Ye et al. 2020: 3; 0: off)",
+    )
     policy_loss: Literal["ppo-clip", "gspo", "gspo-token", "cispo"] = opt(
-        "ppo-clip", "policy loss (docs/algorithms.md): ppo-clip (token ratios), gspo (one length-normalised ratio per sequence), "
-        "gspo-token (its per-token-advantage variant), cispo (REINFORCE weighted by the clipped, detached token ratio)")
+        "ppo-clip",
+        "policy loss (docs/algorithms.md): ppo-clip (token ratios), gspo (one length-normalised ratio per sequence), "
+        "gspo-token (its per-token-advantage variant), cispo (REINFORCE weighted by the clipped, detached token ratio)",
+    )
     loss_aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = opt(
-        "token-mean", "a minibatch's loss from its tokens' losses: the mean over all its tokens (DAPO), the mean over sequences of "
-        "each one's token mean (GRPO, GSPO), or the mean over sequences of each one's token sum / loss_normaliser (Dr. GRPO); "
-        "normalisers are counted over the whole minibatch, so the split into micro-batches and processes never changes the update")
-    loss_normaliser: float = opt(0.0, "seq-mean-token-sum-norm's constant divisor of each sequence's token sum (0: max_response_length)")
-    dynamic_sampling: bool = opt(False, "DAPO: drop the groups whose scores do not differ (all their advantages are 0) and refill the "
-                                        "update from the prompt stream")
-    dynamic_sampling_min_spread: float = opt(0.0, "a group is dropped when the max - min of its scores is at or below this (0: only "
-                                                  "identical scores, as with verifiable rewards; reward-model scores never tie exactly, "
-                                                  "so give them a spread in the score's units)")
-    dynamic_sampling_max_draws: int = opt(4, "draws of prompts per update at most; past it the update is filled with dropped groups, "
-                                             "counted in sampling/filled_groups (DAPO's max_num_gen_batches)", minimum=1)
-    overlong_buffer: int = opt(0, "DAPO's soft overlong punishment: responses longer than max_response_length - overlong_buffer "
-                                  "tokens lose up to overlong_penalty, linearly (0: off)")
+        "token-mean",
+        "a minibatch's loss from its tokens' losses: the mean over all its tokens (DAPO), the mean over sequences of "
+        "each one's token mean (GRPO, GSPO), or the mean over sequences of each one's token sum / loss_normaliser (Dr. "
+        "GRPO); "
+        "normalisers are counted over the whole minibatch, so the split into micro-batches and processes never changes "
+        "the update",
+    )
+    loss_normaliser: float = opt(
+        0.0, "seq-mean-token-sum-norm's constant divisor of each sequence's token sum (0: max_response_length)"
+    )
+    dynamic_sampling: bool = opt(
+        False,
+        "DAPO: drop the groups whose scores do not differ (all their advantages are 0) and refill the "
+        "update from the prompt stream",
+    )
+    dynamic_sampling_min_spread: float = opt(
+        0.0,
+        "a group is dropped when the max - min of its scores is at or below this (0: only "
+        "identical scores, as with verifiable rewards; reward-model scores never tie exactly, "
+        "so give them a spread in the score's units)",
+    )
+    dynamic_sampling_max_draws: int = opt(
+        4,
+        "draws of prompts per update at most; past it the update is filled with dropped groups, "
+        "counted in sampling/filled_groups (DAPO's max_num_gen_batches)",
+        minimum=1,
+    )
+    overlong_buffer: int = opt(
+        0,
+        "DAPO's soft overlong punishment: responses longer than max_response_length - overlong_buffer "
+        "tokens lose up to overlong_penalty, linearly (0: off)",
+    )
     overlong_penalty: float = opt(1.0, "the overlong punishment at max_response_length", minimum=0.0)
-    mask_truncated: bool = opt(False, "DAPO's overlong filtering: responses cut at max_response_length without EOS take no part in "
-                                      "the loss (their scores still count in their group's baseline)")
-    frozen_device: str = opt("", "device of the frozen reference and reward models (empty: the policy's; e.g. cpu, cuda:1)")
-    kl_placement: Literal["reward", "loss"] = opt("reward", "where the KL to the reference enters: a per-token penalty in the reward (equation 3) or a term of the loss (GRPO)", "Equation 3")
+    mask_truncated: bool = opt(
+        False,
+        "DAPO's overlong filtering: responses cut at max_response_length without EOS take no part in "
+        "the loss (their scores still count in their group's baseline)",
+    )
+    frozen_device: str = opt(
+        "", "device of the frozen reference and reward models (empty: the policy's; e.g. cpu, cuda:1)"
+    )
+    kl_placement: Literal["reward", "loss"] = opt(
+        "reward",
+        "where the KL to the reference enters: a per-token penalty in the reward (equation 3) or a term of the loss "
+        "(GRPO)",
+        "Equation 3",
+    )
     entropy_coef: float = opt(0.0, "entropy bonus coefficient in the policy loss (seed 002's PPO: 0.01)")
     sample_every: int = opt(10, "log the highest- and lowest-scored samples every N updates (0: never)")
     log_samples: int = opt(2, "samples logged at each end (highest and lowest scored)", minimum=1)
@@ -107,7 +198,12 @@ class OnPolicyConfig(RunConfig):
 
 @dataclass
 class PPOConfig(OnPolicyConfig):
-    advantage_estimator: str = opt("gae", "advantage estimator registered for this stage in onpolicy/advantages.py; default: GAE over per-token rewards with the value model", "Section 7")
+    advantage_estimator: str = opt(
+        "gae",
+        "advantage estimator registered for this stage in onpolicy/advantages.py; default: GAE over per-token rewards "
+        "with the value model",
+        "Section 7",
+    )
     value_model: str = opt("", "value model folder (empty: initialise it from the reward model)", "Detail 22")
     vf_coef: float = opt(0.1, "value loss coefficient c1", "Table 7")
     value_clip_range: float = opt(0.2, "value clipping epsilon (0: no value loss clipping)", "Table 7")
@@ -117,16 +213,29 @@ class PPOConfig(OnPolicyConfig):
 class GRPOConfig(OnPolicyConfig):
     """GRPO (Shao et al. 2024): G samples per prompt, group-normalised advantages, no value model."""
 
-    samples_per_prompt: int = opt(4, "G: responses sampled per prompt; the prompt is encoded once per group", "seed 002", minimum=2)
-    advantage_estimator: str = opt("grpo", "advantage estimator registered for this stage in onpolicy/advantages.py; default: the group's mean as baseline")
+    samples_per_prompt: int = opt(
+        4, "G: responses sampled per prompt; the prompt is encoded once per group", "seed 002", minimum=2
+    )
+    advantage_estimator: str = opt(
+        "grpo",
+        "advantage estimator registered for this stage in onpolicy/advantages.py; "
+        "default: the group's mean as baseline",
+    )
     scale_rewards: bool = opt(True, "divide by the group's standard deviation (false: Dr. GRPO, mean-centred only)")
-    kl_placement: Literal["reward", "loss"] = opt("loss", "where the KL to the reference enters: a term of the loss (GRPO) or a per-token penalty in the reward", "Equation 3")
+    kl_placement: Literal["reward", "loss"] = opt(
+        "loss",
+        "where the KL to the reference enters: a term of the loss (GRPO) or a per-token penalty in the reward",
+        "Equation 3",
+    )
     kl_estimator: Literal["k1", "k2", "k3"] = opt("k3", "per-token KL estimator (k3: GRPO's, never negative)")
     whiten_advantages: bool = opt(False, "also whiten the advantages over the whole batch", "Detail 25")
     loss_aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = opt(
-        "seq-mean-token-mean", "a minibatch's loss from its tokens' losses: the mean over sequences of each one's token mean (GRPO), "
-        "the mean over all tokens (DAPO), or over sequences of each one's token sum / loss_normaliser (Dr. GRPO); normalisers are "
-        "counted over the whole minibatch, so the split into micro-batches and processes never changes the update")
+        "seq-mean-token-mean",
+        "a minibatch's loss from its tokens' losses: the mean over sequences of each one's token mean (GRPO), "
+        "the mean over all tokens (DAPO), or over sequences of each one's token sum / loss_normaliser (Dr. GRPO); "
+        "normalisers are "
+        "counted over the whole minibatch, so the split into micro-batches and processes never changes the update",
+    )
 
 
 @dataclass
@@ -134,7 +243,11 @@ class RLOOConfig(OnPolicyConfig):
     """RLOO (Ahmadian et al. 2024): k samples per prompt, each baselined by the mean of the others."""
 
     samples_per_prompt: int = opt(4, "k: responses sampled per prompt; the prompt is encoded once per group", minimum=2)
-    advantage_estimator: str = opt("rloo", "advantage estimator registered for this stage in onpolicy/advantages.py; default: the mean of the other samples as baseline")
+    advantage_estimator: str = opt(
+        "rloo",
+        "advantage estimator registered for this stage in onpolicy/advantages.py; default: the mean of the other "
+        "samples as baseline",
+    )
     whiten_advantages: bool = opt(False, "also whiten the advantages over the whole batch", "Detail 25")
 
 
@@ -145,7 +258,12 @@ class ReinforceConfig(OnPolicyConfig):
 
     samples_per_prompt: int = opt(1, "responses sampled per prompt (reinforce-pp-baseline needs 2 or more)", minimum=1)
     advantage_estimator: str = opt(
-        "reinforce-pp", "reinforce-pp: each token's return, normalised over the whole batch (Hu et al. 2025); reinforce-pp-baseline: "
-        "the score minus its group's mean, normalised over the whole batch; remax: the return minus the score of the prompt's "
-        "greedy response (Li et al. 2023)")
-    whiten_advantages: bool = opt(False, "also whiten the advantages over the whole batch (REINFORCE++ normalises them already)", "Detail 25")
+        "reinforce-pp",
+        "reinforce-pp: each token's return, normalised over the whole batch (Hu et al. 2025); reinforce-pp-baseline: "
+        "the score minus its group's mean, normalised over the whole batch; remax: the return minus the score of the "
+        "prompt's "
+        "greedy response (Li et al. 2023)",
+    )
+    whiten_advantages: bool = opt(
+        False, "also whiten the advantages over the whole batch (REINFORCE++ normalises them already)", "Detail 25"
+    )

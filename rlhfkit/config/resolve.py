@@ -23,12 +23,16 @@ def field_info(cls: type) -> list[tuple[str, Any, str, str | None, str]]:
     rows = []
     for f in dataclasses.fields(cls):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        rows.append((f.name, default, f.metadata.get("help", ""), f.metadata.get("source"), describe_type(hints[f.name])))
+        rows.append(
+            (f.name, default, f.metadata.get("help", ""), f.metadata.get("source"), describe_type(hints[f.name]))
+        )
     return rows
 
 
 def preset_names() -> list[str]:
-    return sorted(p.name[: -len(".yaml")] for p in resources.files("rlhfkit.presets").iterdir() if p.name.endswith(".yaml"))
+    return sorted(
+        p.name[: -len(".yaml")] for p in resources.files("rlhfkit.presets").iterdir() if p.name.endswith(".yaml")
+    )
 
 
 def read_preset(name: str) -> tuple[dict[str, Any], str]:
@@ -45,8 +49,9 @@ def read_config_file(path: str) -> tuple[dict[str, Any], str]:
     return read_yaml_text(p.read_text(), str(p)), str(p)
 
 
-def resolve(cls: type, stage: str, preset: str | None, config_file: str | None, overrides: dict[str, Any],
-            processes: int = 1) -> Any:
+def resolve(
+    cls: type, stage: str, preset: str | None, config_file: str | None, overrides: dict[str, Any], processes: int = 1
+) -> Any:
     """The config of class `cls` for the command `stage` (the `stage:` key presets and files declare),
     from defaults, a preset or file, and overrides, checked for `processes` processes."""
     cfg = cls()
@@ -62,7 +67,9 @@ def resolve(cls: type, stage: str, preset: str | None, config_file: str | None, 
             preset_values, preset_where = read_preset(str(base_preset))
             preset_stage = preset_values.pop("stage", stage)
             if preset_stage != stage:
-                raise ConfigError(f"{where} starts from {preset_where}, which is for stage {preset_stage!r}, not {stage!r}")
+                raise ConfigError(
+                    f"{where} starts from {preset_where}, which is for stage {preset_stage!r}, not {stage!r}"
+                )
             cfg = apply(cls, preset_values, preset_where, cfg)
         cfg = apply(cls, values, where, cfg)
     return check_config(apply(cls, overrides, "command-line arguments", cfg), launched_processes(processes))

@@ -139,19 +139,28 @@ def opt(default: Any, help: str, source: str | None = None, minimum: float = 0, 
 
 
 def query_length_opt() -> Any:
-    return opt(512, "query tokens; a longer post loses paragraphs from its end (a dialogue or prompt text: from its start), and a "
-                    "record of which no text fits is skipped and counted", "Detail 2", minimum=1)
+    return opt(
+        512,
+        "query tokens; a longer post loses paragraphs from its end (a dialogue or prompt text: from its start), and a "
+        "record of which no text fits is skipped and counted",
+        "Detail 2",
+        minimum=1,
+    )
 
 
 # the formats one option away, as the help of `data_format` / `prompt_format` lists them (docs/data-formats.md)
-PAIR_FORMATS_HELP = ("format of `data`; the default reads OpenAI's TL;DR comparisons. Other data is one option away: hh (HH-RLHF "
-                     "chosen/rejected dialogues), preference (TRL's chosen, rejected and optional prompt columns, strings or chat "
-                     "messages), or auto (detected from the first record's columns and printed); docs/data-formats.md")
-PROMPT_FORMATS_HELP = ("format of `data`; the default reads TL;DR posts. Other data is one option away: prompt-only (TRL's prompt "
-                       "column, a string or chat messages; a completion column is the reference), hh (HH-RLHF dialogues; the chosen "
-                       "response is the reference), gsm8k (question, answer: the reference solution, its final number the `answer` "
-                       "column the gsm8k reward reads), or auto (detected from the first record's columns and printed); "
-                       "docs/data-formats.md")
+PAIR_FORMATS_HELP = (
+    "format of `data`; the default reads OpenAI's TL;DR comparisons. Other data is one option away: hh (HH-RLHF "
+    "chosen/rejected dialogues), preference (TRL's chosen, rejected and optional prompt columns, strings or chat "
+    "messages), or auto (detected from the first record's columns and printed); docs/data-formats.md"
+)
+PROMPT_FORMATS_HELP = (
+    "format of `data`; the default reads TL;DR posts. Other data is one option away: prompt-only (TRL's prompt "
+    "column, a string or chat messages; a completion column is the reference), hh (HH-RLHF dialogues; the chosen "
+    "response is the reference), gsm8k (question, answer: the reference solution, its final number the `answer` "
+    "column the gsm8k reward reads), or auto (detected from the first record's columns and printed); "
+    "docs/data-formats.md"
+)
 
 
 def article_length_opt() -> Any:
@@ -163,11 +172,17 @@ def remote_code_opt() -> Any:
 
 
 def output_overwrite_opt() -> Any:
-    return opt(False, "write over what `out` already holds (off: an existing output is refused, never overwritten silently)")
+    return opt(
+        False, "write over what `out` already holds (off: an existing output is refused, never overwritten silently)"
+    )
 
 
 def pickle_opt() -> Any:
-    return opt(False, "load pickle weights (pytorch_model.bin, *.pt) from a folder without safetensors (off: unpickling can run code)")
+    return opt(
+        False,
+        "load pickle weights (pytorch_model.bin, *.pt) from a folder without safetensors "
+        "(off: unpickling can run code)",
+    )
 
 
 def parse_named(specs: list[str], key: str, example: str) -> dict[str, str]:

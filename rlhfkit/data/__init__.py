@@ -94,7 +94,9 @@ def first_record(paths: list[str], hf_split: str) -> tuple[Row, dict[str, Any]]:
     JSON lines and the hub's cached datasets, a second parse of a JSON array or parquet file."""
     row = next(iter_rows(paths, hf_split))
     if not isinstance(row.data, dict):
-        raise DataFormatError(f"{row.where}: expected a record with named columns (a JSON object), got {type(row.data).__name__}")
+        raise DataFormatError(
+            f"{row.where}: expected a record with named columns (a JSON object), got {type(row.data).__name__}"
+        )
     return row, {k: v for k, v in row.data.items() if k != generic.HUB_SPLIT}
 
 
@@ -115,8 +117,11 @@ def detect(role: Role, row: Row, record: dict[str, Any], names: FieldNames) -> s
     found = detected(role, record, names)
     if found is None:
         accepted = "; ".join(f"{name} ({format_columns(role, name, names)})" for name in role.detection_order)
-        raise MissingColumns(f"{row.where}: no {role.what} data format has the columns {', '.join(record) or '(none)'}; "
-                             f"accepted: {accepted} (see docs/data-formats.md)", record)
+        raise MissingColumns(
+            f"{row.where}: no {role.what} data format has the columns {', '.join(record) or '(none)'}; "
+            f"accepted: {accepted} (see docs/data-formats.md)",
+            record,
+        )
     return found
 
 
@@ -133,12 +138,19 @@ def reading_hint(role: Role, data_format: str, record: dict[str, Any], names: Fi
     command, or the commands of another role, with the format `auto` detects; "" when none does."""
     found = detected(role, record, names)
     if found is not None:
-        return "" if found == data_format else (f"; it looks like {kind_of(role, found, record, names)}: read it with "
-                                                f"{role.option}={found} (or {role.option}={AUTO})")
+        return (
+            ""
+            if found == data_format
+            else (
+                f"; it looks like {kind_of(role, found, record, names)}: read it with "
+                f"{role.option}={found} (or {role.option}={AUTO})"
+            )
+        )
     for other in ROLES:
         name = detected(other, record, names) if other is not role else None
         if name is not None:
-            return f"; it looks like {kind_of(other, name, record, names)}, which is read by {other.readers} ({other.option}={name})"
+            kind = kind_of(other, name, record, names)
+            return f"; it looks like {kind}, which is read by {other.readers} ({other.option}={name})"
     return ""
 
 
@@ -162,23 +174,33 @@ def read_role(role: Role, data_format: str, paths: list[str], hf_split: str, nam
         return role.seeds[name].load(paths, hf_split)
     layout = generic.layout_for(name, record, names)
     if layout is None:
-        raise MissingColumns(f"{row.where}: {role.option}={name} reads the columns {format_columns(role, name, names)}; "
-                             f"the data has {', '.join(record) or '(none)'}", record)
+        raise MissingColumns(
+            f"{row.where}: {role.option}={name} reads the columns {format_columns(role, name, names)}; "
+            f"the data has {', '.join(record) or '(none)'}",
+            record,
+        )
     print(f"data format: {layout.describe()} ({how} columns {', '.join(layout.read)})")
     return generic.read_generic(layout, paths, hf_split)
 
 
-def load_sft_data(data_format: str, paths: list[str], hf_split: str = "", names: FieldNames = STANDARD_NAMES) -> tuple[list[SFTRecord], SkipLog]:
-    """Prompts with the completion SFT trains on: TL;DR posts and summaries, prompt-completion or language-modeling data."""
+def load_sft_data(
+    data_format: str, paths: list[str], hf_split: str = "", names: FieldNames = STANDARD_NAMES
+) -> tuple[list[SFTRecord], SkipLog]:
+    """Prompts with the completion SFT trains on: TL;DR posts and summaries, prompt-completion or language-modeling
+    data."""
     return load_role(SFT, data_format, paths, hf_split, names)
 
 
-def load_pairs(data_format: str, paths: list[str], hf_split: str = "", names: FieldNames = STANDARD_NAMES) -> tuple[list[Comparison], SkipLog]:
+def load_pairs(
+    data_format: str, paths: list[str], hf_split: str = "", names: FieldNames = STANDARD_NAMES
+) -> tuple[list[Comparison], SkipLog]:
     """Preference pairs: OpenAI's comparisons, HH-RLHF, or preference data with an explicit or implicit prompt."""
     return load_role(PAIRS, data_format, paths, hf_split, names)
 
 
-def load_prompts(prompt_format: str, paths: list[str], hf_split: str = "", names: FieldNames = STANDARD_NAMES) -> tuple[list[SFTRecord], SkipLog]:
+def load_prompts(
+    prompt_format: str, paths: list[str], hf_split: str = "", names: FieldNames = STANDARD_NAMES
+) -> tuple[list[SFTRecord], SkipLog]:
     """Prompts with a reference response: TL;DR posts with their summaries, HH-RLHF dialogues, GSM8K problems,
     prompt-only data (its completion column, when it has one, is the reference)."""
     return load_role(PROMPTS, prompt_format, paths, hf_split, names)
@@ -189,10 +211,27 @@ def usable(loaded: tuple[list, SkipLog], paths: list[str], what: str, option: st
     naming the data with the skip counts that say why (most often `option`, the format read, is not the data's)."""
     records, log = loaded
     if not records:
-        raise DataFormatError(f"{', '.join(map(str, paths))}: no usable {what} ({log.summary(what)}); does {option} fit this data? "
-                              "(docs/data-formats.md)")
+        raise DataFormatError(
+            f"{', '.join(map(str, paths))}: no usable {what} ({log.summary(what)}); does {option} fit this data? "
+            "(docs/data-formats.md)"
+        )
     return loaded
 
 
-__all__ = ["AUTO", "Comparison", "DataFormatError", "FieldNames", "SFTRecord", "SkipLog", "hh_prompts", "load_comparisons",
-           "load_gsm8k", "load_hh", "load_pairs", "load_prompts", "load_sft", "load_sft_data", "usable"]
+__all__ = [
+    "AUTO",
+    "Comparison",
+    "DataFormatError",
+    "FieldNames",
+    "SFTRecord",
+    "SkipLog",
+    "hh_prompts",
+    "load_comparisons",
+    "load_gsm8k",
+    "load_hh",
+    "load_pairs",
+    "load_prompts",
+    "load_sft",
+    "load_sft_data",
+    "usable",
+]

@@ -117,27 +117,45 @@ def analysis_role(dataset: str, paths: list[str], hf_split: str) -> Role:
     if role is None:
         formats = {name: format_columns(r, name, STANDARD_NAMES) for r in DETECTION_ORDER for name in r.detection_order}
         accepted = "; ".join(f"{name} ({columns})" for name, columns in formats.items())
-        raise MissingColumns(f"{row.where}: no data format has the columns {', '.join(record) or '(none)'}; accepted: {accepted} "
-                             "(see docs/data-formats.md)", record)
+        raise MissingColumns(
+            f"{row.where}: no data format has the columns {', '.join(record) or '(none)'}; accepted: {accepted} "
+            "(see docs/data-formats.md)",
+            record,
+        )
     return role
 
 
-def analyze_sft(paths: list[str], tokenizer: PreTrainedTokenizerBase, max_query_length: int, hf_split: str = "",
-                dataset: str = "tldr-sft", role: Role = SFT) -> dict:
+def analyze_sft(
+    paths: list[str],
+    tokenizer: PreTrainedTokenizerBase,
+    max_query_length: int,
+    hf_split: str = "",
+    dataset: str = "tldr-sft",
+    role: Role = SFT,
+) -> dict:
     """SFT data or prompts: query and reference lengths (a prompt without a reference has length 0)."""
-    records, log = usable(load_role(role, dataset, paths, hf_split, STANDARD_NAMES), paths, "examples", f"dataset={dataset}")
-    examples, _ = tokenize_sft(tqdm(records, desc="tokenizing", unit="record"), tokenizer, max_query_length, NO_LENGTH_LIMIT)
+    records, log = usable(
+        load_role(role, dataset, paths, hf_split, STANDARD_NAMES), paths, "examples", f"dataset={dataset}"
+    )
+    examples, _ = tokenize_sft(
+        tqdm(records, desc="tokenizing", unit="record"), tokenizer, max_query_length, NO_LENGTH_LIMIT
+    )
     by_subreddit = all("subreddit" in r.fields for r in records)
     return {
         "records": log.to_dict(),
-        "counts": {"subreddit": counts([r.fields["subreddit"] for r in records])} if by_subreddit else {"task": counts([r.task for r in records])},
+        "counts": {"subreddit": counts([r.fields["subreddit"] for r in records])}
+        if by_subreddit
+        else {"task": counts([r.task for r in records])},
         "token_lengths": {
             "query_before_truncation": describe([e.query.original_length for e in examples]),
             "query": describe([len(e.query.ids) for e in examples]),
             "reference": describe([len(e.response) - 1 for e in examples]),
         },
         "truncation": truncation_stats([e.query for e in examples]),
-        "_lengths": {"query": [len(e.query.ids) for e in examples], "reference": [len(e.response) - 1 for e in examples]},
+        "_lengths": {
+            "query": [len(e.query.ids) for e in examples],
+            "reference": [len(e.response) - 1 for e in examples],
+        },
     }
 
 
@@ -166,7 +184,8 @@ def analyze_pairs(
         },
         "truncation": truncation_stats([e.query for e in examples]),
         "truncation_by_task": {
-            t: truncation_stats([e.query for e in examples if e.record.task == t]) for t in sorted({r.task for r in records})
+            t: truncation_stats([e.query for e in examples if e.record.task == t])
+            for t in sorted({r.task for r in records})
         },
         "edge_cases": edge_cases(log.kept + log.skipped, log.counts.get("tie", 0), chosen, rejected),
         "length_bias": {"all": length_bias(chosen, rejected)},
@@ -175,7 +194,9 @@ def analyze_pairs(
     for attribute in ("task", "split"):
         for value in sorted({getattr(r, attribute) for r in records}):
             idx = [i for i, e in enumerate(examples) if getattr(e.record, attribute) == value]
-            result["length_bias"][f"{attribute}={value}"] = length_bias([chosen[i] for i in idx], [rejected[i] for i in idx])
+            result["length_bias"][f"{attribute}={value}"] = length_bias(
+                [chosen[i] for i in idx], [rejected[i] for i in idx]
+            )
     if fmt != "hh":  # Detail 6: validation comparisons span far more policy pairs (out of distribution)
         result["counts"]["policy_pairs_distinct_by_split"] = {
             s: len({r.policy_pair for r in records if r.split == s}) for s in sorted({r.split for r in records})
@@ -240,7 +261,9 @@ def run_analysis(
     return the result."""
     role = analysis_role(dataset, paths, hf_split)
     if role is PAIRS:
-        result = analyze_pairs(paths, tokenizer, query_limits(max_query_length, max_article_query_length), dataset, hf_split)
+        result = analyze_pairs(
+            paths, tokenizer, query_limits(max_query_length, max_article_query_length), dataset, hf_split
+        )
     else:
         result = analyze_sft(paths, tokenizer, max_query_length, hf_split, dataset, role)
     folder = Path(out)
@@ -267,7 +290,10 @@ def headline(result: dict) -> str:
     log.kept = result["records"]["kept"]
     log.counts.update(result["records"]["by_reason"])
     log.examples = result["records"]["examples"]
-    lines = [log.summary(), f"queries truncated: {result['truncation']['truncated']} of {result['truncation']['queries']}"]
+    lines = [
+        log.summary(),
+        f"queries truncated: {result['truncation']['truncated']} of {result['truncation']['queries']}",
+    ]
     if "length_bias" in result:
         bias = result["length_bias"]["all"]
         lines.append(

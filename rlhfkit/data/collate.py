@@ -11,7 +11,9 @@ import torch
 IGNORE_INDEX = -100
 
 
-def pad(sequences: list[list[int]], pad_id: int, side: str, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def pad(
+    sequences: list[list[int]], pad_id: int, side: str, width: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, attention_mask) of shape (len(sequences), width), padded on `side` ("left" or "right")."""
     if side not in ("left", "right"):
         raise ValueError(f"side must be 'left' or 'right', got {side!r}")
@@ -51,7 +53,9 @@ def left_pad_queries(queries: list[list[int]], pad_id: int) -> dict[str, torch.T
 QUERY, CHOSEN, REJECTED, PADDING = 0, 1, 2, -1
 
 
-def pack_pairs(queries: list[list[int]], chosen: list[list[int]], rejected: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
+def pack_pairs(
+    queries: list[list[int]], chosen: list[list[int]], rejected: list[list[int]], pad_id: int
+) -> dict[str, torch.Tensor]:
     """One right-padded row per pair, query + chosen + rejected, so the shared query is read once.
 
     The rejected response restarts at the query's last position + 1 and a 4-D mask hides the chosen
@@ -66,7 +70,9 @@ def pack_pairs(queries: list[list[int]], chosen: list[list[int]], rejected: list
         segments[row, : len(q)] = QUERY
         segments[row, len(q) : len(q) + len(c)] = CHOSEN
         segments[row, len(q) + len(c) : len(rows[row])] = REJECTED
-        positions[row, : len(rows[row])] = torch.cat([torch.arange(len(q) + len(c)), torch.arange(len(q), len(q) + len(r))])
+        positions[row, : len(rows[row])] = torch.cat(
+            [torch.arange(len(q) + len(c)), torch.arange(len(q), len(q) + len(r))]
+        )
     width = ids.size(1)
     causal = torch.ones(width, width, dtype=torch.bool).tril()
     sees = causal & (segments[:, None, :] != PADDING)

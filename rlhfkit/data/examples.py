@@ -88,15 +88,23 @@ def training_examples(tokenized: tuple[list[T], SkipLog], max_query_length: int,
         raise ConfigError(f"no {what} left to train on ({log.summary(what)}); raise {options}")
     cut = sum(e.query.truncated for e in examples)
     if cut * 2 > len(examples):
-        warn(f"{cut} of {len(examples)} {what} were cut to fit max_query_length={max_query_length} tokens and lost part of "
-             "their prompt; raise max_query_length to keep more of it")
+        warn(
+            f"{cut} of {len(examples)} {what} were cut to fit max_query_length={max_query_length} tokens and lost part "
+            "of "
+            "their prompt; raise max_query_length to keep more of it"
+        )
     return tokenized
 
 
 def query_limits(max_query_length: int, max_article_query_length: int) -> dict[str, int]:
     """Query token budget per task: CNN/DM articles get their own, longer budget (Detail 5)."""
-    return {"tldr": max_query_length, "hh": max_query_length, "text": max_query_length, "chat": max_query_length,
-            "cnndm": max_article_query_length}
+    return {
+        "tldr": max_query_length,
+        "hh": max_query_length,
+        "text": max_query_length,
+        "chat": max_query_length,
+        "cnndm": max_article_query_length,
+    }
 
 
 def tokenize_pairs(
@@ -105,7 +113,10 @@ def tokenize_pairs(
     log = SkipLog()
     out = []
     for r in records:
-        chosen, rejected = encode_completion(tokenizer, r.chosen, r.task), encode_completion(tokenizer, r.rejected, r.task)
+        chosen, rejected = (
+            encode_completion(tokenizer, r.chosen, r.task),
+            encode_completion(tokenizer, r.rejected, r.task),
+        )
         if max(len(chosen), len(rejected)) > max_response_length:
             log.skip("response_too_long", r.where)
             continue
@@ -119,22 +130,25 @@ def tokenize_pairs(
     return out, log
 
 
-def tokenize_stage_pairs(lengths: PairLengths, tokenizer: PreTrainedTokenizerBase,
-                         records: list[Comparison]) -> tuple[list[PairExample], SkipLog]:
+def tokenize_stage_pairs(
+    lengths: PairLengths, tokenizer: PreTrainedTokenizerBase, records: list[Comparison]
+) -> tuple[list[PairExample], SkipLog]:
     """`tokenize_pairs` under a pair stage's length limits."""
     limits = query_limits(lengths.max_query_length, lengths.max_article_query_length)
     return tokenize_pairs(records, tokenizer, limits, lengths.max_response_length)
 
 
-def prepare_pairs(lengths: PairLengths, tokenizer: PreTrainedTokenizerBase,
-                  records: list[Comparison]) -> tuple[list[PairExample], str]:
+def prepare_pairs(
+    lengths: PairLengths, tokenizer: PreTrainedTokenizerBase, records: list[Comparison]
+) -> tuple[list[PairExample], str]:
     """(`tokenize_stage_pairs`' examples, a note of what was skipped)."""
     examples, log = tokenize_stage_pairs(lengths, tokenizer, records)
     return examples, log.summary("pairs")
 
 
-def prepare_training_pairs(lengths: PairLengths, tokenizer: PreTrainedTokenizerBase,
-                           records: list[Comparison]) -> tuple[list[PairExample], str]:
+def prepare_training_pairs(
+    lengths: PairLengths, tokenizer: PreTrainedTokenizerBase, records: list[Comparison]
+) -> tuple[list[PairExample], str]:
     """`prepare_pairs` for the pairs a stage trains on, checked as `training_examples` checks them."""
     pairs = tokenize_stage_pairs(lengths, tokenizer, records)
     examples, log = training_examples(pairs, lengths.max_query_length, "training pairs")
@@ -152,7 +166,13 @@ def length_balanced_indices(examples: list[PairExample], seed: int) -> tuple[lis
     equal = [i for i, e in enumerate(examples) if len(e.chosen) == len(e.rejected)]
     n = min(len(longer), len(shorter))
     rng = np.random.default_rng(seed)
-    kept = set(rng.choice(longer, n, replace=False).tolist()) | set(rng.choice(shorter, n, replace=False).tolist()) | set(equal)
-    note = (f"length_balance: {n} chosen-longer + {n} chosen-shorter + {len(equal)} equal-length pairs kept "
-            f"(of {len(longer)} / {len(shorter)} / {len(equal)}; {len(examples) - len(kept)} dropped)")
+    kept = (
+        set(rng.choice(longer, n, replace=False).tolist())
+        | set(rng.choice(shorter, n, replace=False).tolist())
+        | set(equal)
+    )
+    note = (
+        f"length_balance: {n} chosen-longer + {n} chosen-shorter + {len(equal)} equal-length pairs kept "
+        f"(of {len(longer)} / {len(shorter)} / {len(equal)}; {len(examples) - len(kept)} dropped)"
+    )
     return sorted(kept), note

@@ -133,7 +133,9 @@ def cut_by_tokens(tokenizer: PreTrainedTokenizerBase, parts: QueryParts, content
         keep -= 1
 
 
-def rest_and_content(tokenizer: PreTrainedTokenizerBase, task: str, fields: dict[str, str], max_length: int) -> tuple[QueryParts, str]:
+def rest_and_content(
+    tokenizer: PreTrainedTokenizerBase, task: str, fields: dict[str, str], max_length: int
+) -> tuple[QueryParts, str]:
     """(the rest of the query, the content that truncation cuts): the field's ending stays whole, unless
     it does not fit even alone; then it is no cue but content (a long last line)."""
     field = QUERY_FORMATS[task].truncate_field
@@ -144,7 +146,9 @@ def rest_and_content(tokenizer: PreTrainedTokenizerBase, task: str, fields: dict
     return parts, content
 
 
-def fit_content(tokenizer: PreTrainedTokenizerBase, parts: QueryParts, content: str, max_length: int) -> tuple[str, int, bool] | None:
+def fit_content(
+    tokenizer: PreTrainedTokenizerBase, parts: QueryParts, content: str, max_length: int
+) -> tuple[str, int, bool] | None:
     """Detail 2 on `content`: (the query, paragraphs dropped, whether one was cut by tokens) when some text
     of the content fits beside the rest of the query; None when none does."""
     fmt, dropped = parts.format, 0
@@ -162,17 +166,23 @@ def too_long(tokenizer: PreTrainedTokenizerBase, task: str, max_length: int) -> 
     """`too_long_error` of a query in `task`'s template, measured with every field empty."""
     names = [name for _, name, _, _ in string.Formatter().parse(QUERY_FORMATS[task].template) if name]
     alone = len(encode_text(tokenizer, format_query(task, dict.fromkeys(names, ""))))
-    return too_long_error(f"{task} query template (every field empty)", alone, QUERY_FORMATS[task].truncate_field, max_length)
+    return too_long_error(
+        f"{task} query template (every field empty)", alone, QUERY_FORMATS[task].truncate_field, max_length
+    )
 
 
 def too_long_error(template: str, alone: int, content: str, max_length: int) -> UserError:
     """The error of a query that no truncation fits: the run's, when the template alone (`alone` tokens) is
     longer than `max_length`; else the record's, which the tokenizers skip."""
     if alone > max_length:
-        return ConfigError(f"the {template} alone is {alone} tokens, longer than max_query_length={max_length}; "
-                           f"raise max_query_length above {alone}")
-    return QueryTooLong(f"no text of the prompt's {content} fits in max_query_length={max_length} tokens beside the rest of its "
-                        "query; raise max_query_length")
+        return ConfigError(
+            f"the {template} alone is {alone} tokens, longer than max_query_length={max_length}; "
+            f"raise max_query_length above {alone}"
+        )
+    return QueryTooLong(
+        f"no text of the prompt's {content} fits in max_query_length={max_length} tokens beside the rest of its "
+        "query; raise max_query_length"
+    )
 
 
 def encode_query(tokenizer: PreTrainedTokenizerBase, task: str, fields: dict[str, str], max_length: int) -> QueryTokens:
@@ -193,9 +203,11 @@ def encode_query(tokenizer: PreTrainedTokenizerBase, task: str, fields: dict[str
 
 def require_chat_template(tokenizer: PreTrainedTokenizerBase) -> None:
     if not getattr(tokenizer, "chat_template", None):
-        raise ConfigError(f"the data is conversational (lists of {{role, content}} messages) but the tokenizer "
-                          f"{getattr(tokenizer, 'name_or_path', '')!r} has no chat template: use a model whose tokenizer has one "
-                          "(an instruct model), or give the data as plain text")
+        raise ConfigError(
+            f"the data is conversational (lists of {{role, content}} messages) but the tokenizer "
+            f"{getattr(tokenizer, 'name_or_path', '')!r} has no chat template: use a model whose tokenizer has one "
+            "(an instruct model), or give the data as plain text"
+        )
 
 
 def render_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict], add_generation_prompt: bool = True) -> str:

@@ -41,7 +41,12 @@ from .formats import CHAT
 from .records import Row, SkipLog, Unparsable, has_text, iter_rows, require_fields, unless_lone_surrogate
 from .tldr import Comparison, SFTRecord, text_id
 
-PROMPT_ONLY, PROMPT_COMPLETION, LANGUAGE_MODELING, PREFERENCE = "prompt-only", "prompt-completion", "language-modeling", "preference"
+PROMPT_ONLY, PROMPT_COMPLETION, LANGUAGE_MODELING, PREFERENCE = (
+    "prompt-only",
+    "prompt-completion",
+    "language-modeling",
+    "preference",
+)
 TEXT = "text"  # formats' task of a plain-text prompt
 HUB_SPLIT = "_hub_split"  # added by records.iter_hub: the reader's, not one of the dataset's columns
 TRAILING_WORD = re.compile(r"\S*$")
@@ -110,8 +115,12 @@ def preference_layout(record: dict, names: FieldNames) -> Layout | None:
     return Layout(PREFERENCE, names.prompt if explicit else None, (names.chosen, names.rejected), conversational)
 
 
-LAYOUTS = {PROMPT_ONLY: prompt_only_layout, PROMPT_COMPLETION: prompt_completion_layout,
-           LANGUAGE_MODELING: language_modeling_layout, PREFERENCE: preference_layout}
+LAYOUTS = {
+    PROMPT_ONLY: prompt_only_layout,
+    PROMPT_COMPLETION: prompt_completion_layout,
+    LANGUAGE_MODELING: language_modeling_layout,
+    PREFERENCE: preference_layout,
+}
 
 
 def layout_for(kind: str, record: dict, names: FieldNames) -> Layout | None:
@@ -121,10 +130,12 @@ def layout_for(kind: str, record: dict, names: FieldNames) -> Layout | None:
 
 def kind_columns(kind: str, names: FieldNames) -> str:
     """The columns of `kind`, as an error message lists them."""
-    return {PROMPT_ONLY: names.prompt,
-            PROMPT_COMPLETION: f"{names.prompt}, {names.completion}",
-            LANGUAGE_MODELING: " or ".join(names.text_columns()),
-            PREFERENCE: f"{names.chosen}, {names.rejected}, optionally {names.prompt}"}[kind]
+    return {
+        PROMPT_ONLY: names.prompt,
+        PROMPT_COMPLETION: f"{names.prompt}, {names.completion}",
+        LANGUAGE_MODELING: " or ".join(names.text_columns()),
+        PREFERENCE: f"{names.chosen}, {names.rejected}, optionally {names.prompt}",
+    }[kind]
 
 
 # ---------------------------------------------------------------- one record
@@ -134,7 +145,9 @@ def as_messages(value: Any) -> list[dict[str, str]] | None:
     """A conversation as a list of {role, content} with string values (other keys dropped), or None."""
     if not isinstance(value, list) or not value:
         return None
-    if not all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value):
+    if not all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value
+    ):
         return None
     return [{"role": m["role"], "content": m["content"]} for m in value]
 
@@ -189,7 +202,10 @@ def split_implicit_prompt(chosen: Any, rejected: Any, layout: Layout) -> tuple[s
     if not layout.conversational:
         return split_common_prefix(chosen, rejected)
     chosen_column, rejected_column = layout.responses
-    (prompt, chosen_text), (rejected_prompt, rejected_text) = split_final_turn(chosen, chosen_column), split_final_turn(rejected, rejected_column)
+    (prompt, chosen_text), (rejected_prompt, rejected_text) = (
+        split_final_turn(chosen, chosen_column),
+        split_final_turn(rejected, rejected_column),
+    )
     if prompt != rejected_prompt:
         raise Skip("prompt_mismatch")
     if not prompt:
@@ -243,7 +259,9 @@ def sft_record(row: Row, layout: Layout) -> SFTRecord:
     if layout.kind != PROMPT_ONLY and not has_text(completion):
         raise Skip(f"empty:{layout.responses[0]}")
     task, fields = prompt_task(prompt)
-    return SFTRecord(prompt_id(prompt, completion), fields, completion, row.where, task, other_columns(row.data, layout))
+    return SFTRecord(
+        prompt_id(prompt, completion), fields, completion, row.where, task, other_columns(row.data, layout)
+    )
 
 
 def comparison_record(row: Row, layout: Layout) -> Comparison:
@@ -260,8 +278,15 @@ def comparison_record(row: Row, layout: Layout) -> Comparison:
     if chosen_text.strip() == rejected_text.strip():
         raise Skip("tie")
     task, fields = prompt_task(prompt)
-    return Comparison(prompt_id(prompt, ""), task, fields, chosen_text, rejected_text, row.where,
-                      split=str(row.data.get(HUB_SPLIT) or ""))
+    return Comparison(
+        prompt_id(prompt, ""),
+        task,
+        fields,
+        chosen_text,
+        rejected_text,
+        row.where,
+        split=str(row.data.get(HUB_SPLIT) or ""),
+    )
 
 
 def parse_row(row: Row, layout: Layout, log: SkipLog) -> SFTRecord | Comparison | None:
@@ -281,7 +306,9 @@ def parse_row(row: Row, layout: Layout, log: SkipLog) -> SFTRecord | Comparison 
     return unless_lone_surrogate(record, row.where, log)
 
 
-def read_generic(layout: Layout, paths: list[str], hf_split: str = "") -> tuple[list[SFTRecord] | list[Comparison], SkipLog]:
+def read_generic(
+    layout: Layout, paths: list[str], hf_split: str = ""
+) -> tuple[list[SFTRecord] | list[Comparison], SkipLog]:
     """The records of `paths` in `layout`: `Comparison`s for preference data, `SFTRecord`s otherwise."""
     log = SkipLog()
     records = [r for row in iter_rows(paths, hf_split) if (r := parse_row(row, layout, log)) is not None]

@@ -56,6 +56,8 @@ def load_gsm8k(paths: list[str], hf_split: str = "") -> tuple[list[SFTRecord], S
             continue
         messages = json.dumps(gsm8k_messages(data["question"]))
         columns = {"answer": number, "solution": solution, "calculator_steps": calculator_steps(solution)}
-        records.append(SFTRecord(text_id(data["question"]), {"messages": messages}, solution, row.where, "chat", columns))
+        records.append(
+            SFTRecord(text_id(data["question"]), {"messages": messages}, solution, row.where, "chat", columns)
+        )
     log.kept = len(records)
     return records, log

@@ -59,7 +59,12 @@ class SkipLog:
         return f"kept {self.kept} {what}, skipped {self.skipped}: {parts}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kept": self.kept, "skipped": self.skipped, "by_reason": dict(self.counts.most_common()), "examples": self.examples}
+        return {
+            "kept": self.kept,
+            "skipped": self.skipped,
+            "by_reason": dict(self.counts.most_common()),
+            "examples": self.examples,
+        }
 
 
 @dataclass
@@ -115,7 +120,9 @@ def reading(path: str) -> Iterator[None]:
     except (EOFError, zlib.error) as e:
         raise DataFormatError(f"{path}: damaged or cut-short gzip data ({e}); copy or download it again") from None
     except UnicodeDecodeError as e:
-        raise DataFormatError(f"{first_bad_utf8(path) or f'{path}: not UTF-8 text ({e.reason})'}; convert it to UTF-8") from None
+        raise DataFormatError(
+            f"{first_bad_utf8(path) or f'{path}: not UTF-8 text ({e.reason})'}; convert it to UTF-8"
+        ) from None
     except OSError as e:
         raise DataFormatError(f"{path}: cannot read it ({e.strerror or e})") from None
 
@@ -130,7 +137,8 @@ def first_bad_utf8(path: str) -> str:
             try:
                 line.decode("utf-8")
             except UnicodeDecodeError as e:
-                return f"{path}:{number}: not UTF-8 text ({e.reason} 0x{line[e.start]:02x} at byte {offset + e.start} of the file)"
+                byte = f"0x{line[e.start]:02x} at byte {offset + e.start}"
+                return f"{path}:{number}: not UTF-8 text ({e.reason} {byte} of the file)"
             offset += len(line)
     return ""
 
@@ -168,7 +176,9 @@ def iter_jsonl(path: str) -> Iterator[Row]:
                 data = decode_json(line)
             except json.JSONDecodeError as e:
                 if first:
-                    raise DataFormatError(f"{where}: not JSON lines ({e.msg}); expected one JSON object per line") from None
+                    raise DataFormatError(
+                        f"{where}: not JSON lines ({e.msg}); expected one JSON object per line"
+                    ) from None
                 data = Unparsable("invalid_json", e.msg)
             yield Row(data, where, first)
             first = False
@@ -294,7 +304,9 @@ def require_fields(row: Row, fields: list[str], format_name: str) -> None:
         node: Any = row.data
         for part in name.split("."):
             if not isinstance(node, dict) or part not in node:
-                raise MissingColumns(f"{row.where}: field {name!r} missing; {format_name} records need: {', '.join(fields)}", row.data)
+                raise MissingColumns(
+                    f"{row.where}: field {name!r} missing; {format_name} records need: {', '.join(fields)}", row.data
+                )
             node = node[part]
 
 

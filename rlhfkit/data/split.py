@@ -37,7 +37,10 @@ def split_by_prompt(
     keys = sorted({key(r) for r in records}, key=lambda k: stable_rank(k, seed))
     n = validation_size if validation_size is not None else round(len(keys) * validation_fraction)
     if n < 0:
-        raise ConfigError(f"the validation size must not be negative, got {validation_size if validation_size is not None else validation_fraction}")
+        raise ConfigError(
+            "the validation size must not be negative, got "
+            f"{validation_size if validation_size is not None else validation_fraction}"
+        )
     if n > len(keys):
         raise ConfigError(f"asked for {n} validation prompts but the data has only {len(keys)} distinct prompts")
     held_out = set(keys[:n])
@@ -52,7 +55,9 @@ def prompt_folds(keys: Sequence[str], folds: int, seed: int = 0) -> list[int]:
     that, like `split_by_prompt`, depends only on the keys, so folds differ in size by one prompt."""
     distinct = sorted(set(keys), key=lambda k: stable_rank(k, seed))
     if not 2 <= folds <= len(distinct):
-        raise ConfigError(f"cross-validation needs 2 to {len(distinct)} folds (one per distinct prompt at most), got {folds}")
+        raise ConfigError(
+            f"cross-validation needs 2 to {len(distinct)} folds (one per distinct prompt at most), got {folds}"
+        )
     fold_of = {key: rank % folds for rank, key in enumerate(distinct)}
     return [fold_of[k] for k in keys]
 
@@ -69,17 +74,25 @@ def split_comparisons(selection: PairSelection) -> tuple[list[Comparison], list[
     records, load_log = usable(loaded, selection.data, "pairs", f"data_format={selection.data_format}")
     notes = [f"loaded: {load_log.summary('pairs')}"]
     if selection.validation_splits:
-        train_records, val_records, split_notes = split_by_upstream_split(selection, filter_comparisons(records, [], selection.batches))
+        train_records, val_records, split_notes = split_by_upstream_split(
+            selection, filter_comparisons(records, [], selection.batches)
+        )
         notes += split_notes
     else:
         records = filter_comparisons(records, selection.splits, selection.batches)
         if not records:
-            raise ConfigError(f"no comparisons left after splits={selection.splits} batches={selection.batches} (loaded: {load_log.summary('pairs')})")
-        train_records, val_records = split_by_prompt(records, lambda r: r.prompt_id, validation_fraction=selection.validation_fraction, seed=selection.seed)
+            raise ConfigError(
+                f"no comparisons left after splits={selection.splits} batches={selection.batches} (loaded: "
+                f"{load_log.summary('pairs')})"
+            )
+        train_records, val_records = split_by_prompt(
+            records, lambda r: r.prompt_id, validation_fraction=selection.validation_fraction, seed=selection.seed
+        )
         notes += [
             f"after split/batch filters: {len(records)} pairs",
             f"split by prompt: {len(train_records)} train pairs ({len({r.prompt_id for r in train_records})} prompts), "
-            f"{len(val_records)} validation pairs ({len({r.prompt_id for r in val_records})} prompts), no prompt on both sides",
+            f"{len(val_records)} validation pairs ({len({r.prompt_id for r in val_records})} prompts), no prompt on "
+            "both sides",
         ]
     if selection.max_pairs and len(train_records) > selection.max_pairs:
         train_records = train_records[: selection.max_pairs]
@@ -87,20 +100,33 @@ def split_comparisons(selection: PairSelection) -> tuple[list[Comparison], list[
     return train_records, val_records, notes
 
 
-def split_by_upstream_split(selection: PairSelection, records: list[Comparison]) -> tuple[list[Comparison], list[Comparison], list[str]]:
+def split_by_upstream_split(
+    selection: PairSelection, records: list[Comparison]
+) -> tuple[list[Comparison], list[Comparison], list[str]]:
     """Split-disjoint protocol: validate on the upstream `validation_splits` (TL;DR valid1, whose
     summaries come from other policies than valid2's, Detail 6), train on `splits` (empty: every other
     split). Validation pairs whose prompt is also trained on are dropped and counted, so validation is
     prompt-disjoint as well."""
     validation = [r for r in records if r.split in selection.validation_splits]
-    train = [r for r in records if r.split not in selection.validation_splits and (not selection.splits or r.split in selection.splits)]
+    train = [
+        r
+        for r in records
+        if r.split not in selection.validation_splits and (not selection.splits or r.split in selection.splits)
+    ]
     if not validation or not train:
         found = sorted({r.split or "(none)" for r in records})
-        raise ConfigError(f"validation_splits={selection.validation_splits} splits={selection.splits} leave {len(train)} training and "
-                          f"{len(validation)} validation pairs; the data has splits {found}")
+        raise ConfigError(
+            f"validation_splits={selection.validation_splits} splits={selection.splits} leave {len(train)} training "
+            "and "
+            f"{len(validation)} validation pairs; the data has splits {found}"
+        )
     trained = {r.prompt_id for r in train}
     disjoint = [r for r in validation if r.prompt_id not in trained]
-    notes = [f"split-disjoint: {len(train)} training pairs from splits {selection.splits or 'other than ' + str(selection.validation_splits)}, "
-             f"{len(disjoint)} validation pairs from {selection.validation_splits}; {len(validation) - len(disjoint)} validation pairs "
-             "dropped because their prompt is also in training"]
+    notes = [
+        f"split-disjoint: {len(train)} training pairs from splits "
+        f"{selection.splits or 'other than ' + str(selection.validation_splits)}, "
+        f"{len(disjoint)} validation pairs from {selection.validation_splits}; {len(validation) - len(disjoint)} "
+        "validation pairs "
+        "dropped because their prompt is also in training"
+    ]
     return train, disjoint, notes

@@ -31,7 +31,9 @@ class SFTRecord:
     summary: str  # the reference completion
     where: str
     task: str = "tldr"
-    columns: dict[str, Any] = field(default_factory=dict)  # the record's other dataset columns, passed to reward functions
+    columns: dict[str, Any] = field(
+        default_factory=dict
+    )  # the record's other dataset columns, passed to reward functions
 
 
 @dataclass
@@ -132,7 +134,11 @@ def parse_comparison_row(row: Row, log: SkipLog) -> Comparison | None:
         return None
     task = comparison_task(info)
     body_key = "article" if task == "cnndm" else "post"
-    fields = {"article": info.get("article")} if task == "cnndm" else {k: info.get(k) for k in ("subreddit", "title", "post")}
+    fields = (
+        {"article": info.get("article")}
+        if task == "cnndm"
+        else {k: info.get(k) for k in ("subreddit", "title", "post")}
+    )
     if task == "tldr" and fields["subreddit"] is None:
         fields["subreddit"] = ""
     texts = {"chosen": summaries[choice].get("text"), "rejected": summaries[1 - choice].get("text")}

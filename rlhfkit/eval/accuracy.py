@@ -54,7 +54,10 @@ def named_models(specs: list[str]) -> dict[str, str]:
     """name=model pairs in order; a model is an embedded name, a folder or a hub id."""
     named = parse_named(specs, "models", "base=smollm2-135m,grpo=runs/grpo/model")
     if not named:
-        raise ConfigError("eval task=gsm8k needs models=name=model[,name=model...]: the first is the baseline the others are compared with")
+        raise ConfigError(
+            "eval task=gsm8k needs models=name=model[,name=model...]: the first is the baseline the others are "
+            "compared with"
+        )
     return named
 
 
@@ -64,14 +67,23 @@ def interval(values: np.ndarray, seed: int) -> dict[str, float]:
 
 
 @torch.no_grad()
-def answer(policy, examples: list[SFTExample], tokenizer, cfg: EvalConfig, temperature: float, samples: int) -> RolloutBatch:
+def answer(
+    policy, examples: list[SFTExample], tokenizer, cfg: EvalConfig, temperature: float, samples: int
+) -> RolloutBatch:
     params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=temperature)
     device = model_device(policy)
     label = "greedy" if temperature == 0 else f"{samples} samples at T={temperature}"
     with evaluation_mode(policy):
-        return sample_responses(policy, [e.query.ids for e in examples], params, tokenizer, cfg.generation_batch_size,
-                                lambda i: chunk_generator(cfg.seed, 0, i, device, EVALUATION_STREAM), desc=f"answering ({label})",
-                                samples_per_prompt=samples)
+        return sample_responses(
+            policy,
+            [e.query.ids for e in examples],
+            params,
+            tokenizer,
+            cfg.generation_batch_size,
+            lambda i: chunk_generator(cfg.seed, 0, i, device, EVALUATION_STREAM),
+            desc=f"answering ({label})",
+            samples_per_prompt=samples,
+        )
 
 
 @torch.no_grad()
@@ -80,7 +92,9 @@ def sequence_logprobs_of(model, batch: RolloutBatch, temperature: float, rows: i
     sums = []
     for start in range(0, batch.size, rows):
         part = batch.select(slice(start, start + rows)).to(model_device(model))
-        logprobs, _ = response_logprobs(model, part.input_ids(), part.attention_mask(), part.context_length, temperature)
+        logprobs, _ = response_logprobs(
+            model, part.input_ids(), part.attention_mask(), part.context_length, temperature
+        )
         sums.append((logprobs * part.mask).sum(-1).cpu())
     return torch.cat(sums)
 
@@ -92,7 +106,9 @@ def graded(batch: RolloutBatch, examples: list[SFTExample], tokenizer, samples: 
     shape = (len(examples), samples)
     return {
         "texts": np.array(texts, dtype=object).reshape(shape),
-        "correct": np.array([is_correct(t, a) for t, a in zip(texts, answers, strict=True)], dtype=np.float64).reshape(shape),
+        "correct": np.array([is_correct(t, a) for t, a in zip(texts, answers, strict=True)], dtype=np.float64).reshape(
+            shape
+        ),
         "format": np.array(answer_format([], texts), dtype=np.float64).reshape(shape),
         "tokens": batch.lengths.cpu().numpy().astype(np.float64).reshape(shape),
         "eos": batch.has_eos.cpu().numpy().astype(np.float64).reshape(shape),
@@ -102,13 +118,18 @@ def graded(batch: RolloutBatch, examples: list[SFTExample], tokenizer, samples: 
 def evaluate_policy(name: str, path: str, examples: list[SFTExample], cfg: EvalConfig, reference) -> dict[str, Any]:
     policy, tokenizer = load_policy(path, cfg.trust_remote_code)
     policy.eval()
-    result: dict[str, Any] = {"model": path, "greedy": graded(answer(policy, examples, tokenizer, cfg, 0.0, 1), examples, tokenizer, 1)}
+    result: dict[str, Any] = {
+        "model": path,
+        "greedy": graded(answer(policy, examples, tokenizer, cfg, 0.0, 1), examples, tokenizer, 1),
+    }
     if cfg.pass_k:
         batch = answer(policy, examples, tokenizer, cfg, cfg.temperature, cfg.pass_k)
         result["sampled"] = graded(batch, examples, tokenizer, cfg.pass_k)
         if reference is not None:
             rows = cfg.generation_batch_size
-            kl = sequence_logprobs_of(policy, batch, cfg.temperature, rows) - sequence_logprobs_of(reference, batch, cfg.temperature, rows)
+            kl = sequence_logprobs_of(policy, batch, cfg.temperature, rows) - sequence_logprobs_of(
+                reference, batch, cfg.temperature, rows
+            )
             result["kl"] = float(kl.mean())
     print(f"{name}: greedy accuracy {result['greedy']['correct'].mean():.3f} on {len(examples)} problems")
     return result
@@ -125,9 +146,15 @@ def summary_table(results: dict[str, dict[str, Any]], subset: np.ndarray, seed: 
         if baseline is None:
             baseline = greedy
         else:
-            row |= {f"greedy_minus_first{k if k != 'mean' else ''}": v for k, v in named_interval(greedy - baseline, seed).items()}
-        row |= {"format_share": float(result["greedy"]["format"][subset].mean()), "length": float(result["greedy"]["tokens"][subset].mean()),
-                "eos_rate": float(result["greedy"]["eos"][subset].mean())}
+            row |= {
+                f"greedy_minus_first{k if k != 'mean' else ''}": v
+                for k, v in named_interval(greedy - baseline, seed).items()
+            }
+        row |= {
+            "format_share": float(result["greedy"]["format"][subset].mean()),
+            "length": float(result["greedy"]["tokens"][subset].mean()),
+            "eos_rate": float(result["greedy"]["eos"][subset].mean()),
+        }
         if "sampled" in result:
             sampled = result["sampled"]["correct"][subset]
             k = sampled.shape[1]
@@ -153,7 +180,10 @@ def select_problems(cfg: EvalConfig, tokenizer) -> list[SFTExample]:
     if cfg.max_prompts:
         records = records[: cfg.max_prompts]
     examples, tokenized = tokenize_sft(records, tokenizer, cfg.max_query_length, 10**9)
-    print(f"loaded: {log.summary('problems')}; queries: {tokenized.summary('problems')}; evaluating on the first {len(examples)}")
+    print(
+        f"loaded: {log.summary('problems')}; queries: {tokenized.summary('problems')}; evaluating on the first "
+        f"{len(examples)}"
+    )
     if not examples:
         raise ConfigError(f"no GSM8K problems in {', '.join(cfg.data)} ({log.summary('problems')})")
     return examples
@@ -163,12 +193,19 @@ def run_accuracy(cfg: EvalConfig) -> int:
     named = named_models(cfg.models)
     if not cfg.data:
         raise ConfigError("eval task=gsm8k needs data= (GSM8K test problems, e.g. ../shared/data/gsm8k/test.jsonl.gz)")
-    reference = load_policy(cfg.reference_model, cfg.trust_remote_code)[0].eval() if cfg.reference_model and cfg.pass_k else None
+    reference = (
+        load_policy(cfg.reference_model, cfg.trust_remote_code)[0].eval()
+        if cfg.reference_model and cfg.pass_k
+        else None
+    )
     first_tokenizer = load_policy(next(iter(named.values())), cfg.trust_remote_code)[1]
     examples = select_problems(cfg, first_tokenizer)
     steps = np.array([e.record.columns["calculator_steps"] for e in examples])
     results = {name: evaluate_policy(name, path, examples, cfg, reference) for name, path in named.items()}
-    subsets = {"all": np.ones(len(examples), dtype=bool), f"easy (<= {cfg.easy_steps} calculator steps)": steps <= cfg.easy_steps}
+    subsets = {
+        "all": np.ones(len(examples), dtype=bool),
+        f"easy (<= {cfg.easy_steps} calculator steps)": steps <= cfg.easy_steps,
+    }
     tables = {label: summary_table(results, mask, cfg.seed) for label, mask in subsets.items()}
     out = Path(cfg.out) if cfg.out else Path("runs") / f"eval-gsm8k-{datetime.now():%Y%m%d-%H%M%S}"
     out.mkdir(parents=True, exist_ok=True)
@@ -182,7 +219,9 @@ def run_accuracy(cfg: EvalConfig) -> int:
 
 def write_accuracy_report(out: Path, tables: dict[str, list[dict[str, Any]]], cfg: EvalConfig) -> Path:
     """Each policy's greedy accuracy beside the first policy's on the same problems, with the paired difference."""
-    report = Report("GSM8K accuracy", {"folder": str(out), "policies": ", ".join(cfg.models), "data": ", ".join(cfg.data)})
+    report = Report(
+        "GSM8K accuracy", {"folder": str(out), "policies": ", ".join(cfg.models), "data": ", ".join(cfg.data)}
+    )
     everything = next(iter(tables.values()))
     first = everything[0]
     report.caveat(few_prompts_caveat(first["problems"], "problems"))
@@ -191,10 +230,19 @@ def write_accuracy_report(out: Path, tables: dict[str, list[dict[str, Any]]], cf
         if row is first:
             report.number(f"{row['policy']}: greedy accuracy", accuracy)
             continue
-        report.number(f"{row['policy']}: greedy accuracy", accuracy, first["greedy_accuracy"], first["policy"],
-                      fell_caveat("greedy accuracy", first["greedy_accuracy"], row["greedy_accuracy"], first["policy"]))
-        report.number(f"{row['policy']}: minus {first['policy']} (paired)",
-                      (row["greedy_minus_first"], row["greedy_minus_first_low"], row["greedy_minus_first_high"]), 0, "no difference")
+        report.number(
+            f"{row['policy']}: greedy accuracy",
+            accuracy,
+            first["greedy_accuracy"],
+            first["policy"],
+            fell_caveat("greedy accuracy", first["greedy_accuracy"], row["greedy_accuracy"], first["policy"]),
+        )
+        report.number(
+            f"{row['policy']}: minus {first['policy']} (paired)",
+            (row["greedy_minus_first"], row["greedy_minus_first_low"], row["greedy_minus_first_high"]),
+            0,
+            "no difference",
+        )
     for label, rows in tables.items():
         report.table(f"Problems: {label}", [with_intervals(r) for r in rows])
     return report.write(out)
@@ -203,8 +251,12 @@ def write_accuracy_report(out: Path, tables: dict[str, list[dict[str, Any]]], cf
 def answer_rows(examples: list[SFTExample], results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for i, e in enumerate(examples):
-        row = {"prompt_id": e.record.prompt_id, "where": e.record.where, "answer": e.record.columns["answer"],
-               "calculator_steps": e.record.columns["calculator_steps"]}
+        row = {
+            "prompt_id": e.record.prompt_id,
+            "where": e.record.where,
+            "answer": e.record.columns["answer"],
+            "calculator_steps": e.record.columns["calculator_steps"],
+        }
         for name, result in results.items():
             row |= {name: result["greedy"]["texts"][i, 0], f"{name}_correct": bool(result["greedy"]["correct"][i, 0])}
             if "sampled" in result:

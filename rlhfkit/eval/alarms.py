@@ -91,7 +91,9 @@ def template_collapse(responses: Sequence[str]) -> dict[str, Any]:
             "top_ending": top_ending, "question_ending_share": sum(map(ends_with_question, responses)) / len(responses)}
 
 
-def alarms(responses: Sequence[str], prompts: Sequence[str], references: Sequence[str] | None, has_eos: Sequence[bool]) -> dict[str, Any]:
+def alarms(
+    responses: Sequence[str], prompts: Sequence[str], references: Sequence[str] | None, has_eos: Sequence[bool]
+) -> dict[str, Any]:
     """Mean copy share, repetition, length relative to the references (in words; only when there are
     references), EOS rate and template collapse, with the list of those past THRESHOLDS."""
     if not responses:
@@ -103,7 +105,9 @@ def alarms(responses: Sequence[str], prompts: Sequence[str], references: Sequenc
     }
     if references is not None:
         values["length_ratio"] = sum(len(words(r)) for r in responses) / max(1, sum(len(words(r)) for r in references))
-    flags = [k for k in ("copy_4gram_share", "repeated_3gram_share", "length_ratio") if values.get(k, 0) > THRESHOLDS[k]]
+    flags = [
+        k for k in ("copy_4gram_share", "repeated_3gram_share", "length_ratio") if values.get(k, 0) > THRESHOLDS[k]
+    ]
     flags += ["eos_rate"] if values["eos_rate"] < THRESHOLDS["eos_rate"] else []
     values |= template_collapse(responses)
     if len(responses) >= MIN_TEMPLATE_RESPONSES:

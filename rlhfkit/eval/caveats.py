@@ -82,8 +82,11 @@ def reward_model_caveat(accuracy: float | None, length_rule: float | None, diffe
         return (f"reward model accuracy {accuracy:.3f} is at or below always-prefer-longer ({length_rule:.3f}): "
                 f"its scores do not show quality beyond length")
     if difference_low is not None and difference_low <= 0:
-        return (f"reward model accuracy {accuracy:.3f} is not distinguishable from always-prefer-longer ({length_rule:.3f}): "
-                f"the paired interval of the difference includes 0")
+        return (
+            f"reward model accuracy {accuracy:.3f} is not distinguishable from always-prefer-longer "
+            f"({length_rule:.3f}): "
+            f"the paired interval of the difference includes 0"
+        )
     return ""
 
 
@@ -104,9 +107,11 @@ def alarm_caveat(policy: str, alarms: dict[str, Any]) -> str:
 def alarm_value(flag: str, alarms: dict[str, Any]) -> str:
     """The flag and its value; for a template alarm also the text the responses share, so that a
     reader sees what collapsed."""
-    collapsed = {"shared_opening_share": f'opening "{alarms.get("top_opening", "")}"',
-                 "shared_ending_share": f'ending "{alarms.get("top_ending", "")}"',
-                 "question_ending_share": 'ending in "?"'}.get(flag)
+    collapsed = {
+        "shared_opening_share": f'opening "{alarms.get("top_opening", "")}"',
+        "shared_ending_share": f'ending "{alarms.get("top_ending", "")}"',
+        "question_ending_share": 'ending in "?"',
+    }.get(flag)
     return f"{flag} {alarms[flag]:.3f}" + (f" ({collapsed})" if collapsed else "")
 
 
@@ -116,8 +121,10 @@ def budget_caveat(stage: str, amount: float | None) -> str:
     paper, unit = PAPER_BUDGET[stage]
     if amount >= SMALL_BUDGET * paper:
         return ""
-    return (f"trained on {int(amount):,} {unit}, {100 * amount / paper:.2g}% of the paper's {paper:,}: "
-            f"at this budget the numbers show the machinery, not alignment")
+    return (
+        f"trained on {int(amount):,} {unit}, {100 * amount / paper:.2g}% of the paper's {paper:,}: "
+        f"at this budget the numbers show the machinery, not alignment"
+    )
 
 
 def few_prompts_caveat(count: int | None, what: str = "prompts") -> str:

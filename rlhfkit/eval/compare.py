@@ -43,7 +43,9 @@ def parse_named_paths(specs: list[str], key: str = "samples", folders: bool = Fa
     for name, path in parse_named(specs, key, f"ppo=runs/ppo/{'model' if folders else 'samples.jsonl'}").items():
         exists = Path(path).is_dir() if folders else Path(path).is_file()
         if not exists:
-            raise ConfigError(f"{key}: {path} (for {name}) does not exist" + ("" if folders else "; write it with `rlhfkit generate`"))
+            raise ConfigError(
+                f"{key}: {path} (for {name}) does not exist" + ("" if folders else "; write it with `rlhfkit generate`")
+            )
         named[name] = Path(path)
     return named
 
@@ -64,9 +66,13 @@ def sample_row(line: str, where: str) -> dict[str, Any]:
     try:
         row = decode_json(line)
     except json.JSONDecodeError as e:
-        raise DataFormatError(f"{where}: not JSON lines ({e.msg}); give the JSON-lines file `rlhfkit generate` writes") from None
+        raise DataFormatError(
+            f"{where}: not JSON lines ({e.msg}); give the JSON-lines file `rlhfkit generate` writes"
+        ) from None
     if not isinstance(row, dict):
-        raise DataFormatError(f"{where}: a JSON {type(row).__name__}, not a sample; give the JSON-lines file `rlhfkit generate` writes")
+        raise DataFormatError(
+            f"{where}: a JSON {type(row).__name__}, not a sample; give the JSON-lines file `rlhfkit generate` writes"
+        )
     missing = [f for f in SAMPLE_FIELDS if f not in row]
     if missing:
         raise ConfigError(f"{where} lacks {', '.join(missing)}; give a file written by `rlhfkit generate`")
@@ -78,7 +84,9 @@ def common_prompts(samples: dict[str, dict[str, dict[str, Any]]], limit: int) ->
     first, *others = samples.values()
     ids = [pid for pid in first if all(pid in other for other in others)]
     if not ids:
-        raise ConfigError("the sample files share no prompt_id: generate them on the same posts (same data, split and seed)")
+        raise ConfigError(
+            "the sample files share no prompt_id: generate them on the same posts (same data, split and seed)"
+        )
     return ids[:limit] if limit else ids
 
 
@@ -96,10 +104,17 @@ def has_references(rows: list[dict[str, Any]]) -> bool:
 def policy_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     texts, references = [r["text"] for r in rows], [r["reference"] for r in rows] if has_references(rows) else None
     has_eos = [bool(r.get("has_eos", True)) for r in rows]
-    summary = {"prompts": len(rows), "words": mean([len(words(t)) for t in texts]), "eos_rate": mean([float(e) for e in has_eos]),
-               "alarms": alarms(texts, [r["query"] for r in rows], references, has_eos)}
+    summary = {
+        "prompts": len(rows),
+        "words": mean([len(words(t)) for t in texts]),
+        "eos_rate": mean([float(e) for e in has_eos]),
+        "alarms": alarms(texts, [r["query"] for r in rows], references, has_eos),
+    }
     if references is not None:
-        summary |= {"rouge_l": mean(rouge_l(texts, references)), "reference_words": mean([len(words(t)) for t in references])}
+        summary |= {
+            "rouge_l": mean(rouge_l(texts, references)),
+            "reference_words": mean([len(words(t)) for t in references]),
+        }
     return summary
 
 
@@ -111,8 +126,11 @@ def by_category(rows: list[dict[str, Any]], rm_scores: list[float] | None) -> di
     result = {}
     for category, members in groups.items():
         passes = [float(rows[i]["capability_pass"]) for i in members if rows[i].get("capability_pass") is not None]
-        result[category] = {"prompts": len(members), "capability_pass_rate": mean(passes) if passes else None,
-                            "rm_score": mean([rm_scores[i] for i in members]) if rm_scores else None}
+        result[category] = {
+            "prompts": len(members),
+            "capability_pass_rate": mean(passes) if passes else None,
+            "rm_score": mean([rm_scores[i] for i in members]) if rm_scores else None,
+        }
     return result
 
 
@@ -129,7 +147,9 @@ def versus_references(judge, rows: list[dict[str, Any]], seed: int) -> tuple[dic
     }, verdicts
 
 
-def head_to_head(judge, samples: dict[str, dict[str, dict[str, Any]]], ids: list[str], seed: int) -> dict[str, dict[str, Any]]:
+def head_to_head(
+    judge, samples: dict[str, dict[str, dict[str, Any]]], ids: list[str], seed: int
+) -> dict[str, dict[str, Any]]:
     """matrix[a][b]: a's win rate against b on the same prompts (each unordered pair judged once)."""
     names = list(samples)
     matrix: dict[str, dict[str, Any]] = {a: {} for a in names}
@@ -147,7 +167,11 @@ def head_to_head(judge, samples: dict[str, dict[str, dict[str, Any]]], ids: list
 
 def preference_consistency(first: list[Verdict], second: list[Verdict]) -> dict[str, Any]:
     """Detail 17: share of pairs, decided by both judges, where they prefer the same response."""
-    both = [(a.winner, b.winner) for a, b in zip(first, second, strict=True) if a.winner in ("A", "B") and b.winner in ("A", "B")]
+    both = [
+        (a.winner, b.winner)
+        for a, b in zip(first, second, strict=True)
+        if a.winner in ("A", "B") and b.winner in ("A", "B")
+    ]
     return {"pairs": len(both), "consistency": mean([float(a == b) for a, b in both]) if both else None}
 
 
@@ -166,19 +190,29 @@ class ModelStats:
         if self.reward is not None:
             model, tokenizer = self.reward
             q, responses = policy_stats.encoded_samples(tokenizer, rows)
-            scores = score_texts(model, tokenizer.pad_token_id, q, responses, self.cfg.batch_size, f"RM scores ({name})", has_eos=has_eos)
+            scores = score_texts(
+                model, tokenizer.pad_token_id, q, responses, self.cfg.batch_size, f"RM scores ({name})", has_eos=has_eos
+            )
             stats["rm_scores"] = scores.tolist()
             stats["rm_score"] = mean(stats["rm_scores"])
         if self.reference is not None:
             reference, tokenizer = self.reference
             q, responses = policy_stats.encoded_samples(tokenizer, rows)
-            ranks = [policy_stats.token_ranks(reference, qi, ri) if ri else [] for qi, ri in zip(q, responses, strict=True)]
+            ranks = [
+                policy_stats.token_ranks(reference, qi, ri) if ri else [] for qi, ri in zip(q, responses, strict=True)
+            ]
             stats["token_shift"] = policy_stats.shift_shares(ranks)
-            stats["shift_html"] = [policy_stats.shift_html(tokenizer, r, k) for r, k in list(zip(responses, ranks, strict=True))[: self.cfg.shift_samples]]
+            stats["shift_html"] = [
+                policy_stats.shift_html(tokenizer, r, k)
+                for r, k in list(zip(responses, ranks, strict=True))[: self.cfg.shift_samples]
+            ]
             if name in self.models:
                 policy, _ = load_policy(str(self.models[name]))
-                stats["kl"] = float(policy_stats.kl_to_reference(policy, reference, q, responses, tokenizer.pad_token_id,
-                                                                 self.cfg.batch_size).mean())
+                stats["kl"] = float(
+                    policy_stats.kl_to_reference(
+                        policy, reference, q, responses, tokenizer.pad_token_id, self.cfg.batch_size
+                    ).mean()
+                )
         return stats
 
 
@@ -195,11 +229,29 @@ def run(cfg: EvalConfig) -> int:
     out = Path(cfg.out) if cfg.out else Path("runs") / f"eval-{datetime.now():%Y%m%d-%H%M%S}"
     print(f"comparing {', '.join(named)} on {len(ids)} common prompts")
     result: dict[str, Any] = {"prompts": len(ids), "policies": {}}
-    judge = make_judge(cfg.judge, template=cfg.template or None, cache_dir=cfg.cache_dir, seed=cfg.seed,
-                       options=ApiOptions(concurrency=cfg.concurrency, timeout=cfg.timeout, input_price=cfg.input_price,
-                                          output_price=cfg.output_price),
-                       max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size) if cfg.judge else None
-    rm_judge = make_judge(cfg.rm_judge, cache_dir=cfg.cache_dir, seed=cfg.seed, batch_size=cfg.batch_size) if cfg.rm_judge else None
+    judge = (
+        make_judge(
+            cfg.judge,
+            template=cfg.template or None,
+            cache_dir=cfg.cache_dir,
+            seed=cfg.seed,
+            options=ApiOptions(
+                concurrency=cfg.concurrency,
+                timeout=cfg.timeout,
+                input_price=cfg.input_price,
+                output_price=cfg.output_price,
+            ),
+            max_new_tokens=cfg.max_new_tokens,
+            batch_size=cfg.batch_size,
+        )
+        if cfg.judge
+        else None
+    )
+    rm_judge = (
+        make_judge(cfg.rm_judge, cache_dir=cfg.cache_dir, seed=cfg.seed, batch_size=cfg.batch_size)
+        if cfg.rm_judge
+        else None
+    )
     model_stats = ModelStats(cfg)
     for name in named:
         rows = [samples[name][p] for p in ids]
@@ -218,7 +270,10 @@ def run(cfg: EvalConfig) -> int:
         result["head_to_head"] = head_to_head(judge, samples, ids, cfg.seed)
     out.mkdir(parents=True, exist_ok=True)  # once a judge has answered: a judge out of reach leaves no folder
     if judge is not None:
-        result["judge"] = judge.describe() | {"stats": judge.stats.as_dict(), "agreement_with_humans": judge_agreement(cfg.judge, out)}
+        result["judge"] = judge.describe() | {
+            "stats": judge.stats.as_dict(),
+            "agreement_with_humans": judge_agreement(cfg.judge, out),
+        }
     if any("kl" in s and "rm_score" in s for s in result["policies"].values()):
         points = {n: (s["kl"], s["rm_score"]) for n, s in result["policies"].items() if "kl" in s and "rm_score" in s}
         plot_reward_vs_kl(points, out / "reward_vs_kl.png")

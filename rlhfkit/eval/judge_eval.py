@@ -84,7 +84,11 @@ def longer_baseline(comparisons: list[Comparison]) -> dict[str, Any]:
     """"Always prefer the longer response" (by characters) on the same pairs; equal length counts half."""
     chosen, rejected = rm_metrics.char_lengths(comparisons)
     picks = rm_metrics.length_rule_hits(chosen, rejected)
-    return {"agreement": float(picks.mean()), "pairs": len(comparisons), "chosen_longer_share": float((chosen > rejected).mean())}
+    return {
+        "agreement": float(picks.mean()),
+        "pairs": len(comparisons),
+        "chosen_longer_share": float((chosen > rejected).mean()),
+    }
 
 
 def length_preference(comparisons: list[Comparison], orders: BothOrders) -> dict[str, Any]:
@@ -97,8 +101,11 @@ def length_preference(comparisons: list[Comparison], orders: BothOrders) -> dict
     usable = ~np.isnan(votes) & (votes != 0.5) & np.concatenate([chosen != rejected] * 2)
     picks_longer = np.where(chosen_longer, votes, 1 - votes)[usable]
     humans = (chosen > rejected)[chosen != rejected]
-    return {"judge_picks_longer": float(picks_longer.mean()) if picks_longer.size else None, "votes": int(picks_longer.size),
-            "humans_pick_longer": float(humans.mean()) if humans.size else None}
+    return {
+        "judge_picks_longer": float(picks_longer.mean()) if picks_longer.size else None,
+        "votes": int(picks_longer.size),
+        "humans_pick_longer": float(humans.mean()) if humans.size else None,
+    }
 
 
 def summarise(comparisons: list[Comparison], orders: BothOrders, seed: int) -> dict[str, Any]:
@@ -129,9 +136,16 @@ def summarise(comparisons: list[Comparison], orders: BothOrders, seed: int) -> d
 def verdict_rows(comparisons: list[Comparison], orders: BothOrders) -> list[dict[str, Any]]:
     rows = []
     for c, f, b in zip(comparisons, orders.forward, orders.backward, strict=True):
-        rows.append({"prompt_id": c.prompt_id, "split": c.split, "batch": c.batch, "confidence": c.confidence,
-                     "chosen_first": {"winner": f.winner, "swapped": f.swapped, "reply": f.raw, "cached": f.cached},
-                     "rejected_first": {"winner": b.winner, "swapped": b.swapped, "reply": b.raw, "cached": b.cached}})
+        rows.append(
+            {
+                "prompt_id": c.prompt_id,
+                "split": c.split,
+                "batch": c.batch,
+                "confidence": c.confidence,
+                "chosen_first": {"winner": f.winner, "swapped": f.swapped, "reply": f.raw, "cached": f.cached},
+                "rejected_first": {"winner": b.winner, "swapped": b.swapped, "reply": b.raw, "cached": b.cached},
+            }
+        )
     return rows
 
 
@@ -141,26 +155,38 @@ def headline(summary: dict[str, Any], judge: str) -> str:
     if agreement["agreement"] is None:
         lines.append("  no parseable verdict: agreement undefined")
     else:
-        lines.append(f"  agreement with humans {agreement['agreement']:.3f} [{agreement['low']:.3f}, {agreement['high']:.3f}] "
-                     f"over {agreement['votes']} votes; always-prefer-longer {baseline['agreement']:.3f}")
+        lines.append(
+            f"  agreement with humans {agreement['agreement']:.3f} [{agreement['low']:.3f}, {agreement['high']:.3f}] "
+            f"over {agreement['votes']} votes; always-prefer-longer {baseline['agreement']:.3f}"
+        )
     if summary["length_preference"]["judge_picks_longer"] is not None:
-        lines.append(f"  votes for the longer response {summary['length_preference']['judge_picks_longer']:.3f} "
-                     f"(humans on the same pairs: {summary['length_preference']['humans_pick_longer']:.3f})")
+        lines.append(
+            f"  votes for the longer response {summary['length_preference']['judge_picks_longer']:.3f} "
+            f"(humans on the same pairs: {summary['length_preference']['humans_pick_longer']:.3f})"
+        )
     if bias["first_position_share"] is not None:
         lines.append(f"  votes for the response shown first {bias['first_position_share']:.3f} (unbiased: 0.5)")
     if bias["consistent_share"] is not None:
-        lines.append(f"  same pick in both orders {bias['consistent_share']:.3f} of {bias['pairs_decided_in_both_orders']} pairs")
-    lines.append(f"  unparseable {summary['unparseable']} of {summary['verdicts']} verdicts, failed calls {summary['failed']}, "
-                 f"ties {summary['ties']}")
+        lines.append(
+            f"  same pick in both orders {bias['consistent_share']:.3f} of {bias['pairs_decided_in_both_orders']} pairs"
+        )
+    lines.append(
+        f"  unparseable {summary['unparseable']} of {summary['verdicts']} verdicts, failed calls {summary['failed']}, "
+        f"ties {summary['ties']}"
+    )
     return "\n".join(lines)
 
 
 def load_comparisons(cfg: JudgeEvalConfig) -> tuple[list[Comparison], str]:
-    records, log = usable(load_pairs(cfg.data_format, cfg.data, cfg.hf_split), cfg.data, "pairs", f"data_format={cfg.data_format}")
+    records, log = usable(
+        load_pairs(cfg.data_format, cfg.data, cfg.hf_split), cfg.data, "pairs", f"data_format={cfg.data_format}"
+    )
     records = filter_comparisons(records, cfg.splits, cfg.batches)
     if not records:
-        raise ConfigError(f"no comparisons left in {', '.join(cfg.data)} after splits={cfg.splits} batches={cfg.batches} "
-                          f"(loaded: {log.summary('pairs')})")
+        raise ConfigError(
+            f"no comparisons left in {', '.join(cfg.data)} after splits={cfg.splits} batches={cfg.batches} "
+            f"(loaded: {log.summary('pairs')})"
+        )
     # a seeded sample rather than the first pairs: files are often sorted by batch or policy
     order = np.random.default_rng(cfg.seed).permutation(len(records))
     picked = [records[i] for i in sorted(order[: cfg.max_pairs])] if cfg.max_pairs else records
@@ -169,19 +195,35 @@ def load_comparisons(cfg: JudgeEvalConfig) -> tuple[list[Comparison], str]:
 
 def run(cfg: JudgeEvalConfig) -> int:
     if not cfg.judge or not cfg.data:
-        raise ConfigError("judge-eval needs judge=<spec> (e.g. hf:smollm2-135m, openai:gpt-4o-mini, rm:<folder>) and data=<comparisons>")
+        raise ConfigError(
+            "judge-eval needs judge=<spec> (e.g. hf:smollm2-135m, openai:gpt-4o-mini, rm:<folder>) and "
+            "data=<comparisons>"
+        )
     out = Path(cfg.out) if cfg.out else Path("runs") / f"judge-eval-{datetime.now():%Y%m%d-%H%M%S}"
     comparisons, note = load_comparisons(cfg)
     print(f"loaded: {note}; judging {len(comparisons)} pairs in both orders")
-    options = ApiOptions(concurrency=cfg.concurrency, timeout=cfg.timeout, input_price=cfg.input_price, output_price=cfg.output_price)
-    judge = make_judge(cfg.judge, template=cfg.template or None, cache_dir=cfg.cache_dir, seed=cfg.seed, options=options,
-                       max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size)
+    options = ApiOptions(
+        concurrency=cfg.concurrency, timeout=cfg.timeout, input_price=cfg.input_price, output_price=cfg.output_price
+    )
+    judge = make_judge(
+        cfg.judge,
+        template=cfg.template or None,
+        cache_dir=cfg.cache_dir,
+        seed=cfg.seed,
+        options=options,
+        max_new_tokens=cfg.max_new_tokens,
+        batch_size=cfg.batch_size,
+    )
     pairs = pairs_of(comparisons)
     forward = judge.judge(pairs)
     judge.require_a_verdict()  # before the second order: a judge that cannot be reached fails in half the time
     orders = BothOrders(forward, judge.judge(reversed_pairs(pairs)))
     out.mkdir(parents=True, exist_ok=True)
-    summary = summarise(comparisons, orders, cfg.seed) | {"judge": judge.describe(), "stats": judge.stats.as_dict(), "data": note}
+    summary = summarise(comparisons, orders, cfg.seed) | {
+        "judge": judge.describe(),
+        "stats": judge.stats.as_dict(),
+        "data": note,
+    }
     (out / "judge_eval.json").write_text(json.dumps(json_safe(summary), indent=2))
     (out / "verdicts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in verdict_rows(comparisons, orders)))
     write_judge_report(out, summary)
@@ -194,20 +236,41 @@ def run(cfg: JudgeEvalConfig) -> int:
 def write_judge_report(out: Path, summary: dict[str, Any]) -> Path:
     spec, agreement = summary["judge"]["judge"], summary["agreement"]
     measured = {**agreement, "pairs": summary["pairs"], "source": "this judge-eval"}
-    report = Report(f"Judge evaluation: {spec}", {"folder": str(out), "judge": spec, "data": summary.get("data"),
-                                                   "pairs": summary["pairs"], "verdicts": summary["verdicts"],
-                                                   "unparseable verdicts": summary["unparseable"],
-                                                   "failed calls (no reply)": summary["failed"], "ties": summary["ties"]})
-    report.number("agreement with humans (both orders)", (agreement["agreement"], agreement["low"], agreement["high"]),
-                  summary["longer_baseline"]["agreement"], "always prefer the longer response", judge_caveat(spec, measured))
+    report = Report(
+        f"Judge evaluation: {spec}",
+        {
+            "folder": str(out),
+            "judge": spec,
+            "data": summary.get("data"),
+            "pairs": summary["pairs"],
+            "verdicts": summary["verdicts"],
+            "unparseable verdicts": summary["unparseable"],
+            "failed calls (no reply)": summary["failed"],
+            "ties": summary["ties"],
+        },
+    )
+    report.number(
+        "agreement with humans (both orders)",
+        (agreement["agreement"], agreement["low"], agreement["high"]),
+        summary["longer_baseline"]["agreement"],
+        "always prefer the longer response",
+        judge_caveat(spec, measured),
+    )
     report.number("agreement with humans, against chance", agreement["agreement"], 0.5, "chance (a coin)")
     bias, length = summary["position_bias"], summary["length_preference"]
     report.number("votes for the response shown first", bias["first_position_share"], 0.5, "a judge blind to position")
     report.number("same pick in both orders", bias["consistent_share"], 1.0, "a judge blind to position")
-    report.number("votes for the longer response", length["judge_picks_longer"], length["humans_pick_longer"], "humans on the same pairs")
+    report.number(
+        "votes for the longer response",
+        length["judge_picks_longer"],
+        length["humans_pick_longer"],
+        "humans on the same pairs",
+    )
     for name in ("split", "batch", "confidence", "task"):
         groups = summary.get("breakdown", {}).get(name, {})
-        report.table(f"Agreement by {name}", [{name: g, **s} for g, s in groups.items()], [name, "accuracy", "count", "stderr"])
+        report.table(
+            f"Agreement by {name}", [{name: g, **s} for g, s in groups.items()], [name, "accuracy", "count", "stderr"]
+        )
     report.table("Judge", key_values(summary["judge"]), ["key", "value"])
     report.table("Calls and cost", key_values(summary["stats"]), ["key", "value"])
     return report.write(out)

@@ -42,7 +42,9 @@ def batches(n: int, size: int) -> list[range]:
 
 
 @torch.no_grad()
-def response_logprob_sums(model, queries: list[list[int]], responses: list[list[int]], pad_id: int, batch_size: int) -> np.ndarray:
+def response_logprob_sums(
+    model, queries: list[list[int]], responses: list[list[int]], pad_id: int, batch_size: int
+) -> np.ndarray:
     """(N,) log pi(response | query) summed over the response tokens."""
     device = next(model.parameters()).device
     out = np.zeros(len(queries))
@@ -55,8 +57,9 @@ def response_logprob_sums(model, queries: list[list[int]], responses: list[list[
 
 def kl_to_reference(policy, reference, queries, responses, pad_id: int, batch_size: int = 8) -> np.ndarray:
     """(N,) k1 KL estimate of each sample: log pi - log pi_ref summed over its response tokens."""
-    return (response_logprob_sums(policy, queries, responses, pad_id, batch_size)
-            - response_logprob_sums(reference, queries, responses, pad_id, batch_size))
+    return response_logprob_sums(policy, queries, responses, pad_id, batch_size) - response_logprob_sums(
+        reference, queries, responses, pad_id, batch_size
+    )
 
 
 @torch.no_grad()

@@ -47,17 +47,23 @@ def parse_suite(data: Any, source: str) -> list[SuitePrompt]:
     prompts, seen = [], set()
     for number, item in enumerate(data, 1):
         where = f"{source}: entry {number}"
-        if not isinstance(item, dict) or not all(isinstance(item.get(k), str) and item[k].strip() for k in ("id", "category", "prompt")):
+        if not isinstance(item, dict) or not all(
+            isinstance(item.get(k), str) and item[k].strip() for k in ("id", "category", "prompt")
+        ):
             raise ConfigError(f"{where} needs non-empty text fields id, category and prompt")
         if item["category"] not in CATEGORIES:
-            raise ConfigError(f"{where} ({item['id']}): category {item['category']!r} is not one of {', '.join(CATEGORIES)}")
+            raise ConfigError(
+                f"{where} ({item['id']}): category {item['category']!r} is not one of {', '.join(CATEGORIES)}"
+            )
         if item["id"] in seen:
             raise ConfigError(f"{where}: id {item['id']!r} is used twice")
         expect = item.get("expect", [])
         if not isinstance(expect, list) or not all(isinstance(e, str) and e for e in expect):
             raise ConfigError(f"{where} ({item['id']}): expect must be a list of non-empty strings")
         if (item["category"] == "capability") != bool(expect):
-            raise ConfigError(f"{where} ({item['id']}): capability prompts, and only they, list the answers they expect")
+            raise ConfigError(
+                f"{where} ({item['id']}): capability prompts, and only they, list the answers they expect"
+            )
         seen.add(item["id"])
         prompts.append(SuitePrompt(item["id"], item["category"], item["prompt"].strip(), list(expect)))
     return prompts

@@ -98,7 +98,12 @@ class Report:
     def body(self) -> list[tuple[str, str]]:
         parts: list[tuple[str, str]] = []
         if self.summary:
-            parts.append(("Run summary", table_html([{"what": k, "value": v} for k, v in self.summary.items()], ["what", "value"])))
+            parts.append(
+                (
+                    "Run summary",
+                    table_html([{"what": k, "value": v} for k, v in self.summary.items()], ["what", "value"]),
+                )
+            )
         caveats = self.all_caveats()
         parts.append(("Caveats", caveats_html(caveats)))
         if self.numbers:
@@ -108,7 +113,12 @@ class Report:
         parts += [(title, image_html(path)) for title, path in self.figures]
         parts += [(t.title, t.html()) for t in self.samples]
         if self.config:
-            parts.append(("Configuration", f"<details><summary>config.yaml</summary><pre>{html.escape(self.config)}</pre></details>"))
+            parts.append(
+                (
+                    "Configuration",
+                    f"<details><summary>config.yaml</summary><pre>{html.escape(self.config)}</pre></details>",
+                )
+            )
         return parts
 
     def write(self, folder: Path) -> Path:
@@ -116,7 +126,11 @@ class Report:
         pipeline's report gathers from every stage."""
         folder = Path(folder)
         body = self.body()
-        record = {"title": self.title, "numbers": [finite(vars(n)) for n in self.numbers], "caveats": self.all_caveats()}
+        record = {
+            "title": self.title,
+            "numbers": [finite(vars(n)) for n in self.numbers],
+            "caveats": self.all_caveats(),
+        }
         size = sum(len(text) for _, text in body) + len(json.dumps(record, indent=2))
         again = f"run the command again (a training stage: with resume={folder})"
         with room_for(folder, "report.html and report.json", size, again):
@@ -127,8 +141,12 @@ class Report:
     def gather(self, stage: str, record: dict[str, Any]) -> None:
         """Another report's numbers and caveats (its `report.json`), each named after `stage`."""
         for n in record.get("numbers", []):
-            value, baseline = (tuple(v) if isinstance(v, list) else v for v in (n["value"], n.get("baseline")))  # JSON lost the tuples
-            self.numbers.append(Number(f"{stage}: {n['metric']}", value, baseline, n.get("baseline_name", ""), n.get("caveat", "")))
+            value, baseline = (
+                tuple(v) if isinstance(v, list) else v for v in (n["value"], n.get("baseline"))
+            )  # JSON lost the tuples
+            self.numbers.append(
+                Number(f"{stage}: {n['metric']}", value, baseline, n.get("baseline_name", ""), n.get("caveat", ""))
+            )
         for line in record.get("caveats", []):
             if not any(n.caveat and line.endswith(n.caveat) for n in self.numbers):
                 self.caveat(f"{stage}: {line}")
@@ -136,13 +154,22 @@ class Report:
 
 def caveats_html(lines: list[str]) -> str:
     if not lines:
-        return "<p>None of the checks fired (judge agreement, reward model against the length rule, scores and EOS rate against the start, alarms, training budget).</p>"
+        return ("<p>None of the checks fired (judge agreement, reward model against the length rule, scores and EOS "
+                "rate against the start, alarms, training budget).</p>")
     return "<ul class='caveats'>" + "".join(f"<li>{html.escape(line)}</li>" for line in lines) + "</ul>"
 
 
 def numbers_html(numbers: list[Number]) -> str:
-    rows = [{"metric": n.metric, "value": n.value, "trivial baseline": n.baseline_name or MISSING,
-             "baseline value": n.baseline, "note": n.caveat} for n in numbers]
+    rows = [
+        {
+            "metric": n.metric,
+            "value": n.value,
+            "trivial baseline": n.baseline_name or MISSING,
+            "baseline value": n.baseline,
+            "note": n.caveat,
+        }
+        for n in numbers
+    ]
     return table_html(rows, ["metric", "value", "trivial baseline", "baseline value", "note"])
 
 
@@ -203,7 +230,9 @@ def format_value(value: Any) -> str:
 
 def table_html(rows: list[dict[str, Any]], columns: list[str]) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{cell_html(format_value(r.get(c)))}</td>" for c in columns) + "</tr>" for r in rows)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{cell_html(format_value(r.get(c)))}</td>" for c in columns) + "</tr>" for r in rows
+    )
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
@@ -236,15 +265,20 @@ def image_html(path: Path) -> str:
 STYLE = (
     "body{font-family:sans-serif;max-width:1300px;margin:2em auto;padding:0 1em;color:#222}"
     "table{border-collapse:collapse;font-size:13px;margin-bottom:1em}"
-    "td,th{border:1px solid #ccc;padding:4px 6px;vertical-align:top;white-space:pre-wrap;max-width:420px;text-align:left}"
+    "td,th{border:1px solid #ccc;padding:4px "
+    "6px;vertical-align:top;white-space:pre-wrap;max-width:420px;text-align:left}"
     "th{background:#f4f4f4}img{max-width:100%;display:block;margin-bottom:1em}"
-    "ul.caveats li{color:#8a4b00;margin-bottom:.3em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}"
+    "ul.caveats li{color:#8a4b00;margin-bottom:.3em}h2{border-bottom:1px solid "
+    "#ddd;padding-bottom:.2em;margin-top:1.6em}"
 )
 
 
 def write_page(folder: Path, title: str, sections: list[tuple[str, str]]) -> Path:
     """`sections` are (heading, html) pairs, written as `folder/report.html`."""
-    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{STYLE}</style></head><body>"]
+    parts = [
+        "<!DOCTYPE html><html><head><meta "
+        f"charset='utf-8'><title>{html.escape(title)}</title><style>{STYLE}</style></head><body>"
+    ]
     parts.append(f"<h1>{html.escape(title)}</h1>")
     parts += [f"<h2>{html.escape(h)}</h2>{body}" for h, body in sections]
     parts.append("</body></html>")
@@ -269,13 +303,24 @@ def trained_amount(history: list[dict[str, Any]], per_step: int) -> int:
     return int(max(episodes)) if episodes else last_step(history) * per_step
 
 
-def training_summary(run_dir: Path, model: str, notes: list[str], history: list[dict[str, Any]], per_step: int,
-                     unit: str) -> dict[str, Any]:
+def training_summary(
+    run_dir: Path, model: str, notes: list[str], history: list[dict[str, Any]], per_step: int, unit: str
+) -> dict[str, Any]:
     # metrics are logged every log_every steps: a mean of the logged steps, not a sum
-    seconds = [float(r[k]) for r in history for k in ("perf/step_s", "perf/update_total_s") if isinstance(r.get(k), int | float)]
-    return {"run folder": str(run_dir), "model": model, "optimizer steps": last_step(history),
-            f"{unit} trained on": trained_amount(history, per_step),
-            "seconds per step (mean of the logged ones)": sum(seconds) / len(seconds) if seconds else None, "data": "\n".join(notes)}
+    seconds = [
+        float(r[k])
+        for r in history
+        for k in ("perf/step_s", "perf/update_total_s")
+        if isinstance(r.get(k), int | float)
+    ]
+    return {
+        "run folder": str(run_dir),
+        "model": model,
+        "optimizer steps": last_step(history),
+        f"{unit} trained on": trained_amount(history, per_step),
+        "seconds per step (mean of the logged ones)": sum(seconds) / len(seconds) if seconds else None,
+        "data": "\n".join(notes),
+    }
 
 
 def finite(value: Any) -> Any:

@@ -49,7 +49,9 @@ def dump_reward_logits(model: ScalarModel, tokenizer, examples: list[PairExample
             scores = model.per_token_scores(batch["input_ids"].to(device), batch["attention_mask"].to(device))[0].cpu()
         start = len(e.query.ids)
         tokens = [tokenizer.decode([t]) for t in e.chosen]  # readable text, not byte-level pieces
-        dumps.append({"tokens": tokens, "scores": scores[start : start + len(e.chosen)].tolist(), "eos_index": len(e.chosen) - 1})
+        dumps.append(
+            {"tokens": tokens, "scores": scores[start : start + len(e.chosen)].tolist(), "eos_index": len(e.chosen) - 1}
+        )
     (out / "reward_logits.json").write_text(json.dumps(dumps, indent=2))
     if dumps:
         plot_reward_logits(dumps[0], out / "reward_logits.png")
@@ -73,8 +75,19 @@ def builtin_probes_for(comparisons: list[Comparison], probes: str) -> str:
 
 
 def evaluate_reward_model(
-    model: ScalarModel, tokenizer, examples: list[PairExample], out: Path, *, batch_size: int, probes: str,
-    limits: dict[str, int], errors: int = 20, bins: int = 10, dump: int = 1, length_penalty: float = 0.0, seed: int = 0,
+    model: ScalarModel,
+    tokenizer,
+    examples: list[PairExample],
+    out: Path,
+    *,
+    batch_size: int,
+    probes: str,
+    limits: dict[str, int],
+    errors: int = 20,
+    bins: int = 10,
+    dump: int = 1,
+    length_penalty: float = 0.0,
+    seed: int = 0,
     features: FeatureCache | None = None,
 ) -> dict[str, Any]:
     """Everything `rm_eval.json` holds, plus plots, confident errors, probes and Detail 13 dumps. With
@@ -85,15 +98,25 @@ def evaluate_reward_model(
     lengths = response_lengths(examples)
     lengths_c, lengths_r = lengths["chosen_lengths"].numpy(), lengths["rejected_lengths"].numpy()
     if length_penalty:
-        chosen = ops.length_penalised_scores(torch.from_numpy(chosen), lengths["chosen_lengths"], length_penalty).numpy()
-        rejected = ops.length_penalised_scores(torch.from_numpy(rejected), lengths["rejected_lengths"], length_penalty).numpy()
+        chosen = ops.length_penalised_scores(
+            torch.from_numpy(chosen), lengths["chosen_lengths"], length_penalty
+        ).numpy()
+        rejected = ops.length_penalised_scores(
+            torch.from_numpy(rejected), lengths["rejected_lengths"], length_penalty
+        ).numpy()
     comparisons = [e.record for e in examples]
-    result = rm_metrics.evaluate_rewards(comparisons, chosen, rejected, lengths_c, lengths_r, "tokens", bins, errors, seed=seed)
+    result = rm_metrics.evaluate_rewards(
+        comparisons, chosen, rejected, lengths_c, lengths_r, "tokens", bins, errors, seed=seed
+    )
     result["length_penalty"] = length_penalty
     if "chosen_length" in heads:  # ODIN: is the pair still modelled once both heads are summed?
         both = heads["chosen"] + heads["chosen_length"] > heads["rejected"] + heads["rejected_length"]
         result["odin_reward_plus_length_head"] = rm_metrics.accuracy_with_baseline(
-            both.astype(float), rm_metrics.length_rule_hits(lengths_c, lengths_r), rm_metrics.chosen_shorter_mask(lengths_c, lengths_r), seed)
+            both.astype(float),
+            rm_metrics.length_rule_hits(lengths_c, lengths_r),
+            rm_metrics.chosen_shorter_mask(lengths_c, lengths_r),
+            seed,
+        )
     probe_rows = score_probes(model, tokenizer, probes, limits)
     rm_report.write_rm_eval(out, result, chosen, rejected, lengths_c, lengths_r, probe_rows=probe_rows or None)
     if dump and model.head_type == "eos-linear":
@@ -101,41 +124,86 @@ def evaluate_reward_model(
     return result
 
 
-def write_rm_report(run_dir: Path, stage: str, cfg: Any, notes: list[str], evaluation: dict[str, Any], eval_dir: Path,
-                    title: str = "Reward model", extra: Sequence[Table] = ()) -> Path:
+def write_rm_report(
+    run_dir: Path,
+    stage: str,
+    cfg: Any,
+    notes: list[str],
+    evaluation: dict[str, Any],
+    eval_dir: Path,
+    title: str = "Reward model",
+    extra: Sequence[Table] = (),
+) -> Path:
     """report.html of a reward-model or DPO run: validation accuracy beside the always-longer rule,
     accuracy by group, calibration bins, plots and probes."""
     history = read_metrics(run_dir)
-    report = Report(f"{title} run {run_dir.name}", training_summary(run_dir, cfg.model, notes, history, cfg.total_batch_size, "pairs"),
-                    config=config_text(run_dir))
+    report = Report(
+        f"{title} run {run_dir.name}",
+        training_summary(run_dir, cfg.model, notes, history, cfg.total_batch_size, "pairs"),
+        config=config_text(run_dir),
+    )
     report.caveat(budget_caveat(stage, trained_amount(history, cfg.total_batch_size)))
     if "breakdown" in evaluation:
         accuracy_numbers(report, evaluation)
         for name in ("confidence", "batch", "split", "task"):
             groups = evaluation["breakdown"].get(name, {})
-            report.table(f"Accuracy by {name} (Detail 16)", [{name: g, **rm_report.accuracy_cells(stats)} for g, stats in groups.items()])
-        report.table("Calibration bins (Figure 5 right)", [{"mean |margin|": b["mean_margin"], "accuracy": b["accuracy"], "stderr": b["stderr"],
-                                                            "pairs": b["count"]} for b in evaluation["calibration"]["bins"]])
+            report.table(
+                f"Accuracy by {name} (Detail 16)",
+                [{name: g, **rm_report.accuracy_cells(stats)} for g, stats in groups.items()],
+            )
+        report.table(
+            "Calibration bins (Figure 5 right)",
+            [
+                {
+                    "mean |margin|": b["mean_margin"],
+                    "accuracy": b["accuracy"],
+                    "stderr": b["stderr"],
+                    "pairs": b["count"],
+                }
+                for b in evaluation["calibration"]["bins"]
+            ],
+        )
     report.tables += list(extra)
     for png in sorted([*(run_dir / "plots").glob("*.png"), *eval_dir.glob("*.png")]):
         report.figure(png.stem.replace("_", " "), png)
     probes = (read_json(eval_dir / "rm_eval.json") or {}).get("probes", {}).get("checks", [])
-    report.table("Probes: scores along quality and length ladders", [
-        {"probe": c["probe"], "ladder": c["ladder"], "scores": [round(x, 3) for x in c["scores"]], "Spearman": c["spearman"],
-         "verdict": c["verdict"]} for c in probes])
+    report.table(
+        "Probes: scores along quality and length ladders",
+        [
+            {
+                "probe": c["probe"],
+                "ladder": c["ladder"],
+                "scores": [round(x, 3) for x in c["scores"]],
+                "Spearman": c["spearman"],
+                "verdict": c["verdict"],
+            }
+            for c in probes
+        ],
+    )
     return report.write(run_dir)
 
 
 def accuracy_numbers(report: Report, evaluation: dict[str, Any]) -> None:
     overall = evaluation["breakdown"]["overall"]
-    report.number("held-out accuracy", (overall["accuracy"], overall["low"], overall["high"]),
-                  (overall["length_rule"], overall["length_rule_low"], overall["length_rule_high"]), "always prefer the longer response",
-                  reward_model_caveat(overall["accuracy"], overall["length_rule"], overall["model_minus_rule_low"]))
-    report.number(f"accuracy minus always-longer (paired): {rm_report.versus_length_rule(overall)}",
-                  (overall["model_minus_rule"], overall["model_minus_rule_low"], overall["model_minus_rule_high"]), 0, "no difference")
-    report.number(f"accuracy where humans chose the shorter ({overall['chosen_shorter_count']} pairs)",
-                  (overall["chosen_shorter_accuracy"], overall["chosen_shorter_low"], overall["chosen_shorter_high"]), 0,
-                  "always prefer the longer response")
+    report.number(
+        "held-out accuracy",
+        (overall["accuracy"], overall["low"], overall["high"]),
+        (overall["length_rule"], overall["length_rule_low"], overall["length_rule_high"]),
+        "always prefer the longer response",
+        reward_model_caveat(overall["accuracy"], overall["length_rule"], overall["model_minus_rule_low"]),
+    )
+    report.number(
+        f"accuracy minus always-longer (paired): {rm_report.versus_length_rule(overall)}",
+        (overall["model_minus_rule"], overall["model_minus_rule_low"], overall["model_minus_rule_high"]),
+        0,
+        "no difference",
+    )
+    report.number(
+        f"accuracy where humans chose the shorter ({overall['chosen_shorter_count']} pairs)",
+        (overall["chosen_shorter_accuracy"], overall["chosen_shorter_low"], overall["chosen_shorter_high"]),
+        0,
+        "always prefer the longer response",
+    )
     report.number("validation loss", evaluation.get("loss"), math.log(2), "a constant score (ln 2)")
     report.number("calibration error (ECE)", evaluation["calibration"]["ece"])
     report.caveat(few_prompts_caveat(overall["count"], "held-out pairs"))
@@ -145,7 +213,11 @@ def accuracy_numbers(report: Report, evaluation: dict[str, Any]) -> None:
 def load_pair_scorer(cfg: RMEvalConfig) -> tuple[torch.nn.Module, Any]:
     """A reward model, or a DPO policy whose implicit reward is scored the same way (Detail 19)."""
     folder = Path(cfg.model)
-    if folder.is_dir() and not (folder / SCALAR_CONFIG).is_file() and ((folder / DPO_RECORD).is_file() or cfg.reference_model):
+    if (
+        folder.is_dir()
+        and not (folder / SCALAR_CONFIG).is_file()
+        and ((folder / DPO_RECORD).is_file() or cfg.reference_model)
+    ):
         return load_implicit_reward_model(folder, cfg.reference_model, cfg.beta, cfg.trust_remote_code)
     return load_reward_model(cfg.model, cfg.trust_remote_code)
 
@@ -159,20 +231,35 @@ def run_eval(cfg: RMEvalConfig) -> int:
     records, log = usable(loaded, cfg.data, "pairs", f"data_format={cfg.data_format}")
     records = filter_comparisons(records, cfg.splits, cfg.batches)
     if cfg.side != "all":
-        train_side, val_side = split_by_prompt(records, lambda r: r.prompt_id, validation_fraction=cfg.validation_fraction, seed=cfg.seed)
+        train_side, val_side = split_by_prompt(
+            records, lambda r: r.prompt_id, validation_fraction=cfg.validation_fraction, seed=cfg.seed
+        )
         records = val_side if cfg.side == "validation" else train_side
     records = records[: cfg.max_pairs] if cfg.max_pairs else records
     examples, note = prepare_pairs(cfg.lengths, tokenizer, records)
     print(f"loaded: {log.summary('pairs')}; scoring: {note}")
     if not examples:
-        raise ConfigError(f"no pairs left to evaluate (filters splits={cfg.splits} batches={cfg.batches} side={cfg.side}; "
-                          f"loaded: {log.summary('pairs')}; scoring: {note})")
+        raise ConfigError(
+            f"no pairs left to evaluate (filters splits={cfg.splits} batches={cfg.batches} side={cfg.side}; "
+            f"loaded: {log.summary('pairs')}; scoring: {note})"
+        )
     out = Path(cfg.out) if cfg.out else Path("runs") / f"rm-eval-{datetime.now():%Y%m%d-%H%M%S}"
     limits = query_limits(cfg.max_query_length, cfg.max_article_query_length)
     probes = builtin_probes_for(records, cfg.probes)
-    result = evaluate_reward_model(model, tokenizer, examples, out, batch_size=cfg.batch_size, probes=probes, limits=limits,
-                                   errors=cfg.errors, bins=cfg.calibration_bins, dump=cfg.dump_logits,
-                                   length_penalty=cfg.length_penalty, seed=cfg.seed)
+    result = evaluate_reward_model(
+        model,
+        tokenizer,
+        examples,
+        out,
+        batch_size=cfg.batch_size,
+        probes=probes,
+        limits=limits,
+        errors=cfg.errors,
+        bins=cfg.calibration_bins,
+        dump=cfg.dump_logits,
+        length_penalty=cfg.length_penalty,
+        seed=cfg.seed,
+    )
     print(rm_report.headline(result))
     print(f"wrote {out / 'rm_eval.json'}")
     return 0

@@ -66,7 +66,9 @@ def check_aligned(comparisons: Sequence[Comparison], rewards: np.ndarray) -> Non
 
 def char_lengths(comparisons: Sequence[Comparison]) -> tuple[np.ndarray, np.ndarray]:
     """Response lengths in characters: a tokenizer-free fallback when token lengths are not at hand."""
-    return np.array([len(c.chosen.strip()) for c in comparisons]), np.array([len(c.rejected.strip()) for c in comparisons])
+    return np.array([len(c.chosen.strip()) for c in comparisons]), np.array(
+        [len(c.rejected.strip()) for c in comparisons]
+    )
 
 
 def response_lengths(
@@ -78,8 +80,10 @@ def response_lengths(
     chosen = np.asarray(chosen_lengths, dtype=np.float64)
     rejected = np.asarray(rejected_lengths, dtype=np.float64)
     if chosen.shape != (len(comparisons),) or rejected.shape != (len(comparisons),):
-        raise ValueError(f"need one length per response: {len(comparisons)} pairs, "
-                         f"{chosen.size} chosen and {rejected.size} rejected lengths")
+        raise ValueError(
+            f"need one length per response: {len(comparisons)} pairs, "
+            f"{chosen.size} chosen and {rejected.size} rejected lengths"
+        )
     return chosen, rejected, unit
 
 
@@ -111,7 +115,12 @@ def pairwise_loss(chosen_rewards: Any, rejected_rewards: Any) -> float:
 def reward_stats(rewards: Any) -> dict[str, float]:
     """Max, mean, min and std of rewards: the "Reward" rows of Table 5."""
     values = as_rewards(rewards, "rewards")
-    return {"max": float(values.max()), "mean": float(values.mean()), "min": float(values.min()), "std": float(values.std())}
+    return {
+        "max": float(values.max()),
+        "mean": float(values.mean()),
+        "min": float(values.min()),
+        "std": float(values.std()),
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -363,8 +372,10 @@ def length_bias(
     chosen_len = np.asarray(chosen_lengths, dtype=np.float64)
     rejected_len = np.asarray(rejected_lengths, dtype=np.float64)
     if chosen_len.shape != chosen.shape or rejected_len.shape != chosen.shape:
-        raise ValueError(f"need one length per response: {chosen.size} pairs, "
-                         f"{chosen_len.size} chosen and {rejected_len.size} rejected lengths")
+        raise ValueError(
+            f"need one length per response: {chosen.size} pairs, "
+            f"{chosen_len.size} chosen and {rejected_len.size} rejected lengths"
+        )
     rewards, lengths = np.concatenate([chosen, rejected]), np.concatenate([chosen_len, rejected_len])
     unequal = chosen_len != rejected_len
     decided = unequal & (chosen != rejected)
@@ -458,7 +469,9 @@ def evaluate_rewards(
     """All metrics of this module for one set of rewards; lengths default to characters."""
     chosen, rejected = reward_pair(chosen_rewards, rejected_rewards)
     check_aligned(comparisons, chosen)
-    chosen_lengths, rejected_lengths, length_unit = response_lengths(comparisons, chosen_lengths, rejected_lengths, length_unit)
+    chosen_lengths, rejected_lengths, length_unit = response_lengths(
+        comparisons, chosen_lengths, rejected_lengths, length_unit
+    )
     correct = chosen > rejected
     return {
         "pairs": int(chosen.size),
@@ -471,8 +484,12 @@ def evaluate_rewards(
             "margin": reward_stats(chosen - rejected),
         },
         "breakdown": breakdown(comparisons, correct, chosen_lengths, rejected_lengths, seed, resamples),
-        "intervals": {"method": "percentile bootstrap over pairs", "confidence": CONFIDENCE,
-                      "resamples": resamples, "seed": seed},
+        "intervals": {
+            "method": "percentile bootstrap over pairs",
+            "confidence": CONFIDENCE,
+            "resamples": resamples,
+            "seed": seed,
+        },
         "calibration": calibration(chosen, rejected, n_bins),
         "length_bias": length_bias(chosen, rejected, chosen_lengths, rejected_lengths, length_unit),
         "confident_errors": most_confident_errors(comparisons, chosen, rejected, k_errors),

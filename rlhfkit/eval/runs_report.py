@@ -30,14 +30,25 @@ def load_run(folder: Path) -> dict[str, Any]:
         raise ConfigError(f"{folder} has no metrics.jsonl: give run directories written by rlhfkit stages")
     config = yaml.safe_load((folder / "config.yaml").read_text()) if (folder / "config.yaml").is_file() else {}
     evaluation = json.loads((folder / "eval.json").read_text()) if (folder / "eval.json").is_file() else {}
-    return {"name": folder.name, "stage": config.get("stage", "?"), "config": config, "rows": read_metrics(folder), "eval": evaluation}
+    return {
+        "name": folder.name,
+        "stage": config.get("stage", "?"),
+        "config": config,
+        "rows": read_metrics(folder),
+        "eval": evaluation,
+    }
 
 
 def shared_metrics(runs: list[dict[str, Any]]) -> list[str]:
     """Numeric metrics logged by at least two runs (all of them when only one run is given), headline ones first."""
     counts: dict[str, int] = {}
     for run in runs:
-        for key in {k for row in run["rows"] for k, v in row.items() if isinstance(v, int | float) and k not in ("step", "episodes")}:
+        for key in {
+            k
+            for row in run["rows"]
+            for k, v in row.items()
+            if isinstance(v, int | float) and k not in ("step", "episodes")
+        }:
             counts[key] = counts.get(key, 0) + 1
     needed = min(2, len(runs))
     keys = sorted(k for k, c in counts.items() if c >= needed and not k.startswith("perf/"))
@@ -54,8 +65,12 @@ def plot_metric(runs: list[dict[str, Any]], key: str, axis: str, path: Path) -> 
     for run in runs:
         points = [(r[axis], r[key]) for r in run["rows"] if isinstance(r.get(key), int | float) and axis in r]
         if points:
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 40 else None,
-                    label=f"{run['name']} ({run['stage']})")
+            ax.plot(
+                [p[0] for p in points],
+                [p[1] for p in points],
+                marker="." if len(points) < 40 else None,
+                label=f"{run['name']} ({run['stage']})",
+            )
     ax.set(title=key, xlabel=axis)
     integer_steps(ax)
     ax.grid(alpha=0.3)
@@ -72,9 +87,13 @@ def summary_rows(runs: list[dict[str, Any]], keys: list[str]) -> list[dict[str, 
     rows = []
     for run in runs:
         config = run["config"]
-        row = {"run": run["name"], "stage": run["stage"], "learning rate": config.get("learning_rate", ""),
-               "steps": max((r.get("step", 0) for r in run["rows"]), default=0),
-               "episodes": max((r.get("episodes", 0) for r in run["rows"]), default="")}
+        row = {
+            "run": run["name"],
+            "stage": run["stage"],
+            "learning rate": config.get("learning_rate", ""),
+            "steps": max((r.get("step", 0) for r in run["rows"]), default=0),
+            "episodes": max((r.get("episodes", 0) for r in run["rows"]), default=""),
+        }
         rows.append(row | {key: last_value(run, key) for key in keys})
     return rows
 
@@ -87,16 +106,31 @@ def run(cfg: RunsReportConfig) -> int:
     (out / "plots").mkdir(parents=True, exist_ok=True)
     keys = shared_metrics(runs)
     axis = x_axis(runs)
-    report = Report(f"{len(runs)} runs: {', '.join(r['name'] for r in runs)}",
-                    {"runs": "\n".join(f"{r['name']} ({r['stage']}): {folder}" for r, folder in zip(runs, cfg.runs, strict=True)),
-                     "x axis": axis, "metrics logged by at least two runs": len(keys)})
+    report = Report(
+        f"{len(runs)} runs: {', '.join(r['name'] for r in runs)}",
+        {
+            "runs": "\n".join(
+                f"{r['name']} ({r['stage']}): {folder}" for r, folder in zip(runs, cfg.runs, strict=True)
+            ),
+            "x axis": axis,
+            "metrics logged by at least two runs": len(keys),
+        },
+    )
     for r in runs:
         line = budget_caveat(r["stage"], trained_amount(r["rows"], int(r["config"].get("total_batch_size") or 0)))
         report.caveat(f"{r['name']}: {line}" if line else "")
     headline = [k for k in HEADLINE if k in keys]
-    report.table("Runs (last logged values)", summary_rows(runs, headline), ["run", "stage", "learning rate", "steps", "episodes", *headline])
+    report.table(
+        "Runs (last logged values)",
+        summary_rows(runs, headline),
+        ["run", "stage", "learning rate", "steps", "episodes", *headline],
+    )
     evaluated = [{"run": r["name"], **dict(scalar_items(r["eval"]))} for r in runs if r["eval"]]
-    report.table("Held-out evaluation (eval.json)", evaluated, ["run", *sorted({k for row in evaluated for k in row if k != "run"})])
+    report.table(
+        "Held-out evaluation (eval.json)",
+        evaluated,
+        ["run", *sorted({k for row in evaluated for k in row if k != "run"})],
+    )
     for key in keys[: cfg.max_plots]:
         report.figure(key, plot_metric(runs, key, axis, out / "plots" / (key.replace("/", "_") + ".png")))
     path = report.write(out)

@@ -115,7 +115,9 @@ def length_adjusted_win_rate(outcomes: Sequence[str], model_lengths: Sequence[fl
     length ratio (how much longer wins), and a bootstrap interval over pairs."""
     check_outcomes(outcomes)
     ratios = log_length_ratios(model_lengths, other_lengths)
-    kept = np.array([(r, VOTE_VALUES[o]) for o, r in zip(outcomes, ratios, strict=True) if o in VOTE_VALUES], dtype=np.float64)
+    kept = np.array(
+        [(r, VOTE_VALUES[o]) for o, r in zip(outcomes, ratios, strict=True) if o in VOTE_VALUES], dtype=np.float64
+    )
     if len(kept) < 2:
         return {"win_rate_at_equal_length": None, "low": None, "high": None, "slope": None, "votes": len(kept)}
 
@@ -124,5 +126,10 @@ def length_adjusted_win_rate(outcomes: Sequence[str], model_lengths: Sequence[fl
 
     intercept, slope = fit_logistic(kept[:, 0], kept[:, 1])
     low, high = bootstrap_interval(kept, at_equal_length, resamples, confidence, seed)
-    return {"win_rate_at_equal_length": float(1 / (1 + math.exp(-intercept))), "low": low, "high": high, "slope": slope,
-            "votes": len(kept)}
+    return {
+        "win_rate_at_equal_length": float(1 / (1 + math.exp(-intercept))),
+        "low": low,
+        "high": high,
+        "slope": slope,
+        "votes": len(kept),
+    }

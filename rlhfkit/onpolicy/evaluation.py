@@ -41,8 +41,18 @@ from .scoring import OnPolicyModels, PromptTexts, model_scores, reward_component
 
 SAMPLES_FILE = "samples.jsonl"
 FIGURE_12 = ["objective/rlhf_reward", "objective/kl", "objective/scores", "response/length_mean", "response/eos_rate"]
-UPDATE_CURVES = ["loss/policy_avg", "loss/value_avg", "loss/kl_avg", "policy/entropy_avg", "policy/approxkl_avg", "policy/clipfrac_avg",
-                 "val/clipfrac_avg", "val/ratio", "val/explained_variance", "response/length_score_corr"]
+UPDATE_CURVES = [
+    "loss/policy_avg",
+    "loss/value_avg",
+    "loss/kl_avg",
+    "policy/entropy_avg",
+    "policy/approxkl_avg",
+    "policy/clipfrac_avg",
+    "val/clipfrac_avg",
+    "val/ratio",
+    "val/explained_variance",
+    "response/length_score_corr",
+]
 PERF_CURVES = ["perf/generation_s", "perf/scoring_s", "perf/update_s", "perf/generated_tokens_per_s"]
 
 
@@ -83,48 +93,79 @@ def extreme_samples(batch: RolloutBatch, tokenizer, update: int, count: int) -> 
     for rank, i in picks:
         query = batch.query_ids[i][batch.query_mask[i].bool()].tolist()
         response = batch.responses[i][batch.mask[i]].tolist()
-        rows.append({
-            "step": update, "rank": rank, "score": float(batch.scores[i]),
-            "raw_score": float(batch.raw_scores[i]), "kl": float(batch.kl[i].sum()),
-            "advantage": float(ops.masked_mean(batch.advantages[i], batch.mask[i])),
-            "length": len(response), "has_eos": bool(batch.has_eos[i]),
-            "query": tokenizer.decode(query),
-            "response": tokenizer.decode(response, skip_special_tokens=True),
-        })
+        rows.append(
+            {
+                "step": update,
+                "rank": rank,
+                "score": float(batch.scores[i]),
+                "raw_score": float(batch.raw_scores[i]),
+                "kl": float(batch.kl[i].sum()),
+                "advantage": float(ops.masked_mean(batch.advantages[i], batch.mask[i])),
+                "length": len(response),
+                "has_eos": bool(batch.has_eos[i]),
+                "query": tokenizer.decode(query),
+                "response": tokenizer.decode(response, skip_special_tokens=True),
+            }
+        )
     return rows
 
 
 def split_posts(cfg: OnPolicyConfig, tokenizer) -> tuple[list[SFTExample], list[SFTExample], list[str]]:
     """(prompts to train on, held-out prompts to evaluate on, notes): the post split of `rlhfkit sft`."""
-    records, log = usable(load_prompts(cfg.prompt_format, cfg.data, cfg.hf_split, cfg.fields), cfg.data, "prompts",
-                          f"prompt_format={cfg.prompt_format}")
-    train_records, val_records = split_by_prompt(records, lambda r: r.prompt_id, validation_size=cfg.validation_posts, seed=cfg.seed)
-    train, train_log = training_examples(tokenize_sft(train_records, tokenizer, cfg.max_query_length, 10**9), cfg.max_query_length,
-                                         "training prompts")
+    records, log = usable(
+        load_prompts(cfg.prompt_format, cfg.data, cfg.hf_split, cfg.fields),
+        cfg.data,
+        "prompts",
+        f"prompt_format={cfg.prompt_format}",
+    )
+    train_records, val_records = split_by_prompt(
+        records, lambda r: r.prompt_id, validation_size=cfg.validation_posts, seed=cfg.seed
+    )
+    train, train_log = training_examples(
+        tokenize_sft(train_records, tokenizer, cfg.max_query_length, 10**9), cfg.max_query_length, "training prompts"
+    )
     held_out, held_out_log = tokenize_sft(val_records, tokenizer, cfg.max_query_length, 10**9)
     notes = [
         f"loaded: {log.summary('prompts')}",
         f"split by prompt (seed {cfg.seed}): {len(train)} training prompts, {len(held_out)} held-out prompts",
         f"query tokenization: training {train_log.summary('prompts')}; held-out {held_out_log.summary('prompts')}",
-        f"queries truncated at a paragraph or turn to {cfg.max_query_length} tokens (Detail 2): {sum(e.query.truncated for e in train)}",
+        f"queries truncated at a paragraph or turn to {cfg.max_query_length} tokens (Detail 2): "
+        f"{sum(e.query.truncated for e in train)}",
     ]
     if not train:
-        raise ConfigError(f"no training prompts left in {', '.join(cfg.data)} after holding out validation_posts={cfg.validation_posts} "
-                          f"(loaded: {log.summary('prompts')})")
+        raise ConfigError(
+            f"no training prompts left in {', '.join(cfg.data)} after holding out "
+            f"validation_posts={cfg.validation_posts} "
+            f"(loaded: {log.summary('prompts')})"
+        )
     return train, held_out, notes
 
+
 @torch.no_grad()
-def summarise_and_score(policy, models: OnPolicyModels, examples: list[SFTExample], cfg: OnPolicyConfig, label: str) -> list[dict]:
+def summarise_and_score(
+    policy, models: OnPolicyModels, examples: list[SFTExample], cfg: OnPolicyConfig, label: str
+) -> list[dict]:
     """Responses to `examples` by `policy` with the score it is trained on (EOS trick applied), each
     reward component, length, EOS and ROUGE-L against the reference completions."""
-    params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.eval_temperature, decoding=cfg.decoding)
+    params = SamplingParams(
+        max_new_tokens=cfg.max_response_length, temperature=cfg.eval_temperature, decoding=cfg.decoding
+    )
     device = model_device(policy)
     with evaluation_mode(policy):
-        batch = sample_responses(policy, [e.query.ids for e in examples], params, models.tokenizer, cfg.generation_batch_size,
-                                 lambda i: chunk_generator(cfg.seed, 0, i, device, EVALUATION_STREAM), desc=f"answering ({label})")
+        batch = sample_responses(
+            policy,
+            [e.query.ids for e in examples],
+            params,
+            models.tokenizer,
+            cfg.generation_batch_size,
+            lambda i: chunk_generator(cfg.seed, 0, i, device, EVALUATION_STREAM),
+            desc=f"answering ({label})",
+        )
     batch = batch.to(torch.device("cpu"))
     sources = models.reward_sources()
-    components, _ = reward_components(models, batch, model_scores(models, batch, cfg), PromptTexts.of(examples), cfg.max_response_length)
+    components, _ = reward_components(
+        models, batch, model_scores(models, batch, cfg), PromptTexts.of(examples), cfg.max_response_length
+    )
     raw = sources.combine(components)
     scores = with_configured_eos_trick(raw, batch.has_eos, cfg)
     rm_scores = with_configured_eos_trick(components[:, -1], batch.has_eos, cfg) if sources.has_model else None
@@ -132,8 +173,14 @@ def summarise_and_score(policy, models: OnPolicyModels, examples: list[SFTExampl
     rouge = rouge_l(texts, [e.record.summary.strip() for e in examples])
     rows = []
     for i in range(batch.size):
-        row = {"text": texts[i], "tokens": int(batch.lengths[i]), "has_eos": bool(batch.has_eos[i]), "score": float(scores[i]),
-               "raw_score": float(raw[i]), "rouge_l": rouge[i]}
+        row = {
+            "text": texts[i],
+            "tokens": int(batch.lengths[i]),
+            "has_eos": bool(batch.has_eos[i]),
+            "score": float(scores[i]),
+            "raw_score": float(raw[i]),
+            "rouge_l": rouge[i],
+        }
         row |= {f"reward_{name}": float(components[i, c]) for c, name in enumerate(sources.functions.names)}
         if rm_scores is not None:  # as the paper reports it: Detail 23's constant where there is no EOS
             row |= {"rm_score": float(rm_scores[i]), "raw_rm_score": float(components[i, -1])}
@@ -151,7 +198,12 @@ def prompt_body(record: SFTRecord) -> str:
     return record.fields.get("post") or "\n\n".join(record.fields.values())
 
 
-SUMMARY = (("score", "score"), ("length", "tokens"), ("eos_rate", "has_eos"), ("rouge_l", "rouge_l"))  # (metric, row key)
+SUMMARY = (
+    ("score", "score"),
+    ("length", "tokens"),
+    ("eos_rate", "has_eos"),
+    ("rouge_l", "rouge_l"),
+)  # (metric, row key)
 
 
 def summary_keys(rows: list[dict]) -> list[tuple[str, str]]:
@@ -164,19 +216,30 @@ def policy_summary(rows: list[dict], who: str) -> dict[str, float]:
     return {f"eval/{who}_{name}": mean([float(r[key]) for r in rows]) for name, key in summary_keys(rows)}
 
 
-def compare_policies(models: OnPolicyModels, examples: list[SFTExample], cfg: OnPolicyConfig, name: str) -> tuple[dict, list[dict]]:
+def compare_policies(
+    models: OnPolicyModels, examples: list[SFTExample], cfg: OnPolicyConfig, name: str
+) -> tuple[dict, list[dict]]:
     """SFT (the frozen reference) and the trained policy on the same held-out posts."""
     sft_rows = summarise_and_score(models.reference, models, examples, cfg, "SFT policy")
     new_rows = summarise_and_score(models.policy, models, examples, cfg, f"{name} policy")
     metrics = {"eval/posts": len(examples)} | policy_summary(sft_rows, "sft") | policy_summary(new_rows, name)
-    metrics[f"eval/{name}_beats_sft_score"] = mean([float(n["score"] > s["score"]) for n, s in zip(new_rows, sft_rows, strict=True)])
+    metrics[f"eval/{name}_beats_sft_score"] = mean(
+        [float(n["score"] > s["score"]) for n, s in zip(new_rows, sft_rows, strict=True)]
+    )
     rows = []
     for e, sft, new in zip(examples, sft_rows, new_rows, strict=True):
         row = {"prompt_id": e.record.prompt_id, "post": prompt_body(e.record), "reference": e.record.summary.strip()}
         for who, result in (("sft", sft), (name, new)):
-            row |= {who: result["text"], f"{who}_score": result["score"], f"{who}_tokens": result["tokens"],
-                    f"{who}_has_eos": result["has_eos"], f"{who}_rouge_l": result["rouge_l"]}
-            row |= {f"{who}_{key}": value for key, value in result.items() if key == "rm_score" or key.startswith("reward_")}
+            row |= {
+                who: result["text"],
+                f"{who}_score": result["score"],
+                f"{who}_tokens": result["tokens"],
+                f"{who}_has_eos": result["has_eos"],
+                f"{who}_rouge_l": result["rouge_l"],
+            }
+            row |= {
+                f"{who}_{key}": value for key, value in result.items() if key == "rm_score" or key.startswith("reward_")
+            }
         rows.append(row)
     return metrics, rows
 
@@ -184,13 +247,23 @@ def compare_policies(models: OnPolicyModels, examples: list[SFTExample], cfg: On
 def held_out_alarms(rows: list[dict], who: str) -> dict:
     """The reward-hacking alarms (eval/alarms.py: copying, repetition, length, EOS, a shared template)
     of one policy's held-out summaries."""
-    return alarms([r[who] for r in rows], [r["post"] for r in rows], [r["reference"] for r in rows], [r[f"{who}_has_eos"] for r in rows])
+    return alarms(
+        [r[who] for r in rows],
+        [r["post"] for r in rows],
+        [r["reference"] for r in rows],
+        [r[f"{who}_has_eos"] for r in rows],
+    )
 
 
-def write_onpolicy_report(run_dir: Path, cfg: OnPolicyConfig, name: str, notes: list[str], metrics: dict[str, float], rows: list[dict]) -> Path:
+def write_onpolicy_report(
+    run_dir: Path, cfg: OnPolicyConfig, name: str, notes: list[str], metrics: dict[str, float], rows: list[dict]
+) -> Path:
     history = read_metrics(run_dir)
-    report = Report(f"{name.upper()} run {run_dir.name}", training_summary(run_dir, cfg.model, notes, history, cfg.total_batch_size, "episodes"),
-                    config=config_text(run_dir))
+    report = Report(
+        f"{name.upper()} run {run_dir.name}",
+        training_summary(run_dir, cfg.model, notes, history, cfg.total_batch_size, "episodes"),
+        config=config_text(run_dir),
+    )
     report.caveat(budget_caveat(name, trained_amount(history, cfg.total_batch_size)))
     if cfg.reward_model:
         report.caveat(reward_model_caveat_of(Path(cfg.reward_model)))
@@ -200,13 +273,25 @@ def write_onpolicy_report(run_dir: Path, cfg: OnPolicyConfig, name: str, notes: 
     for key, label in (("objective/scores", "RM score"), ("response/eos_rate", "EOS rate")):
         values = metric_series(history, key)[1]
         if values:
-            report.number(f"{label} of training rollouts, last update", values[-1], values[0], "first update",
-                          fell_caveat(f"the rollouts' {label}", values[0], values[-1], "first update"))
+            report.number(
+                f"{label} of training rollouts, last update",
+                values[-1],
+                values[0],
+                "first update",
+                fell_caveat(f"the rollouts' {label}", values[0], values[-1], "first update"),
+            )
     components = sorted({k for row in history for k in row if k.startswith("rewards/") and not k.endswith("_errors")})
-    plots = [("Figure 12: RLHF reward, KL, RM score; length and EOS rate", FIGURE_12, "curves.png", "Figure 12"),
-             ("Reward components (each reward function and the reward model, before weighting)", components, "rewards.png",
-              "reward components"),
-             ("Update statistics", UPDATE_CURVES, "update.png", "update statistics"), ("Time per phase", PERF_CURVES, "perf.png", "time per phase")]
+    plots = [
+        ("Figure 12: RLHF reward, KL, RM score; length and EOS rate", FIGURE_12, "curves.png", "Figure 12"),
+        (
+            "Reward components (each reward function and the reward model, before weighting)",
+            components,
+            "rewards.png",
+            "reward components",
+        ),
+        ("Update statistics", UPDATE_CURVES, "update.png", "update statistics"),
+        ("Time per phase", PERF_CURVES, "perf.png", "time per phase"),
+    ]
     for title, keys, file, short in plots:
         report.figure(title, plot_curves(history, keys, run_dir / "plots" / file, f"{name.upper()} {short}"))
     columns = ["post", "reference", "sft", name, "sft_score", f"{name}_score", "sft_tokens", f"{name}_tokens"]
@@ -215,8 +300,11 @@ def write_onpolicy_report(run_dir: Path, cfg: OnPolicyConfig, name: str, notes: 
     if samples_path.exists():
         logged = read_jsonl(samples_path)
         last = max(r["step"] for r in logged) if logged else 0
-        report.sample_table(f"Highest- and lowest-scored training samples (update {last})", [r for r in logged if r["step"] == last],
-                            ["rank", "score", "kl", "advantage", "length", "has_eos", "response"])
+        report.sample_table(
+            f"Highest- and lowest-scored training samples (update {last})",
+            [r for r in logged if r["step"] == last],
+            ["rank", "score", "kl", "advantage", "length", "has_eos", "response"],
+        )
     return report.write(run_dir)
 
 
@@ -225,8 +313,13 @@ def held_out_numbers(report: Report, name: str, metrics: dict[str, float]) -> No
     if not metrics:
         return
     report.caveat(few_prompts_caveat(int(metrics["eval/posts"]), "held-out prompts"))
-    for key, label in (("score", "score"), ("rm_score", "RM score"), ("eos_rate", "EOS rate"), ("length", "length (tokens)"),
-                       ("rouge_l", "ROUGE-L")):
+    for key, label in (
+        ("score", "score"),
+        ("rm_score", "RM score"),
+        ("eos_rate", "EOS rate"),
+        ("length", "length (tokens)"),
+        ("rouge_l", "ROUGE-L"),
+    ):
         after, before = metrics.get(f"eval/{name}_{key}"), metrics.get(f"eval/sft_{key}")
         if after is None or (key == "rm_score" and metrics.get(f"eval/{name}_score") == after):
             continue  # the score is the RM score when the reward model is the only reward

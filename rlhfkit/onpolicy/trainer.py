@@ -68,11 +68,15 @@ def check_same_tokenizer(policy_tok, other_tok, policy_path: str, other_path: st
 
 def load_value_model(source: str, tokenizer, policy_path: str, trust_remote_code: bool) -> ScalarModel:
     """A value model from a reward model: rlhfkit's own or a sequence classifier trained elsewhere."""
-    require_folder(source, "value_model", "give the model/ folder written by `rlhfkit rm`, or a sequence-classification model")
+    require_folder(
+        source, "value_model", "give the model/ folder written by `rlhfkit rm`, or a sequence-classification model"
+    )
     value, value_tok = load_reward_model(source, trust_remote_code)
     if value.head_type != "eos-linear":
-        raise ModelError(f"value_model={source} has a {value.head_type} head; a value model needs a per-token "
-                         "(eos-linear) head: give value_model= an eos-linear reward model")
+        raise ModelError(
+            f"value_model={source} has a {value.head_type} head; a value model needs a per-token "
+            "(eos-linear) head: give value_model= an eos-linear reward model"
+        )
     check_same_tokenizer(tokenizer, value_tok, policy_path, f"the value model ({source})")
     return value
 
@@ -86,14 +90,20 @@ def load_models(cfg: OnPolicyConfig, checkpoint: Path | None, device: torch.devi
     options = algorithm_of(cfg).value
     value_source = options(cfg).source or cfg.reward_model if options is not None else ""
     if options is not None and not value_source:
-        raise ConfigError(f"{algorithm_of(cfg).name} trains a value model, which starts from the reward model (Detail 22): give "
-                          "reward_model= or value_model=")
+        raise ConfigError(
+            f"{algorithm_of(cfg).name} trains a value model, which starts from the reward model (Detail 22): give "
+            "reward_model= or value_model="
+        )
     frozen = torch.device(cfg.frozen_device) if cfg.frozen_device else device
     policy, tokenizer = trained_policy(cfg.model_source, cfg.lora, checkpoint)
     reference = frozen_reference(cfg.model_source, policy, cfg.model)
     reward = None
     if cfg.reward_model:
-        require_folder(cfg.reward_model, "reward_model", "give the model/ folder written by `rlhfkit rm`, or a sequence-classification model")
+        require_folder(
+            cfg.reward_model,
+            "reward_model",
+            "give the model/ folder written by `rlhfkit rm`, or a sequence-classification model",
+        )
         reward, reward_tok = load_reward_model(cfg.reward_model, cfg.trust_remote_code)
         check_same_tokenizer(tokenizer, reward_tok, cfg.model, f"the reward model ({cfg.reward_model})")
         reward = reward.to(frozen)
@@ -105,7 +115,9 @@ def trained_value_model(cfg: OnPolicyConfig, source: str, checkpoint: Path | Non
     """The value model to train: `source`, or the checkpoint's `value/` when resuming; with LoRA,
     `source` with a fresh adapter, or with the checkpoint's adapter and head loaded over it."""
     if not cfg.lora.enabled:
-        return load_value_model(str(checkpoint / "value") if checkpoint else source, tokenizer, cfg.model, cfg.trust_remote_code)
+        return load_value_model(
+            str(checkpoint / "value") if checkpoint else source, tokenizer, cfg.model, cfg.trust_remote_code
+        )
     value = load_value_model(source, tokenizer, cfg.model, cfg.trust_remote_code)
     return add_adapter(value, cfg.lora, checkpoint / "value" if checkpoint else None)
 
@@ -173,14 +185,16 @@ class OnPolicySteps:
         metrics |= component_metrics(self.models.reward_sources().names, batch.reward_components, batch.reward_failures)
         show("updating")
         tick = time.perf_counter()
-        metrics |= update_on_rollout(self.models, self.optimizers, batch, self.cfg, index + 1, self.precision,
-                                     self.kl_coef, self.accelerator)
+        metrics |= update_on_rollout(
+            self.models, self.optimizers, batch, self.cfg, index + 1, self.precision, self.kl_coef, self.accelerator
+        )
         timings["update"] = time.perf_counter() - tick
         metrics["train/lr"] = self.optimizers.policy_schedule.get_last_lr()[0]
         self.optimizers.advance_schedules()
         if self.cfg.adaptive_kl:  # from the whole batch's KL: every process moves the coefficient alike
-            self.kl_coef = adaptive_kl_coef(self.kl_coef, metrics["objective/kl"], self.cfg.kl_target, self.cfg.kl_horizon,
-                                            batch.size)
+            self.kl_coef = adaptive_kl_coef(
+                self.kl_coef, metrics["objective/kl"], self.cfg.kl_target, self.cfg.kl_horizon, batch.size
+            )
         done = index + 1
         elapsed = time.perf_counter() - began
         metrics |= {f"perf/{k}_s": v for k, v in timings.items()}
@@ -193,7 +207,9 @@ class OnPolicySteps:
         }
         logs_samples = self.cfg.sample_every and (done == 1 or done % self.cfg.sample_every == 0 or done == self.total)
         if logs_samples and self.accelerator.is_main_process:
-            append_jsonl(self.run_dir / SAMPLES_FILE, extreme_samples(batch, self.models.tokenizer, done, self.cfg.log_samples))
+            append_jsonl(
+                self.run_dir / SAMPLES_FILE, extreme_samples(batch, self.models.tokenizer, done, self.cfg.log_samples)
+            )
         return metrics
 
     def evaluates_here(self) -> bool:
@@ -221,12 +237,28 @@ class OnPolicySteps:
         optimizer, extra_states = optimizer_states(self.optimizers, self.sharded)
         if self.sharded:  # full state dicts, gathered by every process
             optimizer = SavedState(optimizer.state_dict())
-            extra_states = {k: SavedState(v.state_dict()) if isinstance(v, ShardedOptimizerState) else v for k, v in extra_states.items()}
+            extra_states = {
+                k: SavedState(v.state_dict()) if isinstance(v, ShardedOptimizerState) else v
+                for k, v in extra_states.items()
+            }
         if self.accelerator.is_main_process:
-            state = {"episodes": done * self.cfg.total_batch_size, "kl_coef": self.kl_coef, "prompts_drawn": self.stream.position}
-            save_checkpoint(self.run_dir, done, trained["policy"], self.models.tokenizer, optimizer, self.optimizers.policy_schedule,
-                            state, self.cfg.keep_checkpoints, extra_models={k: v for k, v in trained.items() if k != "policy"},
-                            extra_states=extra_states)
+            state = {
+                "episodes": done * self.cfg.total_batch_size,
+                "kl_coef": self.kl_coef,
+                "prompts_drawn": self.stream.position,
+            }
+            save_checkpoint(
+                self.run_dir,
+                done,
+                trained["policy"],
+                self.models.tokenizer,
+                optimizer,
+                self.optimizers.policy_schedule,
+                state,
+                self.cfg.keep_checkpoints,
+                extra_models={k: v for k, v in trained.items() if k != "policy"},
+                extra_states=extra_states,
+            )
         self.accelerator.wait_for_everyone()
 
     def finish(self) -> dict[str, float]:
@@ -244,11 +276,18 @@ class OnPolicySteps:
             return {}
         metrics = self.comparison[0]
         own = f"eval/{self.name}_"  # the trained policy's summary, without its comparison with the SFT policy
-        return {f"eval/policy_{k[len(own):]}": v for k, v in metrics.items() if k.startswith(own) and not k.startswith(own + "beats_")}
+        return {
+            f"eval/policy_{k[len(own) :]}": v
+            for k, v in metrics.items()
+            if k.startswith(own) and not k.startswith(own + "beats_")
+        }
 
     def postfix(self, metrics: dict[str, float]) -> dict[str, str]:
-        return {"score": f"{metrics['objective/scores']:.3f}", "kl": f"{metrics['objective/kl']:.3f}",
-                "len": f"{metrics['response/length_mean']:.1f}"}
+        return {
+            "score": f"{metrics['objective/scores']:.3f}",
+            "kl": f"{metrics['objective/kl']:.3f}",
+            "len": f"{metrics['response/length_mean']:.1f}",
+        }
 
 
 def optimizer_states(optimizers: Optimizers, sharded: dict[str, ShardedRun]) -> tuple[Any, dict[str, Any]]:
@@ -256,12 +295,24 @@ def optimizer_states(optimizers: Optimizers, sharded: dict[str, ShardedRun]) -> 
     optimizer as its full, name-keyed state (reading or writing it is a collective)."""
     if not sharded:
         return optimizers.policy, optimizers.named_extra_states()
-    extra = {"value_optimizer": sharded["value"].optimizer_state(), "value_scheduler": optimizers.value_schedule} if "value" in sharded else {}
+    extra = (
+        {"value_optimizer": sharded["value"].optimizer_state(), "value_scheduler": optimizers.value_schedule}
+        if "value" in sharded
+        else {}
+    )
     return sharded["policy"].optimizer_state(), extra
 
 
-def train_on_policy(models: OnPolicyModels, prompts: list[list[int]], cfg: OnPolicyConfig, run_dir: Path, checkpoint: Path | None = None,
-                    held_out: list[SFTExample] | None = None, accelerator=None, texts: PromptTexts | None = None) -> OnPolicySteps:
+def train_on_policy(
+    models: OnPolicyModels,
+    prompts: list[list[int]],
+    cfg: OnPolicyConfig,
+    run_dir: Path,
+    checkpoint: Path | None = None,
+    held_out: list[SFTExample] | None = None,
+    accelerator=None,
+    texts: PromptTexts | None = None,
+) -> OnPolicySteps:
     """Run every update of `cfg`'s algorithm on `models` (resuming from `checkpoint`), with the final
     checkpoint and model folders; `held_out` prompts are summarised by the evaluations, reward
     functions read `texts` of `prompts`. Returns the stage, whose `comparison` holds the final evaluation."""
@@ -269,10 +320,20 @@ def train_on_policy(models: OnPolicyModels, prompts: list[list[int]], cfg: OnPol
     accelerator = accelerator or accelerator_for(cfg)
     num_updates = planned_updates(cfg, accelerator.num_processes)
     prepare_for_training(models, cfg)
-    copies = shard_on_policy(models, accelerator.device, accelerator.is_main_process) if cfg.sharding_options.splits_models(accelerator.num_processes) else {}
+    copies = (
+        shard_on_policy(models, accelerator.device, accelerator.is_main_process)
+        if cfg.sharding_options.splits_models(accelerator.num_processes)
+        else {}
+    )
     optimizers = build_optimizers(models, cfg, num_updates)
-    sharded = {name: ShardedRun(model, optimizer, copies[name]) for name, model, optimizer in
-               (("policy", models.policy, optimizers.policy), ("value", models.value, optimizers.value)) if name in copies}
+    sharded = {
+        name: ShardedRun(model, optimizer, copies[name])
+        for name, model, optimizer in (
+            ("policy", models.policy, optimizers.policy),
+            ("value", models.value, optimizers.value),
+        )
+        if name in copies
+    }
     if sharded and accelerator.is_main_process:
         print(sharded["policy"].describe(accelerator.num_processes))
     kl_coef, start, drawn = cfg.kl_coef, 0, 0
@@ -280,12 +341,30 @@ def train_on_policy(models: OnPolicyModels, prompts: list[list[int]], cfg: OnPol
         optimizer, extra_states = optimizer_states(optimizers, sharded)
         state = load_training_state(checkpoint, optimizer, optimizers.policy_schedule, extra_states)
         start, kl_coef = state["step"], state["kl_coef"]
-        drawn = state.get("prompts_drawn", start * prompts_per_update(cfg))  # checkpoints before dynamic sampling drew one per update
+        drawn = state.get(
+            "prompts_drawn", start * prompts_per_update(cfg)
+        )  # checkpoints before dynamic sampling drew one per update
     if accelerator.is_main_process:
         drop_rows_after(run_dir / SAMPLES_FILE, start)
-    steps = OnPolicySteps(algorithm, cfg, run_dir, accelerator, models, optimizers, prompts, held_out or [], num_updates, kl_coef,
-                          autocast_precision(cfg), sharded, texts, PromptStream(drawn))
-    run_loop(steps, cfg, run_dir, start, accelerator, resume_command(algorithm.name, run_dir, accelerator.num_processes))
+    steps = OnPolicySteps(
+        algorithm,
+        cfg,
+        run_dir,
+        accelerator,
+        models,
+        optimizers,
+        prompts,
+        held_out or [],
+        num_updates,
+        kl_coef,
+        autocast_precision(cfg),
+        sharded,
+        texts,
+        PromptStream(drawn),
+    )
+    run_loop(
+        steps, cfg, run_dir, start, accelerator, resume_command(algorithm.name, run_dir, accelerator.num_processes)
+    )
     return steps
 
 
@@ -296,13 +375,25 @@ def run(cfg: OnPolicyConfig) -> int:
     accelerator = accelerator_for(cfg)
     planned_updates(cfg, accelerator.num_processes)  # a batch that does not split fails before any model loads
     # sharded models load on the host and move to the device one shard at a time
-    models = load_models(cfg, checkpoint, torch.device("cpu") if cfg.sharding_options.splits_models(accelerator.num_processes) else accelerator.device)
+    models = load_models(
+        cfg,
+        checkpoint,
+        torch.device("cpu") if cfg.sharding_options.splits_models(accelerator.num_processes) else accelerator.device,
+    )
     train, held_out, notes = split_posts(cfg, models.tokenizer)
     models.reward_sources().check_prompts(PromptTexts.of(train + held_out[: cfg.eval_samples]))
     if accelerator.is_main_process:
         print("\n".join(notes))
-    steps = train_on_policy(models, [e.query.ids for e in train], cfg, run_dir, checkpoint, held_out[: cfg.eval_samples], accelerator,
-                            PromptTexts.of(train))
+    steps = train_on_policy(
+        models,
+        [e.query.ids for e in train],
+        cfg,
+        run_dir,
+        checkpoint,
+        held_out[: cfg.eval_samples],
+        accelerator,
+        PromptTexts.of(train),
+    )
     if not accelerator.is_main_process:
         return 0
     metrics, rows = steps.comparison

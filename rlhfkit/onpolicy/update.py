@@ -62,14 +62,18 @@ class Optimizers:
     def named_extra_states(self) -> dict[str, Any]:
         return {"value_optimizer": self.value, "value_scheduler": self.value_schedule} if self.value is not None else {}
 
-    def step(self, models: OnPolicyModels, max_grad_norm: float, step_label: int, accelerator=ONE_PROCESS) -> dict[str, float]:
+    def step(
+        self, models: OnPolicyModels, max_grad_norm: float, step_label: int, accelerator=ONE_PROCESS
+    ) -> dict[str, float]:
         sum_gradients_across_processes(models.trained(), accelerator)
         norms = {}
         pairs = [("policy", models.policy, self.policy), ("value", models.value, self.value)]
         for name, model, optimizer in pairs:
             if optimizer is None:
                 continue
-            norm = full_number(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm if max_grad_norm > 0 else float("inf")))
+            norm = full_number(
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm if max_grad_norm > 0 else float("inf"))
+            )
             check_finite(step_label, f"{name} gradient norm", norm)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -86,7 +90,9 @@ def build_optimizers(models: OnPolicyModels, cfg: OnPolicyConfig, num_updates: i
     """AdamW (Table 7: eps 1e-5) for the policy and, when there is one, the value model, each with the
     learning-rate schedule stepped once per update (Table 7: linear decay to 0 over the run)."""
     policy_opt, policy_sched = build_optimizer(models.policy, cfg, num_updates)
-    value_opt, value_sched = build_optimizer(models.value, cfg, num_updates) if models.value is not None else (None, None)
+    value_opt, value_sched = (
+        build_optimizer(models.value, cfg, num_updates) if models.value is not None else (None, None)
+    )
     return Optimizers(policy_opt, policy_sched, value_opt, value_sched)
 
 
@@ -123,8 +129,14 @@ class Objective:
 
     @classmethod
     def of(cls, cfg: OnPolicyConfig) -> Objective:
-        return cls(cfg.policy_loss, ClipRange.of(cfg.clip_range, cfg.clip_range_high), cfg.dual_clip, cfg.loss_aggregation,
-                   cfg.loss_normaliser or float(cfg.max_response_length), cfg.mask_truncated)
+        return cls(
+            cfg.policy_loss,
+            ClipRange.of(cfg.clip_range, cfg.clip_range_high),
+            cfg.dual_clip,
+            cfg.loss_aggregation,
+            cfg.loss_normaliser or float(cfg.max_response_length),
+            cfg.mask_truncated,
+        )
 
     def loss_mask(self, batch: RolloutBatch) -> torch.Tensor:
         """(B, R) the tokens whose losses count: every valid token, or with mask_truncated (DAPO's
@@ -140,8 +152,14 @@ class Objective:
 
 
 def update_on_rollout(
-    models: OnPolicyModels, optimizers: Optimizers, batch: RolloutBatch, cfg: OnPolicyConfig, update: int, precision: str,
-    kl_coef: float, accelerator=ONE_PROCESS,
+    models: OnPolicyModels,
+    optimizers: Optimizers,
+    batch: RolloutBatch,
+    cfg: OnPolicyConfig,
+    update: int,
+    precision: str,
+    kl_coef: float,
+    accelerator=ONE_PROCESS,
 ) -> dict[str, float]:
     """K epochs (Table 7: 4) over the whole update's rollout `batch` in N minibatches (Table 7: 1), one
     optimizer step per minibatch; this process runs the micro-batches of its own rows of each
@@ -167,8 +185,19 @@ def update_on_rollout(
             for own, counts in micro_batch_plan(rows, batch.size, cfg.micro_batch_size, accelerator, lockstep):
                 picked = torch.as_tensor(own, device=device)
                 share = normalisers.share(units[picked], tokens[picked]) if counts else None
-                micro_loss(models, batch.select(picked), cfg, objective, value_options, precision, kl_coef, update, share, normalisers,
-                           stats)
+                micro_loss(
+                    models,
+                    batch.select(picked),
+                    cfg,
+                    objective,
+                    value_options,
+                    precision,
+                    kl_coef,
+                    update,
+                    share,
+                    normalisers,
+                    stats,
+                )
             for key, norm in optimizers.step(models, cfg.max_grad_norm, update, accelerator).items():
                 grad_norms.add(key, norm, 1.0)
     means = stats.means(accelerator) | grad_norms.means()
@@ -188,11 +217,14 @@ class Normalisers:
         return float(units.sum()) / max(self.units, 1e-8), float(tokens.sum()) / max(self.tokens, 1e-8)
 
 
-def micro_batch_plan(rows: np.ndarray, batch_size: int, size: int, accelerator, lockstep: bool) -> list[tuple[np.ndarray, bool]]:
+def micro_batch_plan(
+    rows: np.ndarray, batch_size: int, size: int, accelerator, lockstep: bool
+) -> list[tuple[np.ndarray, bool]]:
     """This process's rows of a minibatch in micro-batches of `size`, each with whether it counts.
     Processes hold different numbers of a shuffled minibatch's rows; with `lockstep` (sharded models,
     whose every forward and backward pass is a collective) each runs as many micro-batches as the
     busiest one, the extra ones on a row of the minibatch with weight 0."""
+
     def own_rows(process: int) -> np.ndarray:
         share = process_share(batch_size, process, accelerator.num_processes)
         return rows[(rows >= share.start) & (rows < share.stop)]
@@ -205,9 +237,19 @@ def micro_batch_plan(rows: np.ndarray, batch_size: int, size: int, accelerator, 
     return plan
 
 
-def micro_loss(models: OnPolicyModels, micro: RolloutBatch, cfg: OnPolicyConfig, objective: Objective,
-               value_options: ValueOptions | None, precision: str, kl_coef: float, update: int, share: tuple[float, float] | None,
-               normalisers: Normalisers, stats: Averages) -> None:
+def micro_loss(
+    models: OnPolicyModels,
+    micro: RolloutBatch,
+    cfg: OnPolicyConfig,
+    objective: Objective,
+    value_options: ValueOptions | None,
+    precision: str,
+    kl_coef: float,
+    update: int,
+    share: tuple[float, float] | None,
+    normalisers: Normalisers,
+    stats: Averages,
+) -> None:
     """Forward and backward of one micro-batch: its exact share of the minibatch's loss. `share`: its
     weights in the logged means (None: a lockstep pass whose rows belong to another micro-batch, which
     adds nothing)."""
@@ -215,19 +257,26 @@ def micro_loss(models: OnPolicyModels, micro: RolloutBatch, cfg: OnPolicyConfig,
     loss_mask = objective.loss_mask(micro) if counts else torch.zeros_like(micro.mask)
     with autocast(micro.responses.device, precision):
         logprobs, entropy = policy_logprobs(models.policy, micro, cfg.temperature)
-        policy = POLICY_LOSSES[objective.policy_loss](logprobs, micro.logprobs, micro.advantages, micro.mask, objective.clip,
-                                                      objective.dual_clip)
+        policy = POLICY_LOSSES[objective.policy_loss](
+            logprobs, micro.logprobs, micro.advantages, micro.mask, objective.clip, objective.dual_clip
+        )
         terms = {"loss/policy": objective.aggregate(policy.per_token, loss_mask, normalisers.units)}
         if cfg.kl_placement == "loss":
-            terms["loss/kl"] = kl_coef * objective.aggregate(ops.kl_loss(logprobs, micro.logprobs, micro.ref_logprobs, cfg.kl_estimator),
-                                                             loss_mask, normalisers.units)
+            terms["loss/kl"] = kl_coef * objective.aggregate(
+                ops.kl_loss(logprobs, micro.logprobs, micro.ref_logprobs, cfg.kl_estimator),
+                loss_mask,
+                normalisers.units,
+            )
         if cfg.entropy_coef:
             terms["loss/entropy"] = -cfg.entropy_coef * objective.aggregate(entropy, loss_mask, normalisers.units)
         if value_options is not None:
             new_values = value_estimates(models.value, micro).float()
-            value_loss, value_clipfrac = ops.ppo_value_loss(new_values, micro.values, micro.returns, micro.mask,
-                                                            value_options.clip_range or None)
-            value_tokens = float(micro.mask.sum()) if counts else 0.0  # value_loss is a mean over this micro-batch's tokens
+            value_loss, value_clipfrac = ops.ppo_value_loss(
+                new_values, micro.values, micro.returns, micro.mask, value_options.clip_range or None
+            )
+            value_tokens = (
+                float(micro.mask.sum()) if counts else 0.0
+            )  # value_loss is a mean over this micro-batch's tokens
             terms["loss/value"] = value_options.coef * value_loss * value_tokens / max(normalisers.tokens, 1e-8)
     loss = sum(terms.values())
     check_finite(update, "loss", loss.detach())
@@ -240,8 +289,11 @@ def micro_loss(models: OnPolicyModels, micro: RolloutBatch, cfg: OnPolicyConfig,
         stats.add("loss/value_avg", value_loss.detach(), value_weight)
         stats.add("val/clipfrac_avg", value_clipfrac, value_weight)
     if "loss/kl" in terms:
-        stats.add("loss/kl_avg", ops.masked_mean(ops.kl_penalty(logprobs.detach(), micro.ref_logprobs, cfg.kl_estimator), micro.mask),
-                  value_weight)
+        stats.add(
+            "loss/kl_avg",
+            ops.masked_mean(ops.kl_penalty(logprobs.detach(), micro.ref_logprobs, cfg.kl_estimator), micro.mask),
+            value_weight,
+        )
     # the policy loss as a mean per unit of this micro-batch: summed with its weights, the minibatch's loss
     stats.add("loss/policy_avg", terms["loss/policy"].detach() / max(weight, 1e-12), weight)
     stats.add("policy/clipfrac_avg", policy.clip_fraction, value_weight)

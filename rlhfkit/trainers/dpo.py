@@ -88,18 +88,25 @@ def collate_dpo(examples: list[DPOExample], pad_id: int) -> dict[str, torch.Tens
 
 def pair_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """(log pi(chosen), log pi(rejected)), each (B,), from one forward pass over the 2B rows."""
-    chosen, rejected = sequence_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["response_mask"]).chunk(2)
+    chosen, rejected = sequence_logprobs(
+        model, batch["input_ids"], batch["attention_mask"], batch["response_mask"]
+    ).chunk(2)
     return chosen, rejected
 
 
-def preference_metrics(out: PreferenceLoss, objective: PreferenceObjective, prefix: str,
-                       reduce: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
+def preference_metrics(
+    out: PreferenceLoss, objective: PreferenceObjective, prefix: str, reduce: Callable[[torch.Tensor], torch.Tensor]
+) -> dict[str, torch.Tensor]:
     """The reward model's metrics (same names, so the RM and DPO curves share plots) over the implicit
     rewards, reduced over pairs (`supervised.run_step` averages sums itself), and, where there is a
     reference, log pi - log pi_ref summed over the chosen response: the sequence KL estimate on the data."""
     margin = out.chosen_rewards - out.rejected_rewards
-    metrics = {f"{prefix}/accuracy": reduce((margin > 0).float()), f"{prefix}/chosen_reward": reduce(out.chosen_rewards),
-               f"{prefix}/rejected_reward": reduce(out.rejected_rewards), f"{prefix}/margin": reduce(margin)}
+    metrics = {
+        f"{prefix}/accuracy": reduce((margin > 0).float()),
+        f"{prefix}/chosen_reward": reduce(out.chosen_rewards),
+        f"{prefix}/rejected_reward": reduce(out.rejected_rewards),
+        f"{prefix}/margin": reduce(margin),
+    }
     if objective.uses_reference:
         metrics[f"{prefix}/kl_chosen"] = reduce(out.chosen_rewards / objective.beta)
     return metrics
@@ -110,22 +117,36 @@ def make_dpo_loss(objective: PreferenceObjective | float):
     if not isinstance(objective, PreferenceObjective):
         objective = PreferenceObjective("dpo", objective)
 
-    def dpo_loss_fn(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def dpo_loss_fn(
+        model: torch.nn.Module, batch: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         chosen, rejected = pair_logprobs(model, batch)
-        chosen_lengths, rejected_lengths = batch["response_mask"].sum(-1).chunk(2)  # the tokens each log-probability sums over
-        out = preference_loss(chosen, rejected, objective, batch.get("ref_chosen"), batch.get("ref_rejected"), chosen_lengths,
-                              rejected_lengths)
+        chosen_lengths, rejected_lengths = (
+            batch["response_mask"].sum(-1).chunk(2)
+        )  # the tokens each log-probability sums over
+        out = preference_loss(
+            chosen,
+            rejected,
+            objective,
+            batch.get("ref_chosen"),
+            batch.get("ref_rejected"),
+            chosen_lengths,
+            rejected_lengths,
+        )
         return out.losses.sum(), preference_metrics(out, objective, "train", torch.sum)
 
     return dpo_loss_fn
 
 
 @torch.no_grad()
-def pair_logprobs_all(model: torch.nn.Module, pairs: list[PairExample], pad_id: int, batch_size: int, precision: str,
-                      desc: str) -> tuple[np.ndarray, np.ndarray]:
+def pair_logprobs_all(
+    model: torch.nn.Module, pairs: list[PairExample], pad_id: int, batch_size: int, precision: str, desc: str
+) -> tuple[np.ndarray, np.ndarray]:
     """(log pi(chosen), log pi(rejected)) of every pair, in input order; batched longest first."""
     device = model_device(model)
-    order = sorted(range(len(pairs)), key=lambda i: -(len(pairs[i].query.ids) + max(len(pairs[i].chosen), len(pairs[i].rejected))))
+    order = sorted(
+        range(len(pairs)), key=lambda i: -(len(pairs[i].query.ids) + max(len(pairs[i].chosen), len(pairs[i].rejected)))
+    )
     chosen, rejected = np.zeros(len(pairs)), np.zeros(len(pairs))
     with evaluation_mode(model), autocast(device, precision):
         for start in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch", disable=len(order) <= batch_size):
@@ -143,8 +164,9 @@ def cache_key(reference: str, precision: str, pairs: list[PairExample]) -> str:
     return digest.hexdigest()
 
 
-def reference_logprobs(reference: torch.nn.Module, reference_name: str, pairs: list[PairExample], pad_id: int, cfg: DPOConfig,
-                       cache: Path) -> list[DPOExample]:
+def reference_logprobs(
+    reference: torch.nn.Module, reference_name: str, pairs: list[PairExample], pad_id: int, cfg: DPOConfig, cache: Path
+) -> list[DPOExample]:
     """The pairs with their reference log-probabilities: read from `cache` when it holds these exact
     pairs for this reference and precision (a resumed run), else computed once and written there."""
     precision = autocast_precision(cfg)
@@ -153,11 +175,14 @@ def reference_logprobs(reference: torch.nn.Module, reference_name: str, pairs: l
     if stored.get("key") == key:
         chosen, rejected = stored["chosen"].numpy(), stored["rejected"].numpy()
     else:
-        chosen, rejected = pair_logprobs_all(reference, pairs, pad_id, cfg.forward_batch_size, precision,
-                                             f"reference log-probabilities ({cache.stem})")
+        chosen, rejected = pair_logprobs_all(
+            reference, pairs, pad_id, cfg.forward_batch_size, precision, f"reference log-probabilities ({cache.stem})"
+        )
         if is_main_process():  # written whole, then renamed: another process never reads half a file
             partial = cache.with_suffix(".partial")
-            torch.save({"key": key, "chosen": torch.from_numpy(chosen), "rejected": torch.from_numpy(rejected)}, partial)
+            torch.save(
+                {"key": key, "chosen": torch.from_numpy(chosen), "rejected": torch.from_numpy(rejected)}, partial
+            )
             partial.replace(cache)
     return [DPOExample(p, float(c), float(r)) for p, c, r in zip(pairs, chosen, rejected, strict=True)]
 
@@ -166,17 +191,30 @@ def visited_indices(cfg: DPOConfig, examples: int) -> list[int]:
     """The training pairs the schedule reaches on every process (max_steps may stop before an epoch ends)."""
     processes = int(os.environ.get("WORLD_SIZE", "1"))
     schedule = plan_schedule(cfg, examples, processes)
-    return sorted({i for step in range(schedule.total_steps) for rank in range(processes)
-                   for micro in batch_indices(schedule, cfg.seed, step, rank) for i in micro})
+    return sorted(
+        {
+            i
+            for step in range(schedule.total_steps)
+            for rank in range(processes)
+            for micro in batch_indices(schedule, cfg.seed, step, rank)
+            for i in micro
+        }
+    )
 
 
-def visited_with_reference(reference: torch.nn.Module, reference_name: str, pairs: list[PairExample], pad_id: int, cfg: DPOConfig,
-                           cache: Path) -> list[DPOExample]:
+def visited_with_reference(
+    reference: torch.nn.Module, reference_name: str, pairs: list[PairExample], pad_id: int, cfg: DPOConfig, cache: Path
+) -> list[DPOExample]:
     """Every training pair, with reference log-probabilities for those the run will visit; the others
     (NaN) are never batched, so a short run does not pay a forward pass over the whole dataset."""
     visited = visited_indices(cfg, len(pairs))
-    computed = dict(zip(visited, reference_logprobs(reference, reference_name, [pairs[i] for i in visited], pad_id, cfg, cache),
-                        strict=True))
+    computed = dict(
+        zip(
+            visited,
+            reference_logprobs(reference, reference_name, [pairs[i] for i in visited], pad_id, cfg, cache),
+            strict=True,
+        )
+    )
     return [computed[i] if i in computed else DPOExample(p, math.nan, math.nan) for i, p in enumerate(pairs)]
 
 
@@ -184,14 +222,25 @@ def without_reference(pairs: list[PairExample]) -> list[DPOExample]:
     return [DPOExample(p) for p in pairs]
 
 
-def held_out_loss(model: torch.nn.Module, examples: list[DPOExample], pad_id: int, cfg: DPOConfig,
-                  objective: PreferenceObjective) -> PreferenceLoss:
+def held_out_loss(
+    model: torch.nn.Module, examples: list[DPOExample], pad_id: int, cfg: DPOConfig, objective: PreferenceObjective
+) -> PreferenceLoss:
     """The objective's loss and implicit rewards (equation 5, or SimPO's) of every pair, without gradients."""
-    chosen, rejected = pair_logprobs_all(model, [e.pair for e in examples], pad_id, cfg.forward_batch_size, autocast_precision(cfg),
-                                         "validating")
-    references = ([torch.tensor([getattr(e, side) for e in examples], dtype=torch.float64) for side in ("ref_chosen", "ref_rejected")]
-                  if objective.uses_reference else [None, None])
-    lengths = [torch.tensor([len(e.pair.chosen) for e in examples]), torch.tensor([len(e.pair.rejected) for e in examples])]
+    chosen, rejected = pair_logprobs_all(
+        model, [e.pair for e in examples], pad_id, cfg.forward_batch_size, autocast_precision(cfg), "validating"
+    )
+    references = (
+        [
+            torch.tensor([getattr(e, side) for e in examples], dtype=torch.float64)
+            for side in ("ref_chosen", "ref_rejected")
+        ]
+        if objective.uses_reference
+        else [None, None]
+    )
+    lengths = [
+        torch.tensor([len(e.pair.chosen) for e in examples]),
+        torch.tensor([len(e.pair.rejected) for e in examples]),
+    ]
     return preference_loss(torch.from_numpy(chosen), torch.from_numpy(rejected), objective, *references, *lengths)
 
 
@@ -200,19 +249,31 @@ def validation_metrics(out: PreferenceLoss, objective: PreferenceObjective) -> d
     return {name: float(value) for name, value in metrics.items()}
 
 
-def examples_with_reference(reference: torch.nn.Module | None, reference_name: str, train_pairs: list[PairExample],
-                            eval_pairs: list[PairExample], pad_id: int, cfg: DPOConfig, run_dir: Path
-                            ) -> tuple[list[DPOExample], list[DPOExample]]:
+def examples_with_reference(
+    reference: torch.nn.Module | None,
+    reference_name: str,
+    train_pairs: list[PairExample],
+    eval_pairs: list[PairExample],
+    pad_id: int,
+    cfg: DPOConfig,
+    run_dir: Path,
+) -> tuple[list[DPOExample], list[DPOExample]]:
     """Training and validation pairs with their cached reference log-probabilities; without a
     reference (SimPO), the pairs alone: no reference forward pass runs and no cache is written."""
     if reference is None:
         return without_reference(train_pairs), without_reference(eval_pairs)
-    return (visited_with_reference(reference, reference_name, train_pairs, pad_id, cfg, run_dir / REFERENCE_CACHE),
-            reference_logprobs(reference, reference_name, eval_pairs, pad_id, cfg, run_dir / f"validation_{REFERENCE_CACHE}"))
+    return (
+        visited_with_reference(reference, reference_name, train_pairs, pad_id, cfg, run_dir / REFERENCE_CACHE),
+        reference_logprobs(
+            reference, reference_name, eval_pairs, pad_id, cfg, run_dir / f"validation_{REFERENCE_CACHE}"
+        ),
+    )
 
 
 def objective_note(objective: PreferenceObjective, reference_name: str) -> str:
-    weights = ", ".join(f"{name} {value}" for name, value in objective._asdict().items() if name != "loss_type" and value)
+    weights = ", ".join(
+        f"{name} {value}" for name, value in objective._asdict().items() if name != "loss_type" and value
+    )
     reference = f"reference policy: {reference_name}" if objective.uses_reference else "no reference policy"
     return f"loss: {objective.loss_type} ({weights}); {reference}"
 
@@ -232,13 +293,23 @@ def sample_comparison(policy, reference, tokenizer, pairs: list[PairExample], cf
     queries = [p.query.ids for p in pairs]
     before = generate_texts(reference, tokenizer, queries, params, cfg.forward_batch_size, desc="sampling (reference)")
     after = generate_texts(policy, tokenizer, queries, params, cfg.forward_batch_size, desc="sampling (DPO policy)")
-    return [{"prompt": rm_metrics.prompt_text(p.record), "human_chosen": p.record.chosen, "reference": b["text"], "dpo": a["text"],
-             "reference_tokens": b["tokens"], "dpo_tokens": a["tokens"], "reference_has_eos": b["has_eos"], "dpo_has_eos": a["has_eos"]}
-            for p, b, a in zip(pairs, before, after, strict=True)]
+    return [
+        {
+            "prompt": rm_metrics.prompt_text(p.record),
+            "human_chosen": p.record.chosen,
+            "reference": b["text"],
+            "dpo": a["text"],
+            "reference_tokens": b["tokens"],
+            "dpo_tokens": a["tokens"],
+            "reference_has_eos": b["has_eos"],
+            "dpo_has_eos": a["has_eos"],
+        }
+        for p, b, a in zip(pairs, before, after, strict=True)
+    ]
 
 
 def checkpoint_label(checkpoint: Path) -> str:
-    """"step N" of the checkpoint a run resumed from, as the line of a stopped run names it."""
+    """ "step N" of the checkpoint a run resumed from, as the line of a stopped run names it."""
     return f"step {json.loads((checkpoint / 'trainer.json').read_text())['step']}"
 
 
@@ -252,24 +323,42 @@ def run(cfg: DPOConfig) -> int:
     reference = frozen_policy(cfg, policy, reference_name, device) if objective.uses_reference else None
     train_pairs, train_note = prepare_training_pairs(cfg.lengths, tokenizer, train_records)
     val_pairs, val_note = prepare_pairs(cfg.lengths, tokenizer, val_records)
-    notes += [f"train tokenization: {train_note}", f"validation tokenization: {val_note}", objective_note(objective, reference_name)]
+    notes += [
+        f"train tokenization: {train_note}",
+        f"validation tokenization: {val_note}",
+        objective_note(objective, reference_name),
+    ]
     print("\n".join(notes))
     pad_id = tokenizer.pad_token_id
     eval_pairs = val_pairs[: cfg.eval_pairs] if cfg.eval_pairs else val_pairs
     processes = int(os.environ.get("WORLD_SIZE", "1"))
-    # a signal ends the reference pass at once: its cache is written whole or not at all, and a restart computes it again
-    continuing = ((checkpoint_label(checkpoint), resume_command("dpo", run_dir, processes)) if checkpoint
-                  else (None, restart_command("dpo", run_dir, processes)))
+    # a signal ends the reference pass at once: its cache is written whole or not at all, and a restart computes it
+    # again
+    continuing = (
+        (checkpoint_label(checkpoint), resume_command("dpo", run_dir, processes))
+        if checkpoint
+        else (None, restart_command("dpo", run_dir, processes))
+    )
     with stopping_at_once(run_dir, *continuing):
-        train_examples, eval_examples = examples_with_reference(reference, reference_name, train_pairs, eval_pairs, pad_id, cfg, run_dir)
+        train_examples, eval_examples = examples_with_reference(
+            reference, reference_name, train_pairs, eval_pairs, pad_id, cfg, run_dir
+        )
 
     def evaluate(current: torch.nn.Module, step: int) -> dict[str, float]:
         if not eval_examples:
             return {}
         return validation_metrics(held_out_loss(current, eval_examples, pad_id, cfg, objective), objective)
 
-    stage = SupervisedStage("dpo", policy.to(device), tokenizer, train_examples, lambda b: collate_dpo(b, pad_id),
-                            make_dpo_loss(objective), evaluate, length=lambda example: example.width())
+    stage = SupervisedStage(
+        "dpo",
+        policy.to(device),
+        tokenizer,
+        train_examples,
+        lambda b: collate_dpo(b, pad_id),
+        make_dpo_loss(objective),
+        evaluate,
+        length=lambda example: example.width(),
+    )
     # its log-probabilities are cached: off the device while the sharded policy trains
     if reference is not None and cfg.sharding_options.splits_models(processes):
         reference.to("cpu")
@@ -287,22 +376,43 @@ def run(cfg: DPOConfig) -> int:
         extra: list[Table] = []
         if val_pairs:
             implicit = ImplicitRewardModel(final, reference, objective)
-            evaluation = evaluate_reward_model(implicit, tokenizer, val_pairs, run_dir / "rm_eval", batch_size=cfg.forward_batch_size,
-                                               probes=builtin_probes_for(val_records, "builtin"),
-                                               limits=query_limits(cfg.max_query_length, cfg.max_article_query_length))
+            evaluation = evaluate_reward_model(
+                implicit,
+                tokenizer,
+                val_pairs,
+                run_dir / "rm_eval",
+                batch_size=cfg.forward_batch_size,
+                probes=builtin_probes_for(val_records, "builtin"),
+                limits=query_limits(cfg.max_query_length, cfg.max_article_query_length),
+            )
             print(rm_report.headline(evaluation))
             samples = []
-            if cfg.eval_samples:  # SimPO trained without a reference: the starting policy to compare with is loaded only now
+            if (
+                cfg.eval_samples
+            ):  # SimPO trained without a reference: the starting policy to compare with is loaded only now
                 starting = reference if reference is not None else frozen_policy(cfg, final, reference_name, device)
                 samples = sample_comparison(final, starting, tokenizer, val_pairs[: cfg.eval_samples], cfg)
             write_jsonl(run_dir / "eval_samples.jsonl", samples)
             if samples:
                 lengths = {who: float(np.mean([s[f"{who}_tokens"] for s in samples])) for who in ("reference", "dpo")}
-                extra.append(Table(f"Greedy responses to {len(samples)} validation prompts (mean tokens: reference "
-                                   f"{lengths['reference']:.1f}, DPO {lengths['dpo']:.1f})", samples[:10],
-                                   ["prompt", "human_chosen", "reference", "dpo", "reference_tokens", "dpo_tokens"]))
+                extra.append(
+                    Table(
+                        f"Greedy responses to {len(samples)} validation prompts (mean tokens: reference "
+                        f"{lengths['reference']:.1f}, DPO {lengths['dpo']:.1f})",
+                        samples[:10],
+                        ["prompt", "human_chosen", "reference", "dpo", "reference_tokens", "dpo_tokens"],
+                    )
+                )
         plot_training_curves(read_metrics(run_dir), run_dir / "plots")
-        write_rm_report(run_dir, "dpo", cfg, notes, evaluation, run_dir / "rm_eval", f"{LOSS_NAMES[objective.loss_type]} (implicit reward)",
-                        extra)
+        write_rm_report(
+            run_dir,
+            "dpo",
+            cfg,
+            notes,
+            evaluation,
+            run_dir / "rm_eval",
+            f"{LOSS_NAMES[objective.loss_type]} (implicit reward)",
+            extra,
+        )
     print(f"model: {run_dir / 'model'}\nreport: {run_dir / 'report.html'}")
     return 0

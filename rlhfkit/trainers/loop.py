@@ -102,7 +102,9 @@ def run_loop(steps: Steps, cfg: RunConfig, run_dir: Path, start: int, accelerato
             for index in range(start, steps.total):
                 try:
                     metrics = steps.step(index, show)
-                except Interrupted as interrupted:  # in a reward function: the step changed nothing yet and is dropped whole
+                except (
+                    Interrupted
+                ) as interrupted:  # in a reward function: the step changed nothing yet and is dropped whole
                     stop_after(interrupted.signum, index, saved)
                 done = index + 1
                 evaluated = bool(cfg.eval_every) and done % cfg.eval_every == 0 and done < steps.total

@@ -59,7 +59,9 @@ def make_pair_loss(length_weight: float = 1.0, orthogonality_weight: float = 1.0
     (|corr(quality, length)| - corr(length head, length)) and orthogonality_weight x |W_Q . W_L|; the
     accuracy and rewards logged are the quality head's, the reward RL uses."""
 
-    def pair_loss_fn(model: ScalarModel, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def pair_loss_fn(
+        model: ScalarModel, batch: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         scores = pair_scores(model, batch)
         chosen, rejected = scores["chosen"], scores["rejected"]
         margin = chosen - rejected
@@ -87,10 +89,23 @@ def make_pair_loss(length_weight: float = 1.0, orthogonality_weight: float = 1.0
 @torch.no_grad()
 def normalize_to_references(model: ScalarModel, tokenizer, sft_data: list[str], cfg: RMConfig) -> dict[str, float]:
     """Detail 15: shift the head bias so the SFT reference summaries (any SFT data format) average a reward of 0."""
-    records, log = usable(load_sft_data(AUTO, sft_data, "train", cfg.fields), sft_data, "reference summaries", "sft_data (SFT data, its format detected)")
-    examples, _ = tokenize_sft(records[: cfg.normalization_samples], tokenizer, cfg.max_query_length, cfg.max_response_length)
-    rewards = score_texts(model, tokenizer.pad_token_id, [e.query.ids for e in examples], [e.response for e in examples],
-                          cfg.micro_batch_size * 2, "normalising (Detail 15)")
+    records, log = usable(
+        load_sft_data(AUTO, sft_data, "train", cfg.fields),
+        sft_data,
+        "reference summaries",
+        "sft_data (SFT data, its format detected)",
+    )
+    examples, _ = tokenize_sft(
+        records[: cfg.normalization_samples], tokenizer, cfg.max_query_length, cfg.max_response_length
+    )
+    rewards = score_texts(
+        model,
+        tokenizer.pad_token_id,
+        [e.query.ids for e in examples],
+        [e.response for e in examples],
+        cfg.micro_batch_size * 2,
+        "normalising (Detail 15)",
+    )
     before = float(rewards.mean())
     model.output_bias.data -= before
     return {"reference_mean_before": before, "references": len(examples), "bias": float(model.output_bias.item())}
@@ -104,8 +119,10 @@ def load_trained_reward_model(cfg: RMConfig, checkpoint: Path | None) -> tuple[S
         model, tokenizer = load_reward_model(checkpoint / "model", cfg.trust_remote_code)
         return model.train(), tokenizer
     if cfg.lora.enabled and cfg.trainable_layers >= 0:
-        raise ConfigError(f"lora_rank={cfg.lora_rank} with trainable_layers={cfg.trainable_layers}: choose one way to "
-                          "limit training (set trainable_layers=-1 with LoRA, or lora_rank=0)")
+        raise ConfigError(
+            f"lora_rank={cfg.lora_rank} with trainable_layers={cfg.trainable_layers}: choose one way to "
+            "limit training (set trainable_layers=-1 with LoRA, or lora_rank=0)"
+        )
     policy, tokenizer = load_policy(cfg.model, cfg.trust_remote_code, allow_pickle=cfg.allow_pickle)
     model = ScalarModel.from_policy(policy, cfg.head, cfg.length_head)
     if cfg.lora.enabled:
@@ -148,7 +165,11 @@ def run(cfg: RMConfig) -> int:
     features = frozen_features(cfg, model, run_dir)
     pad_id = tokenizer.pad_token_id
     # the items the heads train on: the pairs themselves, or their cached backbone features
-    items = features.features(model, pad_id, all_train_examples, cfg.micro_batch_size) if features is not None else all_train_examples
+    items = (
+        features.features(model, pad_id, all_train_examples, cfg.micro_batch_size)
+        if features is not None
+        else all_train_examples
+    )
 
     def score(current: ScalarModel, examples: list[PairExample], desc: str) -> tuple[np.ndarray, np.ndarray]:
         return score_pairs(current, pad_id, examples, cfg.micro_batch_size, desc, features)
@@ -157,32 +178,58 @@ def run(cfg: RMConfig) -> int:
         if not eval_examples:
             return {}
         c, r = score(current, eval_examples, "validating")
-        return {"val/accuracy": rm_metrics.pairwise_accuracy(c, r), "val/loss": rm_metrics.pairwise_loss(c, r), "val/margin": float((c - r).mean())}
+        return {
+            "val/accuracy": rm_metrics.pairwise_accuracy(c, r),
+            "val/loss": rm_metrics.pairwise_loss(c, r),
+            "val/margin": float((c - r).mean()),
+        }
 
     def make_stage(current: ScalarModel, indices: list[int], validate=None) -> SupervisedStage:
         loss = make_pair_loss(cfg.length_head_weight, cfg.orthogonality_weight)
         picked = [items[i] for i in indices]
         if features is not None:
             return SupervisedStage("rm", current, tokenizer, picked, collate_features, loss, validate)
-        return SupervisedStage("rm", current, tokenizer, picked, lambda b: collate_packed_pairs(b, pad_id), loss,
-                               validate, length=lambda e: e.packed_width())
+        return SupervisedStage(
+            "rm",
+            current,
+            tokenizer,
+            picked,
+            lambda b: collate_packed_pairs(b, pad_id),
+            loss,
+            validate,
+            length=lambda e: e.packed_width(),
+        )
 
-    if cfg.cross_validation_folds and not checkpoint:  # a checkpoint means the final model's training had begun: CV was done
+    if (
+        cfg.cross_validation_folds and not checkpoint
+    ):  # a checkpoint means the final model's training had begun: CV was done
         cross_validate(cfg, model, make_stage, score, all_train_examples, run_dir)
     result = train(cfg, make_stage(model, train_idx, evaluate), run_dir, checkpoint)
     if not is_main_process():
         return 0
     final: ScalarModel = result["model"]
-    normalization = normalize_to_references(final, tokenizer, cfg.sft_data, cfg) if cfg.sft_data else {"skipped": "no sft_data given"}
+    normalization = (
+        normalize_to_references(final, tokenizer, cfg.sft_data, cfg)
+        if cfg.sft_data
+        else {"skipped": "no sft_data given"}
+    )
     notes.append(f"reward normalisation (Detail 15): {normalization}")
     save_final_model(final, tokenizer, run_dir)
     (run_dir / "normalization.json").write_text(json.dumps(normalization, indent=2))
     limits = query_limits(cfg.max_query_length, cfg.max_article_query_length)
     evaluation: dict[str, Any] = {}
     if val_examples:
-        evaluation = evaluate_reward_model(final, tokenizer, val_examples, run_dir / "rm_eval", batch_size=cfg.micro_batch_size,
-                                           probes=builtin_probes_for(val_records, "builtin"), limits=limits, seed=cfg.seed,
-                                           features=features)
+        evaluation = evaluate_reward_model(
+            final,
+            tokenizer,
+            val_examples,
+            run_dir / "rm_eval",
+            batch_size=cfg.micro_batch_size,
+            probes=builtin_probes_for(val_records, "builtin"),
+            limits=limits,
+            seed=cfg.seed,
+            features=features,
+        )
         print(rm_report.headline(evaluation))
     else:
         notes.append("no validation pairs (validation_fraction=0): evaluate with `rlhfkit rm-eval`")
@@ -190,4 +237,3 @@ def run(cfg: RMConfig) -> int:
     write_rm_report(run_dir, "rm", cfg, notes, evaluation, run_dir / "rm_eval", extra=cross_validation_tables(run_dir))
     print(f"model: {run_dir / 'model'}\nreport: {run_dir / 'report.html'}")
     return 0
-

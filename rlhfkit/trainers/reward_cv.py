@@ -37,7 +37,9 @@ from .supervised import SupervisedStage, train
 
 # (fresh model, indices of its training pairs) -> the stage that trains it
 StageFactory = Callable[[ScalarModel, list[int]], SupervisedStage]
-PairScorer = Callable[[ScalarModel, list[PairExample], str], tuple[np.ndarray, np.ndarray]]  # (model, pairs, bar) -> (chosen, rejected)
+PairScorer = Callable[
+    [ScalarModel, list[PairExample], str], tuple[np.ndarray, np.ndarray]
+]  # (model, pairs, bar) -> (chosen, rejected)
 
 
 def rerun_command(run_dir: Path) -> str:
@@ -46,13 +48,26 @@ def rerun_command(run_dir: Path) -> str:
 
 
 # options that change neither a fold model nor its scores: a fold file written under other values still holds
-OUTSIDE_THE_FOLDS = {"output_dir", "resume", "overwrite", "report_to", "save_every", "eval_every", "eval_pairs", "keep_checkpoints", "log_every",
-                     "sft_data", "normalization_samples"}
+OUTSIDE_THE_FOLDS = {
+    "output_dir",
+    "resume",
+    "overwrite",
+    "report_to",
+    "save_every",
+    "eval_every",
+    "eval_pairs",
+    "keep_checkpoints",
+    "log_every",
+    "sft_data",
+    "normalization_samples",
+}
 
 
 def fold_recipe(cfg: RMConfig) -> dict[str, Any]:
     """The options a fold file was trained under, compared when the file is read back."""
-    return json.loads(json.dumps({k: v for k, v in dataclasses.asdict(cfg).items() if k not in OUTSIDE_THE_FOLDS}, default=str))
+    return json.loads(
+        json.dumps({k: v for k, v in dataclasses.asdict(cfg).items() if k not in OUTSIDE_THE_FOLDS}, default=str)
+    )
 
 
 def read_fold(path: Path) -> dict[str, Any] | None:
@@ -70,20 +85,41 @@ def fold_training_indices(cfg: RMConfig, examples: list[PairExample], indices: l
     return [indices[j] for j in kept]
 
 
-def train_fold(cfg: RMConfig, initial: ScalarModel, make_stage: StageFactory, score: PairScorer, examples: list[PairExample],
-               train_idx: list[int], held_idx: list[int], fold_dir: Path) -> dict[str, Any]:
+def train_fold(
+    cfg: RMConfig,
+    initial: ScalarModel,
+    make_stage: StageFactory,
+    score: PairScorer,
+    examples: list[PairExample],
+    train_idx: list[int],
+    held_idx: list[int],
+    fold_dir: Path,
+) -> dict[str, Any]:
     """Train one fold's model from a copy of the starting weights; its scores of the held-out pairs."""
     fold_cfg = dataclasses.replace(cfg, save_every=0, eval_every=0, keep_checkpoints=1)
     fold_dir.mkdir(parents=True, exist_ok=True)
-    result = train(fold_cfg, make_stage(copy.deepcopy(initial), train_idx), fold_dir, resume=rerun_command(fold_dir.parents[1]))
+    result = train(
+        fold_cfg, make_stage(copy.deepcopy(initial), train_idx), fold_dir, resume=rerun_command(fold_dir.parents[1])
+    )
     chosen, rejected = score(result["model"], [examples[i] for i in held_idx], f"scoring {fold_dir.name}")
     shutil.rmtree(fold_dir / "checkpoints", ignore_errors=True)  # a fold model is a measurement, not a product
-    return {"indices": held_idx, "chosen": chosen.tolist(), "rejected": rejected.tolist(), "trained_pairs": len(train_idx),
-            "recipe": fold_recipe(cfg)}
+    return {
+        "indices": held_idx,
+        "chosen": chosen.tolist(),
+        "rejected": rejected.tolist(),
+        "trained_pairs": len(train_idx),
+        "recipe": fold_recipe(cfg),
+    }
 
 
-def out_of_fold_scores(cfg: RMConfig, initial: ScalarModel, make_stage: StageFactory, score: PairScorer, examples: list[PairExample],
-                       out: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
+def out_of_fold_scores(
+    cfg: RMConfig,
+    initial: ScalarModel,
+    make_stage: StageFactory,
+    score: PairScorer,
+    examples: list[PairExample],
+    out: Path,
+) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """(chosen, rejected) scores of every example from the fold model that did not train on it, and notes."""
     folds = prompt_folds([e.record.prompt_id for e in examples], cfg.cross_validation_folds, cfg.seed)
     chosen, rejected = np.full(len(examples), np.nan), np.full(len(examples), np.nan)
@@ -101,26 +137,41 @@ def out_of_fold_scores(cfg: RMConfig, initial: ScalarModel, make_stage: StageFac
             fold = train_fold(cfg, initial, make_stage, score, examples, train_idx, held, out / f"fold-{k}")
             write_json_atomic(saved, fold)
         if fold["indices"] != held:
-            raise ConfigError(f"{saved} holds other pairs than fold {k} of this data: delete {out} to cross-validate again")
+            raise ConfigError(
+                f"{saved} holds other pairs than fold {k} of this data: delete {out} to cross-validate again"
+            )
         chosen[held], rejected[held] = fold["chosen"], fold["rejected"]
         notes.append(f"fold {k}: trained on {fold['trained_pairs']} pairs, scored {len(held)} held-out pairs")
     return chosen, rejected, notes
 
 
-def cross_validate(cfg: RMConfig, initial: ScalarModel, make_stage: StageFactory, score: PairScorer, examples: list[PairExample],
-                   run_dir: Path) -> dict[str, Any]:
+def cross_validate(
+    cfg: RMConfig,
+    initial: ScalarModel,
+    make_stage: StageFactory,
+    score: PairScorer,
+    examples: list[PairExample],
+    run_dir: Path,
+) -> dict[str, Any]:
     """Cross-validate, write `cross_validation/rm_eval.json` and its plots (the `rm-eval` files), print
     the headline; the evaluation."""
     out = run_dir / "cross_validation"
     out.mkdir(parents=True, exist_ok=True)
     chosen, rejected, notes = out_of_fold_scores(cfg, initial, make_stage, score, examples, out)
     lengths_c, lengths_r = (np.array(column) for column in response_length_columns(examples))
-    result = rm_metrics.evaluate_rewards([e.record for e in examples], chosen, rejected, lengths_c, lengths_r, "tokens", seed=cfg.seed)
-    result["protocol"] = (f"post-disjoint {cfg.cross_validation_folds}-fold cross-validation: every pair scored by a model "
-                          "trained without its prompt")
+    result = rm_metrics.evaluate_rewards(
+        [e.record for e in examples], chosen, rejected, lengths_c, lengths_r, "tokens", seed=cfg.seed
+    )
+    result["protocol"] = (
+        f"post-disjoint {cfg.cross_validation_folds}-fold cross-validation: every pair scored by a model "
+        "trained without its prompt"
+    )
     result["folds"] = notes
     rm_report.write_rm_eval(out, result, chosen, rejected, lengths_c, lengths_r)
-    print(f"cross-validation ({cfg.cross_validation_folds} folds of prompts, {len(examples)} pairs):\n{rm_report.headline(result)}")
+    print(
+        f"cross-validation ({cfg.cross_validation_folds} folds of prompts, {len(examples)} "
+        f"pairs):\n{rm_report.headline(result)}"
+    )
     return result
 
 
@@ -131,5 +182,13 @@ def cross_validation_tables(run_dir: Path) -> list[Table]:
         return []
     result = json.loads(path.read_text())
     cells = rm_report.accuracy_cells(result["breakdown"]["overall"]) | {"protocol": result["protocol"]}
-    rows = [{"metric": k, "value": v} for k, v in cells.items()] + [{"metric": f"fold {i}", "value": fold} for i, fold in enumerate(result["folds"])]
-    return [Table("Cross-validation (every training pair, scored by a fold model that never saw its prompt)", rows, ["metric", "value"])]
+    rows = [{"metric": k, "value": v} for k, v in cells.items()] + [
+        {"metric": f"fold {i}", "value": fold} for i, fold in enumerate(result["folds"])
+    ]
+    return [
+        Table(
+            "Cross-validation (every training pair, scored by a fold model that never saw its prompt)",
+            rows,
+            ["metric", "value"],
+        )
+    ]

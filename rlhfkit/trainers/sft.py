@@ -35,7 +35,9 @@ from .supervised import SupervisedStage, train
 
 
 def collate_sft(examples: list[SFTExample], pad_id: int, loss_on_query: bool) -> dict[str, torch.Tensor]:
-    batch = right_pad_query_response([e.query.ids for e in examples], [e.response for e in examples], pad_id, loss_on_query)
+    batch = right_pad_query_response(
+        [e.query.ids for e in examples], [e.response for e in examples], pad_id, loss_on_query
+    )
     batch["loss_units"] = (batch["labels"][:, 1:] != IGNORE_INDEX).sum(-1)
     batch.pop("response_mask")
     return batch
@@ -43,13 +45,16 @@ def collate_sft(examples: list[SFTExample], pad_id: int, loss_on_query: bool) ->
 
 def sft_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Summed next-token cross-entropy over the labelled tokens, with logits formed only where a label is."""
-    logprobs, _ = target_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["labels"][:, 1:] != IGNORE_INDEX)
+    logprobs, _ = target_logprobs(
+        model, batch["input_ids"], batch["attention_mask"], batch["labels"][:, 1:] != IGNORE_INDEX
+    )
     return -logprobs.sum(), {}
 
 
 @torch.no_grad()
-def validation_loss(model: torch.nn.Module, examples: list[SFTExample], pad_id: int, loss_on_query: bool,
-                    batch_size: int) -> float:
+def validation_loss(
+    model: torch.nn.Module, examples: list[SFTExample], pad_id: int, loss_on_query: bool, batch_size: int
+) -> float:
     device = model_device(model)
     total, units = 0.0, 0
     with evaluation_mode(model):
@@ -63,7 +68,9 @@ def validation_loss(model: torch.nn.Module, examples: list[SFTExample], pad_id: 
 
 def summarise(model, tokenizer, examples: list[SFTExample], cfg: SFTConfig, label: str) -> list[dict]:
     params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.eval_temperature, seed=cfg.seed)
-    return generate_texts(model, tokenizer, [e.query.ids for e in examples], params, cfg.micro_batch_size, desc=f"answering ({label})")
+    return generate_texts(
+        model, tokenizer, [e.query.ids for e in examples], params, cfg.micro_batch_size, desc=f"answering ({label})"
+    )
 
 
 def prompt_cell(example: SFTExample) -> dict[str, str]:
@@ -96,10 +103,15 @@ def summary_metrics(rows: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-def write_sft_report(run_dir: Path, cfg: SFTConfig, metrics: dict[str, float], rows: list[dict], data_notes: list[str]) -> Path:
+def write_sft_report(
+    run_dir: Path, cfg: SFTConfig, metrics: dict[str, float], rows: list[dict], data_notes: list[str]
+) -> Path:
     history = read_metrics(run_dir)
-    report = Report(f"SFT run {run_dir.name}", training_summary(run_dir, cfg.model, data_notes, history, cfg.total_batch_size, "examples"),
-                    config=config_text(run_dir))
+    report = Report(
+        f"SFT run {run_dir.name}",
+        training_summary(run_dir, cfg.model, data_notes, history, cfg.total_batch_size, "examples"),
+        config=config_text(run_dir),
+    )
     report.caveat(budget_caveat("sft", trained_amount(history, cfg.total_batch_size)))
     losses = metric_series(history, "train/loss")[1]
     if losses:
@@ -109,11 +121,20 @@ def write_sft_report(run_dir: Path, cfg: SFTConfig, metrics: dict[str, float], r
     for metric, name in (("rouge_l", "ROUGE-L against the references"), ("eos_rate", "EOS rate")):
         if f"eval/sft_{metric}" in metrics:
             base = metrics.get(f"eval/base_{metric}")
-            report.number(f"{name} (SFT model)", metrics[f"eval/sft_{metric}"], base, "the starting model" if base is not None else "",
-                          fell_caveat(name, base, metrics[f"eval/sft_{metric}"], "starting model"))
+            report.number(
+                f"{name} (SFT model)",
+                metrics[f"eval/sft_{metric}"],
+                base,
+                "the starting model" if base is not None else "",
+                fell_caveat(name, base, metrics[f"eval/sft_{metric}"], "starting model"),
+            )
     report.caveat(few_prompts_caveat(int(metrics["eval/posts"]), "held-out prompts") if "eval/posts" in metrics else "")
-    report.figure("Training curves", plot_curves(history, ["train/loss", "val/loss", "train/lr", "perf/tokens_per_s"],
-                                                 run_dir / "plots" / "loss.png", "SFT"))
+    report.figure(
+        "Training curves",
+        plot_curves(
+            history, ["train/loss", "val/loss", "train/lr", "perf/tokens_per_s"], run_dir / "plots" / "loss.png", "SFT"
+        ),
+    )
     columns = ["post", "prompt", "reference", "base", "sft", "base_rouge_l", "sft_rouge_l"]
     report.sample_table("Samples: prompt / reference / base model / SFT model", rows[:10], columns)
     return report.write(run_dir)
@@ -123,15 +144,21 @@ def run(cfg: SFTConfig) -> int:
     run_dir, checkpoint = start_run(cfg, "sft")
     loaded = load_sft_data(cfg.data_format, cfg.data, cfg.hf_split, cfg.fields)
     records, load_log = usable(loaded, cfg.data, "examples", f"data_format={cfg.data_format}")
-    train_records, val_records = split_by_prompt(records, lambda r: r.prompt_id, validation_size=cfg.validation_posts, seed=cfg.seed)
+    train_records, val_records = split_by_prompt(
+        records, lambda r: r.prompt_id, validation_size=cfg.validation_posts, seed=cfg.seed
+    )
     model, tokenizer = trained_policy(cfg.model_source, cfg.lora, checkpoint)
-    train_examples, train_log = training_examples(tokenize_sft(train_records, tokenizer, cfg.max_query_length, cfg.max_response_length),
-                                                  cfg.max_query_length, "training examples")
+    train_examples, train_log = training_examples(
+        tokenize_sft(train_records, tokenizer, cfg.max_query_length, cfg.max_response_length),
+        cfg.max_query_length,
+        "training examples",
+    )
     val_examples, val_log = tokenize_sft(val_records, tokenizer, cfg.max_query_length, cfg.max_response_length)
     notes = [
         f"loaded: {load_log.summary('examples')}",
         f"split by prompt: {len(train_records)} train, {len(val_records)} validation examples",
-        f"train tokenization: {train_log.summary('examples')}; queries truncated: {sum(e.query.truncated for e in train_examples)}",
+        f"train tokenization: {train_log.summary('examples')}; queries truncated: "
+        f"{sum(e.query.truncated for e in train_examples)}",
         f"validation tokenization: {val_log.summary('examples')}",
     ]
     print("\n".join(notes))
@@ -144,7 +171,11 @@ def run(cfg: SFTConfig) -> int:
     def evaluate(current: torch.nn.Module, step: int) -> dict[str, float]:
         if not eval_examples:
             return {}
-        return {"val/loss": validation_loss(current, eval_examples, tokenizer.pad_token_id, cfg.loss_on_query, cfg.micro_batch_size)}
+        return {
+            "val/loss": validation_loss(
+                current, eval_examples, tokenizer.pad_token_id, cfg.loss_on_query, cfg.micro_batch_size
+            )
+        }
 
     stage = SupervisedStage(
         "sft",

@@ -2,7 +2,8 @@
 
 Requests run N at a time; rate limits, server errors and timeouts are retried with backoff
 (`RetryPolicy`); a malformed body is tried once more, and a refused connection or a host name that does
-not resolve not at all: waiting does not fix them (`failure_of`); tokens and cost are counted. API keys are read only from the environment and
+not resolve not at all: waiting does not fix them (`failure_of`); tokens and cost are counted. API keys are read only
+from the environment and
 are kept out of every message, log line and cached record (`redact`)."""
 
 from __future__ import annotations
@@ -140,7 +141,9 @@ def connection_failure(error: Exception) -> Failure:
     unreachable = next((c for c in causes(error) if isinstance(c, UNREACHABLE)), None)
     if unreachable is None:
         return Failure("connection failed")
-    return Failure(f"connection failed ({redact(str(unreachable))}); check the base URL and that the server runs", attempts=1)
+    return Failure(
+        f"connection failed ({redact(str(unreachable))}); check the base URL and that the server runs", attempts=1
+    )
 
 
 def failure_of(error: Exception, sdk: Any) -> Failure | None:
@@ -173,7 +176,9 @@ def api_key(provider: str, spec: str, optional: bool) -> str | None:
     """The provider's key from its environment variable (the only place keys are read from)."""
     key = os.environ.get(KEY_ENV[provider], "")
     if not key and not optional:
-        raise ConfigError(f"judge {spec}: set {KEY_ENV[provider]} in the environment (API keys are read only from there)")
+        raise ConfigError(
+            f"judge {spec}: set {KEY_ENV[provider]} in the environment (API keys are read only from there)"
+        )
     return key or None
 
 
@@ -183,9 +188,20 @@ class ApiJudge(Judge):
 
     provider = ""
 
-    def __init__(self, spec: str, model: str, client: Any, sdk: Any, template: JudgeTemplate, options: ApiOptions,
-                 cache_dir: str | Path | None, seed: int):
-        super().__init__(spec, template, cache_dir, seed, {"max_tokens": options.max_tokens, "temperature": options.temperature})
+    def __init__(
+        self,
+        spec: str,
+        model: str,
+        client: Any,
+        sdk: Any,
+        template: JudgeTemplate,
+        options: ApiOptions,
+        cache_dir: str | Path | None,
+        seed: int,
+    ):
+        super().__init__(
+            spec, template, cache_dir, seed, {"max_tokens": options.max_tokens, "temperature": options.temperature}
+        )
         self.model = model
         self.client = client
         self.sdk = sdk
@@ -257,7 +273,8 @@ class OpenAIJudge(ApiJudge):
 
     def request(self, prompt: str) -> tuple[str, int, int]:
         completion = self.client.chat.completions.create(
-            model=self.model, messages=[{"role": "user", "content": prompt}],
+            model=self.model,
+            messages=[{"role": "user", "content": prompt}],
             max_tokens=self.options.max_tokens,
             temperature=0.0 if self.options.temperature is None else self.options.temperature,
         )
@@ -290,7 +307,9 @@ class AnthropicJudge(ApiJudge):
         # the models that support it, so it travels in the body, and only when asked for
         sampling = {} if self.options.temperature is None else {"extra_body": {"temperature": self.options.temperature}}
         message = self.client.messages.create(
-            model=self.model, messages=[{"role": "user", "content": prompt}], max_tokens=self.options.max_tokens,
+            model=self.model,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=self.options.max_tokens,
             **sampling,
         )
         return anthropic_reply(message)
@@ -311,8 +330,14 @@ def is_official_openai(base_url: str | None) -> bool:
     return base_url is None or (urlparse(base_url).hostname or "").endswith("api.openai.com")
 
 
-def openai_judge(model: str, base_url: str | None, template: JudgeTemplate, options: ApiOptions,
-                 cache_dir: str | Path | None, seed: int) -> OpenAIJudge:
+def openai_judge(
+    model: str,
+    base_url: str | None,
+    template: JudgeTemplate,
+    options: ApiOptions,
+    cache_dir: str | Path | None,
+    seed: int,
+) -> OpenAIJudge:
     base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
     spec = f"openai:{model}" + (f"@{base_url}" if base_url else "")
     sdk = import_sdk("openai")
@@ -322,8 +347,14 @@ def openai_judge(model: str, base_url: str | None, template: JudgeTemplate, opti
     return OpenAIJudge(spec, model, client, sdk, template, options, cache_dir, seed)
 
 
-def anthropic_judge(model: str, base_url: str | None, template: JudgeTemplate, options: ApiOptions,
-                    cache_dir: str | Path | None, seed: int) -> AnthropicJudge:
+def anthropic_judge(
+    model: str,
+    base_url: str | None,
+    template: JudgeTemplate,
+    options: ApiOptions,
+    cache_dir: str | Path | None,
+    seed: int,
+) -> AnthropicJudge:
     spec = f"anthropic:{model}"
     sdk = import_sdk("anthropic")
     key = api_key("anthropic", spec, optional=False)

@@ -162,7 +162,8 @@ class JudgeTemplate:
 
 
 def builtin_templates() -> list[str]:
-    return sorted(p.name.removesuffix(".txt") for p in (resources.files("rlhfkit.eval") / "templates").iterdir() if p.name.endswith(".txt"))
+    templates = (resources.files("rlhfkit.eval") / "templates").iterdir()
+    return sorted(p.name.removesuffix(".txt") for p in templates if p.name.endswith(".txt"))
 
 
 def builtin_name(path: str | Path | None) -> str | None:
@@ -180,13 +181,17 @@ def load_template(path: str | Path | None = None) -> JudgeTemplate:
     name = builtin_name(path)
     if name is not None:
         if name not in builtin_templates():
-            raise ConfigError(f"judge template {BUILTIN}{name} is not shipped; choose one of "
-                              f"{', '.join(BUILTIN + t for t in builtin_templates())} or give a file")
+            raise ConfigError(
+                f"judge template {BUILTIN}{name} is not shipped; choose one of "
+                f"{', '.join(BUILTIN + t for t in builtin_templates())} or give a file"
+            )
         source = resources.files("rlhfkit.eval") / "templates" / f"{name}.txt"
         return JudgeTemplate(source.read_text(encoding="utf-8"), f"{BUILTIN}{name}.txt")
     file = Path(path)
     if not file.is_file():
-        raise ConfigError(f"judge template {file} not found; give a text file with {{prompt}}, {{response_a}} and {{response_b}}")
+        raise ConfigError(
+            f"judge template {file} not found; give a text file with {{prompt}}, {{response_a}} and {{response_b}}"
+        )
     text = file.read_text(encoding="utf-8")
     missing = [f"{{{name}}}" for name in PLACEHOLDERS if f"{{{name}}}" not in text]
     if missing:
@@ -259,8 +264,14 @@ class Judge:
     """Compares pairs. The base class owns order, cache and bookkeeping; a subclass only answers
     pairs in the order shown, in `answer`."""
 
-    def __init__(self, spec: str, template: JudgeTemplate | None, cache_dir: str | Path | None, seed: int,
-                 settings: dict[str, Any]):
+    def __init__(
+        self,
+        spec: str,
+        template: JudgeTemplate | None,
+        cache_dir: str | Path | None,
+        seed: int,
+        settings: dict[str, Any],
+    ):
         self.spec = spec
         self.template = template
         self.seed = seed
@@ -330,13 +341,18 @@ class Judge:
         """Stop in one line when every pair asked so far failed and none came from the cache: a result
         built on no verdict would read as a judge that answered, unparseably."""
         if self.stats.failures and not self.stats.received and not self.stats.cache_hits:
-            raise ConfigError(f"judge {self.spec}: no verdict was received: all {self.stats.failures} pairs asked got no reply; "
-                              f"the first: {self.first_failure}")
+            raise ConfigError(
+                f"judge {self.spec}: no verdict was received: all {self.stats.failures} pairs asked got no reply; "
+                f"the first: {self.first_failure}"
+            )
 
     def warn_of_failures(self) -> None:
         """One warning line when some pairs got no reply: they are counted apart, as no vote."""
         if self.stats.failures:
-            warn(f"judge {self.spec}: {self.stats.failures} pairs got no reply and count as no vote; the first: {self.first_failure}")
+            warn(
+                f"judge {self.spec}: {self.stats.failures} pairs got no reply and count as no vote; the first: "
+                f"{self.first_failure}"
+            )
 
     def record_of(self, reply: Reply) -> dict[str, Any]:
         return {
@@ -354,5 +370,13 @@ class Judge:
 
 
 def verdict_of(reply: Reply, swapped: bool, cached: bool) -> Verdict:
-    return Verdict(to_caller_order(reply.winner, swapped), reply.winner, swapped, reply.text, cached, reply.error,
-                   reply.input_tokens, reply.output_tokens)
+    return Verdict(
+        to_caller_order(reply.winner, swapped),
+        reply.winner,
+        swapped,
+        reply.text,
+        cached,
+        reply.error,
+        reply.input_tokens,
+        reply.output_tokens,
+    )

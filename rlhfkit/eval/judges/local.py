@@ -97,7 +97,9 @@ class ChoiceProbabilityJudge(ChatModelJudge):
     def single_token_id(self, text: str) -> int:
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) != 1:
-            raise ConfigError(f"judge {self.spec}: {text!r} is {len(ids)} tokens for this tokenizer, not one; use hf: instead")
+            raise ConfigError(
+                f"judge {self.spec}: {text!r} is {len(ids)} tokens for this tokenizer, not one; use hf: instead"
+            )
         return ids[0]
 
     def choice_logprobs(self, items: list[tuple[int, Shown]]) -> list[tuple[list[float], int]]:
@@ -109,8 +111,9 @@ class ChoiceProbabilityJudge(ChatModelJudge):
         results = []
         for _, queries, ids, mask in self.batches(items, self.prefix_ids):
             with torch.inference_mode():
-                logits = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
-                                    logits_to_keep=1).logits[:, -1]
+                logits = self.model(
+                    input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), logits_to_keep=1
+                ).logits[:, -1]
             results += zip(logits.float().log_softmax(-1)[:, self.choice_ids].tolist(), map(len, queries), strict=True)
         return results
 
@@ -120,16 +123,21 @@ class ChoiceProbabilityJudge(ChatModelJudge):
             mirrored = [(index, Shown(s.prompt, s.second, s.first, not s.swapped)) for index, s in chunk]
             shown, swapped = self.choice_logprobs(chunk), self.choice_logprobs(mirrored)
             for (index, _), (_, mirror), ((a, b), tokens), ((a_mirrored, b_mirrored), tokens_mirrored) in zip(
-                    chunk, mirrored, shown, swapped, strict=True):
+                chunk, mirrored, shown, swapped, strict=True
+            ):
                 self.stats.add(calls=2, input_tokens=tokens + tokens_mirrored)
                 margin = ((a - b) + (b_mirrored - a_mirrored)) / 2  # for the response shown first
                 readings = {"A": a, "B": b}, {"A": a_mirrored, "B": b_mirrored}
                 deliver(index, self.reply(margin, *readings, tokens + tokens_mirrored))
                 if self.cache is not None:  # the mirrored order is the same two readings: never pay for it again
                     mirrored_reply = self.reply(-margin, *reversed(readings), tokens + tokens_mirrored)
-                    self.cache.put(cache_key(mirror, self.identity, self.template_sha256), self.record_of(mirrored_reply))
+                    self.cache.put(
+                        cache_key(mirror, self.identity, self.template_sha256), self.record_of(mirrored_reply)
+                    )
 
-    def reply(self, margin_first: float, shown: dict[str, float], mirrored: dict[str, float], input_tokens: int) -> Reply:
+    def reply(
+        self, margin_first: float, shown: dict[str, float], mirrored: dict[str, float], input_tokens: int
+    ) -> Reply:
         winner = "A" if margin_first > 0 else "B" if margin_first < 0 else "tie"
         logprobs = {"shown": shown, "mirrored": mirrored, "margin_first": margin_first}
         return Reply(f"{self.ANSWER_PREFIX} {winner} " + json.dumps(logprobs), winner, input_tokens, 0)
@@ -154,7 +162,9 @@ class RewardModelJudge(Judge):
         queries = [encode_text(self.tokenizer, s.prompt) for _, s in items]
         responses = [encode_completion(self.tokenizer, s.first) for _, s in items]
         responses += [encode_completion(self.tokenizer, s.second) for _, s in items]
-        scores = score_texts(self.model, self.tokenizer.pad_token_id, queries * 2, responses, self.batch_size, "judging")
+        scores = score_texts(
+            self.model, self.tokenizer.pad_token_id, queries * 2, responses, self.batch_size, "judging"
+        )
         first, second = scores[: len(items)], scores[len(items) :]
         for (index, _), a, b in zip(items, first.tolist(), second.tolist(), strict=True):
             self.stats.add(calls=1)
