@@ -1,4 +1,4 @@
-"""Smoke tests of the benchmark scripts (issue 10): each runs on a tiny model for a step or two and
+"""Smoke tests of the benchmark scripts: each runs on a tiny model for a step or two and
 prints its JSON line. Not timed: the numbers they print are only checked for shape."""
 
 import json

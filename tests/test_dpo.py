@@ -1,4 +1,4 @@
-"""DPO (issue 8): equation 4 at step 0, cached reference log-probabilities, implicit-reward evaluation, resume;
+"""DPO: equation 4 at step 0, cached reference log-probabilities, implicit-reward evaluation, resume;
 the DPO family through the stage (IPO, cDPO, SimPO: step 0, options, the record rm-eval reads)."""
 
 import json

@@ -1,4 +1,4 @@
-"""`rlhfkit eval` (issue 9): policies compared through their samples; reward-hacking alarms."""
+"""`rlhfkit eval`: policies compared through their samples; reward-hacking alarms."""
 
 import gzip
 import json

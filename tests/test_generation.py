@@ -187,7 +187,7 @@ class Casts(TorchDispatchMode):
 
 
 def test_bf16_autocast_decoding_casts_no_weight_twice_and_never_the_cache(tiny_model, monkeypatch):
-    """Issue 24: under autocast every decoded token used to cast every layer's whole fp32 cache to bf16
+    """Under autocast every decoded token used to cast every layer's whole fp32 cache to bf16
     for attention, and every frozen weight (autocast caches only weights that require grad) again. Now
     the cache is held in bf16 and each weight, frozen or not, is cast once per call, with the flags put
     back; tokens and log-probabilities are bit for bit those of the fp32 cache."""

@@ -1,4 +1,4 @@
-"""`rlhfkit judge-eval` (issue 9): agreement with human labels, position bias, the length baseline."""
+"""`rlhfkit judge-eval`: agreement with human labels, position bias, the length baseline."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""LoRA adapters on every trained model (issue 22): the adapter-disabled policy is the reference, only
+"""LoRA adapters on every trained model: the adapter-disabled policy is the reference, only
 adapters and scalar heads train, checkpoints hold the adapter and resume bit-identically, the final
 folder is merged and loads with plain transformers."""
 

@@ -1,4 +1,4 @@
-"""`rlhfkit plan` (issue 22): the shipped configs, the arithmetic of LoRA and sharding, suggestions that
+"""`rlhfkit plan`: the shipped configs, the arithmetic of LoRA and sharding, suggestions that
 fit, errors naming the key, and one estimate checked against a measured peak (benchmarks/memory_peaks.py)."""
 
 from __future__ import annotations

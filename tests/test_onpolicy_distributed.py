@@ -1,4 +1,4 @@
-"""PPO, GRPO and RLOO on two CPU processes over gloo (issue 21): the same update as one process on the
+"""PPO, GRPO and RLOO on two CPU processes over gloo: the same update as one process on the
 same global batch, exact resume, an agreed stop on SIGTERM, and a launch that never hangs on a death.
 
 How the two layouts are made comparable: every generation chunk holds one prompt

@@ -53,7 +53,7 @@ def test_filter_logits_top_k_and_top_p():
     assert torch.isfinite(nucleus[0, :2]).all() and torch.isinf(nucleus[0, 2:]).all()
 
 
-# --- RL maths (issue 7): every value below is worked out by hand in the comments ---------------
+# --- RL maths: every value below is worked out by hand in the comments ---------------
 
 
 def test_masked_var_biased_and_unbiased():

@@ -1,4 +1,4 @@
-"""`rlhfkit pipeline` (issue 9): stages wired in order, finished stages skipped, interrupted ones resumed."""
+"""`rlhfkit pipeline`: stages wired in order, finished stages skipped, interrupted ones resumed."""
 
 import json
 

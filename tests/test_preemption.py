@@ -1,4 +1,4 @@
-"""Preemption (issue 12, part 2): SIGTERM / SIGINT during training finish the step, write a checkpoint,
+"""Preemption: SIGTERM / SIGINT during training finish the step, write a checkpoint,
 print how to resume and exit 143 / 130; resuming ends exactly where an uninterrupted run does."""
 
 import json

@@ -1,4 +1,4 @@
-"""Issue 11: packed pairs, length-debiased reward models (ODIN, length balance, length penalty), the
+"""Packed pairs, length-debiased reward models (ODIN, length balance, length penalty), the
 split-disjoint protocol, frozen-backbone training on cached features."""
 
 import json

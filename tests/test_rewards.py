@@ -1,4 +1,4 @@
-"""Reward functions beside reward models (issue 23): the built-ins against hand-written cases, user
+"""Reward functions beside reward models: the built-ins against hand-written cases, user
 callables by `module:function`, failures reported with their row and counted (never a silent zero),
 the weighted sum the on-policy stages train on, sequence-classification reward models, GSM8K."""
 

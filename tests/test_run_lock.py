@@ -1,4 +1,4 @@
-"""One run per folder (issue 12, part 3): a run directory in use is refused, naming its process; a lock
+"""One run per folder: a run directory in use is refused, naming its process; a lock
 left by a process that is gone is taken over; the lock goes when its process exits."""
 
 import json

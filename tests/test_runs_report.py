@@ -1,4 +1,4 @@
-"""`rlhfkit report` (issue 9): runs side by side."""
+"""`rlhfkit report`: runs side by side."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""Sharded training (issue 22): FSDP2 over 2 CPU processes and gloo trains SFT, RM, DPO, PPO, GRPO and RLOO
+"""Sharded training: FSDP2 over 2 CPU processes and gloo trains SFT, RM, DPO, PPO, GRPO and RLOO
 like one unsharded process, holds about half the parameters per process, checkpoints full weights and
 a full optimizer state, and resumes bit-identically after a SIGKILL; choices that cannot run are
 refused in one line.

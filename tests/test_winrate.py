@@ -1,4 +1,4 @@
-"""Win rates, bootstrap intervals and length control (issue 9) against hand-computed values."""
+"""Win rates, bootstrap intervals and length control against hand-computed values."""
 
 import math
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from .. import ops
-from ..config import RMEvalConfig
+from ..config import PairConfig, RMEvalConfig
 from ..data import load_pairs, usable
 from ..data.examples import PairExample, prepare_pairs, query_limits
 from ..data.formats import encode_completion, encode_query
@@ -127,7 +127,7 @@ def evaluate_reward_model(
 def write_rm_report(
     run_dir: Path,
     stage: str,
-    cfg: Any,
+    cfg: PairConfig,
     notes: list[str],
     evaluation: dict[str, Any],
     eval_dir: Path,

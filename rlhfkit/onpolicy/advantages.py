@@ -51,7 +51,7 @@ class Estimator:
     needs: EstimatorNeeds
     reads: type  # the config class whose options it reads: stages whose config is one may use it
 
-    def __call__(self, cfg: Any, rewards: torch.Tensor, mask: torch.Tensor, batch: RolloutBatch,
+    def __call__(self, cfg: OnPolicyConfig, rewards: torch.Tensor, mask: torch.Tensor, batch: RolloutBatch,
                  groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.function(cfg, rewards, mask, batch, groups)
 

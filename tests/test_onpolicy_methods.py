@@ -1,4 +1,4 @@
-"""The published methods through their commands (issue 25): each preset runs end to end; DAPO's
+"""The published methods through their commands: each preset runs end to end; DAPO's
 dynamic sampling drops and refills groups whose scores tie and its overlong shaping reaches the
 scores; ReMax's baseline is the greedy answer's score; the prompt stream resumes where it stopped."""
 
@@ -122,7 +122,7 @@ def test_remax_baseline_is_the_greedy_answers_score(ppo_dirs, tmp_path):
     )
     cfg = dataclasses.replace(
         cfg, temperature=0.0
-    )  # a run is refused this no-op (test_review_rewards_signals): its update is not
+    )  # a run is refused this no-op (test_reward_function_failures_and_signals): its update is not
     batch = collected(models, [e.query.ids for e in train], cfg, 0, cfg.kl_coef)
     torch.testing.assert_close(batch.baseline_scores, batch.scores)
     assert float(batch.advantages.abs().max()) < 1e-5

@@ -1,4 +1,4 @@
-"""How a batch is split never changes the update (issue 25): for every loss aggregation, and every
+"""How a batch is split never changes the update: for every loss aggregation, and every
 policy loss under it, one update's gradient is the same with 1 micro-batch of 8 rows, 2 of 4, 4 of 2,
 and on 2 gloo processes, because every normaliser is counted over the whole minibatch before the split.
 

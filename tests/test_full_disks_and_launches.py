@@ -1,4 +1,4 @@
-"""Issue 34, cases 16 and 19 of the 2026-11 bad-inputs review.
+"""Cases 16 and 19 of the 2026-11 bad-inputs review: full disks and launches.
 
 16: a full disk (no space left, or the quota used up) while a run writes a checkpoint, its final model,
 its metrics, its report or its lock is one `rlhfkit: error:` line naming the folder and about the size

@@ -1,4 +1,4 @@
-"""GRPO and RLOO on PPO's on-policy core (issue 8): groups, shared prefill, KL placement, resume."""
+"""GRPO and RLOO on PPO's on-policy core: groups, shared prefill, KL placement, resume."""
 
 import json
 

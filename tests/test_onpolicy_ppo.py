@@ -1,4 +1,4 @@
-"""PPO invariants on tiny random models with the real tokenizer and real TL;DR posts (issue 7)."""
+"""PPO invariants on tiny random models with the real tokenizer and real TL;DR posts."""
 
 import copy
 import json

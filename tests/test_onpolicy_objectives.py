@@ -1,4 +1,4 @@
-"""The on-policy objectives' maths against values worked out by hand (issue 25): policy losses, loss
+"""The on-policy objectives' maths against values worked out by hand: policy losses, loss
 aggregation, advantage estimators, DAPO's shaping, and which KL form has the reverse-KL gradient."""
 
 import math
