@@ -414,6 +414,33 @@ def sample_responses(
     return RolloutBatch(prompts, query_ids, query_mask, responses, mask, has_eos)
 
 
+def sample_held_out(
+    policy: torch.nn.Module,
+    queries: list[list[int]],
+    params: SamplingParams,
+    tokenizer: PreTrainedTokenizerBase,
+    batch_size: int,
+    seed: int,
+    desc: str,
+    samples_per_prompt: int = 1,
+) -> RolloutBatch:
+    """`sample_responses` for an evaluation: the policy in evaluation mode, each chunk's RNG on the
+    evaluation stream, a function of (seed, its first prompt) alone, so held-out answers are the same
+    whatever was sampled before them."""
+    device = model_device(policy)
+    with evaluation_mode(policy):
+        return sample_responses(
+            policy,
+            queries,
+            params,
+            tokenizer,
+            batch_size,
+            lambda i: chunk_generator(seed, 0, i, device, EVALUATION_STREAM),
+            desc,
+            samples_per_prompt,
+        )
+
+
 def completion_texts(batch: RolloutBatch, tokenizer: PreTrainedTokenizerBase) -> list[str]:
     """The decoded responses without special tokens: what reward functions and evaluations read."""
     return [

@@ -29,15 +29,13 @@ import torch
 from ..config import EvalConfig, parse_named
 from ..data.examples import SFTExample, tokenize_sft
 from ..data.gsm8k import load_gsm8k
-from ..devices import evaluation_mode, model_device
+from ..devices import model_device
 from ..errors import ConfigError
 from ..generation import (
-    EVALUATION_STREAM,
     RolloutBatch,
     SamplingParams,
-    chunk_generator,
     completion_texts,
-    sample_responses,
+    sample_held_out,
 )
 from ..logprobs import response_logprobs
 from ..models import load_policy
@@ -71,19 +69,11 @@ def answer(
     policy, examples: list[SFTExample], tokenizer, cfg: EvalConfig, temperature: float, samples: int
 ) -> RolloutBatch:
     params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=temperature)
-    device = model_device(policy)
     label = "greedy" if temperature == 0 else f"{samples} samples at T={temperature}"
-    with evaluation_mode(policy):
-        return sample_responses(
-            policy,
-            [e.query.ids for e in examples],
-            params,
-            tokenizer,
-            cfg.generation_batch_size,
-            lambda i: chunk_generator(cfg.seed, 0, i, device, EVALUATION_STREAM),
-            desc=f"answering ({label})",
-            samples_per_prompt=samples,
-        )
+    queries = [e.query.ids for e in examples]
+    return sample_held_out(
+        policy, queries, params, tokenizer, cfg.generation_batch_size, cfg.seed, f"answering ({label})", samples
+    )
 
 
 @torch.no_grad()

@@ -15,7 +15,6 @@ from ..config import OnPolicyConfig
 from ..data import SFTRecord, load_prompts, usable
 from ..data.examples import SFTExample, tokenize_sft, training_examples
 from ..data.split import split_by_prompt
-from ..devices import evaluation_mode, model_device
 from ..errors import ConfigError
 from ..eval.alarms import alarms
 from ..eval.caveats import (
@@ -28,12 +27,10 @@ from ..eval.caveats import (
 from ..eval.report import Report, config_text, trained_amount, training_summary
 from ..eval.rouge import mean, rouge_l
 from ..generation import (
-    EVALUATION_STREAM,
     RolloutBatch,
     SamplingParams,
-    chunk_generator,
     completion_texts,
-    sample_responses,
+    sample_held_out,
 )
 from ..plots import metric_series, plot_curves
 from ..tracking import read_jsonl, read_metrics
@@ -150,17 +147,10 @@ def summarise_and_score(
     params = SamplingParams(
         max_new_tokens=cfg.max_response_length, temperature=cfg.eval_temperature, decoding=cfg.decoding
     )
-    device = model_device(policy)
-    with evaluation_mode(policy):
-        batch = sample_responses(
-            policy,
-            [e.query.ids for e in examples],
-            params,
-            models.tokenizer,
-            cfg.generation_batch_size,
-            lambda i: chunk_generator(cfg.seed, 0, i, device, EVALUATION_STREAM),
-            desc=f"answering ({label})",
-        )
+    queries = [e.query.ids for e in examples]
+    batch = sample_held_out(
+        policy, queries, params, models.tokenizer, cfg.generation_batch_size, cfg.seed, f"answering ({label})"
+    )
     batch = batch.to(torch.device("cpu"))
     sources = models.reward_sources()
     components, _ = reward_components(
