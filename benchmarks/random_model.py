@@ -5,8 +5,8 @@ tokenizer: what every rlhfkit stage loads, at a real model's size, where its wei
     python benchmarks/random_model.py --like .gpu/smollm2-135m --out /tmp/random-tiny --tiny   # smoke test
 
 `--tiny` keeps the tokenizer and the architecture but shrinks the decoder to 2 layers of width 64, so a
-CPU can run the GPU suite's stage part as a check of its commands. Dropout is off in the saved config,
-as every rlhfkit stage has it (Detail 6); the weights are fp32, seeded by `--seed`.
+CPU can run the GPU suite's stage part as a check of its commands. The weights are fp32, drawn from the
+architecture's own initialiser seeded by `--seed`; the config is the copied one, dropout included.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -214,3 +215,39 @@ def test_compare_methods_sets_runs_beside_the_sft_policy_with_intervals(ppo_dirs
         low, high = row["minus_sft_interval"]
         assert low <= row["minus_sft"] <= high and row["beats_sft_baseline"] == 0.5
         assert row["episodes_trained"] == 8 and row["responses_sampled"] == 8 and 0 <= row["question_ending_share"] <= 1
+
+
+def test_random_model_copies_a_folders_tokenizer_and_architecture_with_fresh_weights(tiny_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    (row,) = run_benchmark(
+        "random_model.py", "--like", str(tiny_model_dir), "--out", str(tmp_path / "random"), "--seed", "7"
+    )
+    source = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    built = AutoModelForCausalLM.from_pretrained(tmp_path / "random")
+    assert type(built) is type(source) and row["parameters"] == sum(p.numel() for p in built.parameters())
+    assert built.config.num_hidden_layers == source.config.num_hidden_layers
+    assert not torch.equal(built.model.embed_tokens.weight, source.model.embed_tokens.weight)
+    assert (
+        AutoTokenizer.from_pretrained(tmp_path / "random").get_vocab()
+        == AutoTokenizer.from_pretrained(tiny_model_dir).get_vocab()
+    )
+    (tiny,) = run_benchmark("random_model.py", "--like", str(tiny_model_dir), "--out", str(tmp_path / "t"), "--tiny")
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "t").config.num_hidden_layers == 2 and tiny["tiny"]
+
+
+def test_pipeline_summary_gives_each_stage_its_seconds_median_perf_and_first_and_last_loss(tmp_path):
+    (tmp_path / "pipeline.json").write_text(json.dumps({"sft": {"seconds": 12.5, "headline": {"loss": 1}}}))
+    (tmp_path / "sft").mkdir()
+    steps = [(1, 3.0, 9.0), (2, 2.0, 1.0), (3, 1.5, 2.0)]
+    rows = [{"step": s, "train/loss": loss, "perf/step_s": t} for s, loss, t in steps]
+    (tmp_path / "sft" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"eval": 1}\n')
+    (line,) = run_benchmark("pipeline_summary.py", str(tmp_path))
+    assert line == {
+        "stage": "sft",
+        "seconds": 12.5,
+        "logged_steps": 3,
+        "median perf/step_s": 2.0,
+        "train/loss first/last": [3.0, 1.5],
+        "headline": {"loss": 1},
+    }
