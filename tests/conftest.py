@@ -3,14 +3,17 @@ tests share are in helpers.py)."""
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
-from .helpers import first_lines
+from .helpers import first_lines, run_in_this_process
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# under pytest-xdist each worker takes one core's worth of threads, so that two workers do not fight over two cores
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, os.cpu_count() or 1)))
 
 
 @pytest.fixture(scope="session")
@@ -70,3 +73,21 @@ def ppo_dirs(tmp_path_factory, tiny_model_dir):
     return {"policy": tiny_model_dir, "rm": root / "rm",
             "posts": first_lines(root / "posts.jsonl", 40, "tldr-sft-sample", "tldr_sft_sample.jsonl.gz"),
             "pairs": first_lines(root / "pairs.jsonl", 80, "summarize-from-feedback-comparisons", "batch13.jsonl.gz")}
+
+
+@pytest.fixture(scope="session")
+def one_process_run(tmp_path_factory):
+    """`run(stage, options)`: the folder of a one-process `rlhfkit <stage>` run with these options (their
+    output_dir aside), made in this process the first time a test asks and shared by every test that asks
+    again, in any module: the reference that 2-process, sharded and resumed runs are compared with. Tests
+    read it and never write to it."""
+    runs: dict[str, Path] = {}
+
+    def run(stage: str, options: dict) -> Path:
+        key = json.dumps([stage, {k: str(v) for k, v in options.items() if k != "output_dir"}], sort_keys=True)
+        if key not in runs:
+            out = tmp_path_factory.mktemp(f"{stage}-one-process") / "run"
+            runs[key] = run_in_this_process(stage, options | {"output_dir": str(out)})
+        return runs[key]
+
+    return run

@@ -151,7 +151,7 @@ TINY = {
 }
 
 
-def stage_args(stage: str, inputs: dict[str, Path], out: Path, **extra: Any) -> dict[str, Any]:
+def stage_args(stage: str, inputs: dict[str, Path], out: Path | None, **extra: Any) -> dict[str, Any]:
     """The options of a tiny, fast `stage` run on `inputs` (policy, rm, posts, pairs: those the stage
     reads) writing to `out`; `extra` options win. For `resolve(stage, ...)` or, through `cli_args`, a
     command line."""
@@ -455,6 +455,15 @@ def launched(stage: str, args: dict[str, Any], log: Path, processes: int = 2):
             kill_marked(mark)
             if proc.poll() is None:
                 proc.kill()
+
+
+def run_in_this_process(stage: str, args: dict[str, Any]) -> Path:
+    """`rlhfkit <stage> --preset <its preset> ARGS` on one process, in this one: a reference run needs no
+    child process (and none of the seconds a child spends importing torch). Returns the run folder."""
+    from rlhfkit.cli import main
+
+    assert main([stage, "--preset", PRESETS[stage], *cli_args(args)]) == 0, f"{stage} {args}"
+    return Path(args["output_dir"])
 
 
 def launch(

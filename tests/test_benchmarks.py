@@ -10,6 +10,8 @@ import pytest
 import torch
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+# the scripts, not the library: in the slow suite, which CI runs (pytest -m slow)
+pytestmark = pytest.mark.slow
 
 
 def run_benchmark(script: str, *args: str) -> list[dict]:
@@ -52,7 +54,7 @@ def test_generation_benchmark_compares_each_way_of_decoding_with_transformers_ge
         assert [row[f"ours-{way}_decoding"] for way in ("eager", "buckets", "graphs")] == ["eager", "buckets", "eager"]
 
 
-@pytest.mark.slow  # a 135M model built and run on the CPU
+# a 135M model built and run on the CPU
 def test_generation_benchmark_builds_the_seeds_shapes_with_random_weights():
     (row,) = run_benchmark(
         "generation.py",

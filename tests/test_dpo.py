@@ -25,9 +25,7 @@ from rlhfkit.trainers import dpo
 from .helpers import (
     assert_same_files,
     assert_same_metrics,
-    cli_args,
-    launcher_env,
-    rlhfkit_command,
+    launch,
     stage_args,
     straight_and_resumed,
 )
@@ -83,7 +81,12 @@ def test_a_dpo_step_with_the_policy_equal_to_the_reference_gives_log2_and_zero_r
 # the DPO family beside dpo, each with the options it needs
 NEW_LOSS_TYPES = pytest.mark.parametrize(
     ("loss_type", "options"),
-    [("ipo", {}), ("cdpo", {"label_smoothing": 0.1}), ("simpo", {})],
+    # IPO in the default run; cDPO and SimPO, whose losses tests/test_preference_ops.py checks by hand, with -m slow
+    [
+        ("ipo", {}),
+        pytest.param("cdpo", {"label_smoothing": 0.1}, marks=pytest.mark.slow),
+        pytest.param("simpo", {}, marks=pytest.mark.slow),
+    ],
     ids=["ipo", "cdpo", "simpo"],
 )
 # with the policy equal to the reference (h = 0, beta 0.05): IPO (0 - 1/(2 beta))^2 = 1/(4 x 0.05^2) = 100;
@@ -389,29 +392,16 @@ def test_implicit_reward_accuracy_breaks_down_like_a_reward_models(loss_type, ti
     )
 
 
-def test_two_processes_train_like_one(ppo_dirs, tmp_path):
+def test_two_processes_train_like_one(ppo_dirs, one_process_run, tmp_path):
     """total_batch_size = micro batch x accumulation x processes; the DDP path of the log-probabilities
     (full logits, not the backbone called around DDP) gives the same weights as one process."""
-    import subprocess
-
-    env, runs = launcher_env(), {}
-    for processes, micro in ((1, 4), (2, 2)):
-        out = tmp_path / f"p{processes}"
-        args = stage_args(
-            "dpo",
-            ppo_dirs,
-            out,
-            max_steps=2,
-            micro_batch_size=micro,
-            eval_samples=0,
-            eval_pairs=4,
-            mixed_precision="no",
-        )  # exact in fp32; bf16 rounds differently for other batch shapes
-        command = rlhfkit_command("dpo", "--preset", "tldr-dpo", *cli_args(args), "--num-processes", str(processes))
-        proc = subprocess.run(command, env=env, capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        runs[processes] = out
     from safetensors.torch import load_file
+
+    exact = {"max_steps": 2, "eval_samples": 0, "eval_pairs": 4, "mixed_precision": "no"}  # bf16 rounds otherwise
+    runs = {1: one_process_run("dpo", stage_args("dpo", ppo_dirs, None, micro_batch_size=4, **exact))}
+    runs[2] = tmp_path / "two"
+    proc = launch("dpo", stage_args("dpo", ppo_dirs, runs[2], micro_batch_size=2, **exact), 2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
     a, b = load_file(runs[1] / "model" / "model.safetensors"), load_file(runs[2] / "model" / "model.safetensors")
     for key in a:

@@ -86,13 +86,20 @@ def load_weights(run_dir, name):
     return load_file(run_dir / name)
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_two_processes_make_the_update_one_process_makes_on_the_same_global_batch(case, ppo_dirs, tmp_path):
+# PPO (a value model) and GRPO (groups) in the default run; the other paths in the slow suite, which CI runs too
+DEFAULT_CASES = ("grpo", "ppo")
+
+
+@pytest.mark.parametrize(
+    "case", [case if case in DEFAULT_CASES else pytest.param(case, marks=pytest.mark.slow) for case in sorted(CASES)]
+)
+def test_two_processes_make_the_update_one_process_makes_on_the_same_global_batch(
+    case, ppo_dirs, one_process_run, tmp_path
+):
     stage, extra = CASES[case]
-    one, two = tmp_path / "one", tmp_path / "two"
-    for out, processes in ((one, 1), (two, 2)):
-        done = launch(stage, comparable_args(stage, ppo_dirs, out, **extra), processes)
-        assert done.returncode == 0, done.stderr[-3000:]
+    one, two = one_process_run(stage, comparable_args(stage, ppo_dirs, None, **extra)), tmp_path / "two"
+    done = launch(stage, comparable_args(stage, ppo_dirs, two, **extra), 2)
+    assert done.returncode == 0, done.stderr[-3000:]
     # the same sampled tokens, the same rewards (scores, KL) and advantages per episode
     single, double = episodes(one), episodes(two)
     assert single.keys() == double.keys() and len(single) == UPDATES * 8
@@ -180,6 +187,7 @@ def test_launch_outcome_keeps_an_agreed_code_and_names_the_dead():
     assert launch_outcome(1, [ProcessStatus(0, None, None), ProcessStatus(1, 101, 3)]) == 3
 
 
+@pytest.mark.faults  # a real Ctrl-C to a launch: the fault-injection suite
 def test_the_launch_hands_a_ctrl_c_to_its_processes(ppo_dirs, tmp_path):
     stage, out, log = "grpo", tmp_path / "run", tmp_path / "run.log"
     with launched(stage, stage_args(stage, ppo_dirs, out, max_steps=50, mixed_precision="no"), log) as (proc, _):

@@ -121,6 +121,7 @@ def hh_pipeline_args(tiny_model_dir, data, out):
     ]
 
 
+@pytest.mark.slow  # a second whole pipeline: the TL;DR one above stays in the default run
 def test_hh_pipeline_starts_every_stage_from_the_base_model_and_answers_held_out_dialogues(tiny_model_dir, tmp_path):
     data = tmp_path / "data"
     data.mkdir()

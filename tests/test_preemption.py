@@ -62,6 +62,9 @@ def straight_sft(ppo_dirs, tmp_path_factory):
     return out
 
 
+# a signal, a checkpoint and a resume in child processes: the fault-injection suite; the default run keeps
+# tests/test_onpolicy_distributed.py's SIGTERM to one of two processes
+@pytest.mark.faults
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_signal_during_sft_checkpoints_exits_and_resumes_bit_identical(ppo_dirs, straight_sft, tmp_path, signum, code):
     out = tmp_path / "run"
@@ -82,6 +85,7 @@ def test_signal_during_sft_checkpoints_exits_and_resumes_bit_identical(ppo_dirs,
     assert_same_metrics(straight_sft, out, SFT_STEPS)
 
 
+@pytest.mark.faults  # a signal to a launched process; tests/test_onpolicy_distributed.py keeps one in the default run
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the launched processes through /proc")
 def test_sigterm_to_one_of_two_processes_stops_both_after_the_same_step(ppo_dirs, tmp_path):
     out, log = tmp_path / "run", tmp_path / "run.log"
@@ -96,6 +100,7 @@ def test_sigterm_to_one_of_two_processes_stops_both_after_the_same_step(ppo_dirs
     assert not (out / LOCK_FILE).exists()
 
 
+@pytest.mark.faults  # a signal and a resume in child processes: the fault-injection suite
 def test_sigterm_during_grpo_checkpoints_the_update_and_resumes_to_the_end(ppo_dirs, tmp_path):
     out, updates = tmp_path / "run", 4
     args = stage_args("grpo", ppo_dirs, out, max_steps=updates, log_every=1)

@@ -21,7 +21,10 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync"]
 BAD_CELLS = {"None", "none", "null", "inf", "-inf", "+inf", "nan", "NaN", "Infinity", "-Infinity"}
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed: apt-get install chromium")
+pytestmark = [
+    pytest.mark.slow,  # a browser and a pipeline of its own: in the slow suite (.ci/run installs chromium for it)
+    pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed: apt-get install chromium"),
+]
 
 
 @pytest.fixture(scope="module")

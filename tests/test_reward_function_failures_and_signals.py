@@ -212,6 +212,7 @@ def test_interruptible_raises_at_once_inside_a_step_and_nowhere_else():
     assert stop.signum == signal.SIGTERM
 
 
+@pytest.mark.faults  # a signal, a checkpoint and a resume: the fault-injection suite
 def test_sigterm_inside_a_reward_function_checkpoints_the_update_before_and_resumes_bit_identical(
     ppo_dirs, functions_file, tmp_path, capsys, monkeypatch
 ):
@@ -257,6 +258,7 @@ def test_sigint_in_the_final_evaluation_names_the_final_checkpoint_and_resuming_
     assert json.loads((out / "eval.json").read_text())["eval/posts"] == 2
 
 
+@pytest.mark.faults  # a signal and a second run: the fault-injection suite
 def test_sigterm_in_dpo_reference_pass_says_how_to_start_again_which_finishes(ppo_dirs, tmp_path, capsys, monkeypatch):
     from rlhfkit.trainers import dpo
 

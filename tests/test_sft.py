@@ -17,7 +17,7 @@ from rlhfkit.trainers import sft
 from .helpers import (
     cli_args,
     kill_after_checkpoint,
-    launcher_env,
+    launch,
     rlhfkit_command,
     sft_losses_on_fixed_batch,
     stage_args,
@@ -191,18 +191,11 @@ def test_gradient_accumulation_matches_one_large_batch(ppo_dirs, tmp_path):
     )
 
 
-def test_two_processes_train_like_one(ppo_dirs, tmp_path):
+def test_two_processes_train_like_one(ppo_dirs, one_process_run, tmp_path):
     """total_batch_size = micro batch x accumulation x processes: 2 processes x 2 rows == 1 x 2 x 2."""
-    env = launcher_env()
-    one, two = tmp_path / "one", tmp_path / "two"
     exact = {"max_steps": 2, "mixed_precision": "no"}  # bf16 rounds differently for other batch shapes
-    subprocess.run(sft_command(stage_args("sft", ppo_dirs, one, **exact)), check=True, env=env, capture_output=True)
-    proc = subprocess.run(
-        [*sft_command(stage_args("sft", ppo_dirs, two, **exact)), "--num-processes", "2"],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    one, two = one_process_run("sft", stage_args("sft", ppo_dirs, None, **exact)), tmp_path / "two"
+    proc = launch("sft", stage_args("sft", ppo_dirs, two, **exact), 2)
     assert proc.returncode == 0, proc.stderr[-3000:]
     a, b = load_file(one / "model" / "model.safetensors"), load_file(two / "model" / "model.safetensors")
     for key in a:

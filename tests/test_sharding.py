@@ -37,15 +37,19 @@ def held_share(log: str, sharding: str = "fsdp2") -> tuple[int, int]:
 
 
 # DeepSpeed ZeRO-2 splits the optimizer state (its log line counts that), ZeRO-3 and FSDP2 the parameters too
-SLOW = pytest.mark.slow  # CI runs these too (pytest -m slow); the default run stays under 15 minutes
+SLOW = pytest.mark.slow  # CI runs these too (pytest -m slow); the default run keeps FSDP2 for SFT and PPO
 
 
-@pytest.mark.parametrize("stage, sharding", [("sft", "fsdp2"), ("dpo", "fsdp2"), ("sft", "zero2"), ("sft", "zero3"),
-                                             pytest.param("dpo", "zero3", marks=SLOW)])
-def test_sharded_on_two_processes_trains_like_one_unsharded_process(stage, sharding, ppo_dirs, tmp_path):
-    one, two = tmp_path / "one", tmp_path / "two"
-    single = launch(stage, stage_args(stage, ppo_dirs, one, max_steps=2, **EXACT), 1)
-    assert single.returncode == 0, single.stderr[-3000:]
+SLOW_PAIRS = [("dpo", "fsdp2"), ("sft", "zero2"), ("sft", "zero3"), ("dpo", "zero3")]
+
+
+@pytest.mark.parametrize(
+    "stage, sharding", [("sft", "fsdp2")] + [pytest.param(*pair, marks=SLOW) for pair in SLOW_PAIRS]
+)
+def test_sharded_on_two_processes_trains_like_one_unsharded_process(
+    stage, sharding, ppo_dirs, one_process_run, tmp_path
+):
+    one, two = one_process_run(stage, stage_args(stage, ppo_dirs, None, max_steps=2, **EXACT)), tmp_path / "two"
     sharded = launch(stage, stage_args(stage, ppo_dirs, two, max_steps=2, sharding=sharding, save_every=1, **EXACT), 2)
     assert sharded.returncode == 0, sharded.stderr[-3000:]
     held, total = held_share(sharded.stdout, sharding)
@@ -60,12 +64,12 @@ def test_sharded_on_two_processes_trains_like_one_unsharded_process(stage, shard
     assert "model.layers.0.self_attn.q_proj.weight" in optimizer["state"]  # full state, keyed by parameter name
 
 
-@pytest.mark.parametrize("sharding", ["fsdp2", pytest.param("zero3", marks=SLOW)])
-def test_sharded_reward_model_on_two_processes_trains_like_one_unsharded_process(sharding, ppo_dirs, tmp_path):
-    one, two = tmp_path / "one", tmp_path / "two"
+@pytest.mark.parametrize("sharding", [pytest.param("fsdp2", marks=SLOW), pytest.param("zero3", marks=SLOW)])
+def test_sharded_reward_model_on_two_processes_trains_like_one_unsharded_process(
+    sharding, ppo_dirs, one_process_run, tmp_path
+):
     args = {"max_steps": 2, "eval_pairs": 0, **EXACT}
-    single = launch("rm", stage_args("rm", ppo_dirs, one, **args), 1)
-    assert single.returncode == 0, single.stderr[-3000:]
+    one, two = one_process_run("rm", stage_args("rm", ppo_dirs, None, **args)), tmp_path / "two"
     sharded = launch("rm", stage_args("rm", ppo_dirs, two, sharding=sharding, **args), 2)
     assert sharded.returncode == 0, sharded.stderr[-3000:]
     held, total = held_share(sharded.stdout, sharding)
@@ -89,8 +93,11 @@ def test_sharded_run_sigkilled_and_resumed_ends_bit_identical_to_an_uninterrupte
     assert_same_metrics(straight, killed, 8)
 
 
-ON_POLICY_WEIGHTS = {"ppo": ["model/model.safetensors", "value/model.safetensors", "value/scalar_head.safetensors"],
-                     "grpo": ["model/model.safetensors"], "rloo": ["model/model.safetensors"]}
+ON_POLICY_WEIGHTS = {
+    "ppo": ["model/model.safetensors", "value/model.safetensors", "value/scalar_head.safetensors"],
+    "grpo": ["model/model.safetensors"],
+    "rloo": ["model/model.safetensors"],
+}
 
 
 def on_policy_args(stage, dirs, out, **extra):
@@ -108,10 +115,10 @@ def on_policy_args(stage, dirs, out, **extra):
 
 
 @pytest.mark.parametrize("stage", ["ppo", pytest.param("grpo", marks=SLOW), pytest.param("rloo", marks=SLOW)])
-def test_fsdp2_on_two_processes_makes_the_on_policy_update_of_one_unsharded_process(stage, ppo_dirs, tmp_path):
-    one, two = tmp_path / "one", tmp_path / "two"
-    single = launch(stage, on_policy_args(stage, ppo_dirs, one), 1)
-    assert single.returncode == 0, single.stderr[-3000:]
+def test_fsdp2_on_two_processes_makes_the_on_policy_update_of_one_unsharded_process(
+    stage, ppo_dirs, one_process_run, tmp_path
+):
+    one, two = one_process_run(stage, on_policy_args(stage, ppo_dirs, None)), tmp_path / "two"
     sharded = launch(stage, on_policy_args(stage, ppo_dirs, two, sharding="fsdp2", save_every=1), 2)
     assert sharded.returncode == 0, sharded.stderr[-3000:]
     held, total = held_share(sharded.stdout)
