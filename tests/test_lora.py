@@ -168,14 +168,9 @@ def test_rm_with_lora_and_frozen_layers_is_refused_in_one_line(ppo_dirs, tmp_pat
 FAULTS = pytest.mark.faults  # SIGKILL and resume: the fault-injection suite keeps the default run short
 
 
+@FAULTS
 @pytest.mark.parametrize(
-    "stage, preset",
-    [
-        ("sft", "tldr-sft"),
-        pytest.param("rm", "tldr-rm", marks=FAULTS),
-        pytest.param("dpo", "tldr-dpo", marks=FAULTS),
-        pytest.param("ppo", "tldr-ppo", marks=FAULTS),
-    ],
+    "stage, preset", [("sft", "tldr-sft"), ("rm", "tldr-rm"), ("dpo", "tldr-dpo"), ("ppo", "tldr-ppo")]
 )
 def test_lora_run_checkpoints_hold_the_adapter_resume_bit_identically_and_finish_merged(
     stage, preset, ppo_dirs, tmp_path
