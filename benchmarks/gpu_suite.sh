@@ -57,6 +57,18 @@ stages() {
     return $status
 }
 
+generation_135m() {
+    # the 135M shape at the three batch sizes, every side
+    python3 benchmarks/generation.py --model shape:smollm2-135m --batches 16,64,256 --bf16 --repeats 3 \
+        | tee "$out/generation_135m.jsonl"
+}
+
+update() {
+    # one timed update of algorithm $1 at shape $2 with $3 episodes
+    python3 benchmarks/onpolicy_throughput.py --algorithm "$1" --model "shape:$2" --batch "$3" \
+        --micro-batch 16 --generation-batch 128 --query-length 512 --bf16 --updates 1 --warmup 1 | tee -a "$out/updates.jsonl"
+}
+
 case "$part" in
 stages)
     stages
@@ -65,18 +77,15 @@ quick)
     # the stages, then the 135M shape alone for generation (every side) and for one PPO and one GRPO update
     status=0
     stages || status=$?
-    python3 benchmarks/generation.py --model shape:smollm2-135m --batches 16,64,256 --bf16 --repeats 3 \
-        | tee "$out/generation_135m.jsonl" || status=$?
+    generation_135m || status=$?
     for algorithm in ppo grpo; do
-        python3 benchmarks/onpolicy_throughput.py --algorithm "$algorithm" --model shape:smollm2-135m --batch 64 \
-            --micro-batch 16 --generation-batch 128 --query-length 512 --bf16 --updates 1 --warmup 1 \
-            | tee -a "$out/updates.jsonl" || status=$?
+        update "$algorithm" smollm2-135m 64 || status=$?
     done
     exit $status
     ;;
 generation)
-    # the 135M shape at the three batch sizes, every side; the 1B shapes at batch 64, ours beside eager generate
-    python3 benchmarks/generation.py --model shape:smollm2-135m --batches 16,64,256 --bf16 --repeats 3 | tee "$out/generation_135m.jsonl"
+    # the 1B shapes at batch 64, ours beside eager generate
+    generation_135m
     for shape in pythia-1b-deduped llama-3.2-1b; do
         python3 benchmarks/generation.py --model "shape:$shape" --batches 64 --bf16 --repeats 2 \
             --sides ours-eager,ours-graphs,hf-eager,hf-static | tee "$out/generation_$shape.jsonl"
@@ -86,8 +95,7 @@ updates)
     for shape in smollm2-135m pythia-1b-deduped llama-3.2-1b; do
         for algorithm in ppo grpo; do
             for episodes in 64 512; do
-                python3 benchmarks/onpolicy_throughput.py --algorithm "$algorithm" --model "shape:$shape" --batch "$episodes" \
-                    --micro-batch 16 --generation-batch 128 --query-length 512 --bf16 --updates 1 --warmup 1 | tee -a "$out/updates.jsonl"
+                update "$algorithm" "$shape" "$episodes"
             done
         done
     done

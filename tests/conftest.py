@@ -79,7 +79,7 @@ def ppo_dirs(tmp_path_factory, tiny_model_dir):
 def one_process_run(tmp_path_factory):
     """`run(stage, options)`: the folder of a one-process `rlhfkit <stage>` run with these options (their
     output_dir aside), made in this process the first time a test asks and shared by every test that asks
-    again, in any module: the reference that 2-process, sharded and resumed runs are compared with. Tests
+    again, in any module: the reference that 2-process and sharded runs are compared with, within tolerances. Tests
     read it and never write to it."""
     runs: dict[str, Path] = {}
 
