@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from . import config as cfgmod
+from .api import command_config, execute
 from .errors import ConfigError, NonFiniteError, UserError
 from .launch import say_once
 from .presets import ABOUT
-from .run_folder import require_resume_path, unstarted_runs_taken_back
-from .stages import STAGES, Stage, multi_process_names, resolve
+from .run_folder import unstarted_runs_taken_back
+from .stages import STAGES, Stage
 
 
 def find_command(argv: list[str]) -> tuple[Stage, list[str]]:
@@ -132,20 +132,6 @@ def strip_launcher_flag(args: list[str]) -> list[str]:
     return out
 
 
-def resumed_run_config(parsed: Parsed) -> str | None:
-    """`resume=RUN` without --preset/--config continues with the run's own config.yaml as the base,
-    so a resumed run keeps its data, batch and schedule; command-line values still win."""
-    from .checkpoint import find_checkpoint
-
-    resume = (parsed.overrides or {}).get("resume")
-    if not resume or parsed.preset:
-        return None
-    require_resume_path(resume)
-    checkpoint = find_checkpoint(resume)
-    candidates = [Path(resume) / "config.yaml"] + ([checkpoint.parents[1] / "config.yaml"] if checkpoint else [])
-    return next((str(c) for c in candidates if c.is_file()), None)
-
-
 def main(argv: list[str] | None = None) -> int:
     from .launch import launched_process_status
 
@@ -191,38 +177,13 @@ def run_stage(argv: list[str]) -> int:
     if parsed.help:
         print(command_help(cmd))
         return 0
-    from .launch import inside_launcher, relaunch
-
-    config_file = parsed.config_file or resumed_run_config(parsed)
-    if (
-        config_file and not parsed.config_file
-    ):  # the run's own options: its first start may have moved another run aside
-        parsed.overrides.setdefault("overwrite", "false")
-        # where the run is now, not the output_dir its config.yaml names: the folder may have been moved or copied
-        parsed.overrides.setdefault("output_dir", str(Path(config_file).parent))
     # a command without a config class is given its positional argument (None without one)
     argument = (
-        resolve(cmd.name, parsed.preset, config_file, parsed.overrides, parsed.num_processes)
+        command_config(cmd, parsed.preset, parsed.config_file, parsed.overrides, parsed.num_processes)
         if cmd.config
         else parsed.positional
     )
-    if parsed.num_processes > 1 and not inside_launcher():
-        if not cmd.multi_process:
-            raise ConfigError(
-                f"{' '.join(cmd.words)} runs in one process; --num-processes is for {multi_process_names()}"
-            )
-        return relaunch([*cmd.words, *strip_launcher_flag(rest)], parsed.num_processes)
-    if not inside_launcher():
-        return int(cmd.runner()(argument) or 0)
-    from .distributed import leave_process_group
-
-    try:
-        code = int(cmd.runner()(argument) or 0)
-    except SystemExit:  # a stop all processes agreed on (preemption): they leave together
-        leave_process_group()
-        raise
-    leave_process_group()
-    return code
+    return execute(cmd, argument, parsed.num_processes, [*cmd.words, *strip_launcher_flag(rest)])
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ EOS (Detail 3). Weights are read from safetensors only and remote code is off un
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib.util
 import json
 import os
@@ -23,6 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from transformers.utils import logging as hf_logging
 
 from .errors import ModelError
+from .supplied import is_supplied, lookup
 from .vocab import ensure_pad_token, match_vocab
 
 EMBEDDED = {
@@ -131,6 +133,9 @@ TOKENIZER_FILES = (
 def check_model_source(name_or_path: str, key: str | None = None) -> None:
     """Fail in one line, naming `key=`, on a local model that cannot load: a path that does not exist, or a
     folder without any tokenizer file (`save_pretrained` writes one). Other names are hub ids, left to the hub."""
+    if is_supplied(name_or_path):
+        lookup(name_or_path, key or "model")
+        return
     where, folder = f"{key}={name_or_path}" if key else name_or_path, Path(name_or_path).expanduser()
     if name_or_path in EMBEDDED or not folder.is_dir() and not looks_like_path(name_or_path):
         return
@@ -188,9 +193,12 @@ def model_loading(path: str):
 
 def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
     check_model_source(name_or_path)
-    path = resolve_model_path(name_or_path)
-    with model_loading(path):
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    if is_supplied(name_or_path):  # a copy: the [PAD] added below must not change the caller's tokenizer
+        tokenizer = copy.deepcopy(supplied_model(name_or_path)[1])
+    else:
+        path = resolve_model_path(name_or_path)
+        with model_loading(path):
+            tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     ensure_pad_token(tokenizer)
     tokenizer.padding_side = "right"
     return tokenizer
@@ -226,6 +234,8 @@ def load_policy(
 ) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
     """A causal LM and its tokenizer, with [PAD] added and dropout disabled. A folder holding only
     pickle weights is refused unless `allow_pickle`, since unpickling can run arbitrary code."""
+    if is_supplied(name_or_path):
+        return supplied_policy(name_or_path, dtype)
     path = resolve_model_path(name_or_path)
     folder = Path(path)
     pickled = []
@@ -250,6 +260,27 @@ def load_policy(
             path, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=not pickled
         )
     match_vocab(model, tokenizer, f"model={name_or_path}")
+    return disable_dropout(model), tokenizer
+
+
+def supplied_model(spec: str) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+    """The (model, tokenizer) the Python API holds for `spec` (python:<name>)."""
+    return lookup(spec, "model")
+
+
+def supplied_policy(spec: str, dtype: torch.dtype) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+    """A loaded causal LM given to the Python API, prepared as `load_policy` prepares one read from a folder.
+    Each call copies it (in memory): the policy trains its copy while the reference keeps the weights it was
+    given, and the caller's object stays as it was."""
+    model = supplied_model(spec)[0]
+    if not callable(getattr(model, "generate", None)) or type(model).__name__.endswith(SCORING_HEADS):
+        raise ModelError(
+            f"{spec} is a {type(model).__name__}, not a causal language model: give the policy as an "
+            "AutoModelForCausalLM (a reward model goes to reward_model=)"
+        )
+    tokenizer = load_tokenizer(spec)
+    model = copy.deepcopy(model).to(dtype)
+    match_vocab(model, tokenizer, spec)
     return disable_dropout(model), tokenizer
 
 

@@ -5,6 +5,7 @@ implicit reward (Detail 19), each behind the reward model's interface."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from pathlib import Path
@@ -25,9 +26,11 @@ from .models import (
     load_tokenizer,
     model_loading,
     resolve_model_path,
+    supplied_model,
 )
 from .ops import first_true_indices, head_orthogonality_loss, position_ids_from_mask
 from .preference_ops import PreferenceObjective, implicit_rewards
+from .supplied import is_supplied
 from .vocab import match_vocab
 
 PEFT_WRAPPER = "_rlhfkit_peft"  # where adapters.py keeps the peft wrapper of an adapted model
@@ -268,6 +271,11 @@ def from_sequence_classifier(
             source, trust_remote_code=trust_remote_code, dtype=torch.float32,
             use_safetensors=True,  # never unpickled (docs/reliability.md)
         )
+    return scalar_from_classifier(classifier, tokenizer, source)
+
+
+def scalar_from_classifier(classifier: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, source: str) -> ScalarModel:
+    """`from_sequence_classifier` for a classifier already loaded."""
     match_vocab(classifier, tokenizer, f"reward_model={source}")
     if classifier.config.num_labels != 1:
         raise ModelError(f"{source} is a sequence classifier with {classifier.config.num_labels} outputs; "
@@ -290,6 +298,8 @@ def load_reward_model(
     """A reward model and its tokenizer: a folder written by `rlhfkit rm`, or any
     AutoModelForSequenceClassification folder or hub id with one output."""
     check_model_source(str(folder))
+    if is_supplied(str(folder)):
+        return supplied_reward_model(str(folder)).eval(), load_tokenizer(str(folder))
     source = resolve_model_path(str(folder))
     written_by_rm = (Path(source) / SCALAR_CONFIG).is_file()
     if written_by_rm or Path(source).is_dir() and not (Path(source) / "config.json").is_file():
@@ -301,6 +311,18 @@ def load_reward_model(
                          "by `rlhfkit rm`) and its config.json names no ForSequenceClassification "
                          "architecture (a reward model trained elsewhere)")
     return model.eval(), load_tokenizer(source, trust_remote_code)
+
+
+def supplied_reward_model(spec: str) -> ScalarModel:
+    """A reward model given to the Python API: rlhfkit's own (a `ScalarModel`, as `rlhfkit.rm` returns it) or a
+    loaded sequence classifier with one output, copied in memory so that the caller's object stays as it was."""
+    model, tokenizer = supplied_model(spec)
+    if isinstance(model, ScalarModel):
+        return copy.deepcopy(model).float()
+    if type(model).__name__.endswith("ForSequenceClassification"):
+        return scalar_from_classifier(copy.deepcopy(model).float(), load_tokenizer(spec), spec)
+    raise ModelError(f"{spec} is a {type(model).__name__}: a reward model is rlhfkit's ScalarModel (what rlhfkit.rm "
+                     "trains) or an AutoModelForSequenceClassification with one output")
 
 
 DPO_RECORD = "rlhfkit_dpo.json"  # written beside a DPO-family policy: its loss type, weights and reference

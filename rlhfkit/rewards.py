@@ -12,7 +12,8 @@ A reward function takes the batch's prompts and completions and returns one floa
   a single number). Accept `**columns` so that columns you do not use can be passed.
 
 `reward_functions=` names built-ins (`BUILTINS`) or a user's callable as `module:function` (a module
-importable from the working directory, or `path/to/file.py:function`). The score a policy is trained
+importable from the working directory, or `path/to/file.py:function`); through the Python API, the callable
+itself (`supplied`). The score a policy is trained
 on is the weighted sum of the components (`reward_weights=`, one per function and then one for the
 reward model when there is one). A function that raises, returns the wrong number of values or a
 non-finite one, or overruns `reward_timeout`, is never turned into a silent zero: the row is reported
@@ -40,6 +41,7 @@ from typing import Any
 
 from .errors import ConfigError
 from .preemption import interruptible
+from .supplied import is_supplied, lookup
 
 RewardFunction = Callable[..., Sequence[float]]
 ROLLOUT_COLUMNS = (
@@ -129,6 +131,8 @@ def load_callable(spec: str) -> RewardFunction:
 
 
 def resolve(spec: str) -> RewardFunction:
+    if is_supplied(spec):  # a callable given to the Python API
+        return lookup(spec, "reward_functions")
     return BUILTINS[spec] if spec in BUILTINS else load_callable(spec)
 
 

@@ -194,7 +194,9 @@ def writing(run_dir: Path, action: str) -> Iterator[None]:
 @contextlib.contextmanager
 def unstarted_runs_taken_back() -> Iterator[None]:
     """A run opened in the block that fails with a user error (bad data, a model that cannot load) before
-    it wrote anything but its config.yaml leaves its folder as it found it."""
+    it wrote anything but its config.yaml leaves its folder as it found it. Every folder opened in the
+    block is unlocked when it ends: a command's process ends there, but a Python session goes on and may
+    resume the run or read its folder from another process."""
     first = len(OPENED)
     try:
         yield
@@ -203,6 +205,8 @@ def unstarted_runs_taken_back() -> Iterator[None]:
             take_back(run)
         raise
     finally:
+        for run in OPENED[first:]:
+            release_run_dir(run.folder)
         del OPENED[first:]
 
 

@@ -1,7 +1,7 @@
 """The stage registry, the one composition root: every `rlhfkit` command declared once, with its
 config class, runner, presets and capabilities (whether it may run under `--num-processes N`, which
 shardings it takes, whether it trains a policy, whose output it reads in a pipeline). Only the entry
-points import it (the CLI; tests and benchmarks drive the package the same way): everything a runner
+points import it (the CLI and the Python API; tests and benchmarks drive the package the same way): everything a runner
 needs of the registry is handed to it here, so nothing below knows the list of stages.
 
 `resolve(name, ...)` is a command's config by name: the config package's `resolve` with the class this
@@ -248,9 +248,11 @@ def resolve(
     config_file: str | None = None,
     overrides: dict[str, Any] | None = None,
     processes: int = 1,
+    base: Any = None,
 ) -> Any:
-    """The checked config of the command `name`: defaults < preset or file < overrides (config.resolve)."""
-    cfg = config.resolve(STAGES[name].config, name, preset, config_file, overrides or {}, processes)
+    """The checked config of the command `name`: defaults (or `base`) < preset or file < overrides
+    (config.resolve)."""
+    cfg = config.resolve(STAGES[name].config, name, preset, config_file, overrides or {}, processes, base)
     check_with_registry(name, cfg)
     return cfg
 

@@ -23,6 +23,7 @@ GROUND = {
     "faults.py": ("rlhfkit.errors",),
     "launch.py": ("rlhfkit.faults", "rlhfkit.errors"),
     "preemption.py": ("rlhfkit.errors",),
+    "supplied.py": ("rlhfkit.errors",),
 }
 # a file or folder of the package -> the packages none of its files may import
 FORBIDDEN = {
@@ -33,9 +34,9 @@ FORBIDDEN = {
     "trainers": ("rlhfkit.onpolicy", "rlhfkit.stages", "rlhfkit.pipeline"),
     "onpolicy": ("rlhfkit.stages", "rlhfkit.pipeline"),
 }
-ENTRY_POINTS = ("cli.py", "stages.py")  # the only files that may import the registry
+ENTRY_POINTS = ("cli.py", "api.py", "stages.py")  # the only files that may import the registry
 # the stage layer and above: commands and stages receive their whole config, everything below a typed section
-STAGE_LAYER = ("cli.py", "stages.py", "pipeline.py", "memory_plan.py", "config", "trainers", "onpolicy",
+STAGE_LAYER = ("cli.py", "api.py", "stages.py", "pipeline.py", "memory_plan.py", "config", "trainers", "onpolicy",
                "data/analyze.py", "eval/compare.py", "eval/accuracy.py", "eval/judge_eval.py", "eval/rm_eval.py",
                "eval/runs_report.py", "eval/generate.py")
 

@@ -50,11 +50,18 @@ def read_config_file(path: str) -> tuple[dict[str, Any], str]:
 
 
 def resolve(
-    cls: type, stage: str, preset: str | None, config_file: str | None, overrides: dict[str, Any], processes: int = 1
+    cls: type,
+    stage: str,
+    preset: str | None,
+    config_file: str | None,
+    overrides: dict[str, Any],
+    processes: int = 1,
+    base: Any = None,
 ) -> Any:
     """The config of class `cls` for the command `stage` (the `stage:` key presets and files declare),
-    from defaults, a preset or file, and overrides, checked for `processes` processes."""
-    cfg = cls()
+    from defaults (or a `base` config of that class), a preset or file, and overrides, checked for
+    `processes` processes."""
+    cfg = base if base is not None else cls()
     for source in (read_preset(preset) if preset else None, read_config_file(config_file) if config_file else None):
         if source is None:
             continue

@@ -1,0 +1,404 @@
+"""rlhfkit from Python: every command of the command line as a call that takes options as keyword arguments
+(or a config object), data in memory, reward functions as callables and models as loaded objects, and returns
+a `Result`. One code path with the CLI, which is a thin shell over `command_config` and `execute`: the same
+presets, checks, run-folder rules, resume, progress bars, TensorBoard events and reports. A user error raises
+the exception whose message the CLI prints as its one line (`ConfigError`, `DataFormatError`, `ModelError`
+and kin, all `rlhfkit.UserError`); nothing here ends the process.
+
+    import rlhfkit
+    result = rlhfkit.grpo(model=model, tokenizer=tokenizer, data=dataset, reward_functions=[my_reward],
+                          output_dir="runs/grpo", max_steps=2)
+    result.metrics        # a pandas DataFrame of metrics.jsonl
+
+In-memory data (a `datasets.Dataset` or `DatasetDict`, a pandas DataFrame, a list of dicts) is written once as
+JSON lines into the cache (`rlhfkit.data_cache`), named by its content, and read from there by the data layer
+like any file: the run's config.yaml names that file, so the run resumes from Python or the command line. Models
+and callables stay in memory (`supplied`): config.yaml names them `python:<name>`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import importlib
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from . import config as cfgmod
+from .errors import ConfigError
+from .launch import inside_launcher, relaunch
+from .run_folder import require_resume_path, unstarted_runs_taken_back
+from .stages import STAGES, Stage, multi_process_names, resolve
+from .supplied import PREFIX, supplying
+
+MODEL_OPTIONS = ("model", "reward_model", "reference_model", "value_model")
+
+
+class LaunchFailed(RuntimeError):
+    """Processes launched by `num_processes=` ended with a non-zero exit code; what they printed says why."""
+
+
+# ---------------------------------------------------------------- the path the CLI shares
+
+
+def resumed_run_config(resume: str | None, preset: str | None) -> str | None:
+    """`resume=RUN` without a preset or config file continues with the run's own config.yaml as the base,
+    so a resumed run keeps its data, batch and schedule; values given now still win."""
+    from .checkpoint import find_checkpoint  # reads checkpoints: only a resumed command pays for the import
+
+    if not resume or preset:
+        return None
+    require_resume_path(resume)
+    checkpoint = find_checkpoint(resume)
+    candidates = [Path(resume) / "config.yaml"] + ([checkpoint.parents[1] / "config.yaml"] if checkpoint else [])
+    return next((str(c) for c in candidates if c.is_file()), None)
+
+
+def command_config(
+    command: Stage,
+    preset: str | None,
+    config_file: str | None,
+    overrides: dict[str, Any],
+    processes: int,
+    base: Any = None,
+) -> Any:
+    """The checked config of `command`: defaults (or `base`) < preset or file < overrides; `resume=` alone
+    starts from the resumed run's config.yaml."""
+    own_config = None if config_file else resumed_run_config(overrides.get("resume"), preset)
+    if own_config:  # the run's own options: its first start may have moved another run aside
+        overrides.setdefault("overwrite", "false")
+        # where the run is now, not the output_dir its config.yaml names: the folder may have been moved or copied
+        overrides.setdefault("output_dir", str(Path(own_config).parent))
+    return resolve(command.name, preset, config_file or own_config, overrides, processes, base)
+
+
+def execute(command: Stage, argument: Any, processes: int, launch_argv: list[str]) -> int:
+    """Run `command` on its config (or positional argument) in this process or, for N > 1 processes, in N
+    launched ones running `rlhfkit <launch_argv>`; the exit code."""
+    if processes > 1 and not inside_launcher():
+        if not command.multi_process:
+            raise ConfigError(
+                f"{' '.join(command.words)} runs in one process; num_processes is for {multi_process_names()}"
+            )
+        return relaunch(launch_argv, processes)
+    if not inside_launcher():
+        return int(command.runner()(argument) or 0)
+    from .distributed import leave_process_group  # imports torch.distributed: only launched processes pay
+
+    try:
+        code = int(command.runner()(argument) or 0)
+    except SystemExit:  # a stop all processes agreed on (preemption): they leave together
+        leave_process_group()
+        raise
+    leave_process_group()
+    return code
+
+
+# ---------------------------------------------------------------- in-memory data
+
+
+def data_cache() -> Path:
+    """Where in-memory data is written as JSON lines: `$RLHFKIT_CACHE/data` (the models' cache beside it)."""
+    from platformdirs import user_cache_dir
+
+    return Path(os.environ.get("RLHFKIT_CACHE") or user_cache_dir("rlhfkit")) / "data"
+
+
+def is_in_memory_data(value: Any) -> bool:
+    """A Dataset, DatasetDict or DataFrame (told by their methods, so that neither library must be installed),
+    or a non-empty list of dicts."""
+    if isinstance(value, list):
+        return bool(value) and all(isinstance(row, dict) for row in value)
+    return hasattr(value, "column_names") or hasattr(value, "to_dict") and hasattr(value, "columns")
+
+
+def records_of(value: Any, option: str, split: str) -> list[dict[str, Any]]:
+    """The rows of in-memory data; of a DatasetDict, the split `split` (hf_split=, "train" when not given)."""
+    if isinstance(value, list):
+        return value
+    if isinstance(value, dict):  # a DatasetDict: a dict of Datasets
+        name = split or "train"
+        if name not in value:
+            raise ConfigError(
+                f"{option}: the DatasetDict has no split {name!r} (it has {', '.join(value) or 'none'}); "
+                f"give hf_split= one of them, or the Dataset itself"
+            )
+        value = value[name]
+    if hasattr(value, "columns") and hasattr(value, "to_dict"):  # a pandas DataFrame
+        return value.to_dict(orient="records")
+    return list(value)
+
+
+def json_value(value: Any) -> Any:
+    """numpy and pandas scalars and arrays as JSON values; NaN (pandas' missing value) as null."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    elif hasattr(value, "isoformat"):
+        value = value.isoformat()
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+def data_file(value: Any, option: str, split: str) -> str:
+    """In-memory data as a JSON-lines file in the data cache, named by its content (written once)."""
+    rows = records_of(value, option, split)
+    if not rows:
+        raise ConfigError(f"{option}: the in-memory data has no rows")
+    try:
+        text = "".join(
+            json.dumps({k: json_value(v) for k, v in row.items()}, default=json_value) + "\n" for row in rows
+        )
+    except (TypeError, ValueError) as e:
+        raise ConfigError(
+            f"{option}: a row cannot be written as JSON ({e}); give text, numbers, lists and dicts"
+        ) from None
+    folder = data_cache()
+    path = folder / f"{hashlib.sha256(text.encode()).hexdigest()[:20]}.jsonl"
+    if not path.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False, encoding="utf-8") as tmp:
+            tmp.write(text)
+        os.replace(tmp.name, path)
+    print(f"{option}: {len(rows)} in-memory records as {path} (record i is line i+1)")
+    return str(path)
+
+
+# ---------------------------------------------------------------- models and reward functions as objects
+
+
+def is_model(value: Any) -> bool:
+    return hasattr(value, "state_dict") and hasattr(value, "parameters")
+
+
+def fingerprint(model: Any) -> str:
+    """A short name for a model's weights: its class, config and a sample and sum of every tensor. Two
+    different models get different names, so a run folder never takes one model's run for another's."""
+    digest = hashlib.sha256(type(model).__name__.encode())
+    config = getattr(model, "config", None)
+    digest.update(config.to_json_string().encode() if hasattr(config, "to_json_string") else b"")
+    for name, tensor in model.state_dict().items():
+        flat = tensor.detach().flatten()
+        digest.update(f"{name}{tuple(tensor.shape)}{float(flat.double().sum())!r}".encode())
+        digest.update(flat[:16].float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:12]
+
+
+def model_spec(option: str, value: Any, tokenizer: Any, objects: dict[str, Any]) -> str:
+    """`python:<option>-<fingerprint>` for a loaded model (or a (model, tokenizer) pair), held in `objects`."""
+    model, own_tokenizer = value if isinstance(value, tuple) else (value, tokenizer)
+    if own_tokenizer is None:
+        raise ConfigError(
+            f"{option} is a loaded model without its tokenizer: give tokenizer=... (the policy's, which every model "
+            f"of a run shares) or {option}=(model, tokenizer)"
+        )
+    spec = f"{PREFIX}{option}-{fingerprint(model)}"
+    objects[spec] = (model, own_tokenizer)
+    return spec
+
+
+def function_spec(fn: Any, objects: dict[str, Any]) -> str:
+    """`module:function` for a function its module exports (config.yaml can name it, launched processes import
+    it); `python:<name>` for one defined in a notebook, a script's __main__ or a lambda, held in `objects`."""
+    module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if module and module != "__main__" and name.isidentifier():
+        try:
+            if getattr(importlib.import_module(module), name, None) is fn:
+                return f"{module}:{name}"
+        except ImportError:
+            pass
+    spec = f"{PREFIX}{getattr(fn, '__name__', 'reward').replace('<lambda>', 'lambda')}"
+    objects[spec] = fn
+    return spec
+
+
+def plain_options(options: dict[str, Any], tokenizer: Any, split: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`options` with every object replaced by the string a config holds for it, and the objects by spec."""
+    objects: dict[str, Any] = {}
+    plain: dict[str, Any] = {}
+    for key, value in options.items():
+        if key in MODEL_OPTIONS and (is_model(value) or isinstance(value, tuple)):
+            value = model_spec(key, value, tokenizer, objects)
+        elif key == "reward_functions" and isinstance(value, list | tuple):
+            value = [function_spec(v, objects) if callable(v) else v for v in value]
+        elif callable(value) and key == "reward_functions":
+            value = [function_spec(value, objects)]
+        elif is_in_memory_data(value):
+            value = data_file(value, key, split)
+        elif isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        elif isinstance(value, list | tuple):
+            value = [os.fspath(v) if isinstance(v, os.PathLike) else v for v in value]
+        plain[key] = value
+    if tokenizer is not None and not any(spec.startswith(f"{PREFIX}model-") for spec in objects):
+        raise ConfigError("tokenizer= is for a loaded model=; a model given as a folder or name loads its own")
+    return plain, objects
+
+
+# ---------------------------------------------------------------- the calls
+
+
+@dataclasses.dataclass
+class Result:
+    """What a command left: its config, its folder and, read from there on first use, the metrics, the headline
+    numbers of its report, its evaluation and the model it trained (as a path and as an object)."""
+
+    stage: str
+    config: Any
+    run_dir: Path | None
+
+    @property
+    def model_path(self) -> Path | None:
+        """The trained model's folder (`model/`), or None for a command that trains none."""
+        path = self.run_dir / "model" if self.run_dir else None
+        return path if path is not None and path.is_dir() else None
+
+    @functools.cached_property
+    def metrics(self):
+        """metrics.jsonl as a pandas DataFrame, one row per logged line (an empty one when nothing was logged)."""
+        import pandas as pd
+
+        path = self.run_dir / "metrics.jsonl" if self.run_dir else None
+        if path is None or not path.is_file():
+            return pd.DataFrame()
+        return pd.DataFrame([json.loads(line) for line in path.read_text().splitlines() if line.strip()])
+
+    @functools.cached_property
+    def headline(self) -> dict[str, Any]:
+        """The report's headline numbers, each with its baseline and caveat (report.json), by metric."""
+        record = self.read_json("report.json")
+        return {number["metric"]: number for number in record.get("numbers", [])}
+
+    @property
+    def caveats(self) -> list[str]:
+        return self.read_json("report.json").get("caveats", [])
+
+    @functools.cached_property
+    def evaluation(self) -> dict[str, Any]:
+        """The evaluation the command wrote (eval.json, rm_eval.json or accuracy.json), or {}."""
+        for name in ("eval.json", "rm_eval.json", "accuracy.json"):
+            found = self.read_json(name)
+            if found:
+                return found
+        return {}
+
+    @functools.cached_property
+    def model(self):
+        """The trained model, loaded from `model_path` as the next stage loads it (a reward model as rlhfkit's
+        ScalarModel); None for a command that trains none."""
+        return self.loaded[0] if self.loaded else None
+
+    @property
+    def tokenizer(self):
+        return self.loaded[1] if self.loaded else None
+
+    @functools.cached_property
+    def loaded(self) -> tuple[Any, Any] | None:
+        if self.model_path is None:
+            return None
+        from .models import SCALAR_CONFIG, load_policy
+        from .reward_models import load_reward_model
+
+        if (self.model_path / SCALAR_CONFIG).is_file():
+            return load_reward_model(self.model_path)
+        return load_policy(str(self.model_path))
+
+    def read_json(self, name: str) -> dict[str, Any]:
+        path = self.run_dir / name if self.run_dir else None
+        return json.loads(path.read_text()) if path is not None and path.is_file() else {}
+
+    def __repr__(self) -> str:
+        return f"Result(stage={self.stage!r}, run_dir={str(self.run_dir)!r}, model_path={self.model_path})"
+
+
+def command_named(stage: str) -> Stage:
+    name = stage.replace(" ", "-").replace("_", "-")
+    if name not in STAGES:
+        raise ConfigError(f"unknown command {stage!r}; choose one of {', '.join(STAGES)}")
+    return STAGES[name]
+
+
+def launch_argv(command: Stage, cfg: Any, folder: str) -> list[str]:
+    """`rlhfkit <command> --config FILE` for launched processes, FILE holding `cfg` as resolved here."""
+    if any(isinstance(v, str) and v.startswith(PREFIX) for v in flat_values(cfg)):
+        raise ConfigError(
+            "num_processes > 1 runs the command in new processes, which cannot receive Python objects: give models "
+            "as folders (model.save_pretrained) and reward functions as importable module:function, or run "
+            "a script under `rlhfkit`'s launcher (docs/python-api.md)"
+        )
+    path = Path(folder) / "config.yaml"
+    path.write_text(cfgmod.to_yaml(cfg, command.name))
+    return [*command.words, "--config", str(path)]
+
+
+def flat_values(cfg: Any) -> list[Any]:
+    values = []
+    for value in dataclasses.asdict(cfg).values():
+        values += value if isinstance(value, list) else [value]
+    return values
+
+
+def run(
+    stage: str,
+    config: Any = None,
+    /,
+    *,
+    preset: str | None = None,
+    config_file: str | os.PathLike | None = None,
+    num_processes: int = 1,
+    tokenizer: Any = None,
+    **options: Any,
+) -> Result:
+    """Run the command `stage` ("sft", "grpo", "pipeline", "data-analyze", ...) as `rlhfkit <stage>` runs it and
+    return its Result. Options are the command's (`rlhfkit <stage> --help` lists them), as Python values; a
+    `config` object of the command's class is the base they apply to, as a preset or `config_file` is."""
+    command = command_named(stage)
+    if command.config is None:
+        raise ConfigError(f"{stage} takes no options; run it as `rlhfkit {' '.join(command.words)}`")
+    if config is not None and not isinstance(config, command.config):
+        raise ConfigError(f"config: {stage} takes a {command.config.__name__}, got a {type(config).__name__}")
+    if not isinstance(num_processes, int) or isinstance(num_processes, bool) or num_processes < 1:
+        raise ConfigError(f"num_processes expects a whole number >= 1, got {num_processes!r}")
+    if preset and config_file:
+        raise ConfigError("give preset= or config_file=, not both (a config file can start from a preset's values)")
+    with unstarted_runs_taken_back():
+        overrides, objects = plain_options(options, tokenizer, str(options.get("hf_split", "")))
+        with supplying(objects):
+            cfg = command_config(
+                command, preset, os.fspath(config_file) if config_file else None, overrides, num_processes, config
+            )
+            with tempfile.TemporaryDirectory(prefix="rlhfkit-api-") as folder:
+                argv = launch_argv(command, cfg, folder) if num_processes > 1 else []
+                code = execute(command, cfg, num_processes, argv)
+    if code:
+        raise LaunchFailed(f"{stage} on {num_processes} processes ended with exit code {code}; their lines say why")
+    return Result(command.name, cfg, Path(cfg.output_dir) if getattr(cfg, "output_dir", "") else None)
+
+
+def stage_call(name: str):
+    def call(config: Any = None, /, **options: Any) -> Result:
+        return run(name, config, **options)
+
+    call.__name__ = call.__qualname__ = name.replace("-", "_")
+    call.__doc__ = (
+        f"`rlhfkit {name}` from Python: {STAGES[name].about}.\n\nTakes the options of `rlhfkit {name} --help` as "
+        "keyword arguments (and preset=, config_file=, num_processes=, tokenizer=); returns a Result. See `run`."
+    )
+    return call
+
+
+sft = stage_call("sft")
+rm = stage_call("rm")
+dpo = stage_call("dpo")
+ppo = stage_call("ppo")
+grpo = stage_call("grpo")
+rloo = stage_call("rloo")
+reinforce = stage_call("reinforce")
+pipeline = stage_call("pipeline")
+evaluate = stage_call("eval")
+generate = stage_call("generate")
