@@ -364,6 +364,8 @@ def run(
         raise ConfigError(f"config: {stage} takes a {command.config.__name__}, got a {type(config).__name__}")
     if not isinstance(num_processes, int) or isinstance(num_processes, bool) or num_processes < 1:
         raise ConfigError(f"num_processes expects a whole number >= 1, got {num_processes!r}")
+    if config is not None and (preset or config_file):
+        raise ConfigError("give a config object or preset=/config_file=, not both (the options it holds would be lost)")
     if preset and config_file:
         raise ConfigError("give preset= or config_file=, not both (a config file can start from a preset's values)")
     with unstarted_runs_taken_back():

@@ -1,0 +1,184 @@
+"""The Python API (rlhfkit.api): the same runs as the command line from in-memory data, loaded models and
+reward functions defined in Python; results read back as tables and objects; user errors raised, never
+printed (tests/helpers.one_error_line walks every bad-input case of the CLI through the API as well)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import datasets
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import rlhfkit
+from rlhfkit.api import data_file
+
+from .helpers import PRESETS, cli_args, free_port, stage_args
+
+TIMING = ("perf/", "time/")  # wall-clock metrics, which no two runs share
+
+
+def same_metrics(left: pd.DataFrame, right: pd.DataFrame) -> None:
+    assert list(left.columns) == list(right.columns)
+    for column in left.columns:
+        if not column.startswith(TIMING):
+            assert left[column].tolist() == right[column].tolist(), column
+
+
+def rows_of(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def brevity(prompts, completions, **columns) -> list[float]:  # also written to a file for the command line
+    return [-len(c) / 10 for c in completions]
+
+
+BREVITY_SOURCE = """
+def brevity(prompts, completions, **columns):
+    return [-len(c) / 10 for c in completions]
+"""
+
+
+def test_grpo_on_objects_from_python_makes_the_metrics_of_the_same_run_from_the_command_line(ppo_dirs, tmp_path):
+    """An in-memory Dataset, a loaded model with its tokenizer, a reward function defined here beside a built-in
+    one and a reward model: the metrics of the command line's run on the same data in a file, the model's folder
+    and the function in a module file, at the same seed."""
+    from rlhfkit.cli import main
+
+    options = stage_args("grpo", ppo_dirs, None, eos_trick="false", reward_functions=None)
+    options.pop("output_dir"), options.pop("reward_functions")
+    (tmp_path / "my_rewards.py").write_text(BREVITY_SOURCE)
+
+    cli_run = tmp_path / "cli"
+    argv = ["grpo", "--preset", PRESETS["grpo"], *cli_args(options)]
+    functions = f"reward_functions={tmp_path / 'my_rewards.py'}:brevity,length"
+    assert main([*argv, functions, f"output_dir={cli_run}"]) == 0
+
+    def brevity(prompts, completions, **columns):  # defined in a function: not importable, held as an object
+        return [-len(c) / 10 for c in completions]
+
+    model = AutoModelForCausalLM.from_pretrained(ppo_dirs["policy"])
+    tokenizer = AutoTokenizer.from_pretrained(ppo_dirs["policy"])
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    result = rlhfkit.grpo(
+        preset=PRESETS["grpo"],
+        **(options | {"model": model, "data": datasets.Dataset.from_list(rows_of(ppo_dirs["posts"]))}),
+        tokenizer=tokenizer,
+        reward_functions=[brevity, "length"],
+        output_dir=tmp_path / "api",
+    )
+    assert len(result.metrics) == 2 and "rewards/brevity" in result.metrics
+    same_metrics(result.metrics, rlhfkit.run("grpo", resume=str(cli_run)).metrics)  # resume: a finished run, read back
+    a, b = load_file(cli_run / "model" / "model.safetensors"), load_file(result.model_path / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the caller's model is untouched
+    config = (result.run_dir / "config.yaml").read_text()
+    assert "python:model-" in config and "python:brevity" in config
+
+
+def test_in_memory_data_is_one_file_named_by_its_content_whatever_holds_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLHFKIT_CACHE", str(tmp_path))
+    rows = [{"prompt": "2+2=", "answer": 4}, {"prompt": "3+3=", "answer": 6}]
+    as_list = data_file(rows, "data", "")
+    assert data_file(datasets.Dataset.from_list(rows), "data", "") == as_list
+    assert data_file(pd.DataFrame(rows), "data", "") == as_list
+    splits = datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(rows), "test": datasets.Dataset.from_list(rows[:1])}
+    )
+    assert data_file(splits, "data", "") == as_list  # the train split unless hf_split names another
+    assert data_file(splits, "data", "test") != as_list
+    assert Path(as_list).parent == tmp_path / "data" and rows_of(Path(as_list)) == rows
+    with pytest.raises(rlhfkit.ConfigError, match="has no split 'validation' \\(it has train, test\\)"):
+        data_file(splits, "data", "validation")
+    missing = data_file(pd.DataFrame([{"prompt": "a", "score": 1.0}, {"prompt": "b", "score": math.nan}]), "data", "")
+    assert rows_of(Path(missing))[1]["score"] is None  # pandas' missing value is JSON's null
+
+
+def test_a_config_object_runs_returns_its_results_and_resumes_from_python(ppo_dirs, tmp_path):
+    out = tmp_path / "run"
+    config = rlhfkit.SFTConfig(
+        model=str(ppo_dirs["policy"]),
+        data=[str(ppo_dirs["posts"])],
+        output_dir=str(out),
+        max_steps=1,
+        save_every=1,
+        validation_posts=8,
+        eval_samples=2,
+        total_batch_size=4,
+        micro_batch_size=2,
+        max_query_length=128,
+        learning_rate=1e-3,
+        report_to="",
+    )
+    result = rlhfkit.sft(config)
+    assert result.run_dir == out and result.config.max_steps == 1 and config.max_steps == 1
+    training = result.metrics.dropna(subset=["train/loss"])  # evaluations are rows of their own
+    assert training["step"].tolist() == [1] and "val/loss" in result.metrics
+    assert isinstance(result.model, torch.nn.Module) and result.tokenizer.pad_token == "[PAD]"
+    assert result.headline and result.evaluation  # report.json's numbers, eval.json
+    resumed = rlhfkit.sft(resume=str(out), max_steps=2)  # the folder is no longer locked by this process's first call
+    resumed_training = resumed.metrics.dropna(subset=["train/loss"])
+    assert resumed_training["step"].tolist() == [1, 2]
+    assert resumed_training["train/loss"].iloc[0] == training["train/loss"].iloc[0]
+    with pytest.raises(rlhfkit.ConfigError, match="a config object or preset=/config_file=, not both"):
+        rlhfkit.sft(config, preset="tldr-sft")
+
+
+def test_a_model_object_without_its_tokenizer_is_refused_naming_both_ways_to_give_it(ppo_dirs, tmp_path):
+    model = AutoModelForCausalLM.from_pretrained(ppo_dirs["policy"])
+    with pytest.raises(rlhfkit.ConfigError, match=r"model is a loaded model without its tokenizer: give tokenizer="):
+        rlhfkit.sft(**stage_args("sft", ppo_dirs, tmp_path / "run", model=model))
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_run_of_python_objects_resumed_from_the_command_line_says_how_to_run_it(ppo_dirs, tmp_path, capsys):
+    from rlhfkit.cli import main
+
+    model = AutoModelForCausalLM.from_pretrained(ppo_dirs["policy"])
+    tokenizer = AutoTokenizer.from_pretrained(ppo_dirs["policy"])
+    out = tmp_path / "run"
+    rlhfkit.sft(
+        preset=PRESETS["sft"], tokenizer=tokenizer, **stage_args("sft", ppo_dirs, out, max_steps=1, model=model)
+    )
+    capsys.readouterr()
+    assert main(["sft", f"resume={out}", "max_steps=2"]) == 2
+    err = capsys.readouterr().err
+    assert "model=python:model-" in err and "was a Python object given to rlhfkit's Python API" in err
+
+
+def test_importing_the_package_loads_neither_torch_nor_the_stage_registry():
+    code = (
+        "import sys, rlhfkit; print(sorted(m for m in ('torch', 'rlhfkit.api', 'rlhfkit.stages') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    assert rlhfkit.GRPOConfig is rlhfkit.config.GRPOConfig and callable(rlhfkit.grpo)
+
+
+def test_two_launched_processes_from_python_train_like_one(ppo_dirs, one_process_run, tmp_path, monkeypatch):
+    """`num_processes=2`: the API launches the command as `rlhfkit sft --num-processes 2` does, on the config it
+    resolved, and the model equals one process's on the same global batch."""
+    monkeypatch.setenv("RLHFKIT_PORT", str(free_port()))
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    exact = {"max_steps": 2, "mixed_precision": "no"}
+    one = one_process_run("sft", stage_args("sft", ppo_dirs, None, **exact))
+    result = rlhfkit.sft(
+        preset=PRESETS["sft"], num_processes=2, **stage_args("sft", ppo_dirs, tmp_path / "two", **exact)
+    )
+    a, b = load_file(one / "model" / "model.safetensors"), load_file(result.model_path / "model.safetensors")
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], atol=2e-6, rtol=1e-4)
+
+
+def test_launched_processes_cannot_receive_python_objects(ppo_dirs, tmp_path):
+    model = AutoModelForCausalLM.from_pretrained(ppo_dirs["policy"])
+    tokenizer = AutoTokenizer.from_pretrained(ppo_dirs["policy"])
+    with pytest.raises(rlhfkit.ConfigError, match="cannot receive Python objects: give models as folders"):
+        rlhfkit.sft(num_processes=2, tokenizer=tokenizer, **stage_args("sft", ppo_dirs, tmp_path / "run", model=model))
