@@ -3,7 +3,7 @@ prints a warning the same way."""
 
 import sys
 
-from tqdm import tqdm
+from tqdm import tqdm  # the base class: its live-bar set holds tqdm.auto's bars too (widgets in a notebook)
 
 
 class UserError(Exception):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from tqdm import tqdm
+from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedTokenizerBase, StaticCache
 from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
+from tqdm.auto import tqdm
 
 from .data.collate import pack_pairs
 from .data.examples import PairExample

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
+from tqdm.auto import tqdm
 
 from . import ops
 from .data.collate import pack_pairs, right_pad_query_response

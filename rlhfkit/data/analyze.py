@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
+from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from ..config import AnalyzeConfig, to_yaml

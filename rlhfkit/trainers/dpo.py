@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
+from tqdm.auto import tqdm
 
 from ..adapters import frozen_reference, save_final_model, trained_policy
 from ..config import DPOConfig

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import NoReturn, Protocol
 
 import torch
-from tqdm import tqdm
+from tqdm.auto import tqdm
 
 from ..config import RunConfig
 from ..preemption import Interrupted, StopSignal, exit_after_checkpoint, stopping_at_once

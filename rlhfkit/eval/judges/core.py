@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
-from tqdm import tqdm
+from tqdm.auto import tqdm
 
 from ...errors import ConfigError, warn
 
