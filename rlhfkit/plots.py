@@ -10,16 +10,20 @@ The figures of an evaluation's results are in `rlhfkit/eval/plots.py`.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 
 def pyplot():
-    """matplotlib's pyplot on the Agg backend: files only, no display on training machines."""
+    """matplotlib's pyplot on the Agg backend (files only, no window on a training machine), except in a Jupyter
+    kernel: the backend is global, and the notebook's own plots need its inline one. Figures are closed once saved
+    (`save`), so none of them shows up in a cell's output either way."""
     import matplotlib
 
-    matplotlib.use("Agg")
+    if "ipykernel" not in sys.modules:
+        matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     return plt
