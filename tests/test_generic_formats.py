@@ -225,7 +225,8 @@ def test_prompt_only_feeds_generate_and_the_on_policy_stages(form, posts, ppo_di
 
 def test_trl_conversational_prompts_train_grpo_with_no_format_option(posts, ppo_dirs, tmp_path, capsys):
     data = write_rows(tmp_path / "data.jsonl", [{"prompt": user(p)} for p, _ in posts])
-    run = run_in_this_process("grpo", stage_args("grpo", ppo_dirs, tmp_path / "run", data=str(data), max_steps=1))
+    args = stage_args("grpo", ppo_dirs, tmp_path / "run", data=str(data), max_steps=1, validation_posts=4)
+    run = run_in_this_process("grpo", args)
     assert "data format: prompt-only, conversational (detected from columns prompt)" in capsys.readouterr().out
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1]
 
