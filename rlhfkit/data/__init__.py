@@ -3,9 +3,10 @@ formats (`generic`), formats, padding, splits.
 
 Each stage reads one role of data: SFT examples (`load_sft_data`), preference pairs (`load_pairs`) or
 prompts (`load_prompts`), in a format named by its `data_format` / `prompt_format` option: a seed's
-format (read as before), a generic kind, or `auto`, detected from the first record's columns. The
-format read is printed as one line; data in no format the role accepts fails naming its columns, and
-data in another format fails naming the option (of this command or another) that reads it.
+format (read as before), a generic kind, or `auto` (the options' default), detected from the first
+record's columns; a seed's data detected is read by the seed's reader, as when named. The format read
+is printed as one line; data in no format the role accepts fails naming its columns, and data in
+another format fails naming the option (of this command or another) that reads it.
 """
 
 from __future__ import annotations
