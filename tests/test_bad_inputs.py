@@ -234,8 +234,8 @@ def test_the_same_run_stopped_before_it_saved_anything_starts_again_in_its_folde
 
 
 PLAIN_PAIRS = [
-    {"chosen": f"A good answer {i}.", "rejected": f"A bad one {i}."} for i in range(6)
-]  # not HH-RLHF dialogues
+    {"chosen": f"\n\nHuman: A good question {i}?", "rejected": f"\n\nHuman: A bad one {i}?"} for i in range(6)
+]  # HH-RLHF dialogues without an assistant turn (pairs in another format fail naming it: test_data_mistakes.py)
 STARS = [{"subreddit": "a", "title": "t", "post": "*", "summary": "s"} for _ in range(6)]  # posts with no text
 
 

@@ -26,8 +26,10 @@ from rlhfkit.stages import resolve
 
 from .helpers import PRESETS, cli_args, one_error_line, stage_args
 
-POST = ("My roommate keeps eating my food even though we agreed on separate shelves in the fridge. I labelled "
-        "everything and talked to him twice, but nothing changed and now I am buying groceries twice a week.")
+POST = (
+    "My roommate keeps eating my food even though we agreed on separate shelves in the fridge. I labelled "
+    "everything and talked to him twice, but nothing changed and now I am buying groceries twice a week."
+)
 WORDS = " ".join(f"word{i}" for i in range(200))
 
 
@@ -196,47 +198,89 @@ def user_turn(i):
     return [{"role": "user", "content": f"Summarize post {i}"}]
 
 
-FORMAT_ERRORS = [  # (stage, extra options, rows, fragment the one error line holds)
+def implicit_pref_rows(n=8):
+    return [
+        {"chosen": f"Post {i}\nTL;DR: short {i}", "rejected": f"Post {i}\nTL;DR: long summary {i}"} for i in range(n)
+    ]
+
+
+def tldr_posts(n=8):
+    return [{"subreddit": "tifu", "title": f"Title {i}", "post": POST, "summary": f"Summary {i}"} for i in range(n)]
+
+
+# a seed format named for data in another: the seed reader's error ends naming the option that reads the data
+FORMAT_ERRORS = [  # (stage, the format option, rows, fragment the one error line holds)
     (
         "rm",
-        {},
+        {"data_format": "tldr-comparisons"},
         pref_rows(),
-        "it looks like preference data (explicit prompt, standard): read it with data_format=preference "
-        "(or data_format=auto)",
+        "field 'info' missing; OpenAI comparison (info, summaries[text, policy], choice, ...) records need: info, "
+        "summaries, choice; it looks like preference data (explicit prompt, standard): read it with "
+        "data_format=preference (or data_format=auto)",
+    ),
+    (
+        "dpo",
+        {"data_format": "hh"},
+        implicit_pref_rows(),
+        "data_format=hh reads chosen, rejected as whole dialogues starting with \\n\\nHuman:; this record's are not; "
+        "it looks like preference data (implicit prompt, standard): read it with data_format=preference (or "
+        "data_format=auto)",
     ),
     (
         "grpo",
-        {},
+        {"prompt_format": "tldr-sft"},
         [{"prompt": f"Post {i}\nTL;DR:"} for i in range(8)],
         "it looks like prompt-only data (standard): read it with prompt_format=prompt-only (or prompt_format=auto)",
     ),
     (
         "grpo",
-        {},
+        {"prompt_format": "tldr-sft"},
         [{"prompt": user_turn(i)} for i in range(8)],
         "it looks like prompt-only data (conversational): read it with prompt_format=prompt-only (or "
         "prompt_format=auto)",
     ),
     (
-        "sft",
-        {},
-        [{"prompt": user_turn(i), "completion": [{"role": "assistant", "content": "ok"}]} for i in range(8)],
-        "it looks like prompt-completion data (conversational): read it with data_format=prompt-completion (or "
-        "data_format=auto)",
+        "ppo",
+        {"prompt_format": "gsm8k"},
+        tldr_posts(),
+        "field 'question' missing; gsm8k records need: question, answer; it looks like tldr-sft data: read it with "
+        "prompt_format=tldr-sft (or prompt_format=auto)",
     ),
     (
         "grpo",
-        {},
+        {"prompt_format": "tldr-sft"},
         [{"question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"} for i in range(8)],
         "it looks like gsm8k data: read it with prompt_format=gsm8k (or prompt_format=auto)",
     ),
     (
+        "rloo",
+        {"prompt_format": "hh"},
+        implicit_pref_rows(),
+        "prompt_format=hh reads chosen, rejected as whole dialogues starting with \\n\\nHuman:; this record's are "
+        "not; it looks like preference data (implicit prompt, standard), which is read by rlhfkit rm, dpo, rm-eval and "
+        "judge-eval (data_format=preference)",
+    ),
+    (
         "sft",
-        {"data_format": "auto"},
+        {"data_format": "tldr-sft"},
+        [{"prompt": user_turn(i), "completion": [{"role": "assistant", "content": "ok"}]} for i in range(8)],
+        "field 'subreddit' missing; TL;DR SFT (subreddit, title, post, summary) records need: subreddit, title, post, "
+        "summary; it looks like prompt-completion data (conversational): read it with data_format=prompt-completion "
+        "(or data_format=auto)",
+    ),
+    (
+        "sft",
+        {"data_format": "tldr-sft"},
         pref_rows(),
         "it looks like preference data (explicit prompt, standard), which is read by rlhfkit rm, dpo, rm-eval and "
-        "judge-eval "
-        "(data_format=preference)",
+        "judge-eval (data_format=preference)",
+    ),
+    (
+        "sft",
+        {},  # auto, the default
+        pref_rows(),
+        "(see docs/data-formats.md); it looks like preference data (explicit prompt, standard), which is read by "
+        "rlhfkit rm, dpo, rm-eval and judge-eval (data_format=preference)",
     ),
 ]
 
@@ -294,6 +338,7 @@ def test_no_examples_left_names_the_reason_and_the_option_to_raise(
         ("rm", "data_format"),
         ("dpo", "data_format"),
         ("rm-eval", "data_format"),
+        ("judge-eval", "data_format"),
         ("grpo", "prompt_format"),
         ("ppo", "prompt_format"),
         ("generate", "prompt_format"),

@@ -5,22 +5,23 @@ summaries and human comparisons, rewritten into each format."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
 import pytest
 
 from rlhfkit.cli import main as cli_main
-from rlhfkit.data import FieldNames, load_pairs, load_prompts, load_sft_data
+from rlhfkit.data import AUTO, FieldNames, load_pairs, load_prompts, load_sft_data
 from rlhfkit.data.examples import tokenize_sft
 from rlhfkit.data.generic import split_common_prefix
 from rlhfkit.data.split import split_by_prompt, split_comparisons
 from rlhfkit.data.tldr import load_comparisons, load_sft
-from rlhfkit.onpolicy import evaluation, trainer
-from rlhfkit.stages import resolve
+from rlhfkit.onpolicy import evaluation
+from rlhfkit.stages import STAGES, resolve
 from rlhfkit.trainers import dpo, reward, sft
 
-from .helpers import PRESETS, stage_args
+from .helpers import PRESETS, cli_args, data_file, run_in_this_process, stage_args
 
 FORMS = ["standard", "conversational"]
 
@@ -222,11 +223,12 @@ def test_prompt_only_feeds_generate_and_the_on_policy_stages(form, posts, ppo_di
     assert f"data format: prompt-only, {form} (detected from columns prompt)" in capsys.readouterr().out
 
 
-def test_conversational_prompts_train_grpo(posts, ppo_dirs, tmp_path, capsys):
+def test_trl_conversational_prompts_train_grpo_with_no_format_option(posts, ppo_dirs, tmp_path, capsys):
     data = write_rows(tmp_path / "data.jsonl", [{"prompt": user(p)} for p, _ in posts])
-    run_stage("grpo", trainer, ppo_dirs, tmp_path / "run", data=str(data), prompt_format="auto", validation_posts=4)
+    args = stage_args("grpo", ppo_dirs, tmp_path / "run", data=str(data), max_steps=1, validation_posts=4)
+    run = run_in_this_process("grpo", args)
     assert "data format: prompt-only, conversational (detected from columns prompt)" in capsys.readouterr().out
-    assert [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()] == [1]
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1]
 
 
 def tokenizer_of(ppo_dirs):
@@ -397,3 +399,51 @@ def test_the_seeds_formats_are_detected_too(ppo_dirs, capsys):
     out = capsys.readouterr().out
     assert "data format: tldr-sft (detected from columns subreddit, title, post, summary)" in out
     assert "data format: tldr-comparisons (detected from columns info, summaries, choice)" in out
+
+
+# ---------------------------------------------------------------- auto, the default of every format option
+
+
+def test_every_format_option_defaults_to_auto():
+    defaults = {
+        (name, field.name): field.default
+        for name, stage in STAGES.items()
+        if stage.config
+        for field in dataclasses.fields(stage.config)
+        if field.name in ("data_format", "prompt_format")
+    }
+    commands = {"sft", "rm", "dpo", "ppo", "grpo", "rloo", "reinforce", "generate", "rm-eval", "judge-eval"}
+    assert commands <= {name for name, _ in defaults} and set(defaults.values()) == {AUTO}, defaults
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_trl_preference_data_trains_the_reward_model_with_no_format_option(form, pairs, ppo_dirs, tmp_path, capsys):
+    data = write_rows(tmp_path / "data.jsonl", preference_rows(pairs, form, "explicit"))
+    args = stage_args("rm", ppo_dirs, tmp_path / "run", data=str(data), max_steps=1, max_response_length=64)
+    assert cli_main(["rm", *cli_args(args)]) == 0  # no preset: the tldr-rm preset names data_format=tldr-comparisons
+    out = capsys.readouterr().out
+    assert f"data format: preference, explicit prompt, {form} (detected from columns prompt, chosen, rejected)" in out
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert any(row["step"] == 1 and "train/loss" in row for row in metrics) and (tmp_path / "run" / "model").is_dir()
+
+
+SHIPPED = {  # each seed format of the shipped data, with the files and what reads them
+    "tldr-sft": ([("tldr-sft-sample", "tldr_sft_sample.jsonl.gz")], (load_sft_data, load_prompts)),
+    "tldr-comparisons": (
+        [("summarize-from-feedback-comparisons", f"batch{n}.jsonl.gz") for n in (13, 18)],  # the quick start's
+        (load_pairs,),
+    ),
+    "hh": ([("hh-rlhf", "harmless-base", "test.jsonl.gz")], (load_pairs, load_prompts)),
+    "gsm8k": ([("gsm8k", "test.jsonl.gz")], (load_prompts,)),
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "load"),
+    [pytest.param(name, load, id=f"{name}-{load.__name__}") for name, (_, loads) in SHIPPED.items() for load in loads],
+)
+def test_the_default_reads_the_shipped_data_as_its_format_named_does(name, load, capsys):
+    paths = [str(data_file(*parts)) for parts in SHIPPED[name][0]]
+    records, log = load(AUTO, paths)
+    assert f"data format: {name} (detected from columns " in capsys.readouterr().out
+    assert (records, log) == load(name, paths) and log.kept > 0

@@ -30,7 +30,6 @@ def test_position_bias_and_agreement_hand_values():
     assert bias["consistent_share"] == 1.0 and bias["pairs_decided_in_both_orders"] == 2
 
 
-
 def test_length_preference_counts_votes_for_the_longer_response_hand_values():
     def pair(chosen: str, rejected: str) -> Comparison:
         return Comparison("p", "tldr", {"post": "x"}, chosen, rejected, "f:1")
@@ -123,6 +122,22 @@ def test_a_reward_model_judge_is_consistent_across_orders(tiny_model_dir, compar
     assert result["unparseable"] == 0 and result["agreement"]["votes"] == 16
     assert result["agreement"]["agreement"] == result["agreement_first_order_only"]["agreement"]
     assert set(result["breakdown"]) >= {"overall", "split", "confidence"}
+
+
+def test_preference_data_is_judged_with_no_format_option(server, tmp_path, capsys):
+    rows = [
+        {"prompt": f"Which planet is number {i}?", "chosen": f" Planet {i}.", "rejected": " No idea."}
+        for i in (1, 2, 3)
+    ]
+    data = tmp_path / "pref.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    server.reply = lambda prompt: "Preferred: A"
+    result = run_judge_eval(f"openai:judge-model@{server.url}", data, tmp_path / "run", timeout=5)
+    assert "data format: preference, explicit prompt, standard (detected from columns prompt, chosen, rejected)" in (
+        capsys.readouterr().out
+    )
+    assert result["pairs"] == 3 and result["verdicts"] == 6
+    assert all(any(row["prompt"] in prompt for prompt in server.prompts) for row in rows)
 
 
 def test_judge_eval_needs_a_judge_and_data(capsys):

@@ -50,7 +50,7 @@ class GenerateConfig(DataFieldsConfig):
         [],
         "prompts in prompt_format (hub id, files or folders): TL;DR SFT posts, HH-RLHF comparisons, prompt-only data",
     )
-    prompt_format: Literal["tldr-sft", "hh", "gsm8k", "auto", "prompt-only"] = opt("tldr-sft", PROMPT_FORMATS_HELP)
+    prompt_format: Literal["auto", "tldr-sft", "hh", "gsm8k", "prompt-only"] = opt("auto", PROMPT_FORMATS_HELP)
     prompt_suite: str = opt(
         "",
         "answer a prompt suite instead of summarising posts: builtin-hh or a YAML file (see rlhfkit/prompts)",
@@ -87,7 +87,7 @@ class RMEvalConfig(DataFieldsConfig):
         [],
         "comparisons: hub id or OpenAI JSON-lines / HH-RLHF jsonl.gz files, or preference data (docs/data-formats.md)",
     )
-    data_format: Literal["tldr-comparisons", "hh", "auto", "preference"] = opt("tldr-comparisons", PAIR_FORMATS_HELP)
+    data_format: Literal["auto", "tldr-comparisons", "hh", "preference"] = opt("auto", PAIR_FORMATS_HELP)
     hf_split: str = opt("validation", "split to read when `data` is a hub id")
     splits: list[str] = opt([], "keep only comparisons from these splits (empty: all)", "Detail 16")
     batches: list[str] = opt([], "keep only comparisons from these annotation batches (empty: all)", "Detail 16")
@@ -212,8 +212,12 @@ class JudgeConfig:
 
 @dataclass
 class JudgeEvalConfig(JudgeConfig):
-    data: list[str] = opt([], "labelled comparisons: hub id or OpenAI JSON-lines / HH-RLHF jsonl.gz files")
-    data_format: Literal["tldr-comparisons", "hh"] = opt("tldr-comparisons", "format of `data`")
+    data: list[str] = opt(
+        [],
+        "labelled comparisons: hub id or OpenAI JSON-lines / HH-RLHF jsonl.gz files, or preference data "
+        "(docs/data-formats.md)",
+    )
+    data_format: Literal["auto", "tldr-comparisons", "hh", "preference"] = opt("auto", PAIR_FORMATS_HELP)
     hf_split: str = opt("validation", "split to read when `data` is a hub id")
     splits: list[str] = opt([], "keep only comparisons from these splits (empty: all)", "Detail 16")
     batches: list[str] = opt([], "keep only comparisons from these annotation batches (empty: all)", "Detail 16")

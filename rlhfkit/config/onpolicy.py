@@ -56,11 +56,11 @@ class OnPolicyConfig(RunConfig):
     )
     data: list[str] = opt(
         ["vwxyzjn/summarize_from_feedback_tldr_3_filtered"],
-        "prompts: TL;DR SFT data (their posts), HH-RLHF comparisons "
-        "(their dialogues) with prompt_format=hh, GSM8K problems with prompt_format=gsm8k",
+        "prompts in prompt_format: TL;DR SFT data (their posts), HH-RLHF comparisons (their dialogues), GSM8K "
+        "problems or prompt-only data (hub id, files or folders)",
         "Detail 1",
     )
-    prompt_format: Literal["tldr-sft", "hh", "gsm8k", "auto", "prompt-only"] = opt("tldr-sft", PROMPT_FORMATS_HELP)
+    prompt_format: Literal["auto", "tldr-sft", "hh", "gsm8k", "prompt-only"] = opt("auto", PROMPT_FORMATS_HELP)
     hf_split: str = opt("train", "split to read when `data` is a hub id")
     validation_posts: int = opt(
         300, "posts held out by post identity, as `rlhfkit sft` splits them: never prompts; evaluation summarises them"

@@ -7,7 +7,15 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .sections import FieldNames, LoraOptions, ModelSource, PairLengths, PairSelection, ShardingOptions
-from .values import PAIR_FORMATS_HELP, article_length_opt, opt, pickle_opt, query_length_opt, remote_code_opt
+from .values import (
+    PAIR_FORMATS_HELP,
+    SFT_FORMATS_HELP,
+    article_length_opt,
+    opt,
+    pickle_opt,
+    query_length_opt,
+    remote_code_opt,
+)
 
 
 @dataclass
@@ -116,14 +124,7 @@ class SFTConfig(TrainConfig):
         "SFT data in data_format: hub id, files (jsonl, json, csv, parquet; gz too) or folders",
         "Detail 1",
     )
-    data_format: Literal["tldr-sft", "auto", "prompt-completion", "language-modeling"] = opt(
-        "tldr-sft",
-        "format of `data`; the default reads TL;DR posts and summaries. Other data is one option away: "
-        "prompt-completion "
-        "(TRL's prompt and completion columns, strings or chat messages), language-modeling (a text or messages "
-        "column), or auto "
-        "(detected from the first record's columns and printed); docs/data-formats.md",
-    )
+    data_format: Literal["auto", "tldr-sft", "prompt-completion", "language-modeling"] = opt("auto", SFT_FORMATS_HELP)
     hf_split: str = opt("train", "split to read when `data` is a hub id")
     validation_posts: int = opt(300, "posts held out by post identity for validation (0: none)")
     loss_on_query: bool = opt(False, "also train on query tokens (default: response tokens only)")
@@ -141,7 +142,7 @@ class PairConfig(TrainConfig):
         "parquet) or folders",
         "Detail 1",
     )
-    data_format: Literal["tldr-comparisons", "hh", "auto", "preference"] = opt("tldr-comparisons", PAIR_FORMATS_HELP)
+    data_format: Literal["auto", "tldr-comparisons", "hh", "preference"] = opt("auto", PAIR_FORMATS_HELP)
     hf_split: str = opt("train", "split to read when `data` is a hub id")
     total_batch_size: int = opt(64, "pairs per optimizer step", minimum=1)
     micro_batch_size: int = opt(4, "pairs per forward pass on one process", minimum=1)

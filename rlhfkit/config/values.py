@@ -148,18 +148,25 @@ def query_length_opt() -> Any:
     )
 
 
-# the formats one option away, as the help of `data_format` / `prompt_format` lists them (docs/data-formats.md)
-PAIR_FORMATS_HELP = (
-    "format of `data`; the default reads OpenAI's TL;DR comparisons. Other data is one option away: hh (HH-RLHF "
-    "chosen/rejected dialogues), preference (TRL's chosen, rejected and optional prompt columns, strings or chat "
-    "messages), or auto (detected from the first record's columns and printed); docs/data-formats.md"
+# the help of `data_format` / `prompt_format`: the default detects the format, and every format it detects is one
+# option away for data that should be read only in it (docs/data-formats.md)
+AUTO_FORMAT_HELP = (
+    "format of `data`; the default, auto, detects it from the first record's columns and prints it. Each format is "
+    "also one option away: "
 )
-PROMPT_FORMATS_HELP = (
-    "format of `data`; the default reads TL;DR posts. Other data is one option away: prompt-only (TRL's prompt "
-    "column, a string or chat messages; a completion column is the reference), hh (HH-RLHF dialogues; the chosen "
-    "response is the reference), gsm8k (question, answer: the reference solution, its final number the `answer` "
-    "column the gsm8k reward reads), or auto (detected from the first record's columns and printed); "
-    "docs/data-formats.md"
+SFT_FORMATS_HELP = AUTO_FORMAT_HELP + (
+    "tldr-sft (TL;DR posts and summaries), prompt-completion (TRL's prompt and completion columns, strings or chat "
+    "messages), language-modeling (a text or messages column); docs/data-formats.md"
+)
+PAIR_FORMATS_HELP = AUTO_FORMAT_HELP + (
+    "tldr-comparisons (OpenAI's TL;DR and CNN/DM comparisons), hh (HH-RLHF chosen/rejected dialogues), preference "
+    "(TRL's chosen, rejected and optional prompt columns, strings or chat messages); docs/data-formats.md"
+)
+PROMPT_FORMATS_HELP = AUTO_FORMAT_HELP + (
+    "tldr-sft (TL;DR posts; the summary is the reference), prompt-only (TRL's prompt column, a string or chat "
+    "messages; a completion column is the reference), hh (HH-RLHF dialogues; the chosen response is the "
+    "reference), gsm8k (question, answer: the reference solution, its final number the `answer` column the gsm8k "
+    "reward reads); docs/data-formats.md"
 )
 
 

@@ -3,9 +3,10 @@ formats (`generic`), formats, padding, splits.
 
 Each stage reads one role of data: SFT examples (`load_sft_data`), preference pairs (`load_pairs`) or
 prompts (`load_prompts`), in a format named by its `data_format` / `prompt_format` option: a seed's
-format (read as before), a generic kind, or `auto`, detected from the first record's columns. The
-format read is printed as one line; data in no format the role accepts fails naming its columns, and
-data in another format fails naming the option (of this command or another) that reads it.
+format (read as before), a generic kind, or `auto` (the options' default), detected from the first
+record's columns; a seed's data detected is read by the seed's reader, as when named. The format read
+is printed as one line; data in no format the role accepts fails naming its columns, and data in
+another format fails naming the option (of this command or another) that reads it.
 """
 
 from __future__ import annotations
@@ -76,16 +77,34 @@ class Role:
 
 # Generic kinds whose prompt column none of the seeds has come first; HH before implicit-prompt
 # preference, whose columns (chosen, rejected) it shares.
-SFT = Role("SFT", "data_format", {"tldr-sft": TLDR_SFT},
-           (generic.PROMPT_COMPLETION, "tldr-sft", generic.LANGUAGE_MODELING), "rlhfkit sft")
-PAIRS = Role("comparison", "data_format",
-             {"tldr-comparisons": SeedFormat(("info", "summaries", "choice"), load_comparisons),
-              "hh": SeedFormat(("chosen", "rejected"), load_hh, is_hh_dialogue, HH_NOTE)},
-             ("tldr-comparisons", "hh", generic.PREFERENCE), "rlhfkit rm, dpo, rm-eval and judge-eval")
-PROMPTS = Role("prompt", "prompt_format",
-               {"tldr-sft": TLDR_SFT, "hh": SeedFormat(("chosen", "rejected"), hh_prompts, is_hh_dialogue, HH_NOTE),
-                "gsm8k": SeedFormat(("question", "answer"), load_gsm8k)},
-               (generic.PROMPT_ONLY, "tldr-sft", "gsm8k", "hh"), "rlhfkit ppo, grpo, rloo, reinforce and generate")
+SFT = Role(
+    "SFT",
+    "data_format",
+    {"tldr-sft": TLDR_SFT},
+    (generic.PROMPT_COMPLETION, "tldr-sft", generic.LANGUAGE_MODELING),
+    "rlhfkit sft",
+)
+PAIRS = Role(
+    "comparison",
+    "data_format",
+    {
+        "tldr-comparisons": SeedFormat(("info", "summaries", "choice"), load_comparisons),
+        "hh": SeedFormat(("chosen", "rejected"), load_hh, is_hh_dialogue, HH_NOTE),
+    },
+    ("tldr-comparisons", "hh", generic.PREFERENCE),
+    "rlhfkit rm, dpo, rm-eval and judge-eval",
+)
+PROMPTS = Role(
+    "prompt",
+    "prompt_format",
+    {
+        "tldr-sft": TLDR_SFT,
+        "hh": SeedFormat(("chosen", "rejected"), hh_prompts, is_hh_dialogue, HH_NOTE),
+        "gsm8k": SeedFormat(("question", "answer"), load_gsm8k),
+    },
+    (generic.PROMPT_ONLY, "tldr-sft", "gsm8k", "hh"),
+    "rlhfkit ppo, grpo, rloo, reinforce and generate",
+)
 ROLES = (SFT, PAIRS, PROMPTS)
 
 
@@ -164,7 +183,8 @@ def load_role(role: Role, data_format: str, paths: list[str], hf_split: str, nam
 
 
 def read_role(role: Role, data_format: str, paths: list[str], hf_split: str, names: FieldNames) -> tuple[list, SkipLog]:
-    if data_format in role.seeds:  # named: read as it always was
+    if data_format in role.seeds:  # named: read as it always was, unless it is another format's data
+        require_seed_form(role, data_format, paths, hf_split, names)
         return role.seeds[data_format].load(paths, hf_split)
     row, record = first_record(paths, hf_split)
     name = detect(role, row, record, names) if data_format == AUTO else data_format
@@ -181,6 +201,26 @@ def read_role(role: Role, data_format: str, paths: list[str], hf_split: str, nam
         )
     print(f"data format: {layout.describe()} ({how} columns {', '.join(layout.read)})")
     return generic.read_generic(layout, paths, hf_split)
+
+
+def require_seed_form(role: Role, name: str, paths: list[str], hf_split: str, names: FieldNames) -> None:
+    """A named seed format whose columns another format shares (HH-RLHF's chosen and rejected) fails on a first
+    record that has them in another form, as that format's data (preference pairs, whose every record the
+    seed's reader would skip): `load_role` adds the option that reads it. Without another format that
+    reads it, the seed's reader reads the data as it always did."""
+    seed = role.seeds[name]
+    if not seed.form_note:
+        return
+    row = next(iter_rows(paths, hf_split))
+    record = row.data
+    if not isinstance(record, dict) or not all(c in record for c in seed.columns) or seed.form(record):
+        return
+    if reading_hint(role, name, record, names):
+        raise MissingColumns(
+            f"{row.where}: {role.option}={name} reads {', '.join(seed.columns)} as {seed.form_note}; this record's are "
+            "not",
+            record,
+        )
 
 
 def load_sft_data(

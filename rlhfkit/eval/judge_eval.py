@@ -1,6 +1,6 @@
 """`rlhfkit judge-eval`: how far to trust a judge before trusting its win rates.
 
-The judge compares the two responses of labelled human comparisons (TL;DR, CNN/DM or HH-RLHF pairs).
+The judge compares the two responses of labelled human comparisons (TL;DR, CNN/DM, HH-RLHF or preference pairs).
 Reported, each beside the trivial "always prefer the longer response" rule on the same pairs:
 - agreement with the human label, overall and by split, batch, confidence, policy pair and task
   (`rm_metrics.breakdown`, as for a reward model), with a bootstrap interval;
@@ -81,7 +81,7 @@ def position_bias(orders: BothOrders) -> dict[str, Any]:
 
 
 def longer_baseline(comparisons: list[Comparison]) -> dict[str, Any]:
-    """"Always prefer the longer response" (by characters) on the same pairs; equal length counts half."""
+    """ "Always prefer the longer response" (by characters) on the same pairs; equal length counts half."""
     chosen, rejected = rm_metrics.char_lengths(comparisons)
     picks = rm_metrics.length_rule_hits(chosen, rejected)
     return {
