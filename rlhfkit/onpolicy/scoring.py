@@ -45,8 +45,9 @@ class PromptTexts:
 
     @classmethod
     def of(cls, examples: list[SFTExample]) -> PromptTexts:
-        return cls([e.query.text for e in examples], [e.record.columns for e in examples],
-                   [e.record.where for e in examples])
+        return cls(
+            [e.query.text for e in examples], [e.record.columns for e in examples], [e.record.where for e in examples]
+        )
 
 
 @dataclass
@@ -62,17 +63,22 @@ class RewardSources:
     @classmethod
     def from_config(cls, cfg: OnPolicyConfig) -> RewardSources:
         if not cfg.reward_functions and not cfg.reward_model:
-            raise ConfigError("nothing to optimise: give reward_model= (a reward model folder) and/or "
-                              "reward_functions= "
-                              "(e.g. gsm8k,format; see rlhfkit/rewards.py)")
-        functions = RewardFunctions.from_specs(cfg.reward_functions, cfg.reward_error_score,
-                                               cfg.stop_on_reward_error, cfg.reward_timeout)
+            raise ConfigError(
+                "nothing to optimise: give reward_model= (a reward model folder) and/or "
+                "reward_functions= "
+                "(e.g. gsm8k,format; see rlhfkit/rewards.py)"
+            )
+        functions = RewardFunctions.from_specs(
+            cfg.reward_functions, cfg.reward_error_score, cfg.stop_on_reward_error, cfg.reward_timeout
+        )
         count = len(functions) + bool(cfg.reward_model)
         weights = list(cfg.reward_weights) or [1.0] * count
         if len(weights) != count:
             names = ", ".join(functions.names + ([REWARD_MODEL] if cfg.reward_model else []))
-            raise ConfigError(f"reward_weights has {len(weights)} values for {count} rewards ({names}): "
-                              "give one per reward function, then one for the reward model")
+            raise ConfigError(
+                f"reward_weights has {len(weights)} values for {count} rewards ({names}): "
+                "give one per reward function, then one for the reward model"
+            )
         return cls(functions, bool(cfg.reward_model), weights)
 
     @classmethod
@@ -83,9 +89,15 @@ class RewardSources:
     def names(self) -> list[str]:
         return self.functions.names + ([REWARD_MODEL] if self.has_model else [])
 
-    def function_scores(self, prompts: PromptTexts, rows: list[int], completions: list[str],
-                        lengths: list[int], has_eos: list[bool],
-                        max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def function_scores(
+        self,
+        prompts: PromptTexts,
+        rows: list[int],
+        completions: list[str],
+        lengths: list[int],
+        has_eos: list[bool],
+        max_length: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """((B, F) scores, (B, F) bool: the row failed) of the reward functions on completions of
         prompts `rows`; failures are printed (the first few) and flagged for counting."""
         keys = set().union(*(prompts.columns[i] for i in rows))
@@ -114,9 +126,11 @@ class RewardSources:
         for name, all_failed in zip(self.functions.names, failed.all(dim=0).tolist(), strict=True):
             if all_failed:
                 last = self.last_problem.get(name, "see the warnings above")
-                raise ConfigError(f"reward function {name!r} failed on all {failed.size(0)} rows of update "
-                                  f"{update} (the last: {last}): the run would learn from reward_error_score "
-                                  "alone: fix the function, then run again")
+                raise ConfigError(
+                    f"reward function {name!r} failed on all {failed.size(0)} rows of update "
+                    f"{update} (the last: {last}): the run would learn from reward_error_score "
+                    "alone: fix the function, then run again"
+                )
 
     def combine(self, components: torch.Tensor) -> torch.Tensor:
         """(B,) the weighted sum of the (B, C) components."""
@@ -127,12 +141,15 @@ def report_errors(errors: list[RewardError]) -> None:
     for error in errors[:REPORTED_ERRORS]:
         warn(error.line())
     if len(errors) > REPORTED_ERRORS:
-        warn(f"{len(errors) - REPORTED_ERRORS} more reward-function failures in this batch (counted in "
-             "rewards/<name>_errors)")
+        warn(
+            f"{len(errors) - REPORTED_ERRORS} more reward-function failures in this batch (counted in "
+            "rewards/<name>_errors)"
+        )
 
 
-def component_metrics(names: list[str], components: torch.Tensor, failed: torch.Tensor | None,
-                      prefix: str = "rewards/") -> dict[str, float]:
+def component_metrics(
+    names: list[str], components: torch.Tensor, failed: torch.Tensor | None, prefix: str = "rewards/"
+) -> dict[str, float]:
     """The mean of each component and, for reward functions, the number of rows it failed on."""
     metrics = {f"{prefix}{name}": float(components[:, c].mean()) for c, name in enumerate(names)}
     if failed is not None:
@@ -161,8 +178,7 @@ class OnPolicyModels:
 
 
 def policy_logprobs(policy, batch: RolloutBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    return response_logprobs(policy, batch.input_ids(), batch.attention_mask(), batch.context_length,
-                             temperature)
+    return response_logprobs(policy, batch.input_ids(), batch.attention_mask(), batch.context_length, temperature)
 
 
 def value_estimates(value: ScalarModel, batch: RolloutBatch) -> torch.Tensor:
@@ -174,8 +190,7 @@ def value_estimates(value: ScalarModel, batch: RolloutBatch) -> torch.Tensor:
 def reward_scores(reward: ScalarModel, batch: RolloutBatch) -> torch.Tensor:
     """(B,) reward-model scores read at each response's EOS (Detail 12; the last token when there is
     none), the query left padded (Detail 14): the same index equation 3 puts the score on."""
-    return scores_at_eos(reward, batch.input_ids(), batch.attention_mask(), batch.context_length,
-                         batch.lengths)
+    return scores_at_eos(reward, batch.input_ids(), batch.attention_mask(), batch.context_length, batch.lengths)
 
 
 def model_scores(models: OnPolicyModels, batch, cfg: OnPolicyConfig) -> torch.Tensor | None:
@@ -184,12 +199,21 @@ def model_scores(models: OnPolicyModels, batch, cfg: OnPolicyConfig) -> torch.Te
         return None
     scored = batch.to(model_device(models.reward))
     step = cfg.forward_batch_size
-    return torch.cat([reward_scores(models.reward, scored.select(slice(i, i + step))).float().cpu()
-                      for i in range(0, batch.size, step)])
+    return torch.cat(
+        [
+            reward_scores(models.reward, scored.select(slice(i, i + step))).float().cpu()
+            for i in range(0, batch.size, step)
+        ]
+    )
 
 
-def reward_components(models: OnPolicyModels, batch: RolloutBatch, model_scores: torch.Tensor | None,
-                      prompts: PromptTexts | None, max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+def reward_components(
+    models: OnPolicyModels,
+    batch: RolloutBatch,
+    model_scores: torch.Tensor | None,
+    prompts: PromptTexts | None,
+    max_length: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """((B, C) reward components: the functions' then the reward model's, (B, F) failed rows);
     `batch.prompts` index `prompts`."""
     sources = models.reward_sources()
@@ -198,8 +222,9 @@ def reward_components(models: OnPolicyModels, batch: RolloutBatch, model_scores:
         if prompts is None:
             raise ValueError("reward functions need the prompts' texts and columns")
         completions = completion_texts(batch, models.tokenizer)
-        scores, failed = sources.function_scores(prompts, batch.prompts.tolist(), completions,
-                                                 batch.lengths.tolist(), batch.has_eos.tolist(), max_length)
+        scores, failed = sources.function_scores(
+            prompts, batch.prompts.tolist(), completions, batch.lengths.tolist(), batch.has_eos.tolist(), max_length
+        )
         columns.append(scores)
     if model_scores is not None:
         columns.append(model_scores.float().cpu().unsqueeze(1))
@@ -208,8 +233,9 @@ def reward_components(models: OnPolicyModels, batch: RolloutBatch, model_scores:
 
 
 @torch.no_grad()
-def score_rollout(models: OnPolicyModels, batch: RolloutBatch, cfg: OnPolicyConfig, precision: str,
-                  prompts: PromptTexts | None = None) -> RolloutBatch:
+def score_rollout(
+    models: OnPolicyModels, batch: RolloutBatch, cfg: OnPolicyConfig, precision: str, prompts: PromptTexts | None = None
+) -> RolloutBatch:
     """Fill in the sampling-time log-probabilities, reference log-probabilities, values and scores,
     `forward_batch_size` rows at a time. The old log-probabilities come from the same forward
     function the update uses, so before any update the PPO ratio is exactly 1. Reward functions read
