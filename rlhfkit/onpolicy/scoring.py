@@ -4,7 +4,7 @@ each sampled row, filled in by `score_rollout` (logged as `perf/scoring_s`).
     logprobs, ref_logprobs = the policy's and the frozen reference's log-probabilities of the
                              response tokens, from one forward pass each, at the sampling temperature
     values     = the value model's estimate before each response token (PPO)          (Detail 22)
-    components = [f_1(prompts, completions, **columns), ..., f_n(...), reward model at EOS] (Detail 12)
+    components = [f_1(prompts=, completions=, **columns), ..., f_n(...), reward model at EOS] (Detail 12)
     raw score  = sum_c reward_weights[c] * components[c]             (then the EOS trick, Detail 23)
 
 Every component is kept on the rollout (`RolloutBatch.reward_components`) and logged on its own
@@ -15,20 +15,23 @@ function (`rewards/<name>_errors`) and reported with the prompt's source line (r
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from ..config import OnPolicyConfig
 from ..data.examples import SFTExample
+from ..data.formats import CHAT
 from ..devices import autocast, model_device
 from ..errors import ConfigError, warn
 from ..generation import RolloutBatch, completion_texts
 from ..logprobs import response_logprobs
 from ..reward_models import ScalarModel
-from ..rewards import ROLLOUT_COLUMNS, RewardError, RewardFunctions
+from ..rewards import Prompt, RewardError, RewardFunctions
 from ..scoring import scores_at_eos
 
 REWARD_MODEL = "reward_model"
@@ -37,17 +40,40 @@ REPORTED_ERRORS = 5  # per scoring call: the rest are counted, not printed
 
 @dataclass
 class PromptTexts:
-    """What reward functions read about each prompt: its query text, dataset columns and source."""
+    """What reward functions read about each prompt: the prompt (`reward_prompt`), dataset columns and source."""
 
-    texts: list[str]
+    prompts: list[Prompt]
     columns: list[dict]
     where: list[str]
 
     @classmethod
     def of(cls, examples: list[SFTExample]) -> PromptTexts:
         return cls(
-            [e.query.text for e in examples], [e.record.columns for e in examples], [e.record.where for e in examples]
+            [reward_prompt(e) for e in examples],
+            [e.record.columns for e in examples],
+            [e.record.where for e in examples],
         )
+
+
+def reward_prompt(example: SFTExample) -> Prompt:
+    """The prompt as TRL gives it to reward functions: a conversation's messages as the dataset holds them
+    (before any turn is dropped to fit max_query_length), else the query's text as the policy read it."""
+    if example.record.task == CHAT:
+        return json.loads(example.record.fields["messages"])
+    return example.query.text
+
+
+def rollout_columns(batch: RolloutBatch, max_length: int) -> dict[str, Any]:
+    """The arguments every reward-function call is given about the sampled responses (rewards.ROLLOUT_COLUMNS).
+    `completion_ids` holds each response's tokens up to its EOS, EOS included, as TRL's trainers pass them."""
+    lengths = batch.lengths.tolist()
+    responses = batch.responses.cpu()
+    return {
+        "completion_ids": [responses[i, :n].tolist() for i, n in enumerate(lengths)],
+        "completion_lengths": lengths,
+        "has_eos": batch.has_eos.tolist(),
+        "max_completion_length": max_length,
+    }
 
 
 @dataclass
@@ -90,21 +116,15 @@ class RewardSources:
         return self.functions.names + ([REWARD_MODEL] if self.has_model else [])
 
     def function_scores(
-        self,
-        prompts: PromptTexts,
-        rows: list[int],
-        completions: list[str],
-        lengths: list[int],
-        has_eos: list[bool],
-        max_length: int,
+        self, prompts: PromptTexts, rows: list[int], completions: list[str], rollout: dict[str, Any]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """((B, F) scores, (B, F) bool: the row failed) of the reward functions on completions of
-        prompts `rows`; failures are printed (the first few) and flagged for counting."""
+        prompts `rows`, given the `rollout_columns`; failures are printed (the first few) and flagged for
+        counting."""
         keys = set().union(*(prompts.columns[i] for i in rows))
-        columns = {key: [prompts.columns[i].get(key) for i in rows] for key in keys}
-        columns |= dict(zip(ROLLOUT_COLUMNS, (lengths, has_eos, max_length), strict=True))
+        columns = {key: [prompts.columns[i].get(key) for i in rows] for key in keys} | rollout
         where = [prompts.where[i] for i in rows]
-        scored = self.functions.score([prompts.texts[i] for i in rows], completions, columns, where)
+        scored = self.functions.score([prompts.prompts[i] for i in rows], completions, columns, where)
         scores = torch.tensor(scored, dtype=torch.float32).reshape(len(self.functions), len(rows)).T
         failed = torch.zeros_like(scores, dtype=torch.bool)
         errors = self.functions.take_errors()
@@ -223,7 +243,7 @@ def reward_components(
             raise ValueError("reward functions need the prompts' texts and columns")
         completions = completion_texts(batch, models.tokenizer)
         scores, failed = sources.function_scores(
-            prompts, batch.prompts.tolist(), completions, batch.lengths.tolist(), batch.has_eos.tolist(), max_length
+            prompts, batch.prompts.tolist(), completions, rollout_columns(batch, max_length)
         )
         columns.append(scores)
     if model_scores is not None:
