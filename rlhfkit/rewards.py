@@ -1,15 +1,21 @@
 """Reward functions: programmatic rewards beside (or instead of) a reward model in PPO, GRPO and RLOO.
 
-A reward function takes the batch's prompts and completions and returns one float per completion:
+A reward function takes the batch's prompts and completions and returns one float per completion. It is
+called by keyword, as TRL's GRPOTrainer and RLOOTrainer call theirs, so TRL's reward functions run unchanged:
 
-    def my_reward(prompts: list[str], completions: list[str], **columns) -> list[float]
+    def my_reward(prompts, completions, **columns) -> list[float]
+    my_reward(prompts=..., completions=..., completion_ids=..., ..., **record_columns)
 
-- `prompts`: each query as the policy read it (for conversational data, the chat template's text);
-- `completions`: each sampled response, decoded without special tokens;
+- `prompts`: each prompt. Conversational data (chat prompts: lists of `{role, content}` messages, GSM8K
+  included) gives the prompt's messages as the dataset holds them; other data the query as the policy read it;
+- `completions`: each sampled response, decoded without special tokens: after a conversational prompt one
+  assistant message, `[{"role": "assistant", "content": text}]`, else the text (`text_of` reads either);
 - `columns`: every other column of the prompt's dataset record, one value per completion (GSM8K:
-  `answer`, `solution`, `calculator_steps`), plus `completion_lengths` (response tokens, EOS
-  included), `has_eos` (whether the response ended) and `max_completion_length` (the configured limit,
-  a single number). Accept `**columns` so that columns you do not use can be passed.
+  `answer`, `solution`, `calculator_steps`), plus the rollout's `ROLLOUT_COLUMNS`: `completion_ids` (each
+  response's sampled token ids, EOS included when it ended, as TRL passes them), `completion_lengths`
+  (their count), `has_eos` (whether the response ended) and `max_completion_length` (the configured
+  limit, a single number). Accept `**columns` so that columns you do not use can be passed; a function
+  without it is passed only the arguments it names.
 
 `reward_functions=` names built-ins (`BUILTINS`) or a user's callable as `module:function` (a module
 importable from the working directory, or `path/to/file.py:function`); through the Python API, the callable
@@ -20,7 +26,8 @@ non-finite one, or overruns `reward_timeout`, is never turned into a silent zero
 (function, row, where it came from, what went wrong), counted in `rewards/<name>_errors`, and scored
 `reward_error_score`; with `stop_on_reward_error=true` the run stops at the first such row instead. A
 function that ends the process (`sys.exit`) stops the run in one line. A parameter without a default
-(after prompts and completions) names a dataset column the function needs: `required_columns`.
+names a dataset column the function needs, unless it is one of the arguments every call is given
+(`prompts`, `completions`, the rollout columns): `required_columns`.
 """
 
 from __future__ import annotations
@@ -44,11 +51,15 @@ from .preemption import interruptible
 from .supplied import is_supplied, lookup
 
 RewardFunction = Callable[..., Sequence[float]]
+Prompt = str | list[dict[str, Any]]  # a text, or a conversation's messages
+Completion = str | list[dict[str, Any]]  # a text, or TRL's conversational form: one assistant message
 ROLLOUT_COLUMNS = (
+    "completion_ids",
     "completion_lengths",
     "has_eos",
     "max_completion_length",
 )  # given to every call, beside the record's columns
+GIVEN = ("prompts", "completions", *ROLLOUT_COLUMNS)  # the keyword arguments of every call but the record's columns
 NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?")
 ANSWER_PHRASE = re.compile(r"(?:answer is|####|\\boxed\{)\s*:?\s*(-?\$?\d[\d,]*(?:\.\d+)?)", re.IGNORECASE)
 FINAL_LINE = re.compile(r"the answer is:?\s*\$?-?\d[\d,]*(?:\.\d+)?\s*\.?\s*$", re.IGNORECASE)
@@ -78,19 +89,39 @@ def is_correct(completion: str, reference: Any) -> bool:
     return predicted is not None and expected is not None and math.isclose(predicted, expected, rel_tol=0, abs_tol=1e-6)
 
 
-def gsm8k_exact_match(prompts: list[str], completions: list[str], answer: list[Any], **columns) -> list[float]:
+def text_of(completion: Completion) -> str:
+    """A completion's text, given as a text or in TRL's conversational form (one assistant message)."""
+    return completion if isinstance(completion, str) else completion[0]["content"]
+
+
+def conversational_completions(prompts: list[Prompt], texts: list[str]) -> list[Completion]:
+    """The completions as TRL gives them to reward functions: after a conversation's messages, one assistant
+    message holding the text; after a text prompt, the text."""
+    return [
+        [{"role": "assistant", "content": text}] if isinstance(prompt, list) else text
+        for prompt, text in zip(prompts, texts, strict=True)
+    ]
+
+
+def gsm8k_exact_match(
+    prompts: list[Prompt], completions: list[Completion], answer: list[Any], **columns
+) -> list[float]:
     """1.0 when the completion's final number equals the reference `answer` column, else 0.0."""
-    return [float(is_correct(c, a)) for c, a in zip(completions, answer, strict=True)]
+    return [float(is_correct(text_of(c), a)) for c, a in zip(completions, answer, strict=True)]
 
 
-def answer_format(prompts: list[str], completions: list[str], **columns) -> list[float]:
+def answer_format(prompts: list[Prompt], completions: list[Completion], **columns) -> list[float]:
     """1.0 when the completion ends with a line "The answer is N." (N a number), the form GSM8K's
     prompt asks for, else 0.0."""
-    return [float(bool(FINAL_LINE.search(c.strip()))) for c in completions]
+    return [float(bool(FINAL_LINE.search(text_of(c).strip()))) for c in completions]
 
 
 def length_penalty(
-    prompts: list[str], completions: list[str], completion_lengths: list[int], max_completion_length: int, **columns
+    prompts: list[Prompt],
+    completions: list[Completion],
+    completion_lengths: list[int],
+    max_completion_length: int,
+    **columns,
 ) -> list[float]:
     """-(response tokens / max_completion_length): from 0 (empty) down to -1 (the whole budget)."""
     return [-float(n) / max_completion_length for n in completion_lengths]
@@ -184,15 +215,19 @@ class RewardFunctions:
                     raise ConfigError(
                         f"reward_functions: {name} reads the column {column!r}, which {len(lacking)} of {len(columns)} "
                         f"prompts lack (the first: {where[lacking[0]]}); give prompts with that column (gsm8k: "
-                        f"prompt_format=gsm8k data) or leave {name} out"
+                        f"prompt_format=gsm8k data), give the parameter a default, or leave {name} out (a function "
+                        f"is called by keyword: {', '.join(GIVEN)} and the record's columns)"
                     )
 
     def score(
-        self, prompts: list[str], completions: list[str], columns: dict[str, Any], where: list[str]
+        self, prompts: list[Prompt], texts: list[str], columns: dict[str, Any], where: list[str]
     ) -> list[list[float]]:
-        """(functions x rows) rewards; a failing row gets `error_score` and is recorded in `errors`.
-        `columns` holds lists (one value per row) and single values passed to every call alike. A function
-        that ends the process (sys.exit, KeyboardInterrupt) stops the run in one line naming it."""
+        """(functions x rows) rewards of the completions `texts`; a failing row gets `error_score` and is
+        recorded in `errors`. Functions read a completion after a conversation's messages as one assistant
+        message (`conversational_completions`). `columns` holds lists (one value per row) and single values
+        passed to every call alike. A function that ends the process (sys.exit, KeyboardInterrupt) stops the
+        run in one line naming it."""
+        completions = conversational_completions(prompts, texts)
         scores = []
         for name, fn in zip(self.names, self.functions, strict=True):
             try:
@@ -208,8 +243,8 @@ class RewardFunctions:
         self,
         name: str,
         fn: RewardFunction,
-        prompts: list[str],
-        completions: list[str],
+        prompts: list[Prompt],
+        completions: list[Completion],
         columns: dict[str, list[Any]],
         where: list[str],
     ) -> list[float]:
@@ -242,7 +277,11 @@ class RewardFunctions:
         return values[0]
 
     def guarded_call(
-        self, fn: RewardFunction, prompts: list[str], completions: list[str], columns: dict[str, list[Any]]
+        self,
+        fn: RewardFunction,
+        prompts: list[Prompt],
+        completions: list[Completion],
+        columns: dict[str, list[Any]],
     ) -> list[Any]:
         """`call`'s values, within the time limit; a stop signal ends the call at once (`interruptible`)."""
         with interruptible(), time_limit(self.timeout):
@@ -306,19 +345,23 @@ def time_limit(seconds: float) -> Iterator[None]:
 
 
 def required_columns(fn: RewardFunction) -> list[str]:
-    """The dataset columns `fn` cannot be called without: its parameters after prompts and completions that
-    have no default, less those every call is given (ROLLOUT_COLUMNS). The built-in gsm8k: `answer`."""
+    """The dataset columns `fn` cannot be called without: its parameters without a default, less the arguments
+    every call is given by name (`GIVEN`: prompts, completions and the rollout columns). The built-in gsm8k:
+    `answer`."""
     named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    parameters = list(inspect.signature(fn).parameters.values())[2:]
-    return [p.name for p in parameters if p.kind in named and p.default is p.empty and p.name not in ROLLOUT_COLUMNS]
+    parameters = inspect.signature(fn).parameters.values()
+    return [p.name for p in parameters if p.kind in named and p.default is p.empty and p.name not in GIVEN]
 
 
 def call(
-    fn: RewardFunction, prompts: list[str], completions: list[str], columns: dict[str, list[Any]]
+    fn: RewardFunction, prompts: list[Prompt], completions: list[Completion], columns: dict[str, list[Any]]
 ) -> Sequence[float]:
-    """`fn(prompts, completions, **columns)`, passing only the columns a function without **kwargs names."""
+    """`fn(prompts=..., completions=..., **columns)`, by keyword as TRL calls reward functions, so that a
+    function may name only what it reads (`reward_len(completions, **kwargs)`). A function without **kwargs
+    is passed only the arguments it names. A record column named like a call's argument gives way to it."""
+    arguments = columns | {"prompts": prompts, "completions": completions}
     parameters = inspect.signature(fn).parameters.values()
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         named = {p.name for p in parameters}
-        columns = {k: v for k, v in columns.items() if k in named}
-    return fn(prompts, completions, **columns)
+        arguments = {k: v for k, v in arguments.items() if k in named}
+    return fn(**arguments)

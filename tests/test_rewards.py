@@ -23,16 +23,19 @@ from .helpers import PRESETS, collected, data_file, stage_args
 GSM8K_TEST = data_file("gsm8k", "test.jsonl.gz")
 
 
-@pytest.mark.parametrize("completion, reference, expected", [
-    ("5 + 7 = 12.\nThe answer is 12.", "12", 1.0),
-    ("So, the answer is 1,234.", "1234", 1.0),
-    ("She pays $18 in total.", "18", 1.0),  # no answer phrase: the last number
-    ("The answer is 12. Then 3 more people came.", "12", 1.0),  # the stated answer wins over later numbers
-    ("The answer is -3.5", "-3.5", 1.0),
-    ("12 apples and 13 pears", "12", 0.0),
-    ("I do not know.", "12", 0.0),
-    ("#### 72", "72", 1.0),
-])
+@pytest.mark.parametrize(
+    "completion, reference, expected",
+    [
+        ("5 + 7 = 12.\nThe answer is 12.", "12", 1.0),
+        ("So, the answer is 1,234.", "1234", 1.0),
+        ("She pays $18 in total.", "18", 1.0),  # no answer phrase: the last number
+        ("The answer is 12. Then 3 more people came.", "12", 1.0),  # the stated answer wins over later numbers
+        ("The answer is -3.5", "-3.5", 1.0),
+        ("12 apples and 13 pears", "12", 0.0),
+        ("I do not know.", "12", 0.0),
+        ("#### 72", "72", 1.0),
+    ],
+)
 def test_gsm8k_exact_match_on_hand_written_cases(completion, reference, expected):
     assert gsm8k_exact_match(["q"], [completion], answer=[reference]) == [expected]
 

@@ -30,7 +30,8 @@ class OnPolicyConfig(RunConfig):
     reward_functions: list[str] = opt(
         [],
         "programmatic rewards (rlhfkit/rewards.py): built-ins gsm8k, format, length, or a callable as "
-        "module:function or file.py:function taking (prompts, completions, **columns)",
+        "module:function or file.py:function, called by keyword as TRL calls them: "
+        "fn(prompts=, completions=, completion_ids=, ..., **columns)",
     )
     reward_weights: list[float] = opt(
         [],

@@ -4,7 +4,7 @@ each sampled row, filled in by `score_rollout` (logged as `perf/scoring_s`).
     logprobs, ref_logprobs = the policy's and the frozen reference's log-probabilities of the
                              response tokens, from one forward pass each, at the sampling temperature
     values     = the value model's estimate before each response token (PPO)          (Detail 22)
-    components = [f_1(prompts, completions, **columns), ..., f_n(...), reward model at EOS] (Detail 12)
+    components = [f_1(prompts=, completions=, **columns), ..., f_n(...), reward model at EOS] (Detail 12)
     raw score  = sum_c reward_weights[c] * components[c]             (then the EOS trick, Detail 23)
 
 Every component is kept on the rollout (`RolloutBatch.reward_components`) and logged on its own
@@ -15,20 +15,23 @@ function (`rewards/<name>_errors`) and reported with the prompt's source line (r
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from ..config import OnPolicyConfig
 from ..data.examples import SFTExample
+from ..data.formats import CHAT
 from ..devices import autocast, model_device
 from ..errors import ConfigError, warn
 from ..generation import RolloutBatch, completion_texts
 from ..logprobs import response_logprobs
 from ..reward_models import ScalarModel
-from ..rewards import ROLLOUT_COLUMNS, RewardError, RewardFunctions
+from ..rewards import Prompt, RewardError, RewardFunctions
 from ..scoring import scores_at_eos
 
 REWARD_MODEL = "reward_model"
@@ -37,16 +40,40 @@ REPORTED_ERRORS = 5  # per scoring call: the rest are counted, not printed
 
 @dataclass
 class PromptTexts:
-    """What reward functions read about each prompt: its query text, dataset columns and source."""
+    """What reward functions read about each prompt: the prompt (`reward_prompt`), dataset columns and source."""
 
-    texts: list[str]
+    prompts: list[Prompt]
     columns: list[dict]
     where: list[str]
 
     @classmethod
     def of(cls, examples: list[SFTExample]) -> PromptTexts:
-        return cls([e.query.text for e in examples], [e.record.columns for e in examples],
-                   [e.record.where for e in examples])
+        return cls(
+            [reward_prompt(e) for e in examples],
+            [e.record.columns for e in examples],
+            [e.record.where for e in examples],
+        )
+
+
+def reward_prompt(example: SFTExample) -> Prompt:
+    """The prompt as TRL gives it to reward functions: a conversation's messages as the dataset holds them
+    (before any turn is dropped to fit max_query_length), else the query's text as the policy read it."""
+    if example.record.task == CHAT:
+        return json.loads(example.record.fields["messages"])
+    return example.query.text
+
+
+def rollout_columns(batch: RolloutBatch, max_length: int) -> dict[str, Any]:
+    """The arguments every reward-function call is given about the sampled responses (rewards.ROLLOUT_COLUMNS).
+    `completion_ids` holds each response's tokens up to its EOS, EOS included, as TRL's trainers pass them."""
+    lengths = batch.lengths.tolist()
+    responses = batch.responses.cpu()
+    return {
+        "completion_ids": [responses[i, :n].tolist() for i, n in enumerate(lengths)],
+        "completion_lengths": lengths,
+        "has_eos": batch.has_eos.tolist(),
+        "max_completion_length": max_length,
+    }
 
 
 @dataclass
@@ -62,17 +89,22 @@ class RewardSources:
     @classmethod
     def from_config(cls, cfg: OnPolicyConfig) -> RewardSources:
         if not cfg.reward_functions and not cfg.reward_model:
-            raise ConfigError("nothing to optimise: give reward_model= (a reward model folder) and/or "
-                              "reward_functions= "
-                              "(e.g. gsm8k,format; see rlhfkit/rewards.py)")
-        functions = RewardFunctions.from_specs(cfg.reward_functions, cfg.reward_error_score,
-                                               cfg.stop_on_reward_error, cfg.reward_timeout)
+            raise ConfigError(
+                "nothing to optimise: give reward_model= (a reward model folder) and/or "
+                "reward_functions= "
+                "(e.g. gsm8k,format; see rlhfkit/rewards.py)"
+            )
+        functions = RewardFunctions.from_specs(
+            cfg.reward_functions, cfg.reward_error_score, cfg.stop_on_reward_error, cfg.reward_timeout
+        )
         count = len(functions) + bool(cfg.reward_model)
         weights = list(cfg.reward_weights) or [1.0] * count
         if len(weights) != count:
             names = ", ".join(functions.names + ([REWARD_MODEL] if cfg.reward_model else []))
-            raise ConfigError(f"reward_weights has {len(weights)} values for {count} rewards ({names}): "
-                              "give one per reward function, then one for the reward model")
+            raise ConfigError(
+                f"reward_weights has {len(weights)} values for {count} rewards ({names}): "
+                "give one per reward function, then one for the reward model"
+            )
         return cls(functions, bool(cfg.reward_model), weights)
 
     @classmethod
@@ -83,16 +115,16 @@ class RewardSources:
     def names(self) -> list[str]:
         return self.functions.names + ([REWARD_MODEL] if self.has_model else [])
 
-    def function_scores(self, prompts: PromptTexts, rows: list[int], completions: list[str],
-                        lengths: list[int], has_eos: list[bool],
-                        max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def function_scores(
+        self, prompts: PromptTexts, rows: list[int], completions: list[str], rollout: dict[str, Any]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """((B, F) scores, (B, F) bool: the row failed) of the reward functions on completions of
-        prompts `rows`; failures are printed (the first few) and flagged for counting."""
+        prompts `rows`, given the `rollout_columns`; failures are printed (the first few) and flagged for
+        counting."""
         keys = set().union(*(prompts.columns[i] for i in rows))
-        columns = {key: [prompts.columns[i].get(key) for i in rows] for key in keys}
-        columns |= dict(zip(ROLLOUT_COLUMNS, (lengths, has_eos, max_length), strict=True))
+        columns = {key: [prompts.columns[i].get(key) for i in rows] for key in keys} | rollout
         where = [prompts.where[i] for i in rows]
-        scored = self.functions.score([prompts.texts[i] for i in rows], completions, columns, where)
+        scored = self.functions.score([prompts.prompts[i] for i in rows], completions, columns, where)
         scores = torch.tensor(scored, dtype=torch.float32).reshape(len(self.functions), len(rows)).T
         failed = torch.zeros_like(scores, dtype=torch.bool)
         errors = self.functions.take_errors()
@@ -114,9 +146,11 @@ class RewardSources:
         for name, all_failed in zip(self.functions.names, failed.all(dim=0).tolist(), strict=True):
             if all_failed:
                 last = self.last_problem.get(name, "see the warnings above")
-                raise ConfigError(f"reward function {name!r} failed on all {failed.size(0)} rows of update "
-                                  f"{update} (the last: {last}): the run would learn from reward_error_score "
-                                  "alone: fix the function, then run again")
+                raise ConfigError(
+                    f"reward function {name!r} failed on all {failed.size(0)} rows of update "
+                    f"{update} (the last: {last}): the run would learn from reward_error_score "
+                    "alone: fix the function, then run again"
+                )
 
     def combine(self, components: torch.Tensor) -> torch.Tensor:
         """(B,) the weighted sum of the (B, C) components."""
@@ -127,12 +161,15 @@ def report_errors(errors: list[RewardError]) -> None:
     for error in errors[:REPORTED_ERRORS]:
         warn(error.line())
     if len(errors) > REPORTED_ERRORS:
-        warn(f"{len(errors) - REPORTED_ERRORS} more reward-function failures in this batch (counted in "
-             "rewards/<name>_errors)")
+        warn(
+            f"{len(errors) - REPORTED_ERRORS} more reward-function failures in this batch (counted in "
+            "rewards/<name>_errors)"
+        )
 
 
-def component_metrics(names: list[str], components: torch.Tensor, failed: torch.Tensor | None,
-                      prefix: str = "rewards/") -> dict[str, float]:
+def component_metrics(
+    names: list[str], components: torch.Tensor, failed: torch.Tensor | None, prefix: str = "rewards/"
+) -> dict[str, float]:
     """The mean of each component and, for reward functions, the number of rows it failed on."""
     metrics = {f"{prefix}{name}": float(components[:, c].mean()) for c, name in enumerate(names)}
     if failed is not None:
@@ -161,8 +198,7 @@ class OnPolicyModels:
 
 
 def policy_logprobs(policy, batch: RolloutBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    return response_logprobs(policy, batch.input_ids(), batch.attention_mask(), batch.context_length,
-                             temperature)
+    return response_logprobs(policy, batch.input_ids(), batch.attention_mask(), batch.context_length, temperature)
 
 
 def value_estimates(value: ScalarModel, batch: RolloutBatch) -> torch.Tensor:
@@ -174,8 +210,7 @@ def value_estimates(value: ScalarModel, batch: RolloutBatch) -> torch.Tensor:
 def reward_scores(reward: ScalarModel, batch: RolloutBatch) -> torch.Tensor:
     """(B,) reward-model scores read at each response's EOS (Detail 12; the last token when there is
     none), the query left padded (Detail 14): the same index equation 3 puts the score on."""
-    return scores_at_eos(reward, batch.input_ids(), batch.attention_mask(), batch.context_length,
-                         batch.lengths)
+    return scores_at_eos(reward, batch.input_ids(), batch.attention_mask(), batch.context_length, batch.lengths)
 
 
 def model_scores(models: OnPolicyModels, batch, cfg: OnPolicyConfig) -> torch.Tensor | None:
@@ -184,12 +219,21 @@ def model_scores(models: OnPolicyModels, batch, cfg: OnPolicyConfig) -> torch.Te
         return None
     scored = batch.to(model_device(models.reward))
     step = cfg.forward_batch_size
-    return torch.cat([reward_scores(models.reward, scored.select(slice(i, i + step))).float().cpu()
-                      for i in range(0, batch.size, step)])
+    return torch.cat(
+        [
+            reward_scores(models.reward, scored.select(slice(i, i + step))).float().cpu()
+            for i in range(0, batch.size, step)
+        ]
+    )
 
 
-def reward_components(models: OnPolicyModels, batch: RolloutBatch, model_scores: torch.Tensor | None,
-                      prompts: PromptTexts | None, max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+def reward_components(
+    models: OnPolicyModels,
+    batch: RolloutBatch,
+    model_scores: torch.Tensor | None,
+    prompts: PromptTexts | None,
+    max_length: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """((B, C) reward components: the functions' then the reward model's, (B, F) failed rows);
     `batch.prompts` index `prompts`."""
     sources = models.reward_sources()
@@ -198,8 +242,9 @@ def reward_components(models: OnPolicyModels, batch: RolloutBatch, model_scores:
         if prompts is None:
             raise ValueError("reward functions need the prompts' texts and columns")
         completions = completion_texts(batch, models.tokenizer)
-        scores, failed = sources.function_scores(prompts, batch.prompts.tolist(), completions,
-                                                 batch.lengths.tolist(), batch.has_eos.tolist(), max_length)
+        scores, failed = sources.function_scores(
+            prompts, batch.prompts.tolist(), completions, rollout_columns(batch, max_length)
+        )
         columns.append(scores)
     if model_scores is not None:
         columns.append(model_scores.float().cpu().unsqueeze(1))
@@ -208,8 +253,9 @@ def reward_components(models: OnPolicyModels, batch: RolloutBatch, model_scores:
 
 
 @torch.no_grad()
-def score_rollout(models: OnPolicyModels, batch: RolloutBatch, cfg: OnPolicyConfig, precision: str,
-                  prompts: PromptTexts | None = None) -> RolloutBatch:
+def score_rollout(
+    models: OnPolicyModels, batch: RolloutBatch, cfg: OnPolicyConfig, precision: str, prompts: PromptTexts | None = None
+) -> RolloutBatch:
     """Fill in the sampling-time log-probabilities, reference log-probabilities, values and scores,
     `forward_batch_size` rows at a time. The old log-probabilities come from the same forward
     function the update uses, so before any update the PPO ratio is exactly 1. Reward functions read
