@@ -129,7 +129,6 @@ grpo = rlhfkit.grpo(
     model=sft.model,
     tokenizer=sft.tokenizer,
     data=gsm8k,
-    prompt_format="prompt-only",
     reward_functions=[final_number_is_right, "format"],
     output_dir=OUT / "grpo",
     max_steps=STEPS,

@@ -83,7 +83,8 @@ def execute(command: Stage, argument: Any, processes: int, launch_argv: list[str
     if processes > 1 and not inside_launcher():
         if not command.multi_process:
             raise ConfigError(
-                f"{' '.join(command.words)} runs in one process; num_processes is for {multi_process_names()}"
+                f"{' '.join(command.words)} runs in one process; --num-processes (num_processes= in Python) is for "
+                f"{multi_process_names()}"
             )
         return relaunch(launch_argv, processes)
     if not inside_launcher():

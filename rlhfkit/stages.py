@@ -87,7 +87,7 @@ def on_policy_runner() -> Runner:
 
 
 def pipeline_runner() -> Runner:
-    from .pipeline import run
+    from .pipeline_command import run
 
     return functools.partial(run, commands=pipeline_commands())
 
@@ -258,8 +258,8 @@ def resolve(
 
 
 def pipeline_commands():
-    """What the pipeline needs of the registry (pipeline.Commands)."""
-    from .pipeline import Commands
+    """What the pipeline needs of the registry (pipeline_command.Commands)."""
+    from .pipeline_command import Commands
 
     return Commands(
         resolve=resolve,

@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import rlhfkit
 from rlhfkit.api import data_file
+from rlhfkit.reward_models import load_reward_model
 
 from .helpers import PRESETS, cli_args, free_port, stage_args
 
@@ -47,9 +48,9 @@ def brevity(prompts, completions, **columns):
 
 
 def test_grpo_on_objects_from_python_makes_the_metrics_of_the_same_run_from_the_command_line(ppo_dirs, tmp_path):
-    """An in-memory Dataset, a loaded model with its tokenizer, a reward function defined here beside a built-in
-    one and a reward model: the metrics of the command line's run on the same data in a file, the model's folder
-    and the function in a module file, at the same seed."""
+    """An in-memory Dataset, a loaded policy with its tokenizer, a loaded reward model, and a reward function defined
+    here beside a built-in one: the metrics and weights of the command line's run on the same data in a file, the
+    models' folders and the function in a module file, at the same seed."""
     from rlhfkit.cli import main
 
     options = stage_args("grpo", ppo_dirs, None, eos_trick="false", reward_functions=None)
@@ -67,9 +68,14 @@ def test_grpo_on_objects_from_python_makes_the_metrics_of_the_same_run_from_the_
     model = AutoModelForCausalLM.from_pretrained(ppo_dirs["policy"])
     tokenizer = AutoTokenizer.from_pretrained(ppo_dirs["policy"])
     before = {k: v.clone() for k, v in model.state_dict().items()}
+    objects = {
+        "model": model,
+        "reward_model": load_reward_model(ppo_dirs["rm"]),  # (rlhfkit's reward model, its tokenizer)
+        "data": datasets.Dataset.from_list(rows_of(ppo_dirs["posts"])),
+    }
     result = rlhfkit.grpo(
         preset=PRESETS["grpo"],
-        **(options | {"model": model, "data": datasets.Dataset.from_list(rows_of(ppo_dirs["posts"]))}),
+        **(options | objects),
         tokenizer=tokenizer,
         reward_functions=[brevity, "length"],
         output_dir=tmp_path / "api",
@@ -80,7 +86,7 @@ def test_grpo_on_objects_from_python_makes_the_metrics_of_the_same_run_from_the_
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the caller's model is untouched
     config = (result.run_dir / "config.yaml").read_text()
-    assert "python:model-" in config and "python:brevity" in config
+    assert "python:model-" in config and "python:reward_model-" in config and "python:brevity" in config
 
 
 def test_in_memory_data_is_one_file_named_by_its_content_whatever_holds_it(tmp_path, monkeypatch):
@@ -160,6 +166,12 @@ def test_importing_the_package_loads_neither_torch_nor_the_stage_registry():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
     assert rlhfkit.GRPOConfig is rlhfkit.config.GRPOConfig and callable(rlhfkit.grpo)
+
+
+def test_no_name_of_the_api_is_also_a_module_of_the_package():
+    """`rlhfkit.pipeline` must stay the call: a module of that name would replace it once imported."""
+    package = Path(rlhfkit.__file__).parent
+    assert [name for name in rlhfkit.__all__ if (package / f"{name}.py").exists() or (package / name).is_dir()] == []
 
 
 def test_two_launched_processes_from_python_train_like_one(ppo_dirs, one_process_run, tmp_path, monkeypatch):

@@ -200,7 +200,7 @@ def test_a_folder_holding_a_run_with_other_options_is_refused_naming_them(ppo_di
 
 
 def test_the_pipeline_restarts_an_interrupted_stage_that_saved_nothing_and_moves_aside_one_with_other_options(tmp_path):
-    from rlhfkit.pipeline import stage_config
+    from rlhfkit.pipeline_command import stage_config
     from rlhfkit.stages import pipeline_commands
 
     cfg = resolve("pipeline", "quickstart", None, {"output_dir": str(tmp_path)})

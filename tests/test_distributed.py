@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from rlhfkit import cli, launch
+from rlhfkit import api, cli
 from rlhfkit.launch import inside_launcher, launch_command
 
 from .helpers import launcher_env
@@ -70,7 +70,7 @@ def test_cli_relaunches_without_the_launcher_flag(monkeypatch):
     for var in LAUNCHER_VARS:
         monkeypatch.delenv(var, raising=False)
     calls = []
-    monkeypatch.setattr(launch, "relaunch", lambda argv, n: calls.append((argv, n)) or 0)
+    monkeypatch.setattr(api, "relaunch", lambda argv, n: calls.append((argv, n)) or 0)
     assert cli.main(["sft", "--num-processes", "2", "seed=4"]) == 0
     assert cli.main(["rm", "--num_processes=4", "--head", "mean-mlp"]) == 0
     assert calls == [(["sft", "seed=4"], 2), (["rm", "--head", "mean-mlp"], 4)]
@@ -80,7 +80,7 @@ def test_cli_checks_the_config_before_launching_and_refuses_single_process_comma
     for var in LAUNCHER_VARS:
         monkeypatch.delenv(var, raising=False)
     calls = []
-    monkeypatch.setattr(launch, "relaunch", lambda argv, n: calls.append((argv, n)) or 0)
+    monkeypatch.setattr(api, "relaunch", lambda argv, n: calls.append((argv, n)) or 0)
     assert cli.main(["sft", "--num-processes", "2", "lrate=1"]) == 2
     assert "unknown key 'lrate'" in capsys.readouterr().err
     assert cli.main(["data", "analyze", "--num_processes=4", "--dataset", "hh"]) == 2

@@ -28,6 +28,7 @@ pytestmark = pytest.mark.faults
 
 STEPS = 4
 TRAINERS = ("sft", "rm", "dpo", "ppo", "grpo", "rloo")
+ON_POLICY = ("ppo", "grpo", "rloo", "reinforce")
 WEIGHTS = {"ppo": ["model/model.safetensors", "value/model.safetensors", "value/scalar_head.safetensors"],
            "rm": ["model/model.safetensors", "model/scalar_head.safetensors"]}
 
@@ -47,10 +48,12 @@ def fault_cases() -> list[tuple[str, str, int]]:
 
 def trainer_args(trainer: str, inputs: dict, out: Path) -> dict:
     """The tiny options of every test, a checkpoint after every step, every sample logged; a reward
-    that varies for the group methods (the tiny model rarely emits EOS)."""
-    extra = {"sample_every": 1} if trainer in ("ppo", "grpo", "rloo", "reinforce") else {}
+    that varies for the group methods (the tiny model rarely emits EOS); state that must come back on
+    resume: DPO's held-out evaluations every 2 steps, PPO's adaptive KL controller."""
+    extra = {"sample_every": 1} if trainer in ON_POLICY else {}
     extra |= {"eos_trick": "false"} if trainer in ("grpo", "rloo", "reinforce") else {}
-    extra |= {"eval_samples": 0} if trainer == "dpo" else {}
+    extra |= {"eval_samples": 0, "eval_every": 2} if trainer == "dpo" else {}
+    extra |= {"adaptive_kl": "true", "kl_horizon": 10} if trainer == "ppo" else {}
     return stage_args(trainer, inputs, out, max_steps=STEPS, save_every=1, keep_checkpoints=0, **extra)
 
 
@@ -106,7 +109,13 @@ def test_killed_run_resumes_bit_identical(trainer, fault, step, ppo_dirs, straig
     )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert_same_files(straight, killed, WEIGHTS.get(trainer, ["model/model.safetensors"]))
-    assert_same_metrics(straight, killed, STEPS)
+    rows = assert_same_metrics(straight, killed, STEPS)
+    if trainer in ON_POLICY:  # the samples of every update, the resumed ones drawn from the restored RNG
+        assert (killed / "samples.jsonl").read_text() == (straight / "samples.jsonl").read_text()
+    if trainer == "ppo":  # the adaptive controller moved, and the resumed run continued from its state
+        assert rows[-1]["objective/kl_coef"] != rows[0]["objective/kl_coef"]
+    if trainer == "dpo":  # held-out evaluations at steps 2 and 4, on either side of the kill
+        assert [r["step"] for r in rows if "val/loss" in r] == [2, 4]
 
 
 @pytest.mark.parametrize("stage", ["ppo", "grpo", "rloo", "reinforce"])

@@ -27,18 +27,32 @@ GROUND = {
 }
 # a file or folder of the package -> the packages none of its files may import
 FORBIDDEN = {
-    "eval": ("rlhfkit.trainers", "rlhfkit.onpolicy", "rlhfkit.stages", "rlhfkit.pipeline"),
+    "eval": ("rlhfkit.trainers", "rlhfkit.onpolicy", "rlhfkit.stages", "rlhfkit.pipeline_command"),
     "data": ("rlhfkit.eval", "rlhfkit.trainers", "rlhfkit.onpolicy", "rlhfkit.stages"),
     "scoring.py": ("rlhfkit.eval", "rlhfkit.trainers", "rlhfkit.onpolicy"),
     "generation.py": ("rlhfkit.eval", "rlhfkit.trainers", "rlhfkit.onpolicy"),
-    "trainers": ("rlhfkit.onpolicy", "rlhfkit.stages", "rlhfkit.pipeline"),
-    "onpolicy": ("rlhfkit.stages", "rlhfkit.pipeline"),
+    "trainers": ("rlhfkit.onpolicy", "rlhfkit.stages", "rlhfkit.pipeline_command"),
+    "onpolicy": ("rlhfkit.stages", "rlhfkit.pipeline_command"),
 }
 ENTRY_POINTS = ("cli.py", "api.py", "stages.py")  # the only files that may import the registry
 # the stage layer and above: commands and stages receive their whole config, everything below a typed section
-STAGE_LAYER = ("cli.py", "api.py", "stages.py", "pipeline.py", "memory_plan.py", "config", "trainers", "onpolicy",
-               "data/analyze.py", "eval/compare.py", "eval/accuracy.py", "eval/judge_eval.py", "eval/rm_eval.py",
-               "eval/runs_report.py", "eval/generate.py")
+STAGE_LAYER = (
+    "cli.py",
+    "api.py",
+    "stages.py",
+    "pipeline_command.py",
+    "memory_plan.py",
+    "config",
+    "trainers",
+    "onpolicy",
+    "data/analyze.py",
+    "eval/compare.py",
+    "eval/accuracy.py",
+    "eval/judge_eval.py",
+    "eval/rm_eval.py",
+    "eval/runs_report.py",
+    "eval/generate.py",
+)
 
 
 def imports_of(source: str, package: list[str]) -> list[tuple[int, str]]:
@@ -128,8 +142,13 @@ def package_graph() -> dict[str, set[str]]:
 def test_relative_imports_are_resolved_against_the_importing_package():
     source = "from .. import ops\nfrom ..trainers.reward import run\n\ndef f():\n    from .rm_eval import run_eval\n"
     assert {module for _, module in imports_of(source, ["rlhfkit", "eval"])} == {
-        "rlhfkit", "rlhfkit.ops", "rlhfkit.trainers.reward", "rlhfkit.trainers.reward.run", "rlhfkit.eval.rm_eval",
-        "rlhfkit.eval.rm_eval.run_eval"}
+        "rlhfkit",
+        "rlhfkit.ops",
+        "rlhfkit.trainers.reward",
+        "rlhfkit.trainers.reward.run",
+        "rlhfkit.eval.rm_eval",
+        "rlhfkit.eval.rm_eval.run_eval",
+    }
     assert (5, "rlhfkit.eval.rm_eval") in imports_of(source, ["rlhfkit", "eval"])  # a late import counts too
 
 

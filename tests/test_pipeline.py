@@ -6,7 +6,7 @@ import pytest
 
 from rlhfkit.cli import main as cli_main
 from rlhfkit.errors import ConfigError
-from rlhfkit.pipeline import check_order
+from rlhfkit.pipeline_command import check_order
 from rlhfkit.stages import pipeline_commands, resolve
 from rlhfkit.tracking import read_metrics
 
@@ -144,7 +144,7 @@ def test_hh_pipeline_starts_every_stage_from_the_base_model_and_answers_held_out
 
 
 def test_paper_and_seed002_pipeline_presets_wire_each_stage_to_its_table(tmp_path):
-    from rlhfkit.pipeline import eval_options, held_out_prompts, stage_config
+    from rlhfkit.pipeline_command import eval_options, held_out_prompts, stage_config
 
     for size in ("1b", "2.8b", "6.9b"):
         cfg = resolve("pipeline", f"paper-pythia-{size}", None, {"output_dir": str(tmp_path / size)})

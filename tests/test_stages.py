@@ -10,7 +10,7 @@ from importlib import resources
 import pytest
 import yaml
 
-from rlhfkit import cli, pipeline
+from rlhfkit import cli, pipeline_command
 from rlhfkit.config import preset_names
 from rlhfkit.errors import ConfigError
 from rlhfkit.stages import STAGES, multi_process_names, pipeline_commands, resolve, run_resolved
@@ -71,7 +71,8 @@ def test_single_process_refusal_names_the_multi_process_stages(monkeypatch, caps
     for launcher_variable in ("LOCAL_RANK", "ACCELERATE_PROCESS_ID"):  # as if typed outside any launcher
         monkeypatch.delenv(launcher_variable, raising=False)
     assert cli.main(["report", "--num-processes", "2"]) == 2
-    assert f"report runs in one process; --num-processes is for {multi_process_names()}" in capsys.readouterr().err
+    expected = f"report runs in one process; --num-processes (num_processes= in Python) is for {multi_process_names()}"
+    assert expected in capsys.readouterr().err
     assert multi_process_names().endswith(" and dist-check")
 
 
@@ -83,13 +84,13 @@ def test_pipeline_runs_each_stage_through_the_registry(monkeypatch, tmp_path):
     )
     assert run_resolved("pipeline", cfg) == 0
     assert [(c.model, c.data, c.output_dir) for c in calls] == [("m", ["posts.jsonl"], str(tmp_path / "sft"))]
-    assert (tmp_path / "sft" / pipeline.DONE).is_file()
+    assert (tmp_path / "sft" / pipeline_command.DONE).is_file()
 
 
 def test_pipeline_stops_on_a_stage_that_fails(monkeypatch):
     fake_runner(monkeypatch, "rm", code=3)
     with pytest.raises(ConfigError, match="rm stopped with exit code 3"):
-        pipeline.call(pipeline_commands(), "rm", resolve("rm", None, None, {}))
+        pipeline_command.call(pipeline_commands(), "rm", resolve("rm", None, None, {}))
 
 
 TRAINING_STAGES = [stage for stage in STAGES.values() if stage.shardings]
