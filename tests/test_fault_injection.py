@@ -114,8 +114,8 @@ def test_killed_run_resumes_bit_identical(trainer, fault, step, ppo_dirs, straig
         assert (killed / "samples.jsonl").read_text() == (straight / "samples.jsonl").read_text()
     if trainer == "ppo":  # the adaptive controller moved, and the resumed run continued from its state
         assert rows[-1]["objective/kl_coef"] != rows[0]["objective/kl_coef"]
-    if trainer == "dpo":  # held-out evaluations at steps 2 and 4, on either side of the kill
-        assert [r["step"] for r in rows if "val/loss" in r] == [2, 4]
+    if trainer == "dpo":  # held-out evaluations before training and at steps 2 and 4, on either side of the kill
+        assert [r["step"] for r in rows if "val/loss" in r] == [0, 2, 4]
 
 
 @pytest.mark.parametrize("stage", ["ppo", "grpo", "rloo", "reinforce"])
