@@ -129,6 +129,7 @@ grpo = rlhfkit.grpo(
     model=sft.model,
     tokenizer=sft.tokenizer,
     data=gsm8k,
+    prompt_format="auto",  # the preset reads GSM8K's own columns; these rows are prompt-only data
     reward_functions=[final_number_is_right, "format"],
     output_dir=OUT / "grpo",
     max_steps=STEPS,

@@ -46,13 +46,14 @@ def metrics_of(run: Path) -> list[dict]:
 def test_the_notebook_runs_in_a_kernel_and_trains_bit_identically_to_the_script(tmp_path, monkeypatch):
     environment = {"RLHFKIT_SHARED_DATA": str(DATA), "MPLBACKEND": "Agg", "TQDM_DISABLE": "1"}
     script_out, notebook_out = tmp_path / "script", tmp_path / "notebook"
-    subprocess.run(
+    script = subprocess.run(
         [sys.executable, "python_api.py"],
         cwd=EXAMPLES,
         env=os.environ | environment | {"EXAMPLE_OUT": str(script_out)},
-        check=True,
         capture_output=True,
+        text=True,
     )
+    assert script.returncode == 0, script.stderr[-3000:]
     for key, value in (environment | {"EXAMPLE_OUT": str(notebook_out)}).items():
         monkeypatch.setenv(key, value)  # the kernel inherits this process's environment
     monkeypatch.delenv("MPLBACKEND")  # a kernel draws inline by default
