@@ -236,8 +236,10 @@ def plain_options(options: dict[str, Any], tokenizer: Any, split: str) -> tuple[
         elif isinstance(value, list | tuple):
             value = [os.fspath(v) if isinstance(v, os.PathLike) else v for v in value]
         plain[key] = value
-    if tokenizer is not None and not any(spec.startswith(f"{PREFIX}model-") for spec in objects):
-        raise ConfigError("tokenizer= is for a loaded model=; a model given as a folder or name loads its own")
+    if tokenizer is not None and not any(isinstance(o, tuple) and o[1] is tokenizer for o in objects.values()):
+        raise ConfigError(
+            "tokenizer= is for a loaded model (model=, reward_model=, ...); one given as a folder or name loads its own"
+        )
     return plain, objects
 
 

@@ -141,6 +141,9 @@ def test_a_model_object_without_its_tokenizer_is_refused_naming_both_ways_to_giv
     model = AutoModelForCausalLM.from_pretrained(ppo_dirs["policy"])
     with pytest.raises(rlhfkit.ConfigError, match=r"model is a loaded model without its tokenizer: give tokenizer="):
         rlhfkit.sft(**stage_args("sft", ppo_dirs, tmp_path / "run", model=model))
+    tokenizer = AutoTokenizer.from_pretrained(ppo_dirs["policy"])
+    with pytest.raises(rlhfkit.ConfigError, match=r"tokenizer= is for a loaded model .*; one given as a folder"):
+        rlhfkit.sft(tokenizer=tokenizer, **stage_args("sft", ppo_dirs, tmp_path / "run"))  # model= is a folder
     assert not (tmp_path / "run").exists()
 
 
