@@ -30,7 +30,7 @@ def same_metrics(left: pd.DataFrame, right: pd.DataFrame) -> None:
     assert list(left.columns) == list(right.columns)
     for column in left.columns:
         if not column.startswith(TIMING):
-            assert left[column].tolist() == right[column].tolist(), column
+            assert left[column].equals(right[column]), column  # NaN where a row logs no such metric, in both
 
 
 def rows_of(path: Path) -> list[dict]:
@@ -87,6 +87,23 @@ def test_grpo_on_objects_from_python_makes_the_metrics_of_the_same_run_from_the_
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the caller's model is untouched
     config = (result.run_dir / "config.yaml").read_text()
     assert "python:model-" in config and "python:reward_model-" in config and "python:brevity" in config
+
+
+def test_dpo_with_its_reference_as_a_loaded_model_trains_as_with_the_reference_folder(ppo_dirs, tmp_path):
+    """reference_model= as a (model, tokenizer) pair: the same reference log-probabilities, hence the same run, as
+    the folder it was loaded from (DPO caches them under a key that names the reference: its fingerprint)."""
+    options = stage_args("dpo", ppo_dirs, None, max_steps=2, eval_samples=0)
+    options.pop("output_dir")
+    by_folder = rlhfkit.dpo(
+        preset=PRESETS["dpo"], reference_model=str(ppo_dirs["policy"]), output_dir=tmp_path / "folder", **options
+    )
+    reference = (
+        AutoModelForCausalLM.from_pretrained(ppo_dirs["policy"]),
+        AutoTokenizer.from_pretrained(ppo_dirs["policy"]),
+    )
+    by_object = rlhfkit.dpo(preset=PRESETS["dpo"], reference_model=reference, output_dir=tmp_path / "object", **options)
+    same_metrics(by_object.metrics, by_folder.metrics)
+    assert "python:reference_model-" in (by_object.run_dir / "config.yaml").read_text()
 
 
 def test_in_memory_data_is_one_file_named_by_its_content_whatever_holds_it(tmp_path, monkeypatch):
