@@ -105,9 +105,9 @@ def execute(command: Stage, argument: Any, processes: int, launch_argv: list[str
 
 def data_cache() -> Path:
     """Where in-memory data is written as JSON lines: `$RLHFKIT_CACHE/data` (the models' cache beside it)."""
-    from platformdirs import user_cache_dir
+    from .models import cache_dir  # imports torch: only a call given in-memory data pays, before its stage does
 
-    return Path(os.environ.get("RLHFKIT_CACHE") or user_cache_dir("rlhfkit")) / "data"
+    return cache_dir() / "data"
 
 
 def is_in_memory_data(value: Any) -> bool:
@@ -326,17 +326,17 @@ def command_named(stage: str) -> Stage:
     return STAGES[name]
 
 
-def launch_argv(command: Stage, cfg: Any, folder: str) -> list[str]:
-    """`rlhfkit <command> --config FILE` for launched processes, FILE holding `cfg` as resolved here."""
+def launched(command: Stage, cfg: Any, processes: int) -> int:
+    """`cfg` run on `processes` launched processes, which read it as `rlhfkit <command> --config FILE`."""
     if any(isinstance(v, str) and v.startswith(PREFIX) for v in flat_values(cfg)):
         raise ConfigError(
             "num_processes > 1 runs the command in new processes, which cannot receive Python objects: give models "
-            "as folders (model.save_pretrained) and reward functions as importable module:function, or run "
-            "a script under `rlhfkit`'s launcher (docs/python-api.md)"
+            "as folders (model.save_pretrained) and reward functions as importable module:function"
         )
-    path = Path(folder) / "config.yaml"
-    path.write_text(cfgmod.to_yaml(cfg, command.name))
-    return [*command.words, "--config", str(path)]
+    with tempfile.TemporaryDirectory(prefix="rlhfkit-api-") as folder:
+        path = Path(folder) / "config.yaml"
+        path.write_text(cfgmod.to_yaml(cfg, command.name))
+        return execute(command, cfg, processes, [*command.words, "--config", str(path)])
 
 
 def flat_values(cfg: Any) -> list[Any]:
@@ -377,9 +377,7 @@ def run(
             cfg = command_config(
                 command, preset, os.fspath(config_file) if config_file else None, overrides, num_processes, config
             )
-            with tempfile.TemporaryDirectory(prefix="rlhfkit-api-") as folder:
-                argv = launch_argv(command, cfg, folder) if num_processes > 1 else []
-                code = execute(command, cfg, num_processes, argv)
+            code = launched(command, cfg, num_processes) if num_processes > 1 else execute(command, cfg, 1, [])
     if code:
         raise LaunchFailed(f"{stage} on {num_processes} processes ended with exit code {code}; their lines say why")
     return Result(command.name, cfg, Path(cfg.output_dir) if getattr(cfg, "output_dir", "") else None)

@@ -19,13 +19,13 @@ called by keyword, as TRL's GRPOTrainer and RLOOTrainer call theirs, so TRL's re
 
 `reward_functions=` names built-ins (`BUILTINS`) or a user's callable as `module:function` (a module
 importable from the working directory, or `path/to/file.py:function`); through the Python API, the callable
-itself (`supplied`). The score a policy is trained
-on is the weighted sum of the components (`reward_weights=`, one per function and then one for the
-reward model when there is one). A function that raises, returns the wrong number of values or a
-non-finite one, or overruns `reward_timeout`, is never turned into a silent zero: the row is reported
-(function, row, where it came from, what went wrong), counted in `rewards/<name>_errors`, and scored
-`reward_error_score`; with `stop_on_reward_error=true` the run stops at the first such row instead. A
-function that ends the process (`sys.exit`) stops the run in one line. A parameter without a default
+itself (`supplied`). The score a policy is trained on is the weighted sum of the components
+(`reward_weights=`, one per function and then one for the reward model when there is one). A function
+that raises, returns the wrong number of values or a non-finite one, or overruns `reward_timeout`, is
+never turned into a silent zero: the row is reported (function, row, where it came from, what went
+wrong), counted in `rewards/<name>_errors`, and scored `reward_error_score`; with
+`stop_on_reward_error=true` the run stops at the first such row instead. A function that ends the
+process (`sys.exit`) stops the run in one line. A parameter without a default
 names a dataset column the function needs, unless it is one of the arguments every call is given
 (`prompts`, `completions`, the rollout columns): `required_columns`.
 """
