@@ -35,6 +35,15 @@ if TINY:
     STEPS = 2
 else:
     BASE, SMALL, STEPS = "smollm2-135m", {"max_query_length": 256}, 4
+# each on-policy update: 8 rows sampled together, scored and trained on 4 at a time, 16 response tokens at most
+ROLLOUTS = {
+    "max_steps": STEPS,
+    "total_batch_size": 8,
+    "micro_batch_size": 4,
+    "generation_batch_size": 8,
+    "forward_batch_size": 4,
+    "max_response_length": 16,
+}
 
 # %% [markdown]
 # ## SFT on TL;DR posts (a file, read in its upstream format)
@@ -84,14 +93,9 @@ ppo = rlhfkit.ppo(
     reward_model=rm.model_path,
     data=[SHARED / "tldr-sft-sample/tldr_sft_sample.jsonl.gz"],
     output_dir=OUT / "ppo",
-    max_steps=STEPS,
-    total_batch_size=8,
-    micro_batch_size=4,
-    generation_batch_size=8,
-    forward_batch_size=4,
     validation_posts=16,
     eval_samples=4,
-    max_response_length=16,
+    **ROLLOUTS,
     **SMALL,
 )
 ppo.metrics[["step", "objective/scores", "objective/kl", "response/length_mean"]]
@@ -132,16 +136,11 @@ grpo = rlhfkit.grpo(
     prompt_format="auto",  # the preset reads GSM8K's own columns; these rows are prompt-only data
     reward_functions=[final_number_is_right, "format"],
     output_dir=OUT / "grpo",
-    max_steps=STEPS,
-    total_batch_size=8,
     samples_per_prompt=4,
-    micro_batch_size=4,
-    generation_batch_size=8,
-    forward_batch_size=4,
     validation_posts=8,
     eval_samples=0,
-    max_response_length=16,
     eos_trick=False,
+    **ROLLOUTS,
     **SMALL,
 )
 grpo.metrics[["step", "rewards/final_number_is_right", "rewards/format", "objective/kl"]]

@@ -21,16 +21,7 @@ import rlhfkit
 from rlhfkit.api import data_file
 from rlhfkit.reward_models import load_reward_model
 
-from .helpers import PRESETS, cli_args, free_port, stage_args
-
-TIMING = ("perf/", "time/")  # wall-clock metrics, which no two runs share
-
-
-def same_metrics(left: pd.DataFrame, right: pd.DataFrame) -> None:
-    assert list(left.columns) == list(right.columns)
-    for column in left.columns:
-        if not column.startswith(TIMING):
-            assert left[column].equals(right[column]), column  # NaN where a row logs no such metric, in both
+from .helpers import PRESETS, assert_same_metrics, cli_args, free_port, stage_args
 
 
 def rows_of(path: Path) -> list[dict]:
@@ -81,7 +72,8 @@ def test_grpo_on_objects_from_python_makes_the_metrics_of_the_same_run_from_the_
         output_dir=tmp_path / "api",
     )
     assert len(result.metrics) == 2 and "rewards/brevity" in result.metrics
-    same_metrics(result.metrics, rlhfkit.run("grpo", resume=str(cli_run)).metrics)  # resume: a finished run, read back
+    resumed = rlhfkit.run("grpo", resume=str(cli_run))  # resume: a finished run, read back
+    assert_same_metrics(resumed.run_dir, result.run_dir, 2)
     a, b = load_file(cli_run / "model" / "model.safetensors"), load_file(result.model_path / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the caller's model is untouched
@@ -102,7 +94,7 @@ def test_dpo_with_its_reference_as_a_loaded_model_trains_as_with_the_reference_f
         AutoTokenizer.from_pretrained(ppo_dirs["policy"]),
     )
     by_object = rlhfkit.dpo(preset=PRESETS["dpo"], reference_model=reference, output_dir=tmp_path / "object", **options)
-    same_metrics(by_object.metrics, by_folder.metrics)
+    assert_same_metrics(by_folder.run_dir, by_object.run_dir, 2)
     assert "python:reference_model-" in (by_object.run_dir / "config.yaml").read_text()
 
 
