@@ -624,13 +624,17 @@ def launch(
 def launched_straight_and_resumed(
     stage: str, args: dict[str, Any], tmp_path: Path, kill_after: int
 ) -> tuple[Path, Path]:
-    """A 2-process `stage` run straight through (in args' output_dir), and the same SIGKILLed in the
-    process that writes the checkpoints once step `kill_after` is logged, then resumed on 2 processes;
-    returns both run directories for comparison."""
-    straight, killed = Path(args["output_dir"]), tmp_path / "killed"
+    """A 2-process `stage` run straight through (in args' output_dir), and the same SIGKILLed and resumed
+    (`launched_killed_and_resumed`); returns both run directories for comparison."""
     done = launch(stage, args, 2)
     assert done.returncode == 0, done.stderr[-3000:]
-    log = tmp_path / "killed.log"
+    return Path(args["output_dir"]), launched_killed_and_resumed(stage, args, tmp_path, kill_after)
+
+
+def launched_killed_and_resumed(stage: str, args: dict[str, Any], tmp_path: Path, kill_after: int) -> Path:
+    """A 2-process `stage` run with `args` in tmp_path/killed, SIGKILLed in the process that writes the
+    checkpoints once step `kill_after` is logged, then resumed on 2 processes; returns its run directory."""
+    killed, log = tmp_path / "killed", tmp_path / "killed.log"
     with launched(stage, args | {"output_dir": str(killed), "save_every": 1}, log) as (proc, mark):
         wait_for_step(proc, killed, kill_after, log)
         os.kill(process_of_rank(mark, 0), signal.SIGKILL)
@@ -643,7 +647,7 @@ def launched_straight_and_resumed(
         timeout=600,
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    return straight, killed
+    return killed
 
 
 # ---------------------------------------------------------------- one update's gradient, however the batch is split

@@ -34,9 +34,10 @@ def test_the_notebook_is_the_scripts_cells_without_outputs():
     assert all(not cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code")
 
 
-@pytest.mark.slow  # about 3 minutes: the script's runs, then the notebook's
+@pytest.mark.slow  # about 2 minutes: the script's runs, then the notebook's
 def test_the_notebook_runs_in_a_kernel_and_trains_bit_identically_to_the_script(tmp_path, monkeypatch):
-    environment = {"RLHFKIT_SHARED_DATA": str(DATA), "MPLBACKEND": "Agg", "TQDM_DISABLE": "1"}
+    # one thread each, as every child run of the suite: with a test beside it on each core, more threads only wait
+    environment = {"RLHFKIT_SHARED_DATA": str(DATA), "MPLBACKEND": "Agg", "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}
     script_out, notebook_out = tmp_path / "script", tmp_path / "notebook"
     script = subprocess.run(
         [sys.executable, "python_api.py"],
