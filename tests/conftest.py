@@ -16,6 +16,18 @@ from .helpers import first_lines, run_in_this_process
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, os.cpu_count() or 1)))
 
 
+# the longest tests of the slow and fault suites (1-2 minutes each), started first: pytest-xdist hands out tests in
+# this order, and a long one left for last keeps one worker busy while the other has nothing to do
+LONGEST_FIRST = ("test_examples.py::test_the_notebook_runs", "test_compare_trl.py::", "test_fault_injection.py::")
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        return next((i for i, name in enumerate(LONGEST_FIRST) if name in item.nodeid), len(LONGEST_FIRST))
+
+    items.sort(key=rank)  # stable: every other test keeps its place
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     from rlhfkit.models import load_tokenizer
