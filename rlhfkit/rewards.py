@@ -89,6 +89,18 @@ def is_correct(completion: str, reference: Any) -> bool:
     return predicted is not None and expected is not None and math.isclose(predicted, expected, rel_tol=0, abs_tol=1e-6)
 
 
+def digit_credit(completion: str, reference: Any) -> float:
+    """Partial credit for an integer answer: the share of the reference's digits that the extracted final number
+    has in the same place, counted from the units; a number of another length loses the places it lacks or adds
+    (946 for 946: 1; 936: 2/3; 46: 2/3; 1946: 3/4); 0 without a number or for a non-integer reference."""
+    predicted, expected = extract_answer(completion), parse_number(str(reference))
+    if predicted is None or expected is None or predicted != int(predicted) or expected != int(expected):
+        return 0.0
+    got, want = str(abs(int(predicted)))[::-1], str(abs(int(expected)))[::-1]
+    same = sum(a == b for a, b in zip(got, want, strict=False)) if (predicted < 0) == (expected < 0) else 0
+    return same / max(len(got), len(want))
+
+
 def text_of(completion: Completion) -> str:
     """A completion's text, given as a text or in TRL's conversational form (one assistant message)."""
     return completion if isinstance(completion, str) else completion[0]["content"]
@@ -110,6 +122,13 @@ def gsm8k_exact_match(
     return [float(is_correct(text_of(c), a)) for c, a in zip(completions, answer, strict=True)]
 
 
+def digit_match(
+    prompts: list[Prompt], completions: list[Completion], answer: list[Any], **columns
+) -> list[float]:
+    """Partial credit against the reference `answer` column: the share of its digits in place (`digit_credit`)."""
+    return [digit_credit(text_of(c), a) for c, a in zip(completions, answer, strict=True)]
+
+
 def answer_format(prompts: list[Prompt], completions: list[Completion], **columns) -> list[float]:
     """1.0 when the completion ends with a line "The answer is N." (N a number), the form GSM8K's
     prompt asks for, else 0.0."""
@@ -127,7 +146,12 @@ def length_penalty(
     return [-float(n) / max_completion_length for n in completion_lengths]
 
 
-BUILTINS: dict[str, RewardFunction] = {"gsm8k": gsm8k_exact_match, "format": answer_format, "length": length_penalty}
+BUILTINS: dict[str, RewardFunction] = {
+    "gsm8k": gsm8k_exact_match,
+    "digits": digit_match,
+    "format": answer_format,
+    "length": length_penalty,
+}
 
 
 def load_callable(spec: str) -> RewardFunction:

@@ -26,6 +26,7 @@ from .config import (
     EvalConfig,
     GenerateConfig,
     JudgeEvalConfig,
+    MakeTaskConfig,
     OnPolicyConfig,
     PipelineConfig,
     PlanConfig,
@@ -128,6 +129,12 @@ def analyze_runner() -> Runner:
     return run
 
 
+def make_task_runner() -> Runner:
+    from .data.make_task import run
+
+    return run
+
+
 def prepare_runner() -> Runner:
     from .models import run_prepare
 
@@ -179,6 +186,9 @@ STAGES: dict[str, Stage] = {stage.name: stage for stage in (
     Stage(("data", "analyze"), "dataset analysis (any format the stages read, detected): counts, token lengths, "
           "truncation, length bias",
           analyze_runner, AnalyzeConfig),
+    Stage(("data", "make-task"), "verifiable arithmetic problems from a seed, in GSM8K's format, training and "
+          "held-out sets disjoint by construction (recipes/arithmetic-grpo)",
+          make_task_runner, MakeTaskConfig),
     Stage(("plan",), "estimated peak memory per device of a stage (weights, gradients, optimizer, activations, "
           "KV cache, logits): fits or not",
           plan_runner, PlanConfig),

@@ -46,6 +46,7 @@ STAGE_LAYER = (
     "trainers",
     "onpolicy",
     "data/analyze.py",
+    "data/make_task.py",
     "eval/compare.py",
     "eval/accuracy.py",
     "eval/judge_eval.py",

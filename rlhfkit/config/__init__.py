@@ -21,6 +21,7 @@ from .commands import (
     GenerateConfig,
     JudgeConfig,
     JudgeEvalConfig,
+    MakeTaskConfig,
     PipelineConfig,
     PlanConfig,
     RMEvalConfig,
@@ -34,6 +35,7 @@ from .values import parse_named
 
 __all__ = [
     "AnalyzeConfig",
+    "MakeTaskConfig",
     "FieldNames",
     "LoraOptions",
     "ModelSource",

@@ -44,6 +44,19 @@ class AnalyzeConfig:
 
 
 @dataclass
+class MakeTaskConfig:
+    task: Literal["add", "sub", "mul", "add-mul"] = opt(
+        "add", "add: a + b; sub: a - b (a >= b); mul: a * b (b from 2 to 9); add-mul: (a + b) * c (c from 2 to 9)"
+    )
+    digits: int = opt(3, "digits of a and b (1 to 9)", minimum=1)
+    seed: int = opt(0, "seed of the problems and of the rule that splits them into training and held-out sides")
+    train_problems: int = opt(5000, "training problems (train.jsonl)", minimum=1)
+    test_problems: int = opt(1000, "held-out problems (test.jsonl), none of them a training problem", minimum=1)
+    out: str = opt("", "folder for train.jsonl, test.jsonl and task.json (empty: data/<task>-<digits>d-seed<seed>)")
+    overwrite: bool = output_overwrite_opt()
+
+
+@dataclass
 class GenerateConfig(DataFieldsConfig):
     model: str = opt("smollm2-135m", "policy to sample from: embedded name, HF directory or hub id")
     data: list[str] = opt(
