@@ -30,6 +30,7 @@ from .config import (
     OnPolicyConfig,
     PipelineConfig,
     PlanConfig,
+    RecipeCheckConfig,
     RMConfig,
     RMEvalConfig,
     RunConfig,
@@ -135,6 +136,12 @@ def make_task_runner() -> Runner:
     return run
 
 
+def recipe_check_runner() -> Runner:
+    from .eval.recipe_check import run
+
+    return run
+
+
 def prepare_runner() -> Runner:
     from .models import run_prepare
 
@@ -192,6 +199,9 @@ STAGES: dict[str, Stage] = {stage.name: stage for stage in (
     Stage(("plan",), "estimated peak memory per device of a stage (weights, gradients, optimizer, activations, "
           "KV cache, logits): fits or not",
           plan_runner, PlanConfig),
+    Stage(("recipe", "check"), "a recipe's runs held against its expected numbers (recipes/*/expected.json): each "
+          "number beside its expected value and band; exit 1 when one is outside",
+          recipe_check_runner, RecipeCheckConfig),
     Stage(("models", "prepare"), "convert an embedded model (smollm2-135m) into the cache once",
           prepare_runner, positional="name"),
     Stage(("dist-check",), "check that launched processes communicate and agree (use with --num-processes)",

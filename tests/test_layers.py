@@ -52,6 +52,7 @@ STAGE_LAYER = (
     "eval/judge_eval.py",
     "eval/rm_eval.py",
     "eval/runs_report.py",
+    "eval/recipe_check.py",
     "eval/generate.py",
 )
 

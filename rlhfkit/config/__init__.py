@@ -24,6 +24,7 @@ from .commands import (
     MakeTaskConfig,
     PipelineConfig,
     PlanConfig,
+    RecipeCheckConfig,
     RMEvalConfig,
     RunsReportConfig,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "PairConfig",
     "PipelineConfig",
     "PlanConfig",
+    "RecipeCheckConfig",
     "RLOOConfig",
     "RMConfig",
     "RMEvalConfig",

@@ -57,6 +57,13 @@ class MakeTaskConfig:
 
 
 @dataclass
+class RecipeCheckConfig:
+    expected: str = opt("", "a recipe folder (recipes/<name>) or its expected.json")
+    variant: str = opt("full", "which of the recipe's variants: full, or short (the version CI runs)")
+    root: str = opt("", "folder the recipe's commands wrote (empty: the variant's own root in expected.json)")
+
+
+@dataclass
 class GenerateConfig(DataFieldsConfig):
     model: str = opt("smollm2-135m", "policy to sample from: embedded name, HF directory or hub id")
     data: list[str] = opt(

@@ -1,0 +1,73 @@
+"""`rlhfkit recipe check`: a run's numbers beside its recipe's expected ones, exit 1 outside a band; and every
+recipe's expected.json names numbers the check can read."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlhfkit.cli import main as cli_main
+
+from .helpers import REPO
+
+ACCURACY = {"tables": {"all": [{"policy": "base", "greedy_accuracy": 0.30}, {"policy": "grpo", "greedy_accuracy": 0.45,
+                                                                           "greedy_minus_first_low": 0.08}]}}
+METRICS = [{"step": 1, "rewards/gsm8k": 0.2}, {"step": 2, "rewards/gsm8k": 0.5}]
+
+
+def number(name, file, path, expected, low, high):
+    return {"name": name, "file": file, "path": path, "expected": expected, "low": low, "high": high}
+
+
+@pytest.fixture
+def recipe(tmp_path):
+    root = tmp_path / "runs"
+    (root / "eval").mkdir(parents=True)
+    (root / "grpo").mkdir()
+    (root / "eval" / "accuracy.json").write_text(json.dumps(ACCURACY))
+    (root / "grpo" / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in METRICS))
+    numbers = [
+        number("base greedy accuracy", "eval/accuracy.json", "tables.all[policy=base].greedy_accuracy", 0.3, 0.2, 0.4),
+        number("grpo minus base, low end", "eval/accuracy.json", "tables.all[policy=grpo].greedy_minus_first_low",
+               0.08, 1e-9, 1),
+        number("last training reward", "grpo/metrics.jsonl", "-1.rewards/gsm8k", 0.5, 0.3, 1),
+    ]
+    folder = tmp_path / "recipe"
+    folder.mkdir()
+    (folder / "expected.json").write_text(json.dumps({"variants": {"short": {"root": str(root), "numbers": numbers}}}))
+    return folder, root
+
+
+def test_numbers_inside_their_bands_pass_and_are_printed_beside_the_expected(recipe, capsys):
+    folder, _ = recipe
+    assert cli_main(["recipe", "check", f"expected={folder}", "variant=short"]) == 0
+    out = capsys.readouterr().out
+    assert "3 of 3 numbers inside their bands" in out
+    assert "last training reward" in out and "0.5000" in out and "[0.3, 1]  ok" in out
+
+
+def test_a_number_outside_its_band_or_missing_fails_the_check(recipe, capsys):
+    folder, root = recipe
+    (root / "grpo" / "metrics.jsonl").write_text(json.dumps({"step": 1, "rewards/gsm8k": 0.1}) + "\n")
+    (root / "eval" / "accuracy.json").unlink()
+    assert cli_main(["recipe", "check", f"expected={folder}", "variant=short"]) == 1
+    out = capsys.readouterr().out
+    assert out.count("OUT OF BAND") == 3 and "missing" in out and "0 of 3 numbers inside" in out
+
+
+def test_an_unknown_variant_or_folder_is_one_line(recipe, tmp_path, capsys):
+    folder, _ = recipe
+    assert cli_main(["recipe", "check", f"expected={folder}", "variant=long"]) == 2
+    assert "variant='long'" in capsys.readouterr().err
+    assert cli_main(["recipe", "check", f"expected={tmp_path / 'nowhere'}"]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("expected", sorted((REPO / "recipes").glob("*/expected.json")), ids=lambda p: p.parent.name)
+def test_every_recipe_states_each_number_with_a_band_around_its_measured_value(expected):
+    for name, variant in json.loads(expected.read_text())["variants"].items():
+        assert variant["root"] and variant["numbers"], name
+        for entry in variant["numbers"]:
+            assert entry["low"] <= entry["expected"] <= entry["high"], (name, entry["name"])
+            assert entry["file"] and entry["path"], (name, entry["name"])
