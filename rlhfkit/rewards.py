@@ -89,6 +89,14 @@ def is_correct(completion: str, reference: Any) -> bool:
     return predicted is not None and expected is not None and math.isclose(predicted, expected, rel_tol=0, abs_tol=1e-6)
 
 
+def mentions_answer(completion: str, reference: Any) -> bool:
+    """Whether the reference number appears anywhere in the completion, as any of its numbers: a grader blind to
+    where the answer stands, to tell a policy that learned to compute from one that learned to put its number last."""
+    expected = parse_number(str(reference))
+    found = (parse_number(n) for n in NUMBER.findall(completion))
+    return expected is not None and any(n is not None and math.isclose(n, expected, abs_tol=1e-6) for n in found)
+
+
 def digit_credit(completion: str, reference: Any) -> float:
     """Partial credit for an integer answer: the share of the reference's digits that the extracted final number
     has in the same place, counted from the units; a number of another length loses the places it lacks or adds

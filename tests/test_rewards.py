@@ -234,11 +234,18 @@ def test_a_sequence_classification_reward_model_scores_at_eos_like_its_own_head(
     assert batch.reward_components.shape == (batch.size, 1)
 
 
-def graded_answers(correct: list[list[int]]) -> dict:
+def graded_answers(correct: list[list[int]], in_format: list[int] | None = None) -> dict:
+    """Answers graded as `accuracy.graded` grades them: right as given, the right number mentioned by every right
+    answer and by the first wrong one, in format where `in_format` says (all by default)."""
     values = np.array(correct, dtype=np.float64)
+    mentioned, wrong = values.copy(), np.argwhere(values == 0)
+    if len(wrong):
+        mentioned[tuple(wrong[0])] = 1
     return {
         "correct": values,
-        "format": np.ones_like(values),
+        "mentioned": mentioned,
+        "format": np.ones_like(values) if in_format is None else np.array(in_format, dtype=np.float64)[:, None]
+        * np.ones_like(values),
         "tokens": np.full_like(values, 10.0),
         "eos": np.ones_like(values),
         "texts": np.full(values.shape, "x", dtype=object),
@@ -251,7 +258,7 @@ def test_accuracy_table_pairs_every_policy_with_the_first():
             "greedy": graded_answers([[1], [0], [0], [1]]),
             "sampled": graded_answers([[1, 0], [0, 0], [0, 1], [0, 0]]),
         },
-        "rl": {"greedy": graded_answers([[1], [1], [0], [1]]), "kl": 0.5},
+        "rl": {"greedy": graded_answers([[1], [1], [0], [1]], in_format=[1, 1, 0, 0]), "kl": 0.5},
     }
     everything = np.ones(4, dtype=bool)
     base, rl = accuracy.summary_table(results, everything, seed=0)
@@ -259,6 +266,10 @@ def test_accuracy_table_pairs_every_policy_with_the_first():
     assert base["sampled_accuracy"] == pytest.approx(0.25) and base["pass@2"] == 0.5
     assert rl["greedy_accuracy"] == 0.75 and rl["greedy_minus_first"] == 0.25 and rl["kl_to_reference"] == 0.5
     assert rl["greedy_minus_first_low"] == 0.0 and rl["greedy_minus_first_high"] <= 0.75
+    # the right number anywhere (3 right + 1 wrong that mentions it), accuracy in format (2 of 2) and out (1 of 2)
+    assert rl["mentions_answer_share"] == 1.0 and base["mentions_answer_share"] == 0.75
+    assert (rl["accuracy_in_format"], rl["accuracy_out_of_format"]) == (1.0, 0.5) and rl["format_share"] == 0.5
+    assert base["accuracy_in_format"] == 0.5 and "accuracy_out_of_format" not in base  # every base answer in format
     first_two = np.array([True, True, False, False])
     _, rl_subset = accuracy.summary_table(results, first_two, seed=0)
     assert rl_subset["problems"] == 2 and rl_subset["greedy_minus_first"] == 0.5

@@ -102,3 +102,19 @@ def test_the_digits_reward_is_a_built_in_that_gives_exact_answers_what_exact_mat
     partial = BUILTINS["digits"]([""] * 3, completions, answer=answers)
     exact = gsm8k_exact_match([""] * 3, completions, answer=answers)
     assert partial == pytest.approx([1.0, 2 / 3, 0.0]) and exact == [1.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    ("completion", "mentioned"),
+    [
+        ("24 * 3 = 72. The answer is N.", True),  # right, but not where the answer goes
+        ("The answer is 72.", True),
+        ("72.0 is it", True),
+        ("24 * 3 = 27", False),
+        ("1,072", False),
+    ],
+)
+def test_mentions_answer_finds_the_right_number_wherever_it_stands(completion, mentioned):
+    from rlhfkit.rewards import mentions_answer
+
+    assert mentions_answer(completion, "72") is mentioned

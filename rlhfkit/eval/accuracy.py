@@ -39,7 +39,7 @@ from ..generation import (
 )
 from ..logprobs import response_logprobs
 from ..models import load_policy
-from ..rewards import answer_format, is_correct
+from ..rewards import answer_format, is_correct, mentions_answer
 from ..tracking import write_jsonl
 from .caveats import fell_caveat, few_prompts_caveat
 from .report import Report, with_intervals
@@ -100,6 +100,8 @@ def graded(batch: RolloutBatch, examples: list[SFTExample], tokenizer, samples: 
             shape
         ),
         "format": np.array(answer_format([], texts), dtype=np.float64).reshape(shape),
+        "mentioned": np.array([mentions_answer(t, a) for t, a in zip(texts, answers, strict=True)], dtype=np.float64)
+        .reshape(shape),
         "tokens": batch.lengths.cpu().numpy().astype(np.float64).reshape(shape),
         "eos": batch.has_eos.cpu().numpy().astype(np.float64).reshape(shape),
     }
@@ -140,11 +142,18 @@ def summary_table(results: dict[str, dict[str, Any]], subset: np.ndarray, seed: 
                 f"greedy_minus_first{k if k != 'mean' else ''}": v
                 for k, v in named_interval(greedy - baseline, seed).items()
             }
+        in_format = result["greedy"]["format"][subset, 0].astype(bool)
         row |= {
             "format_share": float(result["greedy"]["format"][subset].mean()),
+            # the right number anywhere in the answer, and the accuracy of answers in and out of format: a gain in
+            # accuracy without a gain here is a policy that learned to put its number last, not to compute
+            "mentions_answer_share": float(result["greedy"]["mentioned"][subset].mean()),
             "length": float(result["greedy"]["tokens"][subset].mean()),
             "eos_rate": float(result["greedy"]["eos"][subset].mean()),
         }
+        for label, answers in (("in_format", in_format), ("out_of_format", ~in_format)):
+            if answers.any():  # else no such answers, and no accuracy to give
+                row[f"accuracy_{label}"] = float(greedy[answers].mean())
         if "sampled" in result:
             sampled = result["sampled"]["correct"][subset]
             k = sampled.shape[1]
