@@ -64,10 +64,11 @@ def test_an_unknown_variant_or_folder_is_one_line(recipe, tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("expected", sorted((REPO / "recipes").glob("*/expected.json")), ids=lambda p: p.parent.name)
-def test_every_recipe_states_each_number_with_a_band_around_its_measured_value(expected):
-    for name, variant in json.loads(expected.read_text())["variants"].items():
-        assert variant["root"] and variant["numbers"], name
-        for entry in variant["numbers"]:
-            assert entry["low"] <= entry["expected"] <= entry["high"], (name, entry["name"])
-            assert entry["file"] and entry["path"], (name, entry["name"])
+def test_every_recipe_states_each_number_with_a_band_around_its_measured_value():
+    """Over the recipes that have their expected numbers yet (a recipe in progress has none)."""
+    for expected in sorted((REPO / "recipes").glob("*/expected.json")):
+        for name, variant in json.loads(expected.read_text())["variants"].items():
+            assert variant["root"] and variant["numbers"], (expected, name)
+            for entry in variant["numbers"]:
+                assert entry["low"] <= entry["expected"] <= entry["high"], (expected, name, entry["name"])
+                assert entry["file"] and entry["path"], (expected, name, entry["name"])
