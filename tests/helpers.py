@@ -5,6 +5,7 @@ OpenAI and Anthropic protocols."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import gzip
 import json
 import os
@@ -273,27 +274,23 @@ class ForkedRun:
         return self.stdout_path.read_text(errors="replace"), self.stderr_path.read_text(errors="replace")
 
 
-_WARM: list = []
-
-
+@functools.cache
 def warm_context():
     """The forkserver context of this test process, started once with WARM_MODULES imported and the
     environment of child runs (tqdm reads its variables when it is imported)."""
     import multiprocessing
     import multiprocessing.forkserver
 
-    if not _WARM:
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(WARM_MODULES)
-        saved = dict(os.environ)
-        os.environ.update(child_env() | {"MPLBACKEND": "Agg"})
-        try:
-            multiprocessing.forkserver.ensure_running()
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
-        _WARM.append(context)
-    return _WARM[0]
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(WARM_MODULES)
+    saved = dict(os.environ)
+    os.environ.update(child_env() | {"MPLBACKEND": "Agg"})
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return context
 
 
 def forked_main(args: list[str], env: dict[str, str], stdout: str, stderr: str) -> None:
