@@ -270,6 +270,8 @@ def test_accuracy_table_pairs_every_policy_with_the_first():
     assert rl["mentions_answer_share"] == 1.0 and base["mentions_answer_share"] == 0.75
     assert (rl["accuracy_in_format"], rl["accuracy_out_of_format"]) == (1.0, 0.5) and rl["format_share"] == 0.5
     assert base["accuracy_in_format"] == 0.5 and "accuracy_out_of_format" not in base  # every base answer in format
+    # the gain beyond format: rl's right answers (1, 1, 0, 1) against what base mentions anywhere (1, 1, 0, 1)
+    assert rl["greedy_minus_first_mentioned"] == 0.0 and "greedy_minus_first_mentioned" not in base
     first_two = np.array([True, True, False, False])
     _, rl_subset = accuracy.summary_table(results, first_two, seed=0)
     assert rl_subset["problems"] == 2 and rl_subset["greedy_minus_first"] == 0.5

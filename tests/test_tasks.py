@@ -64,6 +64,17 @@ def test_the_sides_are_disjoint_by_construction_and_the_same_seed_gives_the_same
     assert again == train and other != train
 
 
+def test_held_out_percent_moves_problems_to_the_held_out_side_by_the_same_rule():
+    # mul with 2 digits has 90 * 8 = 720 distinct problems: the default fifth held out cannot give 500
+    with pytest.raises(ConfigError, match="drew .* with held_out_percent=20"):
+        make_problems("mul", 2, 0, 100, 500)
+    train, test = make_problems("mul", 2, 0, 196, 524, held_out_percent=75)
+    assert len(train) == 196 and len(test) == 524 and len({p.question for p in train + test}) == 720
+    assert all(held_out(p, 0, 75) for p in test) and not any(held_out(p, 0, 75) for p in train)
+    # a larger share only adds problems to the held-out side: every default held-out problem stays held out
+    assert {p.question for p in test} >= {p.question for p in train + test if held_out(p, 0)}
+
+
 def test_an_existing_task_folder_is_refused_unless_overwrite_and_too_many_problems_is_refused(tmp_path, capsys):
     make(tmp_path, "t", task="mul", digits=2, train_problems=10, test_problems=5)
     before = (tmp_path / "t" / "train.jsonl").read_text()

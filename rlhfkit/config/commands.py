@@ -52,6 +52,11 @@ class MakeTaskConfig:
     seed: int = opt(0, "seed of the problems and of the rule that splits them into training and held-out sides")
     train_problems: int = opt(5000, "training problems (train.jsonl)", minimum=1)
     test_problems: int = opt(1000, "held-out problems (test.jsonl), none of them a training problem", minimum=1)
+    held_out_percent: int = opt(
+        20, "about this many problems in 100 fall on the held-out side (raise it for a task with few problems)",
+        minimum=1,
+        below=100,
+    )
     out: str = opt("", "folder for train.jsonl, test.jsonl and task.json (empty: data/<task>-<digits>d-seed<seed>)")
     overwrite: bool = output_overwrite_opt()
 

@@ -21,7 +21,9 @@ def run(cfg: MakeTaskConfig) -> int:
         raise ConfigError(
             f"out={out} already holds {', '.join(held)}; choose another out, or set overwrite=true to replace them"
         )
-    about = write_task(out, cfg.task, cfg.digits, cfg.seed, cfg.train_problems, cfg.test_problems)
+    about = write_task(
+        out, cfg.task, cfg.digits, cfg.seed, cfg.train_problems, cfg.test_problems, cfg.held_out_percent
+    )
     print(
         f"task {about['task']} ({about['about']}), digits={about['digits']}, seed={about['seed']}: "
         f"{about['train']} training and {about['test']} held-out problems, disjoint by construction"

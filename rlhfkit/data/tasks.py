@@ -70,23 +70,27 @@ TASKS: dict[str, tuple[Callable[[random.Random, int], Problem], str]] = {
     "mul": (multiplication, "a * b, a with `digits` digits, b from 2 to 9"),
     "add-mul": (two_step, "(a + b) * c, a and b with `digits` digits, c from 2 to 9: two steps"),
 }
-HELD_OUT_SHARE = 5  # one problem in HELD_OUT_SHARE falls on the held-out side
 FILES = ("train.jsonl", "test.jsonl", "task.json")
 
 
-def held_out(problem: Problem, seed: int) -> bool:
-    """The side a problem belongs to, from its own text: the same problem is always on the same side."""
+def held_out(problem: Problem, seed: int, percent: int = 20) -> bool:
+    """The side a problem belongs to, from its own text and the seed: the same problem is always on the same
+    side, and about `percent` in 100 problems are held out."""
     digest = hashlib.sha256(f"{seed}:{problem.question}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") % HELD_OUT_SHARE == 0
+    return int.from_bytes(digest[:8], "big") % 100 < percent
 
 
-def make_problems(task: str, digits: int, seed: int, train: int, test: int) -> tuple[list[Problem], list[Problem]]:
+def make_problems(
+    task: str, digits: int, seed: int, train: int, test: int, held_out_percent: int = 20
+) -> tuple[list[Problem], list[Problem]]:
     """`train` and `test` distinct problems of `task`, drawn in order from a generator seeded with `seed`,
     each side keeping the ones its rule (`held_out`) gives it."""
     if task not in TASKS:
         raise ConfigError(f"task={task!r}: choose one of {', '.join(TASKS)}")
     if not 1 <= digits <= 9:
         raise ConfigError(f"digits={digits}: choose 1 to 9")
+    if not 1 <= held_out_percent <= 99:
+        raise ConfigError(f"held_out_percent={held_out_percent}: choose 1 to 99")
     draw, _ = TASKS[task]
     rng, sides = random.Random(f"{task}-{digits}-{seed}"), {False: {}, True: {}}
     wanted = {False: train, True: test}
@@ -94,20 +98,21 @@ def make_problems(task: str, digits: int, seed: int, train: int, test: int) -> t
         if all(len(sides[side]) >= wanted[side] for side in sides):
             break
         problem = draw(rng, digits)
-        side = held_out(problem, seed)
+        side = held_out(problem, seed, held_out_percent)
         if len(sides[side]) < wanted[side]:
             sides[side].setdefault(problem.question, problem)
     else:
         raise ConfigError(
             f"task={task} digits={digits} has too few distinct problems for train={train} test={test}: "
-            f"drew {len(sides[False])} and {len(sides[True])}; lower the counts or raise digits"
+            f"drew {len(sides[False])} and {len(sides[True])} with held_out_percent={held_out_percent}; lower the "
+            "counts, raise digits or move held_out_percent towards the side that lacks problems"
         )
     return list(sides[False].values()), list(sides[True].values())
 
 
-def write_task(out: Path, task: str, digits: int, seed: int, train: int, test: int) -> dict:
+def write_task(out: Path, task: str, digits: int, seed: int, train: int, test: int, held_out_percent: int = 20) -> dict:
     """train.jsonl and test.jsonl (GSM8K records) and task.json (how they were made) in `out`."""
-    train_problems, test_problems = make_problems(task, digits, seed, train, test)
+    train_problems, test_problems = make_problems(task, digits, seed, train, test, held_out_percent)
     out.mkdir(parents=True, exist_ok=True)
     for name, problems in (("train", train_problems), ("test", test_problems)):
         (out / f"{name}.jsonl").write_text("".join(json.dumps(p.record()) + "\n" for p in problems))
@@ -118,7 +123,7 @@ def write_task(out: Path, task: str, digits: int, seed: int, train: int, test: i
         "seed": seed,
         "train": len(train_problems),
         "test": len(test_problems),
-        "split_rule": f"sha256(f'{{seed}}:{{question}}') % {HELD_OUT_SHARE} == 0 is held out",
+        "split_rule": f"held out when int(sha256(f'{{seed}}:{{question}}')[:8 bytes]) % 100 < {held_out_percent}",
         "format": "gsm8k",
     }
     (out / "task.json").write_text(json.dumps(about, indent=2) + "\n")

@@ -136,11 +136,17 @@ def summary_table(results: dict[str, dict[str, Any]], subset: np.ndarray, seed: 
         row: dict[str, Any] = {"policy": name, "problems": int(subset.sum())}
         row |= {f"greedy_accuracy{k if k != 'mean' else ''}": v for k, v in named_interval(greedy, seed).items()}
         if baseline is None:
-            baseline = greedy
+            baseline, baseline_mentioned = greedy, result["greedy"]["mentioned"][subset, 0]
         else:
             row |= {
                 f"greedy_minus_first{k if k != 'mean' else ''}": v
                 for k, v in named_interval(greedy - baseline, seed).items()
+            }
+            # the gain beyond format: right answers against those the first policy wrote anywhere in its answer,
+            # which a policy that only learned to put the first policy's numbers last could not exceed
+            row |= {
+                f"greedy_minus_first_mentioned{k if k != 'mean' else ''}": v
+                for k, v in named_interval(greedy - baseline_mentioned, seed).items()
             }
         in_format = result["greedy"]["format"][subset, 0].astype(bool)
         row |= {
@@ -239,6 +245,16 @@ def write_accuracy_report(out: Path, tables: dict[str, list[dict[str, Any]]], cf
         report.number(
             f"{row['policy']}: minus {first['policy']} (paired)",
             (row["greedy_minus_first"], row["greedy_minus_first_low"], row["greedy_minus_first_high"]),
+            0,
+            "no difference",
+        )
+        report.number(
+            f"{row['policy']}: minus the answers {first['policy']} mentions anywhere (paired; the gain beyond format)",
+            (
+                row["greedy_minus_first_mentioned"],
+                row["greedy_minus_first_mentioned_low"],
+                row["greedy_minus_first_mentioned_high"],
+            ),
             0,
             "no difference",
         )
