@@ -18,7 +18,9 @@ torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min
 
 # the longest tests of the slow and fault suites (1-2 minutes each), started first: pytest-xdist hands out tests in
 # this order, and a long one left for last keeps one worker busy while the other has nothing to do
-LONGEST_FIRST = ("test_examples.py::test_the_notebook_runs", "test_compare_trl.py::", "test_fault_injection.py::")
+LONGEST_FIRST = (
+    "test_recipes.py::test_the_short_version_of_each_recipe_ends_inside_its_expected_bands[arithmetic-grpo]",
+    "test_examples.py::test_the_notebook_runs", "test_compare_trl.py::", "test_fault_injection.py::")
 
 
 def pytest_collection_modifyitems(config, items):
