@@ -16,7 +16,7 @@ from .helpers import first_lines, run_in_this_process
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, os.cpu_count() or 1)))
 
 
-# the longest tests of the slow and fault suites (1-2 minutes each), started first: pytest-xdist hands out tests in
+# the longest tests of the slow and fault suites (1-5 minutes each), started first: pytest-xdist hands out tests in
 # this order, and a long one left for last keeps one worker busy while the other has nothing to do
 LONGEST_FIRST = (
     "test_recipes.py::test_the_short_version_of_each_recipe_ends_inside_its_expected_bands[arithmetic-grpo]",
