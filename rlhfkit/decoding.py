@@ -282,13 +282,18 @@ class BucketDecoder:
 
 
 def prepared_mask(model: torch.nn.Module, visible: torch.Tensor) -> torch.Tensor:
-    """The (B, 1, 1, L) mask the attention takes as it is: booleans for sdpa, 0 / most-negative added
-    to the scores for eager attention (in the embeddings' dtype, as transformers builds it)."""
-    mask = visible[:, None, None, :]
+    """The (B, 1, 1, L) mask of the keys each row sees, as the attention takes it (`mask_as_attention_takes_it`)."""
+    return mask_as_attention_takes_it(model, visible[:, None, None, :])
+
+
+def mask_as_attention_takes_it(model: torch.nn.Module, sees: torch.Tensor) -> torch.Tensor:
+    """A boolean 4D mask (True: the query may attend to the key) in the form `model`'s attention takes as it is:
+    booleans for sdpa; for eager attention, which adds the mask to its scores, 0 / most-negative in the embeddings'
+    dtype, as transformers builds it (a boolean there would add 1 and 0 and attend everywhere)."""
     if model.config._attn_implementation == "sdpa":
-        return mask
+        return sees
     dtype = model.get_input_embeddings().weight.dtype
-    return torch.zeros((), dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+    return torch.zeros((), dtype=dtype, device=sees.device).masked_fill(~sees, torch.finfo(dtype).min)
 
 
 def decoder_for(

@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, PreTrainedTokenizerBase
 
+from .decoding import mask_as_attention_takes_it
 from .errors import ModelError
 from .logprobs import sequence_logprobs
 from .models import (
@@ -182,8 +183,11 @@ class ScalarModel(torch.nn.Module):
         backbone, `trainable_layers=0`) carries them already."""
         if "chosen_features" in batch:
             return batch["chosen_features"], batch["rejected_features"]
-        hidden = self.backbone(input_ids=batch["input_ids"], attention_mask=batch["pair_mask"],
-                               position_ids=batch["position_ids"]).last_hidden_state
+        hidden = self.backbone(
+            input_ids=batch["input_ids"],
+            attention_mask=mask_as_attention_takes_it(self.backbone, batch["pair_mask"]),
+            position_ids=batch["position_ids"],
+        ).last_hidden_state
         if self.head_type == "mean-mlp":
             return mean_over(hidden, batch["chosen_mask"]), mean_over(hidden, batch["rejected_mask"])
         rows = torch.arange(hidden.size(0), device=hidden.device)

@@ -35,11 +35,13 @@ def real_pairs(tiny_model):
     return examples
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("head", ["eos-linear", "mean-mlp"])
-def test_packed_pairs_score_exactly_as_separate_rows(tiny_model, real_pairs, head):
+def test_packed_pairs_score_exactly_as_separate_rows(tiny_model, real_pairs, head, attention):
     policy, tok = tiny_model
     torch.manual_seed(0)
     model = ScalarModel.from_policy(policy, head).eval()
+    model.backbone.config._attn_implementation = attention  # eager adds the mask to the scores: it must be 0 / -inf
     packed = pair_scores(model, collate_packed_pairs(real_pairs, tok.pad_token_id))
     separate = collate_pairs(real_pairs, tok.pad_token_id)
     with torch.no_grad():
