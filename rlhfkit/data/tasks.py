@@ -70,10 +70,11 @@ TASKS: dict[str, tuple[Callable[[random.Random, int], Problem], str]] = {
     "mul": (multiplication, "a * b, a with `digits` digits, b from 2 to 9"),
     "add-mul": (two_step, "(a + b) * c, a and b with `digits` digits, c from 2 to 9: two steps"),
 }
+HELD_OUT_PERCENT = 20  # the default: about this many problems in 100 fall on the held-out side
 FILES = ("train.jsonl", "test.jsonl", "task.json")
 
 
-def held_out(problem: Problem, seed: int, percent: int = 20) -> bool:
+def held_out(problem: Problem, seed: int, percent: int = HELD_OUT_PERCENT) -> bool:
     """The side a problem belongs to, from its own text and the seed: the same problem is always on the same
     side, and about `percent` in 100 problems are held out."""
     digest = hashlib.sha256(f"{seed}:{problem.question}".encode()).digest()
@@ -81,7 +82,7 @@ def held_out(problem: Problem, seed: int, percent: int = 20) -> bool:
 
 
 def make_problems(
-    task: str, digits: int, seed: int, train: int, test: int, held_out_percent: int = 20
+    task: str, digits: int, seed: int, train: int, test: int, held_out_percent: int = HELD_OUT_PERCENT
 ) -> tuple[list[Problem], list[Problem]]:
     """`train` and `test` distinct problems of `task`, drawn in order from a generator seeded with `seed`,
     each side keeping the ones its rule (`held_out`) gives it."""
@@ -110,7 +111,9 @@ def make_problems(
     return list(sides[False].values()), list(sides[True].values())
 
 
-def write_task(out: Path, task: str, digits: int, seed: int, train: int, test: int, held_out_percent: int = 20) -> dict:
+def write_task(
+    out: Path, task: str, digits: int, seed: int, train: int, test: int, held_out_percent: int = HELD_OUT_PERCENT
+) -> dict:
     """train.jsonl and test.jsonl (GSM8K records) and task.json (how they were made) in `out`."""
     train_problems, test_problems = make_problems(task, digits, seed, train, test, held_out_percent)
     out.mkdir(parents=True, exist_ok=True)
