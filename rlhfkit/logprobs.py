@@ -11,6 +11,7 @@ import torch
 
 from .devices import is_deepspeed_engine
 from .ops import chunked_logprobs_entropy, position_ids_from_mask
+from .shared_rows import SharedRows
 
 # Config fields of models whose logits are not a plain linear map of the last hidden state
 # (soft-capping, scaling): their log-probabilities come from the model's own logits instead.
@@ -82,6 +83,23 @@ def response_logprobs(
     features = hidden.last_hidden_state[:, context_length - 1 : -1]
     return chunked_logprobs_entropy(features, responses, head.weight, head.bias, temperature, chunk_rows,
                                     pad_token_of(model))
+
+
+def shared_response_logprobs(
+    model: torch.nn.Module, shared: SharedRows, responses: torch.Tensor, temperature: float, chunk_rows: int = 256
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`response_logprobs` of the rollout rows whose groups `shared` packs (`shared_rows.pack_groups`),
+    each query read once for its group: (B, R) log-probabilities and entropies of `responses` (B, R),
+    in the rollout's rows, from one forward pass over the shared rows."""
+    inputs = shared.inputs_for(model)
+    head = plain_lm_head(model)
+    if head is None:  # the model's own logits, formed only at the predicting columns
+        logits = model(**inputs, logits_to_keep=shared.predictors).logits
+        features, weight, bias = logits.reshape(*responses.shape, -1), None, None
+    else:
+        hidden = getattr(model, model.base_model_prefix)(**inputs).last_hidden_state
+        features, weight, bias = shared.per_response_token(hidden, shared.predictors), head.weight, head.bias
+    return chunked_logprobs_entropy(features, responses, weight, bias, temperature, chunk_rows, pad_token_of(model))
 
 
 def target_logprobs(

@@ -31,6 +31,7 @@ from .models import (
 )
 from .ops import first_true_indices, head_orthogonality_loss, position_ids_from_mask
 from .preference_ops import PreferenceObjective, implicit_rewards
+from .shared_rows import SharedRows
 from .supplied import is_supplied
 from .vocab import match_vocab
 
@@ -141,6 +142,27 @@ class ScalarModel(torch.nn.Module):
         if self.head_type != "eos-linear":
             raise ModelError("per-token scores exist only for the eos-linear head")
         return self.head(self.hidden_states(input_ids, attention_mask)).squeeze(-1).float()
+
+    def shared_hidden(self, shared: SharedRows) -> torch.Tensor:
+        """(N, L, H) hidden states of shared rows (`shared_rows.pack_groups`)."""
+        return self.backbone(**shared.inputs_for(self.backbone)).last_hidden_state
+
+    def shared_per_token_scores(self, shared: SharedRows) -> torch.Tensor:
+        """(B, R) `per_token_scores` at the positions that predict each response token, as a value model
+        reads them, from shared rows."""
+        if self.head_type != "eos-linear":
+            raise ModelError("per-token scores exist only for the eos-linear head")
+        return self.head(shared.per_response_token(self.shared_hidden(shared), shared.predictors)).squeeze(-1).float()
+
+    def shared_scores(self, shared: SharedRows, response_mask: torch.Tensor) -> torch.Tensor:
+        """(B,) scores of the responses of shared rows: at each one's last token (its EOS, Detail 12), or
+        for the mean-mlp head the mean over its tokens (`response_mask`, (B, R))."""
+        hidden = self.shared_hidden(shared)
+        if self.head_type == "mean-mlp":
+            pooled = mean_over(shared.per_response_token(hidden, shared.tokens), response_mask)
+        else:
+            pooled = shared.per_response(hidden)
+        return self.head(pooled).squeeze(-1).float()
 
     def forward(
         self,

@@ -685,23 +685,25 @@ def collected(models, prompts: list[list[int]], cfg, update: int, kl_coef: float
     return compute_advantages(batch, cfg, kl_coef)
 
 
-def synthetic_rollout(policy, pad_id: int, temperature: float, seed: int = 0):
-    """8 episodes with responses of 1 to 6 tokens (three cut at 6 without EOS), a left-padded query,
-    rollout log-probabilities a little off the policy's (ratios != 1, some clipped), a reference
-    further off, and per-sequence advantages with per-token noise."""
+def synthetic_rollout(policy, pad_id: int, temperature: float, seed: int = 0, group: int = 2):
+    """8 episodes, `group` samples of each prompt, with responses of 1 to 6 tokens (three cut at 6
+    without EOS), a left-padded first query, rollout log-probabilities a little off the policy's
+    (ratios != 1, some clipped), a reference further off, and per-sequence advantages with per-token
+    noise."""
     from rlhfkit.generation import RolloutBatch
     from rlhfkit.onpolicy.scoring import policy_logprobs
 
     g = torch.Generator().manual_seed(seed)
     rows, width = 8, 6
     lengths = torch.tensor([6, 1, 3, 6, 2, 5, 4, 6])
-    query_ids = torch.randint(10, policy.config.vocab_size - 1, (rows, 4), generator=g)
+    query_ids = torch.randint(10, policy.config.vocab_size - 1, (rows // group, 4), generator=g)
+    query_ids = query_ids.repeat_interleave(group, dim=0)
     query_mask = torch.ones(rows, 4, dtype=torch.long)
-    query_mask[0, :2] = 0
-    query_ids[0, :2] = pad_id
+    query_mask[:group, :2] = 0
+    query_ids[:group, :2] = pad_id
     mask = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
     responses = torch.randint(10, policy.config.vocab_size - 1, (rows, width), generator=g).masked_fill(~mask, pad_id)
-    batch = RolloutBatch(torch.arange(rows) // 2, query_ids, query_mask, responses, mask, lengths < width)
+    batch = RolloutBatch(torch.arange(rows) // group, query_ids, query_mask, responses, mask, lengths < width)
     with torch.no_grad():
         current = policy_logprobs(policy, batch, temperature)[0]
     noise = lambda scale: scale * torch.randn(rows, width, generator=g)  # noqa: E731
@@ -726,25 +728,26 @@ def one_update_gradient(
     from rlhfkit.onpolicy.scoring import OnPolicyModels
     from rlhfkit.onpolicy.update import Optimizers, update_on_rollout
 
+    defaults = {"num_minibatches": 1, "update_epochs": 1, "kl_coef": 0.1, "kl_placement": "loss", "entropy_coef": 0.01}
     cfg = dataclasses.replace(
-        GRPOConfig(),
-        num_minibatches=1,
-        update_epochs=1,
-        micro_batch_size=micro_batch_size,
-        kl_coef=0.1,
-        kl_placement="loss",
-        entropy_coef=0.01,
-        max_response_length=6,
-        **options,
+        GRPOConfig(), **(defaults | options), micro_batch_size=micro_batch_size, max_response_length=6
     )
     policy, tokenizer = load_policy(str(model_dir))
     policy.train()
-    batch = synthetic_rollout(policy, tokenizer.pad_token_id, cfg.temperature)
+    batch = synthetic_rollout(policy, tokenizer.pad_token_id, cfg.temperature, group=cfg.samples_per_prompt)
     before = {k: v.detach().clone() for k, v in policy.named_parameters()}
     optimizers = Optimizers(torch.optim.SGD(policy.parameters(), lr=1.0), None, None, None)
     models = OnPolicyModels(policy, policy, None, None, tokenizer)
     update_on_rollout(models, optimizers, batch, cfg, 1, "no", cfg.kl_coef, accelerator or ONE_PROCESS)
     return {k: before[k] - v.detach() for k, v in policy.named_parameters()}
+
+
+def assert_same_gradient(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], what: str) -> None:
+    """Two `one_update_gradient`s agree up to float32 summation order, and the update moved something."""
+    scale = max(float(w.abs().max()) for w in want.values())
+    assert scale > 1e-4, "the update moved nothing: the comparison would prove nothing"
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], atol=1e-6 * max(1.0, scale), rtol=1e-4, msg=f"{what}: {key}")
 
 
 def split_invariance_worker(

@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 
 from rlhfkit.policy_losses import AGGREGATIONS, POLICY_LOSSES
 
-from .helpers import free_port, one_update_gradient, split_invariance_worker
+from .helpers import assert_same_gradient, free_port, one_update_gradient, split_invariance_worker
 
 CASES = [{"loss_aggregation": mode, "policy_loss": loss} for mode in AGGREGATIONS for loss in POLICY_LOSSES] + [
     # DAPO's objective: clip-higher, overlong filtering; PPO's dual clip
@@ -25,13 +25,6 @@ CASES = [{"loss_aggregation": mode, "policy_loss": loss} for mode in AGGREGATION
 
 def case_id(case):
     return ",".join(f"{k}={v}" for k, v in case.items())
-
-
-def assert_same_gradient(got, want, what):
-    scale = max(float(w.abs().max()) for w in want.values())
-    assert scale > 1e-4, "the update moved nothing: the comparison would prove nothing"
-    for key in want:
-        torch.testing.assert_close(got[key], want[key], atol=1e-6 * max(1.0, scale), rtol=1e-4, msg=f"{what}: {key}")
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)

@@ -86,6 +86,18 @@ class OnPolicyConfig(RunConfig):
         16, "rows per no-grad forward pass over the rollout (policy, reference, value, reward)", minimum=1
     )
     samples_per_prompt: int = opt(1, "responses sampled per prompt (1 for PPO; group methods use more)", minimum=1)
+    shared_prefix: Literal["auto", "off"] = opt(
+        "auto",
+        "grouped methods: read each prompt once for its group in every scoring and update pass (shared rows; auto "
+        "falls back to unshared rows, with the reason logged, where a model cannot take them); off: unshared rows",
+        "docs/performance.md",
+    )
+    reuse_update_forward: bool = opt(
+        True,
+        "with one update epoch and one minibatch, take the old policy's log-probabilities from the update's own "
+        "forward instead of a scoring pass of their own (as TRL does), where the rewards do not need them "
+        "(kl_placement=loss, or kl_coef 0)",
+    )
     max_response_length: int = opt(
         53, "response tokens sampled; the response is cut after its first EOS", "Detail 23", minimum=1
     )

@@ -168,14 +168,28 @@ def row_groups(batch: RolloutBatch, cfg: OnPolicyConfig) -> torch.Tensor:
     return torch.arange(batch.size, device=batch.mask.device) // cfg.samples_per_prompt
 
 
+def per_token_kl(batch: RolloutBatch, cfg: OnPolicyConfig) -> torch.Tensor:
+    """(B, R) the KL estimate of each response token to the reference, 0 after EOS."""
+    return ops.kl_penalty(batch.logprobs, batch.ref_logprobs, cfg.kl_estimator) * batch.mask
+
+
+def with_old_logprobs(batch: RolloutBatch, logprobs: torch.Tensor, cfg: OnPolicyConfig) -> RolloutBatch:
+    """The rollout with the old policy's log-probabilities the update's forward gave, and the KL from them."""
+    batch = dataclasses.replace(batch, logprobs=logprobs * batch.mask)
+    return dataclasses.replace(batch, kl=per_token_kl(batch, cfg))
+
+
 def compute_advantages(batch: RolloutBatch, cfg: OnPolicyConfig, kl_coef: float) -> RolloutBatch:
     """Scores -> per-token rewards (equation 3) -> advantages and returns by the configured estimator,
     on the whole update's rollout. With kl_placement=loss the rewards carry the score alone and the KL
     enters the update's loss."""
     mask = batch.mask
     scores = shaped_scores(cfg, batch.raw_scores, batch.lengths, batch.has_eos)
-    kl = ops.kl_penalty(batch.logprobs, batch.ref_logprobs, cfg.kl_estimator) * mask
-    rewards, _ = ops.rlhf_rewards(scores, kl, mask, kl_coef if cfg.kl_placement == "reward" else 0.0)
+    # without old log-probabilities (the update's forward gives them: `reuses_update_forward`) the
+    # rewards carry no KL, which that case guarantees they would not; `with_old_logprobs` adds it later
+    kl = per_token_kl(batch, cfg) if batch.logprobs is not None else None
+    reward_kl = kl if kl is not None else torch.zeros_like(batch.ref_logprobs)
+    rewards, _ = ops.rlhf_rewards(scores, reward_kl, mask, kl_coef if cfg.kl_placement == "reward" else 0.0)
     if cfg.whiten_rewards:  # Detail 24
         rewards = ops.masked_whiten(rewards, mask, shift_mean=False)
     estimate = ESTIMATORS[cfg.advantage_estimator]

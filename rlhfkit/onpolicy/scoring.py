@@ -29,10 +29,11 @@ from ..data.formats import CHAT
 from ..devices import autocast, model_device
 from ..errors import ConfigError, warn
 from ..generation import RolloutBatch, completion_texts
-from ..logprobs import response_logprobs
+from ..logprobs import response_logprobs, shared_response_logprobs
 from ..reward_models import ScalarModel
 from ..rewards import Prompt, RewardError, RewardFunctions
 from ..scoring import scores_at_eos
+from ..shared_rows import SharedRows, fall_back, pack_groups, shared_rows_obstacle
 
 REWARD_MODEL = "reward_model"
 REPORTED_ERRORS = 5  # per scoring call: the rest are counted, not printed
@@ -197,20 +198,87 @@ class OnPolicyModels:
         return [m for m in (self.reference, self.reward) if m is not None]
 
 
-def policy_logprobs(policy, batch: RolloutBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+def shares_prefix(model: torch.nn.Module | None, cfg: OnPolicyConfig, rows_per_pass: int, option: str) -> bool:
+    """Whether `model`'s passes over `rows_per_pass` rollout rows read each group's query once (shared
+    rows, `rlhfkit/shared_rows.py`): for grouped methods, unless shared_prefix=off, the passes would
+    split a group, or the model cannot take the rows' mask (the reason logged once)."""
+    group = cfg.samples_per_prompt
+    if model is None or group == 1 or cfg.shared_prefix == "off":
+        return False
+    obstacle = shared_rows_obstacle(model)
+    if obstacle is None and rows_per_pass % group:
+        obstacle = f"{option}={rows_per_pass} is not a multiple of samples_per_prompt={group}: it would split groups"
+    if obstacle is not None:
+        fall_back(model, obstacle)
+    return obstacle is None
+
+
+def reuses_update_forward(cfg: OnPolicyConfig) -> bool:
+    """Whether the old policy's log-probabilities can come from the update's own forward instead of a
+    pass of their own at scoring (TRL does this): only when every row's first update forward runs
+    before any optimizer step (one epoch, one minibatch), and nothing before the update needs them
+    (the KL enters the loss, or has no weight in the reward)."""
+    kl_free_rewards = cfg.kl_placement == "loss" or (cfg.kl_coef == 0 and not cfg.adaptive_kl)
+    return cfg.reuse_update_forward and cfg.update_epochs == 1 and cfg.num_minibatches == 1 and kl_free_rewards
+
+
+def whole_groups(rows: int, group: int) -> int:
+    """`rows` rounded down to whole groups of `group`, at least one group."""
+    return max(group, rows - rows % group)
+
+
+def pack_rollout(batch: RolloutBatch, group: int) -> SharedRows:
+    return pack_groups(batch.query_ids, batch.query_mask, batch.responses, batch.mask, group)
+
+
+def policy_logprobs(
+    policy, batch: RolloutBatch, temperature: float, shared: SharedRows | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, R) log-probabilities and entropies of the rollout's responses; from `shared` rows when given."""
+    if shared is not None:
+        return shared_response_logprobs(policy, shared, batch.responses, temperature)
     return response_logprobs(policy, batch.input_ids(), batch.attention_mask(), batch.context_length, temperature)
 
 
-def value_estimates(value: ScalarModel, batch: RolloutBatch) -> torch.Tensor:
+def value_estimates(value: ScalarModel, batch: RolloutBatch, shared: SharedRows | None = None) -> torch.Tensor:
     """(B, R) V(state before each response token): the head's output at the position that predicts it."""
+    if shared is not None:
+        return value.shared_per_token_scores(shared)
     per_position = value.per_token_scores(batch.input_ids(), batch.attention_mask())
     return per_position[:, batch.context_length - 1 : -1]
 
 
-def reward_scores(reward: ScalarModel, batch: RolloutBatch) -> torch.Tensor:
+def reward_scores(reward: ScalarModel, batch: RolloutBatch, shared: SharedRows | None = None) -> torch.Tensor:
     """(B,) reward-model scores read at each response's EOS (Detail 12; the last token when there is
     none), the query left padded (Detail 14): the same index equation 3 puts the score on."""
+    if shared is not None:
+        return reward.shared_scores(shared, batch.mask)
     return scores_at_eos(reward, batch.input_ids(), batch.attention_mask(), batch.context_length, batch.lengths)
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """Which of a rollout's passes read shared rows (`shares_prefix`), decided per model."""
+
+    policy: bool
+    reference: bool
+    value: bool
+    reward: bool
+
+    @classmethod
+    def of(cls, models: OnPolicyModels, cfg: OnPolicyConfig, rows_per_pass: int, option: str) -> RowLayout:
+        reward = models.reward if isinstance(models.reward, ScalarModel) else None  # an implicit reward reads pairs
+        return cls(
+            *(shares_prefix(m, cfg, rows_per_pass, option) for m in (models.policy, models.reference, models.value)),
+            shares_prefix(reward, cfg, rows_per_pass, option),
+        )
+
+    def __bool__(self) -> bool:
+        return self.policy or self.reference or self.value or self.reward
+
+    def rows_for(self, model: str, shared: SharedRows | None) -> SharedRows | None:
+        """`shared` for a model ("policy", "reference", "value", "reward") that reads shared rows, else None."""
+        return shared if getattr(self, model) else None
 
 
 def model_scores(models: OnPolicyModels, batch, cfg: OnPolicyConfig) -> torch.Tensor | None:
@@ -257,24 +325,36 @@ def score_rollout(
     models: OnPolicyModels, batch: RolloutBatch, cfg: OnPolicyConfig, precision: str, prompts: PromptTexts | None = None
 ) -> RolloutBatch:
     """Fill in the sampling-time log-probabilities, reference log-probabilities, values and scores,
-    `forward_batch_size` rows at a time. The old log-probabilities come from the same forward
-    function the update uses, so before any update the PPO ratio is exactly 1. Reward functions read
-    the texts and columns of `prompts`, which `batch.prompts` index."""
+    `forward_batch_size` rows at a time (whole groups, each group's query read once where the models
+    allow: `RowLayout`). The old log-probabilities come from the same forward function the update
+    uses, so before any update the PPO ratio is exactly 1; where the update's own forward can give
+    them (`reuses_update_forward`), they are left to it. Reward functions read the texts and columns
+    of `prompts`, which `batch.prompts` index."""
     device = batch.responses.device
     frozen = model_device(models.reference)
+    step = whole_groups(cfg.forward_batch_size, cfg.samples_per_prompt)
+    layout = RowLayout.of(models, cfg, step, "forward_batch_size")
     parts: dict[str, list[torch.Tensor]] = defaultdict(list)
-    for start in range(0, batch.size, cfg.forward_batch_size):
-        part = batch.select(slice(start, start + cfg.forward_batch_size))
+    old_policy_pass = not reuses_update_forward(cfg)
+    for start in range(0, batch.size, step):
+        part = batch.select(slice(start, start + step))
+        shared = pack_rollout(part, cfg.samples_per_prompt) if layout else None
         with autocast(device, precision):
-            parts["logprobs"].append(policy_logprobs(models.policy, part, cfg.temperature)[0])
+            if old_policy_pass:
+                logprobs, _ = policy_logprobs(models.policy, part, cfg.temperature, layout.rows_for("policy", shared))
+                parts["logprobs"].append(logprobs)
             if models.value is not None:
-                parts["values"].append(value_estimates(models.value, part).float())
+                parts["values"].append(value_estimates(models.value, part, layout.rows_for("value", shared)).float())
         with autocast(frozen, precision):
             remote = part.to(frozen)  # the reference and reward models share the frozen device
-            reference, _ = policy_logprobs(models.reference, remote, cfg.temperature)
+            remote_shared = shared.to(frozen) if shared is not None else None
+            reference, _ = policy_logprobs(
+                models.reference, remote, cfg.temperature, layout.rows_for("reference", remote_shared)
+            )
             parts["ref_logprobs"].append(reference.to(device))
             if models.reward is not None:
-                parts["model_scores"].append(reward_scores(models.reward, remote).float().to(device))
+                scores = reward_scores(models.reward, remote, layout.rows_for("reward", remote_shared))
+                parts["model_scores"].append(scores.float().to(device))
     filled = {k: torch.cat(v) for k, v in parts.items()}
     scores = filled.pop("model_scores", None)
     components, failed = reward_components(models, batch, scores, prompts, cfg.max_response_length)

@@ -35,7 +35,7 @@ from ..sharding import SavedState, ShardedOptimizerState, ShardedRun, shard_on_p
 from ..tracking import append_jsonl, drop_rows_after, write_jsonl
 from ..trainers.loop import Show, run_loop
 from ..trainers.run import accelerator_for, autocast_precision, start_run
-from .advantages import compute_advantages
+from .advantages import compute_advantages, with_old_logprobs
 from .algorithms import Algorithm, algorithm_of
 from .collect import PromptStream, RolloutSetup, collect, prompts_per_update
 from .evaluation import (
@@ -181,14 +181,18 @@ class OnPolicySteps:
             self.stream.position = drawn
             raise
         batch = compute_advantages(batch, self.cfg, self.kl_coef)
-        metrics |= rollout_metrics(batch, self.kl_coef)
+        old_logprobs = torch.zeros_like(batch.ref_logprobs) if batch.logprobs is None else None
         metrics |= component_metrics(self.models.reward_sources().names, batch.reward_components, batch.reward_failures)
         show("updating")
         tick = time.perf_counter()
         metrics |= update_on_rollout(
-            self.models, self.optimizers, batch, self.cfg, index + 1, self.precision, self.kl_coef, self.accelerator
+            self.models, self.optimizers, batch, self.cfg, index + 1, self.precision, self.kl_coef, self.accelerator,
+            old_logprobs,
         )
         timings["update"] = time.perf_counter() - tick
+        if old_logprobs is not None:  # the update's own forward gave them (`reuses_update_forward`)
+            batch = with_old_logprobs(batch, old_logprobs, self.cfg)
+        metrics |= rollout_metrics(batch, self.kl_coef)
         metrics["train/lr"] = self.optimizers.policy_schedule.get_last_lr()[0]
         self.optimizers.advance_schedules()
         if self.cfg.adaptive_kl:  # from the whole batch's KL: every process moves the coefficient alike

@@ -15,6 +15,7 @@ floating-point summation order (tests/test_onpolicy_split_invariance.py).
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -29,9 +30,17 @@ from ..distributed import ONE_PROCESS, process_share
 from ..generation import RolloutBatch
 from ..policy_losses import POLICY_LOSSES, ClipRange, aggregate, loss_units
 from ..sharding import fsdp_modules, full_number
+from ..shared_rows import SharedRows
 from ..trainers.run import build_optimizer, check_finite
 from .algorithms import ValueOptions, algorithm_of
-from .scoring import OnPolicyModels, policy_logprobs, value_estimates
+from .scoring import (
+    OnPolicyModels,
+    RowLayout,
+    pack_rollout,
+    policy_logprobs,
+    reuses_update_forward,
+    value_estimates,
+)
 
 
 def sum_gradients_across_processes(models: list[torch.nn.Module], accelerator) -> None:
@@ -160,13 +169,18 @@ def update_on_rollout(
     precision: str,
     kl_coef: float,
     accelerator=ONE_PROCESS,
+    old_logprobs: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """K epochs (Table 7: 4) over the whole update's rollout `batch` in N minibatches (Table 7: 1), one
     optimizer step per minibatch; this process runs the micro-batches of its own rows of each
     minibatch. The loss: the policy loss, plus kl_coef x KL to the reference (kl_placement=loss), minus
     entropy_coef x entropy, each aggregated over the minibatch as `loss_aggregation` says, plus
     vf_coef x value loss (PPO; a mean over the minibatch's tokens). Every normaliser is counted over
-    the whole minibatch before it is split, so each micro-batch's loss is its exact share."""
+    the whole minibatch before it is split, so each micro-batch's loss is its exact share.
+
+    A rollout scored without the old policy's log-probabilities (`reuses_update_forward`) takes them
+    from the update's own forward, detached, and they are written to `old_logprobs` (B, R) for every
+    row, on every process."""
     algorithm = algorithm_of(cfg)
     objective = Objective.of(cfg)
     device = batch.responses.device
@@ -177,32 +191,66 @@ def update_on_rollout(
     stats = Averages()
     grad_norms = Averages()
     lockstep = bool(fsdp_modules(models.policy))
+    group = cfg.samples_per_prompt
+    layout = RowLayout.of(models, cfg, cfg.micro_batch_size, "micro_batch_size")
+    reused = first_forward_buffer(batch, cfg, old_logprobs)
     for _ in range(cfg.update_epochs):
-        order = rng.permutation(batch.size)
+        order = group_order(rng, batch.size, group)
         for start in range(0, batch.size, minibatch):
             rows = order[start : start + minibatch]
             normalisers = Normalisers(float(units[rows].sum()), float(tokens[rows].sum()))
-            for own, counts in micro_batch_plan(rows, batch.size, cfg.micro_batch_size, accelerator, lockstep):
+            plan = micro_batch_plan(rows, batch.size, cfg.micro_batch_size, accelerator, lockstep, group)
+            for own, counts in plan:
                 picked = torch.as_tensor(own, device=device)
                 share = normalisers.share(units[picked], tokens[picked]) if counts else None
-                micro_loss(
-                    models,
-                    batch.select(picked),
-                    cfg,
-                    objective,
-                    value_options,
-                    precision,
-                    kl_coef,
-                    update,
-                    share,
-                    normalisers,
-                    stats,
+                micro = batch.select(picked)
+                passes = MicroPasses(layout, pack_rollout(micro, group) if layout else None, reused is not None)
+                logprobs = micro_loss(
+                    models, micro, cfg, objective, value_options, precision, kl_coef, update, share, normalisers,
+                    stats, passes,
                 )
+                if reused is not None and counts:
+                    reused[picked] = logprobs
             for key, norm in optimizers.step(models, cfg.max_grad_norm, update, accelerator).items():
                 grad_norms.add(key, norm, 1.0)
+    if reused is not None:
+        old_logprobs.copy_(reduce_rows(reused, accelerator))
     means = stats.means(accelerator) | grad_norms.means()
     means["val/ratio_var"] = max(0.0, means.pop("ratio_squared") - means["val/ratio"] ** 2)
+    means["perf/shared_prefix"] = float(layout.policy)
     return means
+
+
+def first_forward_buffer(batch: RolloutBatch, cfg: OnPolicyConfig, out: torch.Tensor | None) -> torch.Tensor | None:
+    """(B, R) zeros to collect the old log-probabilities in, when the rollout has none; else None."""
+    if batch.logprobs is not None:
+        return None
+    if out is None or not reuses_update_forward(cfg):
+        raise ValueError("a rollout without old log-probabilities needs reuses_update_forward(cfg) and old_logprobs")
+    return torch.zeros(batch.mask.shape, dtype=torch.float32, device=batch.mask.device)
+
+
+def reduce_rows(rows: torch.Tensor, accelerator) -> torch.Tensor:
+    """Each process filled its own rows, zeros elsewhere: their sum is every row."""
+    return accelerator.reduce(rows, "sum") if accelerator.num_processes > 1 else rows
+
+
+def group_order(rng: np.random.Generator, size: int, group: int) -> np.ndarray:
+    """The rows of a rollout in a random order of whole groups (a group's rows stay together, in their
+    order), so that no minibatch or micro-batch splits a prompt's samples. For one sample per prompt,
+    the row permutation of before."""
+    groups = rng.permutation(size // group)
+    return (groups[:, None] * group + np.arange(group)).ravel()
+
+
+@dataclass(frozen=True)
+class MicroPasses:
+    """How a micro-batch's forwards read it: which models read `shared` rows, and whether the old
+    log-probabilities are this forward's own (`reuses_update_forward`)."""
+
+    layout: RowLayout
+    shared: SharedRows | None
+    old_from_this_forward: bool
 
 
 @dataclass(frozen=True)
@@ -218,12 +266,12 @@ class Normalisers:
 
 
 def micro_batch_plan(
-    rows: np.ndarray, batch_size: int, size: int, accelerator, lockstep: bool
+    rows: np.ndarray, batch_size: int, size: int, accelerator, lockstep: bool, group: int = 1
 ) -> list[tuple[np.ndarray, bool]]:
     """This process's rows of a minibatch in micro-batches of `size`, each with whether it counts.
     Processes hold different numbers of a shuffled minibatch's rows; with `lockstep` (sharded models,
     whose every forward and backward pass is a collective) each runs as many micro-batches as the
-    busiest one, the extra ones on a row of the minibatch with weight 0."""
+    busiest one, the extra ones on the minibatch's first group of `group` rows with weight 0."""
 
     def own_rows(process: int) -> np.ndarray:
         share = process_share(batch_size, process, accelerator.num_processes)
@@ -233,7 +281,7 @@ def micro_batch_plan(
     plan = [(own[i : i + size], True) for i in range(0, len(own), size)]
     if lockstep:
         busiest = max(-(-len(own_rows(p)) // size) for p in range(accelerator.num_processes))
-        plan += [(rows[:1], False)] * (busiest - len(plan))
+        plan += [(rows[:group], False)] * (busiest - len(plan))
     return plan
 
 
@@ -249,14 +297,18 @@ def micro_loss(
     share: tuple[float, float] | None,
     normalisers: Normalisers,
     stats: Averages,
-) -> None:
+    passes: MicroPasses,
+) -> torch.Tensor:
     """Forward and backward of one micro-batch: its exact share of the minibatch's loss. `share`: its
     weights in the logged means (None: a lockstep pass whose rows belong to another micro-batch, which
-    adds nothing)."""
+    adds nothing). Returns the old log-probabilities it used, (b, R)."""
     counts = share is not None
     loss_mask = objective.loss_mask(micro) if counts else torch.zeros_like(micro.mask)
     with autocast(micro.responses.device, precision):
-        logprobs, entropy = policy_logprobs(models.policy, micro, cfg.temperature)
+        shared = passes.layout.rows_for("policy", passes.shared)
+        logprobs, entropy = policy_logprobs(models.policy, micro, cfg.temperature, shared)
+        if passes.old_from_this_forward:  # ratio 1 exactly: the K = 1 update's gradient at the sampling policy
+            micro = dataclasses.replace(micro, logprobs=logprobs.detach() * micro.mask)
         policy = POLICY_LOSSES[objective.policy_loss](
             logprobs, micro.logprobs, micro.advantages, micro.mask, objective.clip, objective.dual_clip
         )
@@ -270,7 +322,7 @@ def micro_loss(
         if cfg.entropy_coef:
             terms["loss/entropy"] = -cfg.entropy_coef * objective.aggregate(entropy, loss_mask, normalisers.units)
         if value_options is not None:
-            new_values = value_estimates(models.value, micro).float()
+            new_values = value_estimates(models.value, micro, passes.layout.rows_for("value", passes.shared)).float()
             value_loss, value_clipfrac = ops.ppo_value_loss(
                 new_values, micro.values, micro.returns, micro.mask, value_options.clip_range or None
             )
@@ -282,7 +334,7 @@ def micro_loss(
     check_finite(update, "loss", loss.detach())
     loss.backward()
     if not counts:
-        return
+        return micro.logprobs
     weight, value_weight = share
     ratio = torch.exp(logprobs.detach() - micro.logprobs)
     if value_options is not None:
@@ -301,3 +353,4 @@ def micro_loss(
     stats.add("policy/entropy_avg", ops.masked_mean(entropy.detach(), micro.mask), value_weight)
     stats.add("val/ratio", ops.masked_mean(ratio, micro.mask), value_weight)
     stats.add("ratio_squared", ops.masked_mean(ratio**2, micro.mask), value_weight)
+    return micro.logprobs
