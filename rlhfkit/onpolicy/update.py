@@ -179,8 +179,8 @@ def update_on_rollout(
     the whole minibatch before it is split, so each micro-batch's loss is its exact share.
 
     A rollout scored without the old policy's log-probabilities (`reuses_update_forward`) takes them
-    from the update's own forward, detached, and they are written to `old_logprobs` (B, R) for every
-    row, on every process."""
+    from the update's own forward, detached; given `old_logprobs` (B, R), they are written there for
+    every row, on every process."""
     algorithm = algorithm_of(cfg)
     objective = Objective.of(cfg)
     device = batch.responses.device
@@ -193,7 +193,7 @@ def update_on_rollout(
     lockstep = bool(fsdp_modules(models.policy))
     group = cfg.samples_per_prompt
     layout = RowLayout.of(models, cfg, cfg.micro_batch_size, "micro_batch_size")
-    reused = first_forward_buffer(batch, cfg, old_logprobs)
+    reused = first_forward_buffer(batch, cfg)
     for _ in range(cfg.update_epochs):
         order = group_order(rng, batch.size, group)
         for start in range(0, batch.size, minibatch):
@@ -213,7 +213,7 @@ def update_on_rollout(
                     reused[picked] = logprobs
             for key, norm in optimizers.step(models, cfg.max_grad_norm, update, accelerator).items():
                 grad_norms.add(key, norm, 1.0)
-    if reused is not None:
+    if reused is not None and old_logprobs is not None:
         old_logprobs.copy_(reduce_rows(reused, accelerator))
     means = stats.means(accelerator) | grad_norms.means()
     means["val/ratio_var"] = max(0.0, means.pop("ratio_squared") - means["val/ratio"] ** 2)
@@ -221,12 +221,12 @@ def update_on_rollout(
     return means
 
 
-def first_forward_buffer(batch: RolloutBatch, cfg: OnPolicyConfig, out: torch.Tensor | None) -> torch.Tensor | None:
+def first_forward_buffer(batch: RolloutBatch, cfg: OnPolicyConfig) -> torch.Tensor | None:
     """(B, R) zeros to collect the old log-probabilities in, when the rollout has none; else None."""
     if batch.logprobs is not None:
         return None
-    if out is None or not reuses_update_forward(cfg):
-        raise ValueError("a rollout without old log-probabilities needs reuses_update_forward(cfg) and old_logprobs")
+    if not reuses_update_forward(cfg):
+        raise ValueError("a rollout without old log-probabilities, where the update's forward cannot give them")
     return torch.zeros(batch.mask.shape, dtype=torch.float32, device=batch.mask.device)
 
 
