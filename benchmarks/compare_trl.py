@@ -135,7 +135,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--micro-batch", type=int, default=4, help="on-policy rows per forward/backward")
     parser.add_argument("--update-epochs", type=int, default=4, help="K passes over each rollout (Table 7)")
-    parser.add_argument("--worker", choices=["prepare", "ours", "trl"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--before-after",
+        action="store_true",
+        help="grpo, rloo: also run ours as before issue 38 (shared_prefix off, no K=1 reuse) in the same alternation",
+    )
+    parser.add_argument("--worker", choices=["prepare", "ours", "before", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--trainer", choices=TRAINERS, help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--out-dir", help=argparse.SUPPRESS)
@@ -259,6 +264,18 @@ def ratios(row: dict) -> dict:
     }
 
 
+def before_after(row: dict, with_trl: bool) -> dict:
+    """After / before: seconds per update and scoring seconds (below 1: faster), and before / TRL."""
+    out = {
+        "after_over_before_s_per_step": round(row["ours_s_per_step"] / row["before_s_per_step"], 3),
+        "after_over_before_scoring_s": round(row["ours_scoring_s"] / row["before_scoring_s"], 3),
+        "after_over_before_peak_rss": round(row["ours_peak_rss_bytes"] / row["before_peak_rss_bytes"], 3),
+    }
+    if with_trl:
+        out["before_s_per_step_ratio"] = round(row["before_s_per_step"] / row["trl_s_per_step"], 3)
+    return out
+
+
 def shape_fields(args: argparse.Namespace, trainer: str) -> dict:
     if trainer == "sft":
         return {
@@ -285,8 +302,13 @@ def shape_fields(args: argparse.Namespace, trainer: str) -> dict:
     }
 
 
+BEFORE = {"shared_prefix": "off", "reuse_update_forward": False}  # what issue 38 added, switched off
+
+
 def compare(args: argparse.Namespace, trainer: str, model_dir: Path, scratch: Path) -> dict:
     sides = ("ours", "trl") if trainer in PAIRED else ("ours",)
+    if args.before_after and trainer in ("grpo", "rloo"):
+        sides = ("before", *sides)
     runs: dict[str, list[dict]] = {side: [] for side in sides}
     for repeat in range(args.repeats):
         for side in sides:  # alternate, so slow drift of the machine hits both sides alike
@@ -313,6 +335,8 @@ def compare(args: argparse.Namespace, trainer: str, model_dir: Path, scratch: Pa
         row |= side_summary(runs[side], args.warmup, side)
     if trainer not in ON_POLICY:
         row |= utilisation(row, sides, model_dir, row["row_length"])
+    if "before" in runs:
+        row |= before_after(row, "trl" in runs)
     if "trl" in runs:
         row |= ratios(row) | {
             "trl_version": runs["trl"][0]["trl_version"],
@@ -394,8 +418,9 @@ def on_policy_prompts(args: argparse.Namespace, trainer: str, tokenizer) -> list
     return word_rows(tokenizer, (args.warmup + args.steps) * args.episodes // group, args.query_length, seed=4)
 
 
-def our_config(args: argparse.Namespace, trainer: str, run_dir: Path):
-    """Our preset for the stage with the benchmark's shapes; TRL reads its hyperparameters from here too."""
+def our_config(args: argparse.Namespace, trainer: str, run_dir: Path, before: bool = False):
+    """Our preset for the stage with the benchmark's shapes; TRL reads its hyperparameters from here too.
+    `before`: issue 38's shared rows and K = 1 reuse switched off."""
     from rlhfkit.stages import resolve
 
     common = {
@@ -435,7 +460,8 @@ def our_config(args: argparse.Namespace, trainer: str, run_dir: Path):
             "update_epochs": args.update_epochs,
             "reward_model": "unused",
             "sample_every": 0,
-        },
+        }
+        | (BEFORE if before else {}),
     )
 
 
@@ -478,10 +504,10 @@ def our_stage(args: argparse.Namespace, trainer: str, cfg, run_dir: Path):
     ), [reference]
 
 
-def run_ours(args: argparse.Namespace, trainer: str, run_dir: Path) -> dict:
+def run_ours(args: argparse.Namespace, trainer: str, run_dir: Path, before: bool = False) -> dict:
     from rlhfkit.tracking import read_metrics
 
-    cfg = our_config(args, trainer, run_dir)
+    cfg = our_config(args, trainer, run_dir, before)
     if trainer in ON_POLICY:
         return run_ours_on_policy(args, trainer, cfg, run_dir)
     from rlhfkit.trainers.supervised import train
@@ -727,7 +753,10 @@ def run_worker(args: argparse.Namespace) -> None:
 
     run_dir = Path(args.out_dir) / "run"
     run_dir.mkdir()
-    result = (run_ours if args.worker == "ours" else run_trl)(args, args.trainer, run_dir)
+    if args.worker == "trl":
+        result = run_trl(args, args.trainer, run_dir)
+    else:
+        result = run_ours(args, args.trainer, run_dir, before=args.worker == "before")
     machine = machine_fields(torch.device("cpu"))
     result |= {"peak_rss_bytes": machine["peak_memory_bytes"], "machine": machine}
     (Path(args.out_dir) / "result.json").write_text(json.dumps(result))

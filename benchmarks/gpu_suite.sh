@@ -5,7 +5,7 @@
 #   here, once:   bash benchmarks/gpu_suite.sh wheels     # what the GPU image lacks: .whl/ and .gpu/
 #   there:        bash benchmarks/gpu_suite.sh stages     # every stage end to end: bf16, CUDA-graph decoding
 #                 bash benchmarks/gpu_suite.sh generation # generation beside transformers generate
-#                 bash benchmarks/gpu_suite.sh updates    # one PPO and one GRPO update per shape
+#                 bash benchmarks/gpu_suite.sh updates    # one PPO and two GRPO updates (shared rows on, off) per shape
 #                 bash benchmarks/gpu_suite.sh quick      # stages, then the 135M shape's generation and updates
 #
 # Each call there carries .whl and .gpu (device tool: carry [".whl", ".gpu"]). The GPU image has torch,
@@ -64,9 +64,12 @@ generation_135m() {
 }
 
 update() {
-    # one timed update of algorithm $1 at shape $2 with $3 episodes
-    python3 benchmarks/onpolicy_throughput.py --algorithm "$1" --model "shape:$2" --batch "$3" \
-        --micro-batch 16 --generation-batch 128 --query-length 512 --bf16 --updates 1 --warmup 1 | tee -a "$out/updates.jsonl"
+    # one timed update of algorithm $1 at shape $2 with $3 episodes; further arguments go to the benchmark
+    local algorithm=$1 shape=$2 episodes=$3
+    shift 3
+    python3 benchmarks/onpolicy_throughput.py --algorithm "$algorithm" --model "shape:$shape" --batch "$episodes" \
+        --micro-batch 16 --generation-batch 128 --query-length 512 --bf16 --updates 1 --warmup 1 "$@" \
+        | tee -a "$out/updates.jsonl"
 }
 
 case "$part" in
@@ -74,12 +77,14 @@ stages)
     stages
     ;;
 quick)
-    # the stages, then the 135M shape alone for generation (every side) and for one PPO and one GRPO update
+    # the stages, then the 135M shape alone for generation (every side), one PPO update, and one GRPO
+    # update with each group's query read once (shared rows) and without
     status=0
     stages || status=$?
     generation_135m || status=$?
-    for algorithm in ppo grpo; do
-        update "$algorithm" smollm2-135m 64 || status=$?
+    update ppo smollm2-135m 64 || status=$?
+    for shared in auto off; do
+        update grpo smollm2-135m 64 --shared-prefix "$shared" || status=$?
     done
     exit $status
     ;;
@@ -93,9 +98,10 @@ generation)
     ;;
 updates)
     for shape in smollm2-135m pythia-1b-deduped llama-3.2-1b; do
-        for algorithm in ppo grpo; do
-            for episodes in 64 512; do
-                update "$algorithm" "$shape" "$episodes"
+        for episodes in 64 512; do
+            update ppo "$shape" "$episodes"
+            for shared in auto off; do
+                update grpo "$shape" "$episodes" --shared-prefix "$shared"
             done
         done
     done

@@ -99,6 +99,10 @@ def main() -> None:
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast")
     parser.add_argument("--generation-batch", type=int, default=0, help="rows per generation call (0: the whole batch)")
     parser.add_argument("--decoding", default="auto", help="auto, eager, cuda-graphs or buckets (rlhfkit/decoding.py)")
+    parser.add_argument(
+        "--shared-prefix", default="auto", choices=["auto", "off"], help="grouped methods: read each prompt once"
+    )
+    parser.add_argument("--no-reuse", action="store_true", help="K = 1: a scoring pass for the old log-probs")
     args = parser.parse_args()
 
     from rlhfkit.onpolicy import trainer, update
@@ -121,6 +125,8 @@ def main() -> None:
             "update_epochs": args.update_epochs,
             "reward_model": "unused",
             "decoding": args.decoding,
+            "shared_prefix": args.shared_prefix,
+            "reuse_update_forward": not args.no_reuse,
         },
     )
     trainer.prepare_for_training(models, cfg)
@@ -138,7 +144,7 @@ def main() -> None:
         batch = compute_advantages(collect(setup, index, timings), cfg, cfg.kl_coef)
         timings["collect_peak_bytes"] = phase_peak(device)
         tick = time.perf_counter()
-        update.update_on_rollout(models, optimizers, batch, cfg, index + 1, precision, cfg.kl_coef)
+        metrics = update.update_on_rollout(models, optimizers, batch, cfg, index + 1, precision, cfg.kl_coef)
         if device.type == "cuda":
             torch.cuda.synchronize()
         timings["update_peak_bytes"] = phase_peak(device)
@@ -171,6 +177,9 @@ def main() -> None:
                 "generation_share": round(median("generation") / median("total"), 3),
                 "generation_tokens_per_s": round(median("generated_tokens") / median("generation"), 1),
                 "decoding": args.decoding,
+                "shared_prefix": args.shared_prefix,
+                "shared_rows_used": bool(metrics["perf/shared_prefix"]),
+                "old_logprobs_from_update": batch.logprobs is None,
                 "collect_peak_memory_bytes": int(max(r["collect_peak_bytes"] for r in rows)),
                 "update_peak_memory_bytes": int(max(r["update_peak_bytes"] for r in rows)),
                 "episodes_per_s": round(args.batch / median("total"), 3),
