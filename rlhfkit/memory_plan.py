@@ -72,6 +72,7 @@ class Settings:
     sharding: str
     devices: int
     decoding: str
+    shared_prefix: str = "off"
 
     @property
     def on_policy(self) -> bool:
@@ -81,6 +82,13 @@ class Settings:
     def critic(self) -> bool:
         """Whether the stage trains a value model beside the policy (PPO)."""
         return self.on_policy and ALGORITHMS[self.stage].needs_value_model
+
+    def passes(self, rows: int) -> tuple[int, int]:
+        """(rows, width) of an on-policy pass over `rows` rollout rows: one row per group of `samples`,
+        the query once, where the stage reads shared rows (`shared_rows.py`), else rows of their own."""
+        if self.on_policy and self.samples > 1 and self.shared_prefix == "auto" and rows % self.samples == 0:
+            return rows // self.samples, self.query + self.samples * self.response
+        return rows, self.query + self.response
 
     @property
     def act_bytes(self) -> int:
@@ -118,6 +126,7 @@ def settings_of(cfg: PlanConfig, kind: type) -> Settings:
         sharding=cfg.sharding,
         devices=cfg.devices,
         decoding=cfg.decoding,
+        shared_prefix=cfg.shared_prefix,
     )
 
 
@@ -226,7 +235,7 @@ def phases(s: Settings, policy: Shape, reward: Shape) -> dict[str, dict[str, int
     grads = 4 * trained_params // s.shards
     optimizer = 8 * trained_params // s.shards
     replicated_copy = 4 * trained_params if s.devices > 1 and s.sharding == "none" else 0
-    rows, width, scored = s.micro, s.query + s.response, s.micro * s.response
+    (rows, width), scored = s.passes(s.micro), s.micro * s.response
     if issubclass(s.kind, RMConfig):  # one packed row per pair: query + chosen + rejected (collate.pack_pairs)
         width, scored = s.query + 2 * s.response, 0
     if issubclass(s.kind, DPOConfig):  # chosen rows, then rejected rows (scoring.collate_pairs)
@@ -269,11 +278,13 @@ def phases(s: Settings, policy: Shape, reward: Shape) -> dict[str, dict[str, int
             "activations": forward_working_set(policy, s, queries, s.query),
             "logits": 12 * sampled * policy.vocab,
         }
-        widest = max((m.shape for m in models), key=lambda sh: forward_working_set(sh, s, s.forward, width))
+        groups = max(s.samples, s.forward - s.forward % s.samples)  # scoring passes hold whole groups
+        passes, pass_width = s.passes(groups)
+        widest = max((m.shape for m in models), key=lambda sh: forward_working_set(sh, s, passes, pass_width))
         out["scoring"] = {
             "weights": weights_bytes(models, s, [biggest]),
             "optimizer state": optimizer,
-            "activations": forward_working_set(widest, s, s.forward, width),
+            "activations": forward_working_set(widest, s, passes, pass_width),
             "logits": logits_bytes(policy, s, s.forward * s.response),
         }
         rows, length = decoding_buffers(s.generation, s.query + s.response)  # sharded weights decode eagerly

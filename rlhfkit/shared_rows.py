@@ -187,26 +187,28 @@ def static_obstacle(model: torch.nn.Module) -> str | None:
 
 @torch.no_grad()
 def probe_obstacle(model: torch.nn.Module) -> str | None:
-    """Hidden states of a 3-token query with responses of 2 and 3 tokens, shared and unshared, in fp32."""
+    """A 3-token query with responses of 2 and 3 tokens, shared and unshared, in fp32: a causal LM's
+    logits (through its own forward, so that a sharded model gathers its weights as it always does), or
+    a reward or value model's hidden states, must agree."""
     device = next(model.parameters()).device
     query, first, second = [1, 2, 3], [4, 5], [6, 7, 8]
     query_ids = torch.tensor([query, query], device=device)
     responses = torch.tensor([first + [5], second], device=device)
     mask = torch.tensor([[True, True, False], [True, True, True]], device=device)
     shared = pack_groups(query_ids, torch.ones_like(query_ids), responses, mask, group=2)
-    backbone = innermost(model)
-    backbone = getattr(backbone, backbone.base_model_prefix, backbone)
+    target = innermost(model)
+    causal_lm = isinstance(getattr(target, "get_output_embeddings", lambda: None)(), torch.nn.Module)
+
+    def outputs(**inputs: torch.Tensor) -> torch.Tensor:
+        out = target(**inputs)
+        return out.logits if causal_lm else out.last_hidden_state
+
     with torch.autocast(device_type=device.type, enabled=False):
-        packed = backbone(**shared.inputs_for(model)).last_hidden_state
-        apart = [
-            backbone(input_ids=torch.tensor([query + r], device=device)).last_hidden_state[0, 3:]
-            for r in (first, second)
-        ]
-    got = shared.per_response_token(packed, shared.tokens)
-    want = [apart[0], apart[1]]
-    for row, expected in enumerate(want):
-        if not torch.allclose(got[row, : len(expected)].float(), expected.float(), atol=1e-4, rtol=1e-3):
-            return "a probe's shared row differed from its unshared rows (the model may build its own attention mask)"
+        packed = shared.per_response_token(outputs(**shared.inputs_for(model)), shared.tokens)
+        for row, response in enumerate((first, second)):
+            apart = outputs(input_ids=torch.tensor([query + response], device=device))[0, len(query) :]
+            if not torch.allclose(packed[row, : len(response)].float(), apart.float(), atol=1e-4, rtol=1e-3):
+                return "a probe's shared row differed from its unshared rows (the model may build its own mask)"
     return None
 
 

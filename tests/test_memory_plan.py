@@ -167,6 +167,19 @@ def test_cuda_graph_decoding_keeps_its_cache_through_scoring_the_update_and_the_
     )  # decodes eagerly
 
 
+def test_shared_rows_plan_one_row_per_group_and_ppo_is_unchanged():
+    """GRPO at G = 4 with a 512-token query: a group of 4 rows is one row of 512 + 4 x 53 tokens, so the
+    update's saved activations and the scoring pass's working set shrink; PPO has nothing to share."""
+    options = {"model": LLAMA, "stage": "grpo", "micro_batch_size": 8, "forward_batch_size": 8}
+    shared, unshared = planned(**options), planned(**options, shared_prefix="off")
+    assert shared.settings.passes(8) == (2, 512 + 4 * 53) and unshared.settings.passes(8) == (8, 512 + 53)
+    for phase in ("update", "scoring"):
+        assert shared.phases[phase]["activations"] < 0.6 * unshared.phases[phase]["activations"], phase
+    assert shared.phases["generation"] == unshared.phases["generation"]
+    assert planned(model=LLAMA, stage="grpo", micro_batch_size=6).settings.passes(6) == (6, 512 + 53)  # splits a group
+    assert planned(stage="ppo").phases == planned(stage="ppo", shared_prefix="off").phases
+
+
 def test_cli_prints_a_table_or_json(capsys):
     assert cli.main(["plan", "model=smollm2-135m", "stage=sft", "device_memory_gb=16"]) == 0
     table = capsys.readouterr().out

@@ -135,9 +135,12 @@ def on_policy_args(stage, dirs, out, **extra):
 def test_fsdp2_on_two_processes_makes_the_on_policy_update_of_one_unsharded_process(
     stage, ppo_dirs, one_process_run, tmp_path
 ):
-    one, two = one_process_run(stage, on_policy_args(stage, ppo_dirs, None)), tmp_path / "two"
+    """GRPO and RLOO: the sharded run reads each group's query once (shared rows), the one process not."""
+    unshared = {} if stage == "ppo" else {"shared_prefix": "off"}
+    one, two = one_process_run(stage, on_policy_args(stage, ppo_dirs, None, **unshared)), tmp_path / "two"
     sharded = launch(stage, on_policy_args(stage, ppo_dirs, two, sharding="fsdp2", save_every=1), 2)
     assert sharded.returncode == 0, sharded.stderr[-3000:]
+    assert "unshared rows" not in sharded.stderr
     held, total = held_share(sharded.stdout)
     assert total / 2 <= held < total * 0.55
     for name in ON_POLICY_WEIGHTS[stage]:
@@ -150,6 +153,7 @@ def test_fsdp2_on_two_processes_makes_the_on_policy_update_of_one_unsharded_proc
         max(float((trained[k] - start[k]).abs().max()) for k in trained) > 1e-4
     )  # the runs moved, beyond the tolerance
     rows = [[json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] for run in (one, two)]
+    assert {row["perf/shared_prefix"] for row in rows[1]} == {float(stage != "ppo")}
     for left, right in zip(*rows, strict=True):
         # the gradient norm tells a sum of the processes' gradients from a mean, which AdamW's steps barely show
         for key in (

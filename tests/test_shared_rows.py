@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
+from safetensors.torch import load_file
 
 from rlhfkit.config import GRPOConfig, LoraOptions
 from rlhfkit.onpolicy.algorithms import METHODS
@@ -28,12 +29,15 @@ from rlhfkit.onpolicy.update import group_order, micro_batch_plan
 from rlhfkit.policy_losses import AGGREGATIONS
 from rlhfkit.reward_models import ScalarModel
 from rlhfkit.shared_rows import OBSTACLE_CHECKED, pack_groups, shared_rows_obstacle
+from rlhfkit.tracking import read_metrics
 
 from .helpers import (
     assert_same_gradient,
     free_port,
     one_update_gradient,
+    run_in_this_process,
     split_invariance_worker,
+    stage_args,
     synthetic_rollout,
 )
 
@@ -322,3 +326,23 @@ def test_scoring_leaves_the_old_logprobs_to_the_update_only_where_they_would_be_
     bare = dataclasses.replace(batch, logprobs=None, ref_logprobs=None, advantages=None)
     scored = score_rollout(models, bare, cfg, "no")
     assert (scored.logprobs is None) == reuses and scored.ref_logprobs is not None
+
+
+def test_a_k1_grpo_run_with_the_update_forward_logs_and_trains_as_one_with_a_scoring_pass(ppo_dirs, tmp_path):
+    """The trainer's side of K = 1 reuse: KL, entropy and every loss are logged from the update's own
+    log-probabilities after the update, and the weights end where a separate pass takes them."""
+    runs = {}
+    for reuse in (True, False):
+        args = stage_args("grpo", ppo_dirs, tmp_path / str(reuse), update_epochs=1, eos_trick="false",
+                          reuse_update_forward=str(reuse).lower())
+        runs[reuse] = run_in_this_process("grpo", args)
+    rows = {reuse: read_metrics(run) for reuse, run in runs.items()}
+    assert len(rows[True]) == len(rows[False]) == 2
+    for reused, separate in zip(rows[True], rows[False], strict=True):
+        assert reused["val/ratio"] == 1.0
+        for key in ("objective/kl", "objective/entropy", "objective/scores", "loss/policy_avg", "loss/kl_avg"):
+            assert reused[key] == pytest.approx(separate[key], rel=1e-4, abs=1e-5), key
+    assert rows[True][0]["objective/kl"] == 0 and rows[True][1]["objective/kl"] != 0
+    a, b = (load_file(run / "model" / "model.safetensors") for run in (runs[True], runs[False]))
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], atol=1e-5, rtol=1e-4, msg=key)

@@ -318,6 +318,9 @@ class PlanConfig:
     )
     generation_batch_size: int = opt(0, "on-policy: rows per generation batch (0: the stage's default)")
     samples_per_prompt: int = opt(0, "on-policy: responses sampled per prompt (0: the stage's default)")
+    shared_prefix: Literal["auto", "off"] = opt(
+        "auto", "grouped methods, as the stage's option: each group's query read once (one row per group)"
+    )
     max_query_length: int = opt(0, "query tokens (0: the stage's default)")
     max_response_length: int = opt(0, "response tokens (0: the stage's default)")
     mixed_precision: Literal["auto", "no", "bf16"] = opt(
