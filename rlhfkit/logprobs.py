@@ -38,10 +38,12 @@ def plain_lm_head(model: torch.nn.Module) -> torch.nn.Linear | None:
     if PLAIN_HEAD_CHECKED not in model.__dict__:
         device = head.weight.device
         ids = torch.arange(3, device=device).unsqueeze(0)
-        # in fp32 whatever the caller's autocast: a wrapper may return fp32 logits from a bf16 forward
+        # in fp32 whatever the caller's autocast, and through the class's own forward: accelerate's mixed
+        # precision replaces the instance's forward with one that enters bf16 autocast itself, whose logits
+        # would differ from the fp32 head's and send every later call down the slow full-logits path
         with torch.no_grad(), torch.autocast(device_type=device.type, enabled=False):
             hidden = getattr(model, model.base_model_prefix)(input_ids=ids).last_hidden_state
-            logits = model(input_ids=ids).logits
+            logits = type(model).forward(model, input_ids=ids).logits
             plain = torch.allclose(head(hidden).float(), logits.float(), atol=1e-4, rtol=1e-3)
             model.__dict__[PLAIN_HEAD_CHECKED] = plain
     return head if model.__dict__[PLAIN_HEAD_CHECKED] else None

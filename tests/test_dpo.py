@@ -3,6 +3,7 @@ the DPO family through the stage (IPO, cDPO, SimPO: step 0, options, the record 
 
 import json
 import math
+from types import MethodType
 
 import pytest
 import torch
@@ -398,12 +399,16 @@ def test_two_processes_train_like_one(ppo_dirs, one_process_run, tmp_path):
 
 
 def test_the_lm_head_check_holds_under_accelerates_bf16_wrapper(tiny_model_dir):
-    """accelerate's mixed precision returns fp32 logits from a bf16 forward; the exactness check of the
-    chunked log-probability path must not trip over the dtypes (it runs in fp32)."""
+    """accelerate's mixed precision replaces the forward with one that runs under its own bf16 autocast and
+    returns fp32 logits (Accelerator.prepare_model); the exactness check of the chunked log-probability
+    path must not trip over it, or every bf16 SFT and DPO step would form the full (B, L, vocab) logits."""
     from accelerate.utils import convert_outputs_to_fp32
 
     model, _ = load_policy(str(tiny_model_dir))
-    model.forward = convert_outputs_to_fp32(model.forward)
+    bf16_forward = torch.autocast("cpu", dtype=torch.bfloat16)(model.forward.__func__)
+    model.forward = MethodType(convert_outputs_to_fp32(bf16_forward), model)  # as accelerate does it
+    ids = torch.arange(5).unsqueeze(0)
+    assert not torch.allclose(model(input_ids=ids).logits, type(model).forward(model, input_ids=ids).logits, atol=1e-4)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert plain_lm_head(model) is model.get_output_embeddings()
 
