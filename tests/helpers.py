@@ -715,11 +715,12 @@ def synthetic_rollout(policy, pad_id: int, temperature: float, seed: int = 0, gr
 
 
 def one_update_gradient(
-    model_dir: Path, options: dict[str, Any], micro_batch_size: int, accelerator=None
+    model_dir: Path, options: dict[str, Any], micro_batch_size: int, accelerator=None, lora_rank: int = 0
 ) -> dict[str, torch.Tensor]:
     """The gradient of one update's loss on `synthetic_rollout` under the GRPO config with `options`:
     the weights' change under SGD at learning rate 1, with `micro_batch_size` rows per pass and the
-    rows of the processes of `accelerator` (None: one process)."""
+    rows of the processes of `accelerator` (None: one process). With `lora_rank`, of a LoRA adapter
+    (seeded values, its B not zero, as after some training) on the frozen policy: the adapter's change."""
     import dataclasses
 
     from rlhfkit.config import GRPOConfig
@@ -733,13 +734,22 @@ def one_update_gradient(
         GRPOConfig(), **(defaults | options), micro_batch_size=micro_batch_size, max_response_length=6
     )
     policy, tokenizer = load_policy(str(model_dir))
+    if lora_rank:
+        from rlhfkit.adapters import add_adapter
+        from rlhfkit.config import LoraOptions
+
+        policy = add_adapter(policy, LoraOptions(rank=lora_rank, alpha=2 * lora_rank, dropout=0.0, target_modules=[]))
+        generator = torch.Generator().manual_seed(0)
+        for name, param in policy.named_parameters():
+            if "lora_" in name:  # the same adapter in every call, its B not zero
+                param.data = 0.1 * torch.randn(param.shape, generator=generator)
     policy.train()
     batch = synthetic_rollout(policy, tokenizer.pad_token_id, cfg.temperature, group=cfg.samples_per_prompt)
-    before = {k: v.detach().clone() for k, v in policy.named_parameters()}
+    before = {k: v.detach().clone() for k, v in policy.named_parameters() if v.requires_grad}
     optimizers = Optimizers(torch.optim.SGD(policy.parameters(), lr=1.0), None, None, None)
     models = OnPolicyModels(policy, policy, None, None, tokenizer)
     update_on_rollout(models, optimizers, batch, cfg, 1, "no", cfg.kl_coef, accelerator or ONE_PROCESS)
-    return {k: before[k] - v.detach() for k, v in policy.named_parameters()}
+    return {k: before[k] - v.detach() for k, v in policy.named_parameters() if k in before}
 
 
 def assert_same_gradient(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], what: str) -> None:

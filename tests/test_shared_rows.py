@@ -149,6 +149,14 @@ def test_lora_policy_and_its_adapter_disabled_reference_read_shared_rows_alike(t
     assert apart[batch.mask].abs().max() > 1e-3  # the adapter is really off in the reference
 
 
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_a_lora_adapter_gets_the_same_update_from_shared_rows(tiny_model_dir, aggregation):
+    options = {"loss_aggregation": aggregation}
+    unshared = one_update_gradient(tiny_model_dir, options | {"shared_prefix": "off"}, 8, lora_rank=4)
+    assert unshared and all("lora_" in name for name in unshared)
+    assert_same_gradient(one_update_gradient(tiny_model_dir, options, 4, lora_rank=4), unshared, f"LoRA, {aggregation}")
+
+
 GROUPED = [m for m in METHODS if m.name not in ("ppo", "reinforce-pp")]  # ReMax included: G > 1 is allowed
 UPDATE_FIELDS = {f.name for f in dataclasses.fields(GRPOConfig)}
 
