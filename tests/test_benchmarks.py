@@ -196,6 +196,8 @@ def test_onpolicy_benchmark_splits_an_update_into_phases():
         "buckets",
     )
     assert row["samples_per_prompt"] == 4 and row["batch"] == 4 and row["decoding"] == "buckets"
+    # micro-batches of 2 would split a group of 4: unshared rows; K = 1 with the KL in the loss: reused forward
+    assert row["shared_prefix"] == "auto" and not row["shared_rows_used"] and row["old_logprobs_from_update"]
     assert row["generation_s"] > 0 and row["scoring_s"] > 0 and row["update_s"] > 0
     assert (
         0 < row["generation_share"] < 1 and row["collect_peak_memory_bytes"] > 0 and row["update_peak_memory_bytes"] > 0
