@@ -752,6 +752,53 @@ def one_update_gradient(
     return {k: before[k] - v.detach() for k, v in policy.named_parameters() if k in before}
 
 
+def k1_update(model_dir: Path, reuse: bool, options: dict[str, Any] | None = None, accelerator=None):
+    """(gradient, metrics, old log-probabilities) of one K = 1 GRPO update (SGD at learning rate 1) on
+    `synthetic_rollout` with old log-probabilities that are the policy's own: from a separate pass, or
+    (`reuse`) from the update's forward, summed across the processes of `accelerator`."""
+    import dataclasses
+
+    from rlhfkit.config import GRPOConfig
+    from rlhfkit.distributed import ONE_PROCESS
+    from rlhfkit.models import load_policy
+    from rlhfkit.onpolicy.scoring import OnPolicyModels, policy_logprobs
+    from rlhfkit.onpolicy.update import Optimizers, update_on_rollout
+
+    cfg = dataclasses.replace(
+        GRPOConfig(), update_epochs=1, num_minibatches=1, micro_batch_size=4, kl_coef=0.1, max_response_length=6,
+        **(options or {}),
+    )
+    policy, tokenizer = load_policy(str(model_dir))
+    policy.train()
+    batch = synthetic_rollout(policy, tokenizer.pad_token_id, cfg.temperature, group=cfg.samples_per_prompt)
+    with torch.no_grad():
+        batch.logprobs = policy_logprobs(policy, batch, cfg.temperature)[0] * batch.mask
+    old = torch.zeros_like(batch.logprobs) if reuse else None
+    if reuse:
+        batch.logprobs = None
+    before = {k: v.detach().clone() for k, v in policy.named_parameters()}
+    optimizers = Optimizers(torch.optim.SGD(policy.parameters(), lr=1.0), None, None, None)
+    models = OnPolicyModels(policy, policy, None, None, tokenizer)
+    metrics = update_on_rollout(
+        models, optimizers, batch, cfg, 1, "no", cfg.kl_coef, accelerator or ONE_PROCESS, old_logprobs=old
+    )
+    gradient = {k: before[k] - v.detach() for k, v in policy.named_parameters()}
+    return gradient, metrics, old if reuse else batch.logprobs
+
+
+def k1_reuse_worker(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
+    """A gloo process of `world`: `k1_update` with reuse; process 0 saves (gradient, old log-probabilities)."""
+    os.environ |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        gradient, _, old = k1_update(Path(model_dir), reuse=True, accelerator=GlooProcesses())
+        if rank == 0:
+            torch.save((gradient, old), out)
+    finally:
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
 def assert_same_gradient(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], what: str) -> None:
     """Two `one_update_gradient`s agree up to float32 summation order, and the update moved something."""
     scale = max(float(w.abs().max()) for w in want.values())

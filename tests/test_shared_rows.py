@@ -34,6 +34,8 @@ from rlhfkit.tracking import read_metrics
 from .helpers import (
     assert_same_gradient,
     free_port,
+    k1_reuse_worker,
+    k1_update,
     one_update_gradient,
     run_in_this_process,
     split_invariance_worker,
@@ -274,41 +276,29 @@ def test_shared_prefix_off_and_ppo_read_unshared_rows_without_a_word(tiny_model_
 # ---------------------------------------------------------------- K = 1: the update's own forward
 
 
-def k1_update(tiny_model_dir, reuse: bool, **options):
-    """(gradient, metrics, old log-probabilities) of one K = 1 GRPO update on a synthetic rollout whose
-    old log-probabilities are the policy's own, from a separate pass or from the update's forward."""
-    from rlhfkit.models import load_policy
-    from rlhfkit.onpolicy.update import Optimizers, update_on_rollout
-
-    cfg = dataclasses.replace(
-        GRPOConfig(), update_epochs=1, num_minibatches=1, micro_batch_size=4, kl_coef=0.1, max_response_length=6,
-        **options,
-    )
-    policy, tokenizer = load_policy(str(tiny_model_dir))
-    policy.train()
-    batch = synthetic_rollout(policy, tokenizer.pad_token_id, cfg.temperature, group=cfg.samples_per_prompt)
-    with torch.no_grad():
-        batch.logprobs = policy_logprobs(policy, batch, cfg.temperature)[0] * batch.mask
-    old = torch.zeros_like(batch.logprobs) if reuse else None
-    if reuse:
-        batch.logprobs = None
-    before = {k: v.detach().clone() for k, v in policy.named_parameters()}
-    optimizers = Optimizers(torch.optim.SGD(policy.parameters(), lr=1.0), None, None, None)
-    models = models_of(policy, tokenizer)
-    metrics = update_on_rollout(models, optimizers, batch, cfg, 1, "no", cfg.kl_coef, old_logprobs=old)
-    gradient = {k: before[k] - v.detach() for k, v in policy.named_parameters()}
-    return gradient, metrics, old if reuse else batch.logprobs
-
-
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
 def test_k1_old_logprobs_from_the_update_forward_make_the_same_update(tiny_model_dir, aggregation):
-    separate = k1_update(tiny_model_dir, reuse=False, loss_aggregation=aggregation)
-    reused = k1_update(tiny_model_dir, reuse=True, loss_aggregation=aggregation)
+    separate = k1_update(tiny_model_dir, reuse=False, options={"loss_aggregation": aggregation})
+    reused = k1_update(tiny_model_dir, reuse=True, options={"loss_aggregation": aggregation})
     assert_same_gradient(reused[0], separate[0], f"K=1, {aggregation}")
     torch.testing.assert_close(reused[2], separate[2], atol=1e-6, rtol=1e-6)
     assert reused[1]["val/ratio"] == 1.0 and reused[1]["policy/clipfrac_avg"] == 0
     for key in ("loss/policy_avg", "loss/kl_avg", "policy/entropy_avg", "val/ratio"):
         assert reused[1][key] == pytest.approx(separate[1][key], abs=1e-6), key
+
+
+def test_k1_reuse_on_two_gloo_processes_makes_one_processs_update_and_gives_every_row(tiny_model_dir, tmp_path):
+    """Each process fills its own rows' old log-probabilities; summed across processes, every process
+    holds every row, as the trainer's KL and entropy metrics need."""
+    out = tmp_path / "k1.pt"
+    mp.start_processes(
+        k1_reuse_worker, args=(2, free_port(), str(tiny_model_dir), str(out)), nprocs=2, start_method="spawn", join=True
+    )
+    gradient, old = torch.load(out, weights_only=True)
+    separate, _, logprobs = k1_update(tiny_model_dir, reuse=False)
+    assert_same_gradient(gradient, separate, "K=1 reuse on 2 processes")
+    assert (old != 0).sum(-1).tolist() == logprobs.ne(0).sum(-1).tolist()  # every row filled, on process 0 too
+    torch.testing.assert_close(old, logprobs, atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize(
