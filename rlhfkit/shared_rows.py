@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 import torch
 
+from .data.collate import PADDING, QUERY, block_sees
 from .decoding import ATTENTION_WITH_4D_MASKS, mask_as_attention_takes_it
 
 log = logging.getLogger(__name__)
 
-QUERY, PADDING = 0, -1  # segment ids; response j of a group is segment j + 1
 OBSTACLE_CHECKED = "_rlhfkit_shared_rows_obstacle"
 fallbacks_logged: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> reasons logged
 
@@ -122,7 +122,7 @@ def pack_groups(
     def right_padded(parts: list[torch.Tensor], fill: int) -> torch.Tensor:
         return torch.stack([torch.nn.functional.pad(p, (0, columns - len(p)), value=fill) for p in parts])
 
-    segment_ids = right_padded(segments, PADDING)
+    segment_ids = right_padded(segments, PADDING)  # response j of a group is segment j + 1
     token_columns = torch.stack(tokens)
     lasts = (torch.tensor(lengths).view(-1, group) - 1).clamp(min=0)
     device = responses.device
@@ -134,17 +134,6 @@ def pack_groups(
         tokens=token_columns.flatten(1).to(device),
         eos_index=token_columns.gather(2, lasts.unsqueeze(-1)).squeeze(-1).to(device),
     )
-
-
-def block_sees(segments: torch.Tensor) -> torch.Tensor:
-    """(N, L, L) what each position may attend to: earlier positions of the query and of its own
-    segment, never padding; a padding position sees itself, so no softmax is over nothing (SDPA gives
-    NaN for an all-masked row, and 0 x NaN would still poison a gradient)."""
-    width = segments.size(1)
-    causal = torch.ones(width, width, dtype=torch.bool).tril()
-    query, key = segments[:, :, None], segments[:, None, :]
-    sees = causal & (key != PADDING) & ((key == QUERY) | (key == query))
-    return sees | torch.eye(width, dtype=torch.bool)
 
 
 def innermost(model: torch.nn.Module) -> torch.nn.Module:

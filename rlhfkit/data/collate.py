@@ -58,8 +58,8 @@ def pack_pairs(
 ) -> dict[str, torch.Tensor]:
     """One right-padded row per pair, query + chosen + rejected, so the shared query is read once.
 
-    The rejected response restarts at the query's last position + 1 and a 4-D mask hides the chosen
-    tokens from it, so each response sees exactly what it would see in a row of its own: every score
+    The rejected response restarts at the query's last position + 1 and a 4-D mask (`block_sees`) hides
+    the chosen tokens from it, so each response sees exactly what it would see in a row of its own: every score
     equals the unpacked one, at about half the tokens when the query is long (TL;DR, HH dialogues).
     """
     rows = [q + c + r for q, c, r in zip(queries, chosen, rejected, strict=True)]
@@ -73,16 +73,23 @@ def pack_pairs(
         positions[row, : len(rows[row])] = torch.cat(
             [torch.arange(len(q) + len(c)), torch.arange(len(q), len(q) + len(r))]
         )
-    width = ids.size(1)
-    causal = torch.ones(width, width, dtype=torch.bool).tril()
-    sees = causal & (segments[:, None, :] != PADDING)
-    sees &= ~((segments[:, :, None] == REJECTED) & (segments[:, None, :] == CHOSEN))
-    sees |= torch.eye(width, dtype=torch.bool)  # PAD rows attend to themselves: no all-masked softmax
     return {
         "input_ids": ids,
         "attention_mask": mask,
-        "pair_mask": sees.unsqueeze(1),
+        "pair_mask": block_sees(segments).unsqueeze(1),
         "position_ids": positions,
         "chosen_mask": segments == CHOSEN,
         "rejected_mask": segments == REJECTED,
     }
+
+
+def block_sees(segments: torch.Tensor) -> torch.Tensor:
+    """(N, L, L) what each position of a packed row may attend to, given its (N, L) segment ids (QUERY,
+    then one id per response, PADDING): earlier positions of the query and of its own segment, never
+    padding; a padding position sees itself, so no softmax is over nothing (SDPA gives NaN for an
+    all-masked row, and 0 x NaN would still poison a gradient)."""
+    width = segments.size(1)
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    query, key = segments[:, :, None], segments[:, None, :]
+    sees = causal & (key != PADDING) & ((key == QUERY) | (key == query))
+    return sees | torch.eye(width, dtype=torch.bool)

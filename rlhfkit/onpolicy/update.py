@@ -204,7 +204,8 @@ def update_on_rollout(
                 picked = torch.as_tensor(own, device=device)
                 share = normalisers.share(units[picked], tokens[picked]) if counts else None
                 micro = batch.select(picked)
-                passes = MicroPasses(layout, pack_rollout(micro, group) if layout else None, reused is not None)
+                shared = pack_rollout(micro, group) if layout.policy or layout.value else None  # the models it runs
+                passes = MicroPasses(layout, shared, reused is not None)
                 logprobs = micro_loss(
                     models, micro, cfg, objective, value_options, precision, kl_coef, update, share, normalisers,
                     stats, passes,
