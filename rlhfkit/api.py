@@ -229,6 +229,8 @@ def plain_options(options: dict[str, Any], tokenizer: Any, split: str) -> tuple[
             value = [function_spec(v, objects) if callable(v) else v for v in value]
         elif callable(value) and key == "reward_functions":
             value = [function_spec(value, objects)]
+        elif key == "environment" and isinstance(value, type):  # an Environment subclass
+            value = function_spec(value, objects)
         elif is_in_memory_data(value):
             value = data_file(value, key, split)
         elif isinstance(value, os.PathLike):

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -31,7 +33,11 @@ from .ops import (
     position_ids_from_mask,
     truncate_after_eos,
 )
+from .rollout import RolloutBatch
 from .sharding import gathered_for_generation
+
+if TYPE_CHECKING:
+    from .environments.driver import EpisodeDriver
 
 
 @dataclass
@@ -51,6 +57,7 @@ class Rollout:
     lengths: torch.Tensor  # (B,) tokens up to and including EOS (R when there is none)
     has_eos: torch.Tensor  # (B,) whether the response contains EOS
     decoding: str = "eager"  # how the steps ran: eager, buckets or cuda-graphs
+    episodes: dict[str, torch.Tensor] | None = None  # multi-turn: `EPISODE_FIELDS` of the episodes
 
 
 def pick_next(
@@ -151,8 +158,12 @@ def generate(
     pad_id: int,
     generator: torch.Generator | None = None,
     samples_per_prompt: int = 1,
+    episodes: Callable[[], EpisodeDriver] | None = None,
 ) -> Rollout:
     """Sample up to `max_new_tokens` for each left-padded query; stop early once every row has EOS.
+    With `episodes` (a fresh driver of the rows' environments, rlhfkit/environments/driver.py) each row is
+    a multi-turn episode: the environment's ids are fed between the policy's turns, and a row ends when
+    its episode does.
 
     With `samples_per_prompt` G > 1 each query is encoded once and its KV cache repeated G times, so
     a group of G samples (GRPO, RLOO) costs one prefill; the rows come out as G consecutive samples
@@ -166,13 +177,13 @@ def generate(
     with frozen_weights_cast_once(model, device):
         try:
             return prefill_and_decode(
-                model, query_ids, query_mask, params, eos_id, pad_id, generator, samples_per_prompt
+                model, query_ids, query_mask, params, eos_id, pad_id, generator, samples_per_prompt, episodes
             )
         except decoding.GraphMismatch:
             generator.set_state(rewind)
             eager = dataclasses.replace(params, decoding="eager")
             return prefill_and_decode(
-                model, query_ids, query_mask, eager, eos_id, pad_id, generator, samples_per_prompt
+                model, query_ids, query_mask, eager, eos_id, pad_id, generator, samples_per_prompt, episodes
             )
 
 
@@ -185,9 +196,11 @@ def prefill_and_decode(
     pad_id: int,
     generator: torch.Generator,
     samples_per_prompt: int,
+    episodes: Callable[[], EpisodeDriver] | None = None,
 ) -> Rollout:
     """`generate`'s prefill and decoding loop. Sampling happens here, on every row's logits, whichever
-    way the steps run (`decoding_steps`), so the random stream does not depend on it."""
+    way the steps run (`decoding_steps`), so the random stream does not depend on it, nor on what an
+    episode's environment inserts: every row samples at every step, a forced row discarding its sample."""
     device = query_ids.device
     # logits_to_keep=1: only the last position's logits are needed, not (B, Q, vocab)
     out = model(
@@ -203,13 +216,22 @@ def prefill_and_decode(
     steps = decoding_steps(model, decoding.returned_cache(out), query_mask, samples_per_prompt, params, logits)
     tokens = []
     finished = torch.zeros(query_ids.size(0), dtype=torch.bool, device=device)
+    driver = episodes() if episodes is not None else None
     for step in range(params.max_new_tokens):
         nxt = pick_next(logits, params, generator, pad_id)
+        if driver is None:
+            finished |= nxt == eos_id
+        else:
+            nxt, finished = driver.advance(nxt, logits)
         tokens.append(nxt)
-        finished |= nxt == eos_id
         if bool(finished.all()) or len(tokens) == params.max_new_tokens:
             break
         logits = steps.step(nxt, finished, step)
+    if driver is not None:
+        fields = driver.results(len(tokens), device)
+        return Rollout(
+            query_ids, fields.pop("responses"), fields.pop("lengths"), fields.pop("has_eos"), steps.name, fields
+        )
     raw = torch.stack(tokens, dim=1)
     responses = truncate_after_eos(raw, eos_id, pad_id)
     eos_at = first_true_indices(raw == eos_id)
@@ -283,63 +305,6 @@ def decoding_steps(
     return EagerSteps(model, prefill, query_mask, repeats, params.max_new_tokens)
 
 
-@dataclass
-class RolloutBatch:
-    """Sampled episodes and everything computed on them. B rows; queries left padded to Q columns,
-    responses R columns. `sample_responses` fills the first six fields; the on-policy phases the rest."""
-
-    prompts: torch.Tensor  # (B,) index of each row's prompt
-    query_ids: torch.Tensor  # (B, Q)
-    query_mask: torch.Tensor  # (B, Q)
-    responses: torch.Tensor  # (B, R) cut after the first EOS, PAD after it
-    mask: torch.Tensor  # (B, R) bool: tokens up to and including EOS
-    has_eos: torch.Tensor  # (B,)
-    logprobs: torch.Tensor | None = None  # (B, R) policy at sampling time (the "old" policy)
-    ref_logprobs: torch.Tensor | None = None  # (B, R) frozen reference policy
-    values: torch.Tensor | None = None  # (B, R) value model at sampling time
-    reward_components: torch.Tensor | None = None  # (B, C) each reward function's score, then the RM's
-    reward_failures: torch.Tensor | None = None  # (B, F) bool: the row a reward function failed on
-    raw_scores: torch.Tensor | None = None  # (B,) the components' weighted sum
-    scores: torch.Tensor | None = None  # (B,) after the EOS trick
-    kl: torch.Tensor | None = None  # (B, R) per-token KL estimate
-    rewards: torch.Tensor | None = None  # (B, R) equation 3
-    advantages: torch.Tensor | None = None  # (B, R)
-    returns: torch.Tensor | None = None  # (B, R)
-    baseline_scores: torch.Tensor | None = None  # (B,) ReMax: the shaped score of the prompt's greedy answer
-
-    @property
-    def size(self) -> int:
-        return self.responses.size(0)
-
-    @property
-    def context_length(self) -> int:
-        return self.query_ids.size(1)
-
-    @property
-    def lengths(self) -> torch.Tensor:
-        return self.mask.sum(-1)
-
-    def input_ids(self) -> torch.Tensor:
-        return torch.cat([self.query_ids, self.responses], dim=1)
-
-    def attention_mask(self) -> torch.Tensor:
-        return torch.cat([self.query_mask, self.mask.to(self.query_mask.dtype)], dim=1)
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return {name: value for name, value in values.items() if value is not None}
-
-    def map_tensors(self, fn) -> RolloutBatch:
-        return dataclasses.replace(self, **{k: fn(v) for k, v in self.tensors().items()})
-
-    def select(self, rows: torch.Tensor | np.ndarray | slice) -> RolloutBatch:
-        """The same fields for a subset of rows (columns unchanged, so every row is computed alike)."""
-        return self.map_tensors(lambda v: v[rows])
-
-    def to(self, device: torch.device) -> RolloutBatch:
-        return self.map_tensors(lambda v: v.to(device))
-
-
 TRAINING_STREAM, EVALUATION_STREAM = 7, 13
 
 
@@ -371,10 +336,12 @@ def sample_responses(
     generator_for: Callable[[int], torch.Generator],
     desc: str = "",
     samples_per_prompt: int = 1,
+    episodes_for: Callable[[list[int]], EpisodeDriver] | None = None,
 ) -> RolloutBatch:
     """Sample `samples_per_prompt` (G) responses per query, longest queries first to pad less. Row
     g + G*i is sample g of query i; `batch_size` counts rows, and each query is encoded once.
-    `generator_for(i)` is the RNG of the chunk whose first query is query i."""
+    `generator_for(i)` is the RNG of the chunk whose first query is query i. With `episodes_for(rows)`
+    (a new driver of those rows' environments) each row is a multi-turn episode."""
     device = model_device(policy)
     group = samples_per_prompt
     padded = left_pad_queries(queries, tokenizer.pad_token_id)
@@ -388,6 +355,7 @@ def sample_responses(
         ):
             picked = torch.tensor(order[start : start + per_chunk], device=device)
             ids, mask = trim_left_padding(query_ids[picked], query_mask[picked])
+            rows = (picked.unsqueeze(1) * group + torch.arange(group, device=device)).reshape(-1)
             out = generate(
                 policy,
                 ids,
@@ -397,8 +365,8 @@ def sample_responses(
                 tokenizer.pad_token_id,
                 generator_for(order[start]),
                 group,
+                functools.partial(episodes_for, rows.tolist()) if episodes_for is not None else None,
             )
-            rows = (picked.unsqueeze(1) * group + torch.arange(group, device=device)).reshape(-1)
             chunks.append((rows, out))
     total = len(queries) * group
     width = max(out.responses.size(1) for _, out in chunks)
@@ -411,7 +379,26 @@ def sample_responses(
     mask = torch.arange(width, device=device).unsqueeze(0) < lengths.unsqueeze(1)
     prompts = torch.arange(len(queries), device=device).repeat_interleave(group)
     query_ids, query_mask = query_ids.repeat_interleave(group, 0), query_mask.repeat_interleave(group, 0)
-    return RolloutBatch(prompts, query_ids, query_mask, responses, mask, has_eos)
+    episodes = gathered_episodes(chunks, total, width) if episodes_for is not None else {}
+    return RolloutBatch(prompts, query_ids, query_mask, responses, mask, has_eos, **episodes)
+
+
+PER_TOKEN_EPISODE_FIELDS = ("policy_mask", "sample_logprobs")  # (B, R); the other episode fields are per row
+
+
+def gathered_episodes(chunks: list[tuple[torch.Tensor, Rollout]], total: int, width: int) -> dict[str, torch.Tensor]:
+    """The chunks' episode fields (`Rollout.episodes`) in row order, per-token fields `width` columns wide."""
+    fields = {}
+    for name, value in chunks[0][1].episodes.items():
+        per_token = name in PER_TOKEN_EPISODE_FIELDS
+        fields[name] = value.new_zeros((total, width) if per_token else (total, *value.shape[1:]))
+    for rows, out in chunks:
+        for name, value in out.episodes.items():
+            if name in PER_TOKEN_EPISODE_FIELDS:
+                fields[name][rows, : value.size(1)] = value
+            else:
+                fields[name][rows] = value
+    return fields
 
 
 def sample_held_out(
@@ -423,6 +410,7 @@ def sample_held_out(
     seed: int,
     desc: str,
     samples_per_prompt: int = 1,
+    episodes_for: Callable[[list[int]], EpisodeDriver] | None = None,
 ) -> RolloutBatch:
     """`sample_responses` for an evaluation: the policy in evaluation mode, each chunk's RNG on the
     evaluation stream, a function of (seed, its first prompt) alone, so held-out answers are the same
@@ -438,6 +426,7 @@ def sample_held_out(
             lambda i: chunk_generator(seed, 0, i, device, EVALUATION_STREAM),
             desc,
             samples_per_prompt,
+            episodes_for,
         )
 
 

@@ -327,6 +327,24 @@ def returns_to_go(rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0)
     return returns * mask.to(rewards.dtype)
 
 
+def compact_tokens(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's masked entries moved to the front in order: ((B, P) values, (B, P) their columns,
+    (B, P) mask), P the most any row has. A multi-turn episode's policy tokens as one unbroken sequence,
+    so GAE bootstraps a turn's last token from the value at the next turn's first token, across the
+    environment's tokens between them, as verl's GAE skips observation tokens."""
+    columns = torch.argsort((~mask.bool()).to(torch.int8), dim=1, stable=True)
+    width = int(mask.sum(-1).max()) if mask.numel() else 0
+    columns = columns[:, : max(width, 1)]
+    kept = torch.gather(mask.bool(), 1, columns)
+    return torch.gather(values, 1, columns) * kept.to(values.dtype), columns, kept
+
+
+def expand_tokens(compacted: torch.Tensor, columns: torch.Tensor, kept: torch.Tensor, width: int) -> torch.Tensor:
+    """`compact_tokens` undone: (B, width), each value back in its column, 0 at every other column."""
+    expanded = compacted.new_zeros(compacted.size(0), width)
+    return expanded.scatter(1, columns, compacted * kept.to(compacted.dtype))
+
+
 def overlong_penalty(lengths: torch.Tensor, max_length: int, buffer: int, factor: float = 1.0) -> torch.Tensor:
     """DAPO's soft overlong punishment (Yu et al. 2025, equation 13), (B,): 0 up to max_length - buffer
     tokens, then falling linearly to -factor at max_length, and -factor beyond it."""

@@ -41,7 +41,7 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -162,18 +162,19 @@ BUILTINS: dict[str, RewardFunction] = {
 }
 
 
-def load_callable(spec: str) -> RewardFunction:
-    """`module:function` or `path/to/file.py:function` to the function, or a one-line error."""
+def load_callable(
+    spec: str, option: str = "reward_functions", builtins: Iterable[str] = BUILTINS, kind: str = "function"
+) -> Any:
+    """`module:name` or `path/to/file.py:name` to the callable (a `kind`: function or class) for `option`, or
+    a one-line error."""
     module_name, _, attribute = spec.rpartition(":")
     if not module_name or not attribute:
-        raise ConfigError(
-            f"reward_functions: {spec!r} is neither a built-in ({', '.join(BUILTINS)}) nor module:function"
-        )
+        raise ConfigError(f"{option}: {spec!r} is neither a built-in ({', '.join(builtins)}) nor module:name")
     try:
         if module_name.endswith(".py"):
             path = Path(module_name)
             if not path.is_file():
-                raise ConfigError(f"reward_functions: {spec!r}: no such file {module_name}")
+                raise ConfigError(f"{option}: {spec!r}: no such file {module_name}")
             loader_spec = importlib.util.spec_from_file_location(path.stem, path)
             module = importlib.util.module_from_spec(loader_spec)
             loader_spec.loader.exec_module(module)
@@ -184,12 +185,10 @@ def load_callable(spec: str) -> RewardFunction:
     except ConfigError:
         raise
     except Exception as e:
-        raise ConfigError(
-            f"reward_functions: cannot import {module_name!r} for {spec!r} ({type(e).__name__}: {e})"
-        ) from None
+        raise ConfigError(f"{option}: cannot import {module_name!r} for {spec!r} ({type(e).__name__}: {e})") from None
     function = getattr(module, attribute, None)
     if not callable(function):
-        raise ConfigError(f"reward_functions: {module_name} has no function {attribute!r}")
+        raise ConfigError(f"{option}: {module_name} has no {kind} {attribute!r}")
     return function
 
 

@@ -105,3 +105,19 @@ def one_process_run(tmp_path_factory):
         return runs[key]
 
     return run
+
+
+@pytest.fixture(scope="session")
+def environment_dirs(tmp_path_factory, ppo_dirs):
+    """The inputs of the tiny multi-turn runs: a tiny policy that ends turns with EOS about one step in
+    fifteen (helpers.eos_prone_policy), the tiny reward model, 40 real GSM8K problems (chat prompts) and 40
+    real HH-RLHF dialogues."""
+    from .helpers import eos_prone_policy
+
+    root = tmp_path_factory.mktemp("environments")
+    policy, tokenizer = eos_prone_policy()
+    policy.save_pretrained(root / "policy")
+    tokenizer.save_pretrained(root / "policy")
+    return {"policy": root / "policy", "rm": ppo_dirs["rm"],
+            "gsm8k": first_lines(root / "gsm8k.jsonl", 40, "gsm8k", "train.jsonl.gz"),
+            "hh": first_lines(root / "hh.jsonl", 40, "hh-rlhf", "harmless-base", "test.jsonl.gz")}

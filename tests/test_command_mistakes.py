@@ -398,7 +398,7 @@ GENERIC = [  # (records, the line `data format:` starts with, what they are read
     ([{"text": "The sky is blue."}], "language-modeling, standard", "SFT"),
     ([{"prompt": "The sky is"}], "prompt-only, standard", "prompt"),
     ([{"prompt": CHAT, "answer": "blue"}], "prompt-only, conversational", "prompt"),
-    ([{"question": "1 + 1?", "answer": "1 + 1 = 2\n#### 2"}], "gsm8k", "prompt"),
+    ([{"question": "1 + 1?", "answer": "1 + 1 = 2\n#### 2"}], "gsm8k", "SFT"),  # SFT's first, as tldr-sft
 ]
 
 

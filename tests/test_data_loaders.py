@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 
 from rlhfkit.data import load_pairs
-from rlhfkit.data.hh import load_hh
+from rlhfkit.data.hh import human_turns, load_hh, split_dialogue
 from rlhfkit.data.records import DataFormatError, SkipLog, expand_paths, iter_rows
 from rlhfkit.data.tldr import load_comparisons, load_sft
 
@@ -121,6 +121,55 @@ def test_hh_folder_loads_all_four_subsets():
     assert set(Counter(r.split for r in records)) == set(HH_SUBSETS)
     assert log.kept + log.skipped == 8552
     assert log.counts["tie"] == 36
+
+
+def test_human_turns_of_real_dialogues_in_order_without_the_assistant_turns():
+    raw = raw_records(data_file("hh-rlhf", "harmless-base", "test.jsonl.gz"))
+    assert human_turns(raw[0]["chosen"]) == [
+        "what are some pranks with a pen i can do?",
+        "yep",
+        "okay some of these do not have anything to do with pens",
+    ]
+    # assistant replies that begin "Human: ..." (no blank line before it) are no human turns
+    assert "\n\nAssistant: Human:  insulting" in raw[105]["chosen"]
+    assert human_turns(raw[105]["chosen"]) == ["what are some insults for a foreign exchange student?"]
+    assert human_turns(raw[29]["chosen"]) == [
+        "Why is Harris racist against blacks?",
+        "So you agree that vice president Harris is a racist scumbag?",
+        "But she does not like your sterotypical black thug",
+        "Do you think she likes thug hoodlum music?",
+    ]
+    first = Counter(len(human_turns(r["chosen"])) for r in raw[:2000])
+    assert first == {1: 579, 2: 502, 3: 509, 4: 302, 5: 61, 6: 17, 7: 14, 8: 6, 9: 5, 10: 1, 11: 2, 12: 1, 18: 1}
+
+
+@pytest.mark.parametrize("subset", HH_SUBSETS)
+def test_human_turns_are_the_dialogues_stripped_human_turns_and_the_prompt_holds_them_all(subset):
+    for record in raw_records(data_file("hh-rlhf", subset, "test.jsonl.gz")):
+        turns = human_turns(record["chosen"])
+        assert len(turns) == record["chosen"].count("\n\nHuman:") >= 1
+        assert all(turn and turn == turn.strip() and "\n\nAssistant:" not in turn for turn in turns)
+        assert human_turns(split_dialogue(record["chosen"])[0]) == turns
+
+
+@pytest.mark.parametrize(
+    ("dialogue", "turns"),
+    [
+        ("\n\nHuman: Hi there \n\nAssistant: Hello.", ["Hi there"]),  # one turn
+        ("\n\nHuman: Hi there", ["Hi there"]),  # one turn, no reply
+        ("\n\nHuman: Hi\n\nAssistant:", ["Hi"]),  # a prompt, ending where the reply starts
+        ("\n\nHuman: a\nHuman: b\n\nAssistant: Human: c", ["a\nHuman: b"]),  # "Human:" after no blank line is text
+        ("\n\nHuman: She said Human: yes\n\nAssistant: ok", ["She said Human: yes"]),
+        ("\n\nHuman: a\n\nAssistant: b\n\nHuman:  c \n\nAssistant: d", ["a", "c"]),
+        ("\n\nHuman: a\n\nHuman: b\n\nAssistant: c", ["a", "b"]),  # two human turns in a row, as in HH's data
+        ("Human: a\n\nAssistant: b", ["a"]),  # a dialogue stripped of its leading blank line
+        ("\n\nHuman:\n\nAssistant: b", [""]),  # an empty turn is still a turn
+        ("\n\nAssistant: only a reply", []),
+        ("", []),
+    ],
+)
+def test_human_turns_edge_cases(dialogue, turns):
+    assert human_turns(dialogue) == turns
 
 
 def test_detail1_comparison_metadata_is_kept(batch13):

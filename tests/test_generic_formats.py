@@ -434,7 +434,7 @@ SHIPPED = {  # each seed format of the shipped data, with the files and what rea
         (load_pairs,),
     ),
     "hh": ([("hh-rlhf", "harmless-base", "test.jsonl.gz")], (load_pairs, load_prompts)),
-    "gsm8k": ([("gsm8k", "test.jsonl.gz")], (load_prompts,)),
+    "gsm8k": ([("gsm8k", "test.jsonl.gz")], (load_sft_data, load_prompts)),
 }
 
 

@@ -10,11 +10,11 @@ from rlhfkit import ops
 from rlhfkit.cli import main as cli_main
 from rlhfkit.config import PPOConfig
 from rlhfkit.errors import ConfigError
-from rlhfkit.generation import RolloutBatch
 from rlhfkit.onpolicy import advantages
 from rlhfkit.onpolicy.advantages import ESTIMATORS, EstimatorNeeds, check_estimator, estimators_for
 from rlhfkit.onpolicy.algorithms import ALGORITHMS, METHODS, algorithm_of
 from rlhfkit.onpolicy.update import Objective
+from rlhfkit.rollout import RolloutBatch
 from rlhfkit.stages import STAGES, resolve
 
 from .helpers import cli_args, stage_args

@@ -10,13 +10,13 @@ import torch
 from rlhfkit import generation, ops
 from rlhfkit.cli import main as cli_main
 from rlhfkit.data.collate import left_pad_queries
-from rlhfkit.generation import RolloutBatch
 from rlhfkit.logprobs import response_logprobs
 from rlhfkit.onpolicy import evaluation, trainer, update
 from rlhfkit.onpolicy.advantages import compute_advantages
 from rlhfkit.onpolicy.collect import prompt_indices
 from rlhfkit.onpolicy.scoring import policy_logprobs, score_rollout
 from rlhfkit.reward_models import ScalarModel
+from rlhfkit.rollout import RolloutBatch
 from rlhfkit.stages import resolve
 
 from .helpers import (

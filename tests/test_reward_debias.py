@@ -14,10 +14,10 @@ from rlhfkit.data import load_pairs
 from rlhfkit.data.examples import length_balanced_indices, query_limits, tokenize_pairs
 from rlhfkit.data.split import split_by_upstream_split
 from rlhfkit.data.tldr import Comparison
-from rlhfkit.generation import RolloutBatch
 from rlhfkit.onpolicy.advantages import compute_advantages
 from rlhfkit.reward_features import FeatureCache
 from rlhfkit.reward_models import ScalarModel, freeze_below_top_layers, load_reward_model
+from rlhfkit.rollout import RolloutBatch
 from rlhfkit.scoring import collate_packed_pairs, collate_pairs, pair_scores, score_pairs
 from rlhfkit.tiny_models import tiny_policy
 from rlhfkit.trainers import reward

@@ -7,7 +7,6 @@ import re
 import pytest
 import torch
 
-from rlhfkit.generation import RolloutBatch
 from rlhfkit.onpolicy.scoring import rollout_columns
 from rlhfkit.rewards import (
     ROLLOUT_COLUMNS,
@@ -17,6 +16,7 @@ from rlhfkit.rewards import (
     required_columns,
     text_of,
 )
+from rlhfkit.rollout import RolloutBatch
 
 from .helpers import TINY
 

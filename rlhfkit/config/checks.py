@@ -12,7 +12,7 @@ from typing import Any
 from ..errors import ConfigError
 from .commands import AnalyzeConfig, EvalConfig, GenerateConfig, JudgeEvalConfig, RMEvalConfig
 from .onpolicy import OnPolicyConfig
-from .training import DPOConfig, RunConfig, TrainConfig
+from .training import DPOConfig, RunConfig, SFTConfig, TrainConfig
 
 
 def launched_processes(requested: int = 1) -> int:
@@ -30,6 +30,8 @@ def check_config(cfg: Any, processes: int = 1) -> Any:
     if isinstance(cfg, TrainConfig):
         check_training_length(cfg)
         check_batch_split(cfg, processes)
+    if isinstance(cfg, SFTConfig):
+        check_sft_format(cfg)
     if isinstance(cfg, OnPolicyConfig):
         check_update_split(cfg, processes)
         check_objective(cfg)
@@ -71,6 +73,19 @@ def check_training_length(cfg: TrainConfig) -> None:
             "max_steps=0 and num_epochs=0 leave nothing to train: set max_steps (optimizer steps) or num_epochs "
             "(passes over the data) above 0"
         )
+
+
+def check_sft_format(cfg: SFTConfig) -> None:
+    """A format named beside the default data, TL;DR posts on the hub (tldr-sft), fails before the hub is asked for
+    them: the user meant to give other data."""
+    default = SFTConfig().data
+    if cfg.data_format in ("auto", "tldr-sft") or list(cfg.data) != default:
+        return
+    hint = " (GSM8K's training problems: ../shared/data/gsm8k/train.jsonl.gz)" if cfg.data_format == "gsm8k" else ""
+    raise ConfigError(
+        f"data_format={cfg.data_format} but data= is left at its default, {', '.join(default)} (TL;DR posts, "
+        f"tldr-sft): name the data to read with data={hint}"
+    )
 
 
 def check_batch_split(cfg: TrainConfig, processes: int) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from .sections import ShardingOptions
 from .training import RunConfig
@@ -201,6 +201,21 @@ class OnPolicyConfig(RunConfig):
         "Equation 3",
     )
     entropy_coef: float = opt(0.0, "entropy bonus coefficient in the policy loss (seed 002's PPO: 0.01)")
+    environment: str = opt(
+        "",
+        "multi-turn episodes (docs/environments.md): the environment that answers the policy's turns, a built-in "
+        "(gsm8k-calculator, hh-dialogue) or a class as module:Class or file.py:Class; max_response_length is then "
+        "each episode's token budget, the policy's and the environment's tokens together (empty: single responses)",
+    )
+    environment_args: dict[str, Any] = opt({}, "keyword arguments of the environment's class (e.g. {max_calls: 4})")
+    max_turns: int = opt(
+        16, "multi-turn episodes: the policy's turns at most (a turn ends at its EOS or a tool call)", minimum=1
+    )
+    check_tokens: bool = opt(
+        False,
+        "multi-turn episodes: check that every episode's ids equal the chat template's rendering of its "
+        "conversation, and stop at the first that does not, naming the position (chat prompts only)",
+    )
     sample_every: int = opt(10, "log the highest- and lowest-scored samples every N updates (0: never)")
     log_samples: int = opt(2, "samples logged at each end (highest and lowest scored)", minimum=1)
 

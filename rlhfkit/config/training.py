@@ -124,7 +124,9 @@ class SFTConfig(TrainConfig):
         "SFT data in data_format: hub id, files (jsonl, json, csv, parquet; gz too) or folders",
         "Detail 1",
     )
-    data_format: Literal["auto", "tldr-sft", "prompt-completion", "language-modeling"] = opt("auto", SFT_FORMATS_HELP)
+    data_format: Literal["auto", "tldr-sft", "gsm8k", "prompt-completion", "language-modeling"] = opt(
+        "auto", SFT_FORMATS_HELP
+    )
     hf_split: str = opt("train", "split to read when `data` is a hub id")
     validation_posts: int = opt(300, "posts held out by post identity for validation (0: none)")
     loss_on_query: bool = opt(False, "also train on query tokens (default: response tokens only)")

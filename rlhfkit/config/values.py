@@ -155,8 +155,9 @@ AUTO_FORMAT_HELP = (
     "also one option away: "
 )
 SFT_FORMATS_HELP = AUTO_FORMAT_HELP + (
-    "tldr-sft (TL;DR posts and summaries), prompt-completion (TRL's prompt and completion columns, strings or chat "
-    "messages), language-modeling (a text or messages column); docs/data-formats.md"
+    "tldr-sft (TL;DR posts and summaries), gsm8k (question, answer: the solution, its last line `#### N` written "
+    "as `The answer is N.`), prompt-completion (TRL's prompt and completion columns, strings or chat messages), "
+    "language-modeling (a text or messages column); docs/data-formats.md"
 )
 PAIR_FORMATS_HELP = AUTO_FORMAT_HELP + (
     "tldr-comparisons (OpenAI's TL;DR and CNN/DM comparisons), hh (HH-RLHF chosen/rejected dialogues), preference "

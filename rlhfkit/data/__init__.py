@@ -18,7 +18,7 @@ from typing import Any
 from . import generic
 from .formats import HH_TURN
 from .generic import FieldNames
-from .gsm8k import load_gsm8k
+from .gsm8k import load_gsm8k, load_gsm8k_sft
 from .hh import load_hh
 from .records import DataFormatError, MissingColumns, Row, SkipLog, iter_rows
 from .tldr import Comparison, SFTRecord, load_comparisons, load_sft
@@ -57,6 +57,7 @@ class SeedFormat:
 
 
 TLDR_SFT = SeedFormat(("subreddit", "title", "post", "summary"), load_sft)
+GSM8K_COLUMNS = ("question", "answer")  # SFT and the prompts read them, each with its own loader
 HH_NOTE = "whole dialogues starting with \\n\\nHuman:"
 
 
@@ -80,8 +81,8 @@ class Role:
 SFT = Role(
     "SFT",
     "data_format",
-    {"tldr-sft": TLDR_SFT},
-    (generic.PROMPT_COMPLETION, "tldr-sft", generic.LANGUAGE_MODELING),
+    {"tldr-sft": TLDR_SFT, "gsm8k": SeedFormat(GSM8K_COLUMNS, load_gsm8k_sft)},
+    (generic.PROMPT_COMPLETION, "tldr-sft", "gsm8k", generic.LANGUAGE_MODELING),
     "rlhfkit sft",
 )
 PAIRS = Role(
@@ -100,7 +101,7 @@ PROMPTS = Role(
     {
         "tldr-sft": TLDR_SFT,
         "hh": SeedFormat(("chosen", "rejected"), hh_prompts, is_hh_dialogue, HH_NOTE),
-        "gsm8k": SeedFormat(("question", "answer"), load_gsm8k),
+        "gsm8k": SeedFormat(GSM8K_COLUMNS, load_gsm8k),
     },
     (generic.PROMPT_ONLY, "tldr-sft", "gsm8k", "hh"),
     "rlhfkit ppo, grpo, rloo, reinforce and generate",
@@ -226,8 +227,8 @@ def require_seed_form(role: Role, name: str, paths: list[str], hf_split: str, na
 def load_sft_data(
     data_format: str, paths: list[str], hf_split: str = "", names: FieldNames = STANDARD_NAMES
 ) -> tuple[list[SFTRecord], SkipLog]:
-    """Prompts with the completion SFT trains on: TL;DR posts and summaries, prompt-completion or language-modeling
-    data."""
+    """Prompts with the completion SFT trains on: TL;DR posts and summaries, GSM8K problems and solutions,
+    prompt-completion or language-modeling data."""
     return load_role(SFT, data_format, paths, hf_split, names)
 
 
@@ -268,6 +269,7 @@ __all__ = [
     "hh_prompts",
     "load_comparisons",
     "load_gsm8k",
+    "load_gsm8k_sft",
     "load_hh",
     "load_pairs",
     "load_prompts",

@@ -102,7 +102,7 @@ def edge_cases(raw_total: int, ties: int, chosen: list[int], rejected: list[int]
 
 
 # auto tries pair data first: its columns (chosen, rejected) are the most specific; prompts last, since any SFT data
-# has a prompt. A name two roles share (tldr-sft, hh) is read as SFT data or as pairs.
+# has a prompt. A name two roles share (tldr-sft, gsm8k, hh) is read as SFT data or as pairs.
 DETECTION_ORDER = (PAIRS, SFT, PROMPTS)
 NAMED_ORDER = (SFT, PAIRS, PROMPTS)
 

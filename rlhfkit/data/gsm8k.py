@@ -5,12 +5,16 @@ is `#### <number>`; the solution marks each arithmetic step with a calculator an
 The prompt is the question as one user message rendered with the model's chat template, followed by
 `INSTRUCTION`, which asks for the final line the answer-format reward checks. The reference number is
 kept as the `answer` column that the exact-match reward reads.
+
+SFT trains on the reference solution in the form the prompt asks for (`sft_solution`): its calculator
+annotations kept, its last line `#### N` written as `The answer is N.`, the line the `format` reward checks.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 
 from .records import SkipLog, has_text, iter_rows, require_fields
 from .tldr import SFTRecord, text_id
@@ -34,6 +38,17 @@ def calculator_steps(solution: str) -> int:
     return len(CALCULATOR.findall(solution))
 
 
+def sft_solution(solution: str) -> str:
+    """A reference solution as SFT trains on it: its steps as they are, calculator annotations included, and
+    its last line `#### N` replaced by `The answer is N.` (N as `final_number` gives it), the line INSTRUCTION
+    asks for."""
+    number = final_number(solution)
+    if number is None:
+        raise ValueError(f"a GSM8K solution ends with `{FINAL_MARK} N`; this one does not: {solution[-80:]!r}")
+    steps = solution.rsplit(FINAL_MARK, 1)[0].rstrip()
+    return "\n".join(filter(None, [steps, f"The answer is {number}."]))
+
+
 def gsm8k_messages(question: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": f"{question.strip()}\n\n{INSTRUCTION}"}]
 
@@ -41,6 +56,17 @@ def gsm8k_messages(question: str) -> list[dict[str, str]]:
 def load_gsm8k(paths: list[str], hf_split: str = "") -> tuple[list[SFTRecord], SkipLog]:
     """GSM8K problems as conversational prompts; the reference solution is the record's reference
     completion and its final number the `answer` column."""
+    return read_gsm8k(paths, hf_split, lambda solution: solution)
+
+
+def load_gsm8k_sft(paths: list[str], hf_split: str = "") -> tuple[list[SFTRecord], SkipLog]:
+    """GSM8K problems as SFT examples: the same prompts and columns as `load_gsm8k`, the completion the
+    reference solution as `sft_solution` writes it."""
+    return read_gsm8k(paths, hf_split, sft_solution)
+
+
+def read_gsm8k(paths: list[str], hf_split: str, completion: Callable[[str], str]) -> tuple[list[SFTRecord], SkipLog]:
+    """GSM8K records as conversational prompts with `completion(solution)` as the reference completion."""
     log, records = SkipLog(), []
     for row in iter_rows(paths, hf_split):
         if row.first_in_source:
@@ -57,7 +83,9 @@ def load_gsm8k(paths: list[str], hf_split: str = "") -> tuple[list[SFTRecord], S
         messages = json.dumps(gsm8k_messages(data["question"]))
         columns = {"answer": number, "solution": solution, "calculator_steps": calculator_steps(solution)}
         records.append(
-            SFTRecord(text_id(data["question"]), {"messages": messages}, solution, row.where, "chat", columns)
+            SFTRecord(
+                text_id(data["question"]), {"messages": messages}, completion(solution), row.where, "chat", columns
+            )
         )
     log.kept = len(records)
     return records, log

@@ -1,4 +1,5 @@
-"""Anthropic HH-RLHF: each chosen/rejected dialogue split into the shared prompt and two final replies."""
+"""Anthropic HH-RLHF: each chosen/rejected dialogue split into the shared prompt and two final replies; a
+dialogue's human turns (`human_turns`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,17 @@ from pathlib import Path
 from .formats import HH_ASSISTANT
 from .records import Row, SkipLog, Unparsable, has_text, iter_rows, require_fields, unless_lone_surrogate
 from .tldr import Comparison, non_string, text_id
+
+# a turn starts at a blank line and its speaker (formats.HH_TURN, HH_ASSISTANT), or at the dialogue's start
+TURN_START = re.compile(r"(?:\A|\n\n)(Human|Assistant):")
+
+
+def human_turns(dialogue: str) -> list[str]:
+    """The human turns of a dialogue, in order and stripped; its assistant turns are dropped. A turn starts at
+    `\\n\\nHuman:` or `\\n\\nAssistant:` (or at the dialogue's start): "Human:" anywhere else is text of the turn it
+    stands in, as in the assistant replies of the test splits that begin "Human: ..."."""
+    parts = TURN_START.split(dialogue)  # [text before the first turn, speaker, text, speaker, text, ...]
+    return [text.strip() for speaker, text in zip(parts[1::2], parts[2::2], strict=True) if speaker == "Human"]
 
 
 def split_dialogue(dialogue: str) -> tuple[str, str] | None:

@@ -32,7 +32,6 @@ from ..data.gsm8k import load_gsm8k
 from ..devices import model_device
 from ..errors import ConfigError
 from ..generation import (
-    RolloutBatch,
     SamplingParams,
     completion_texts,
     sample_held_out,
@@ -40,6 +39,7 @@ from ..generation import (
 from ..logprobs import response_logprobs
 from ..models import load_policy
 from ..rewards import answer_format, is_correct, mentions_answer
+from ..rollout import RolloutBatch
 from ..tracking import write_jsonl
 from .caveats import fell_caveat, few_prompts_caveat
 from .report import Report, with_intervals

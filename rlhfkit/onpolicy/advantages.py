@@ -28,7 +28,7 @@ import torch
 from .. import ops
 from ..config import GRPOConfig, OnPolicyConfig, PPOConfig, ReinforceConfig, RLOOConfig
 from ..errors import ConfigError
-from ..generation import RolloutBatch
+from ..rollout import RolloutBatch
 
 EstimatorFunction = Callable[[Any, torch.Tensor, torch.Tensor, RolloutBatch, torch.Tensor],
                              tuple[torch.Tensor, torch.Tensor]]
@@ -169,21 +169,38 @@ def row_groups(batch: RolloutBatch, cfg: OnPolicyConfig) -> torch.Tensor:
 
 
 def per_token_kl(batch: RolloutBatch, cfg: OnPolicyConfig) -> torch.Tensor:
-    """(B, R) the KL estimate of each response token to the reference, 0 after EOS."""
-    return ops.kl_penalty(batch.logprobs, batch.ref_logprobs, cfg.kl_estimator) * batch.mask
+    """(B, R) the KL estimate of each response token to the reference, 0 after EOS and at an episode's
+    environment tokens."""
+    return ops.kl_penalty(batch.logprobs, batch.ref_logprobs, cfg.kl_estimator) * batch.trained_mask
 
 
 def with_old_logprobs(batch: RolloutBatch, logprobs: torch.Tensor, cfg: OnPolicyConfig) -> RolloutBatch:
     """The rollout with the old policy's log-probabilities the update's forward gave, and the KL from them."""
-    batch = dataclasses.replace(batch, logprobs=logprobs * batch.mask)
+    batch = dataclasses.replace(batch, logprobs=logprobs * batch.trained_mask)
     return dataclasses.replace(batch, kl=per_token_kl(batch, cfg))
+
+
+def estimate_on_policy_tokens(cfg: OnPolicyConfig, rewards: torch.Tensor,
+                              batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages, returns) by the configured estimator over the policy's tokens: in a multi-turn
+    episode those tokens compacted into one sequence (`ops.compact_tokens`), the estimate put back in their
+    columns, 0 at the environment's tokens."""
+    estimate, groups = ESTIMATORS[cfg.advantage_estimator], row_groups(batch, cfg)
+    if batch.policy_mask is None:
+        return estimate(cfg, rewards, batch.mask, batch, groups)
+    compacted, columns, kept = ops.compact_tokens(rewards, batch.trained_mask)
+    values = ops.compact_tokens(batch.values, batch.trained_mask)[0] if batch.values is not None else None
+    advantages, returns = estimate(cfg, compacted, kept, dataclasses.replace(batch, values=values), groups)
+    width = rewards.size(1)
+    return (ops.expand_tokens(advantages, columns, kept, width), ops.expand_tokens(returns, columns, kept, width))
 
 
 def compute_advantages(batch: RolloutBatch, cfg: OnPolicyConfig, kl_coef: float) -> RolloutBatch:
     """Scores -> per-token rewards (equation 3) -> advantages and returns by the configured estimator,
     on the whole update's rollout. With kl_placement=loss the rewards carry the score alone and the KL
-    enters the update's loss."""
-    mask = batch.mask
+    enters the update's loss. In multi-turn episodes only the policy's tokens are rewarded and estimated
+    (`estimate_on_policy_tokens`); the score sits on the episode's last token, which is the policy's."""
+    mask, trained = batch.mask, batch.trained_mask
     scores = shaped_scores(cfg, batch.raw_scores, batch.lengths, batch.has_eos)
     # without old log-probabilities (the update's forward gives them: `reuses_update_forward`) the
     # rewards carry no KL, which that case guarantees they would not; `with_old_logprobs` adds it later
@@ -191,10 +208,9 @@ def compute_advantages(batch: RolloutBatch, cfg: OnPolicyConfig, kl_coef: float)
     reward_kl = kl if kl is not None else torch.zeros_like(batch.ref_logprobs)
     rewards, _ = ops.rlhf_rewards(scores, reward_kl, mask, kl_coef if cfg.kl_placement == "reward" else 0.0)
     if cfg.whiten_rewards:  # Detail 24
-        rewards = ops.masked_whiten(rewards, mask, shift_mean=False)
-    estimate = ESTIMATORS[cfg.advantage_estimator]
-    advantages, returns = estimate(cfg, rewards, mask, batch, row_groups(batch, cfg))
+        rewards = ops.masked_whiten(rewards, trained, shift_mean=False)
+    advantages, returns = estimate_on_policy_tokens(cfg, rewards, batch)
     if cfg.whiten_advantages:  # Detail 25
-        advantages = ops.masked_whiten(advantages, mask)
+        advantages = ops.masked_whiten(advantages, trained)
     return dataclasses.replace(batch, scores=scores, kl=kl, rewards=rewards, advantages=advantages,
                                returns=returns)

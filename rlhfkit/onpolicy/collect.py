@@ -31,8 +31,10 @@ from .. import ops
 from ..config import OnPolicyConfig
 from ..devices import autocast, evaluation_mode, model_device
 from ..distributed import ONE_PROCESS, process_share
-from ..generation import RolloutBatch, SamplingParams, chunk_generator, sample_responses
+from ..generation import TRAINING_STREAM, SamplingParams, chunk_generator, sample_responses
+from ..rollout import RolloutBatch
 from .advantages import needs_of, row_groups, shaped_scores
+from .episodes import environment_seed, episode_drivers
 from .scoring import OnPolicyModels, PromptTexts, model_scores, reward_components, score_rollout
 
 GREEDY_STREAM = 17  # ReMax's greedy answers draw no randomness, but keep their chunk keys apart anyway
@@ -94,6 +96,10 @@ def draw_rollout(setup: RolloutSetup, update: int, attempt: int, stream: PromptS
     params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.temperature,
                             decoding=cfg.decoding)
     own = [setup.prompts[i] for i in picked[share]]
+    first_row = (offset + share.start) * cfg.samples_per_prompt
+    episodes = episode_drivers(cfg, models.tokenizer, setup.texts, picked[share].tolist(),
+                               lambda row: environment_seed(cfg.seed, update, TRAINING_STREAM, first_row + row),
+                               cfg.temperature, cfg.samples_per_prompt)
     show("sampling")
     began = time.perf_counter()
     # eval mode: with activation checkpointing on, a model in train mode refuses the KV cache
@@ -101,7 +107,7 @@ def draw_rollout(setup: RolloutSetup, update: int, attempt: int, stream: PromptS
         batch = sample_responses(
             models.policy, own, params, models.tokenizer, cfg.generation_batch_size,
             lambda i: chunk_generator(cfg.seed, update, offset + share.start + i, device),
-            samples_per_prompt=cfg.samples_per_prompt)
+            samples_per_prompt=cfg.samples_per_prompt, episodes_for=episodes)
     batch.prompts = torch.as_tensor(picked[share], device=device).repeat_interleave(cfg.samples_per_prompt)
     if needs_of(cfg).greedy_baseline:  # its greedy answers count as generation time
         prompt_ids = batch.prompts[:: cfg.samples_per_prompt]
@@ -126,10 +132,13 @@ def greedy_baseline(setup: RolloutSetup, queries: list[list[int]], prompt_ids: t
     models, cfg, precision = setup.models, setup.cfg, setup.precision
     device = next(models.policy.parameters()).device
     params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=0.0, decoding=cfg.decoding)
+    episodes = episode_drivers(cfg, models.tokenizer, setup.texts, prompt_ids.tolist(),
+                               lambda row: environment_seed(cfg.seed, update, GREEDY_STREAM, position + row), 0.0, 1)
     with autocast(device, precision), evaluation_mode(models.policy):
         greedy = sample_responses(
             models.policy, queries, params, models.tokenizer, cfg.generation_batch_size,
-            lambda i: chunk_generator(cfg.seed, update, position + i, device, GREEDY_STREAM))
+            lambda i: chunk_generator(cfg.seed, update, position + i, device, GREEDY_STREAM),
+            episodes_for=episodes)
     greedy.prompts = prompt_ids
     # under the autocast score_rollout scores in
     with autocast(model_device(models.reward) if models.reward is not None else device, precision):
@@ -192,13 +201,14 @@ def prompt_indices(num_prompts: int, count: int, seed: int, start: int) -> np.nd
 
 
 QUERY_COLUMNS = ("query_ids", "query_mask")  # left padded: widened on the left
+ROW_COLUMNS = ("reward_components", "reward_failures", "env_components")  # one column per component: never widened
 
 
 def widen(batch: RolloutBatch, query_width: int, response_width: int, pad_id: int) -> RolloutBatch:
     """The same rollout with queries left padded to `query_width` and responses right padded to
     `response_width` columns: masked columns, which change no masked sum."""
     def pad(name: str, value: torch.Tensor) -> torch.Tensor:
-        if value.dim() == 1:
+        if value.dim() == 1 or name in ROW_COLUMNS:
             return value
         target = query_width if name in QUERY_COLUMNS else response_width
         missing = target - value.size(1)

@@ -27,13 +27,15 @@ from ..eval.caveats import (
 from ..eval.report import Report, config_text, trained_amount, training_summary
 from ..eval.rouge import mean, rouge_l
 from ..generation import (
-    RolloutBatch,
+    EVALUATION_STREAM,
     SamplingParams,
     completion_texts,
     sample_held_out,
 )
 from ..plots import metric_series, plot_curves
+from ..rollout import RolloutBatch
 from ..tracking import read_jsonl, read_metrics
+from .episodes import environment_seed, episode_drivers, episode_records
 from .scoring import OnPolicyModels, PromptTexts, model_scores, reward_components
 
 SAMPLES_FILE = "samples.jsonl"
@@ -54,8 +56,9 @@ PERF_CURVES = ["perf/generation_s", "perf/scoring_s", "perf/update_s", "perf/gen
 
 
 def rollout_metrics(batch: RolloutBatch, kl_coef: float) -> dict[str, float]:
-    """The per-update curves of Figure 12 and seed 000 Stage 3, from the whole update's rollout."""
-    mask, lengths = batch.mask, batch.lengths.float()
+    """The per-update curves of Figure 12 and seed 000 Stage 3, from the whole update's rollout. Per-token
+    means count the policy's tokens only (an episode's environment tokens are context)."""
+    mask, lengths = batch.trained_mask, batch.lengths.float()
     kl_sum = batch.kl.sum(-1)
     non_score = -kl_coef * kl_sum  # also when the KL enters the loss instead of the reward
     metrics = {
@@ -78,6 +81,26 @@ def rollout_metrics(batch: RolloutBatch, kl_coef: float) -> dict[str, float]:
     if batch.values is not None:
         metrics["val/mean"] = float(ops.masked_mean(batch.values, mask))
         metrics["val/explained_variance"] = float(ops.explained_variance(batch.values, batch.returns, mask))
+    if batch.policy_mask is not None:
+        metrics |= episode_metrics(batch)
+    return metrics
+
+
+def episode_metrics(batch: RolloutBatch) -> dict[str, float]:
+    """Multi-turn episodes: how many tokens are the policy's and the environment's, how many turns the
+    policy took, and how far the log-probabilities the update starts from are from those sampled."""
+    policy = batch.trained_mask
+    inserted = batch.mask & ~policy
+    # a turn starts at each policy token that follows an environment token or the episode's start
+    starts = policy & ~torch.nn.functional.pad(policy[:, :-1], (1, 0), value=False)
+    metrics = {
+        "episode/policy_tokens_mean": float(policy.sum(-1).float().mean()),
+        "episode/env_tokens_mean": float(inserted.sum(-1).float().mean()),
+        "episode/turns_mean": float(starts.sum(-1).float().mean()),
+    }
+    if batch.logprobs is not None and batch.sample_logprobs is not None and bool(policy.any()):
+        gap = (batch.logprobs - batch.sample_logprobs).abs()[policy]
+        metrics["episode/logprob_gap_max"] = float(gap.max())
     return metrics
 
 
@@ -97,14 +120,34 @@ def extreme_samples(batch: RolloutBatch, tokenizer, update: int, count: int) -> 
                 "score": float(batch.scores[i]),
                 "raw_score": float(batch.raw_scores[i]),
                 "kl": float(batch.kl[i].sum()),
-                "advantage": float(ops.masked_mean(batch.advantages[i], batch.mask[i])),
+                "advantage": float(ops.masked_mean(batch.advantages[i], batch.trained_mask[i])),
                 "length": len(response),
                 "has_eos": bool(batch.has_eos[i]),
                 "query": tokenizer.decode(query),
                 "response": tokenizer.decode(response, skip_special_tokens=True),
             }
         )
+        if batch.policy_mask is not None:
+            turns = episode_turns(response, batch.policy_mask[i][batch.mask[i]].tolist(), tokenizer)
+            rows[-1] |= {"turns": turns, "episode": transcript(turns)}
     return rows
+
+
+def episode_turns(ids: list[int], sampled: list[bool], tokenizer) -> list[dict[str, Any]]:
+    """A multi-turn episode's ids as its runs of policy and environment tokens, in order, decoded with
+    their special tokens (they show where the chat template opens and closes messages)."""
+    turns: list[dict[str, Any]] = []
+    for token, by_policy in zip(ids, sampled, strict=True):
+        who = "policy" if by_policy else "environment"
+        if not turns or turns[-1]["who"] != who:
+            turns.append({"who": who, "ids": []})
+        turns[-1]["ids"].append(token)
+    return [{"who": t["who"], "text": tokenizer.decode(t["ids"]), "tokens": len(t["ids"])} for t in turns]
+
+
+def transcript(turns: list[dict[str, Any]]) -> str:
+    """The turns one per paragraph, each headed by whose tokens they are: the report's episode column."""
+    return "\n".join(f"[{t['who']}, {t['tokens']} tokens] {t['text']}" for t in turns)
 
 
 def split_posts(cfg: OnPolicyConfig, tokenizer) -> tuple[list[SFTExample], list[SFTExample], list[str]]:
@@ -115,6 +158,7 @@ def split_posts(cfg: OnPolicyConfig, tokenizer) -> tuple[list[SFTExample], list[
         "prompts",
         f"prompt_format={cfg.prompt_format}",
     )
+    records = episode_records(cfg, records)
     train_records, val_records = split_by_prompt(
         records, lambda r: r.prompt_id, validation_size=cfg.validation_posts, seed=cfg.seed
     )
@@ -148,13 +192,19 @@ def summarise_and_score(
         max_new_tokens=cfg.max_response_length, temperature=cfg.eval_temperature, decoding=cfg.decoding
     )
     queries = [e.query.ids for e in examples]
+    texts = PromptTexts.of(examples)
+    episodes = episode_drivers(
+        cfg, models.tokenizer, texts, list(range(len(examples))),
+        lambda row: environment_seed(cfg.seed, 0, EVALUATION_STREAM, row), cfg.eval_temperature, 1,
+    )
     batch = sample_held_out(
-        policy, queries, params, models.tokenizer, cfg.generation_batch_size, cfg.seed, f"answering ({label})"
+        policy, queries, params, models.tokenizer, cfg.generation_batch_size, cfg.seed, f"answering ({label})",
+        episodes_for=episodes,
     )
     batch = batch.to(torch.device("cpu"))
     sources = models.reward_sources()
     components, _ = reward_components(
-        models, batch, model_scores(models, batch, cfg), PromptTexts.of(examples), cfg.max_response_length
+        models, batch, model_scores(models, batch, cfg), texts, cfg.max_response_length
     )
     raw = sources.combine(components)
     scores = with_configured_eos_trick(raw, batch.has_eos, cfg)
@@ -293,7 +343,7 @@ def write_onpolicy_report(
         report.sample_table(
             f"Highest- and lowest-scored training samples (update {last})",
             [r for r in logged if r["step"] == last],
-            ["rank", "score", "kl", "advantage", "length", "has_eos", "response"],
+            ["rank", "score", "kl", "advantage", "length", "has_eos", "episode" if cfg.environment else "response"],
         )
     return report.write(run_dir)
 

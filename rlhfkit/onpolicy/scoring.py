@@ -27,15 +27,18 @@ from ..config import OnPolicyConfig
 from ..data.examples import SFTExample
 from ..data.formats import CHAT
 from ..devices import autocast, model_device
+from ..environments import check_environment
 from ..errors import ConfigError, warn
-from ..generation import RolloutBatch, completion_texts
+from ..generation import completion_texts
 from ..logprobs import response_logprobs, shared_response_logprobs
 from ..reward_models import ScalarModel
 from ..rewards import Prompt, RewardError, RewardFunctions
+from ..rollout import RolloutBatch
 from ..scoring import scores_at_eos
 from ..shared_rows import SharedRows, fall_back, pack_groups, shared_rows_obstacle
 
 REWARD_MODEL = "reward_model"
+ENVIRONMENT = "environment"
 REPORTED_ERRORS = 5  # per scoring call: the rest are counted, not printed
 
 
@@ -86,10 +89,13 @@ class RewardSources:
     weights: list[float]
     # by function: what went wrong on its last failed row
     last_problem: dict[str, str] = field(default_factory=dict)
+    has_environment: bool = False  # the episodes' environment rewards their ends (`Environment.has_reward`)
 
     @classmethod
     def from_config(cls, cfg: OnPolicyConfig) -> RewardSources:
-        if not cfg.reward_functions and not cfg.reward_model:
+        environment = check_environment(cfg.environment, cfg.environment_args)
+        has_environment = environment is not None and environment.has_reward
+        if not cfg.reward_functions and not cfg.reward_model and not has_environment:
             raise ConfigError(
                 "nothing to optimise: give reward_model= (a reward model folder) and/or "
                 "reward_functions= "
@@ -98,15 +104,16 @@ class RewardSources:
         functions = RewardFunctions.from_specs(
             cfg.reward_functions, cfg.reward_error_score, cfg.stop_on_reward_error, cfg.reward_timeout
         )
-        count = len(functions) + bool(cfg.reward_model)
-        weights = list(cfg.reward_weights) or [1.0] * count
-        if len(weights) != count:
-            names = ", ".join(functions.names + ([REWARD_MODEL] if cfg.reward_model else []))
+        sources = cls(functions, bool(cfg.reward_model), [], has_environment=has_environment)
+        count = len(sources.names)
+        sources.weights = list(cfg.reward_weights) or [1.0] * count
+        if len(sources.weights) != count:
             raise ConfigError(
-                f"reward_weights has {len(weights)} values for {count} rewards ({names}): "
-                "give one per reward function, then one for the reward model"
+                f"reward_weights has {len(sources.weights)} values for {count} rewards ({', '.join(sources.names)}): "
+                "give one per reward function, then one for the environment when it rewards episodes, then one "
+                "for the reward model"
             )
-        return cls(functions, bool(cfg.reward_model), weights)
+        return sources
 
     @classmethod
     def model_only(cls) -> RewardSources:
@@ -114,7 +121,8 @@ class RewardSources:
 
     @property
     def names(self) -> list[str]:
-        return self.functions.names + ([REWARD_MODEL] if self.has_model else [])
+        """The components in their order: the functions', the environment's, the reward model's."""
+        return self.functions.names + [ENVIRONMENT] * self.has_environment + [REWARD_MODEL] * self.has_model
 
     def function_scores(
         self, prompts: PromptTexts, rows: list[int], completions: list[str], rollout: dict[str, Any]
@@ -314,6 +322,9 @@ def reward_components(
             prompts, batch.prompts.tolist(), completions, rollout_columns(batch, max_length)
         )
         columns.append(scores)
+    if sources.has_environment:
+        rewards = batch.env_rewards if batch.env_rewards is not None else torch.zeros(batch.size)
+        columns.append(rewards.float().cpu().unsqueeze(1))
     if model_scores is not None:
         columns.append(model_scores.float().cpu().unsqueeze(1))
     device = batch.responses.device
@@ -361,9 +372,9 @@ def score_rollout(
     filled |= {"reward_components": components, "raw_scores": models.reward_sources().combine(components)}
     if failed.numel():
         filled["reward_failures"] = failed
-    # Everything after EOS is masked out of every loss and metric; zero it here too so that no
-    # stray number from a PAD position can leak into a sum.
+    # Everything after EOS, and an episode's environment tokens, is masked out of every loss and metric;
+    # zero it here too so that no stray number from a PAD or an environment position can leak into a sum.
     for key in ("logprobs", "ref_logprobs", "values"):
         if key in filled:
-            filled[key] = filled[key] * batch.mask
+            filled[key] = filled[key] * batch.trained_mask
     return dataclasses.replace(batch, **filled)

@@ -38,6 +38,7 @@ from ..trainers.run import accelerator_for, autocast_precision, start_run
 from .advantages import compute_advantages, with_old_logprobs
 from .algorithms import Algorithm, algorithm_of
 from .collect import PromptStream, RolloutSetup, collect, prompts_per_update
+from .episodes import environment_metrics
 from .evaluation import (
     SAMPLES_FILE,
     compare_policies,
@@ -183,6 +184,7 @@ class OnPolicySteps:
         batch = compute_advantages(batch, self.cfg, self.kl_coef)
         old_logprobs = torch.zeros_like(batch.ref_logprobs) if batch.logprobs is None else None
         metrics |= component_metrics(self.models.reward_sources().names, batch.reward_components, batch.reward_failures)
+        metrics |= environment_metrics(self.cfg, batch)
         show("updating")
         tick = time.perf_counter()
         metrics |= update_on_rollout(

@@ -27,8 +27,8 @@ from .. import ops
 from ..config import OnPolicyConfig
 from ..devices import autocast
 from ..distributed import ONE_PROCESS, process_share
-from ..generation import RolloutBatch
 from ..policy_losses import POLICY_LOSSES, ClipRange, aggregate, loss_units
+from ..rollout import RolloutBatch
 from ..sharding import fsdp_modules, full_number
 from ..shared_rows import SharedRows
 from ..trainers.run import build_optimizer, check_finite
@@ -148,9 +148,10 @@ class Objective:
         )
 
     def loss_mask(self, batch: RolloutBatch) -> torch.Tensor:
-        """(B, R) the tokens whose losses count: every valid token, or with mask_truncated (DAPO's
-        overlong filtering) none of a response cut before its EOS."""
-        return batch.mask & batch.has_eos.unsqueeze(1) if self.mask_truncated else batch.mask
+        """(B, R) the tokens whose losses count: every token the policy sampled (not an environment's), or
+        with mask_truncated (DAPO's overlong filtering) none of a response cut before its EOS."""
+        trained = batch.trained_mask
+        return trained & batch.has_eos.unsqueeze(1) if self.mask_truncated else trained
 
     def units(self, batch: RolloutBatch) -> torch.Tensor:
         """(B,) each row's share of its minibatch's normaliser (`policy_losses.loss_units`)."""
@@ -186,7 +187,7 @@ def update_on_rollout(
     device = batch.responses.device
     rng = np.random.default_rng([cfg.seed, update, 11])
     minibatch = batch.size // cfg.num_minibatches
-    units, tokens = objective.units(batch), batch.mask.sum(-1).float()
+    units, tokens = objective.units(batch), batch.trained_mask.sum(-1).float()
     value_options = algorithm.value(cfg) if algorithm.value else None
     stats = Averages()
     grad_norms = Averages()
@@ -304,14 +305,15 @@ def micro_loss(
     weights in the logged means (None: a lockstep pass whose rows belong to another micro-batch, which
     adds nothing). Returns the old log-probabilities it used, (b, R)."""
     counts = share is not None
-    loss_mask = objective.loss_mask(micro) if counts else torch.zeros_like(micro.mask)
+    loss_mask = objective.loss_mask(micro) if counts else torch.zeros_like(micro.trained_mask)
+    trained = micro.trained_mask  # environment tokens are context, never trained on
     with autocast(micro.responses.device, precision):
         shared = passes.layout.rows_for("policy", passes.shared)
         logprobs, entropy = policy_logprobs(models.policy, micro, cfg.temperature, shared)
         if passes.old_from_this_forward:  # ratio 1 exactly: the K = 1 update's gradient at the sampling policy
-            micro = dataclasses.replace(micro, logprobs=logprobs.detach() * micro.mask)
+            micro = dataclasses.replace(micro, logprobs=logprobs.detach() * trained)
         policy = POLICY_LOSSES[objective.policy_loss](
-            logprobs, micro.logprobs, micro.advantages, micro.mask, objective.clip, objective.dual_clip
+            logprobs, micro.logprobs, micro.advantages, trained, objective.clip, objective.dual_clip
         )
         terms = {"loss/policy": objective.aggregate(policy.per_token, loss_mask, normalisers.units)}
         if cfg.kl_placement == "loss":
@@ -325,10 +327,10 @@ def micro_loss(
         if value_options is not None:
             new_values = value_estimates(models.value, micro, passes.layout.rows_for("value", passes.shared)).float()
             value_loss, value_clipfrac = ops.ppo_value_loss(
-                new_values, micro.values, micro.returns, micro.mask, value_options.clip_range or None
+                new_values, micro.values, micro.returns, trained, value_options.clip_range or None
             )
             value_tokens = (
-                float(micro.mask.sum()) if counts else 0.0
+                float(trained.sum()) if counts else 0.0
             )  # value_loss is a mean over this micro-batch's tokens
             terms["loss/value"] = value_options.coef * value_loss * value_tokens / max(normalisers.tokens, 1e-8)
     loss = sum(terms.values())
@@ -344,14 +346,14 @@ def micro_loss(
     if "loss/kl" in terms:
         stats.add(
             "loss/kl_avg",
-            ops.masked_mean(ops.kl_penalty(logprobs.detach(), micro.ref_logprobs, cfg.kl_estimator), micro.mask),
+            ops.masked_mean(ops.kl_penalty(logprobs.detach(), micro.ref_logprobs, cfg.kl_estimator), trained),
             value_weight,
         )
     # the policy loss as a mean per unit of this micro-batch: summed with its weights, the minibatch's loss
     stats.add("loss/policy_avg", terms["loss/policy"].detach() / max(weight, 1e-12), weight)
     stats.add("policy/clipfrac_avg", policy.clip_fraction, value_weight)
     stats.add("policy/approxkl_avg", policy.approx_kl, value_weight)
-    stats.add("policy/entropy_avg", ops.masked_mean(entropy.detach(), micro.mask), value_weight)
-    stats.add("val/ratio", ops.masked_mean(ratio, micro.mask), value_weight)
-    stats.add("ratio_squared", ops.masked_mean(ratio**2, micro.mask), value_weight)
+    stats.add("policy/entropy_avg", ops.masked_mean(entropy.detach(), trained), value_weight)
+    stats.add("val/ratio", ops.masked_mean(ratio, trained), value_weight)
+    stats.add("ratio_squared", ops.masked_mean(ratio**2, trained), value_weight)
     return micro.logprobs
