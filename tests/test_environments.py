@@ -4,6 +4,7 @@ inserts; the last token is always the policy's; at step 0 the ratio is 1 and the
 take no part in the loss; advantages run over the policy's tokens alone."""
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -326,3 +327,37 @@ def test_an_environment_only_reward_needs_neither_reward_model_nor_functions():
         RewardSources.from_config(environment_config(reward_functions=["format"], reward_weights=[1.0]))
     assert RewardSources.from_config(environment_config()).names == ["environment"]
     assert issubclass(FixedTextEnv, Environment)
+
+
+def test_the_calculator_in_the_decoding_loop_feeds_its_result_then_hands_the_turn_back(tokenizer):
+    """Scripted samples through the driver: the policy writes `<<48/2=`, the next fed tokens are the
+    calculator's `24>>` whatever was sampled meanwhile, then the policy's own tokens again."""
+    env = Gsm8kCalculator(EpisodeStart([], {}, 0), tokenizer)
+    driver = EpisodeDriver([env], tokenizer, EpisodeLimits(40, 8, 1.0))
+    written = tokenizer.encode("So 48/2 = <<48/2=", add_special_tokens=False)
+    result = tokenizer.encode("24>>", add_special_tokens=False)
+    after = tokenizer.encode("24 clips.", add_special_tokens=False) + [tokenizer.eos_token_id]
+    junk = tokenizer.encode(" zebra", add_special_tokens=False)[0]  # sampled while the result is fed: discarded
+    logits = torch.zeros(1, len(tokenizer))
+    fed = [int(driver.advance(torch.tensor([t]), logits)[0]) for t in written + [junk] * len(result) + after]
+    assert fed == written + result + after
+    out = driver.results(len(fed), torch.device("cpu"))
+    assert out["policy_mask"][0].tolist() == [True] * len(written) + [False] * len(result) + [True] * len(after)
+    assert bool(out["has_eos"][0]) and out["env_components"][0].tolist() == [1.0, 0.0]
+    assert tokenizer.decode(fed, skip_special_tokens=True) == "So 48/2 = <<48/2=24>>24 clips."
+
+
+def test_eval_task_gsm8k_evaluates_a_model_with_and_without_the_calculator(tiny_model_dir, tmp_path, capsys):
+    from rlhfkit.cli import main as cli_main
+
+    from .helpers import data_file
+
+    out = tmp_path / "eval"
+    args = ["eval", "task=gsm8k", f"models=base={tiny_model_dir},calc={tiny_model_dir}",
+            f"data={data_file('gsm8k', 'test.jsonl.gz')}", "max_prompts=4", "max_response_length=6", f"out={out}"]
+    assert cli_main([*args, "environments=calc=gsm8k-calculator"]) == 0
+    base, calc = json.loads((out / "accuracy.json").read_text())["tables"]["all"]
+    assert calc["tool_use_share"] == 0.0 and "tool_use_share" not in base  # a random model calls nothing
+    assert calc["greedy_minus_first"] == 0.0 and base["annotation_share"] == calc["annotation_share"] == 0.0
+    assert cli_main([*args, "environments=other=gsm8k-calculator", "overwrite=true"]) != 0
+    assert "environments= names other, which models= does not" in capsys.readouterr().err

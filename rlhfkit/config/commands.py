@@ -286,6 +286,11 @@ class EvalConfig(JudgeConfig):
         "name=folder of the policies behind the samples (same names), for their KL to reference_model; "
         "task=gsm8k: name=model of each policy evaluated, the first the baseline",
     )
+    environments: list[str] = opt(
+        [],
+        "task=gsm8k: name=environment for the policies of `models` that answer in multi-turn episodes with it "
+        "(e.g. sft-calc=gsm8k-calculator; list a model twice, under two names, to evaluate it with and without)",
+    )
     shift_samples: int = opt(3, "samples per policy shown with their tokens coloured by shift in the report", "Table 8")
     max_prompts: int = opt(
         0, "compare on at most this many common prompts (task=gsm8k: the first problems of `data`; 0: all)"

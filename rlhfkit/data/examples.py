@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -9,7 +10,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..config.sections import PairLengths
 from ..errors import ConfigError, warn
-from .formats import QueryTokens, QueryTooLong, encode_completion, encode_query
+from .formats import CHAT, QueryTokens, QueryTooLong, encode_completion, encode_query
 from .records import SkipLog
 from .tldr import Comparison, SFTRecord
 
@@ -27,6 +28,15 @@ class SFTExample:
     def width(self) -> int:
         """Tokens in the row the collator pads."""
         return len(self.query.ids) + len(self.response)
+
+
+def reward_prompt(example: SFTExample) -> list[dict] | str:
+    """The prompt as TRL gives it to reward functions (and environments read it): a conversation's messages as
+    the dataset holds them (before any turn is dropped to fit max_query_length), else the query's text as the
+    policy read it."""
+    if example.record.task == CHAT:
+        return json.loads(example.record.fields["messages"])
+    return example.query.text
 
 
 @dataclass

@@ -16,6 +16,7 @@ from .arithmetic import Refused, calculate
 from .base import Environment, EpisodeStart, Reply
 
 CALL = re.compile(r"<<([^<>=]*)=$")  # an annotation opened and its expression written, up to the "="
+ANNOTATION = re.compile(r"<<[^<>=]*=[^<>]*>>")  # a whole annotation, its result written by the policy or inserted
 
 
 class Gsm8kCalculator(Environment):

@@ -8,7 +8,10 @@ Per policy, on the same problems in file order (the first `max_prompts`):
   base model's pass@k is best-of-k with a perfect verifier: what RL's extra samples could at most buy);
 - the share of answers in the format the prompt asks for (`rewards.answer_format`), response length,
   the EOS rate and, with `reference_model=`, the KL of the sampled answers to the reference
-  (sum over tokens of log pi - log pi_ref, at the sampling temperature, averaged over answers).
+  (sum over tokens of log pi - log pi_ref, at the sampling temperature, averaged over answers);
+- the share of answers that write a calculator annotation `<<48/2=24>>`, and for a policy given an
+  environment (`environments=sft-calc=gsm8k-calculator`: its answers are multi-turn episodes, the
+  calculator inserting each result) the share of answers in which the calculator answered a call.
 
 Every accuracy has a 95% percentile-bootstrap interval over problems, and every policy after the
 first its paired difference from the first, with the interval of the per-problem differences. The
@@ -27,9 +30,12 @@ import numpy as np
 import torch
 
 from ..config import EvalConfig, parse_named
-from ..data.examples import SFTExample, tokenize_sft
+from ..data.examples import SFTExample, reward_prompt, tokenize_sft
 from ..data.gsm8k import load_gsm8k
 from ..devices import model_device
+from ..environments import Environment, EpisodeStart, check_environment
+from ..environments.calculator import ANNOTATION, Gsm8kCalculator
+from ..environments.driver import EpisodeDriver, EpisodeLimits
 from ..errors import ConfigError
 from ..generation import (
     SamplingParams,
@@ -46,6 +52,7 @@ from .report import Report, with_intervals
 from .winrate import bootstrap_interval
 
 RESAMPLES = 2000
+MAX_TURNS = 16  # an answer's turns with an environment: the calculator's calls and the final stretch
 
 
 def named_models(specs: list[str]) -> dict[str, str]:
@@ -64,15 +71,46 @@ def interval(values: np.ndarray, seed: int) -> dict[str, float]:
     return {"mean": float(values.mean()), "low": low, "high": high}
 
 
+def named_environments(cfg: EvalConfig, models: dict[str, str]) -> dict[str, type[Environment]]:
+    """name=environment pairs, each name one of `models`' and each environment checked."""
+    named = parse_named(cfg.environments, "environments", "sft-calc=gsm8k-calculator")
+    unknown = [name for name in named if name not in models]
+    if unknown:
+        raise ConfigError(
+            f"environments= names {', '.join(unknown)}, which models= does not: give each environment to a "
+            f"policy of models= ({', '.join(models)})"
+        )
+    return {name: check_environment(spec, {}) for name, spec in named.items()}
+
+
+def episode_drivers(environment: type[Environment] | None, examples: list[SFTExample], tokenizer, cfg: EvalConfig,
+                    temperature: float, samples: int):
+    """`sample_held_out`'s `episodes_for`: row g + samples x i an episode of problem i with `environment`,
+    seeded by its row; None without an environment."""
+    if environment is None:
+        return None
+    limits = EpisodeLimits(cfg.max_response_length, MAX_TURNS, temperature)
+    prompts = [reward_prompt(e) for e in examples]
+
+    def driver(rows: list[int]) -> EpisodeDriver:
+        starts = [EpisodeStart(prompts[r // samples], examples[r // samples].record.columns, cfg.seed + r)
+                  for r in rows]
+        return EpisodeDriver([environment(s, tokenizer) for s in starts], tokenizer, limits, [s.prompt for s in starts])
+
+    return driver
+
+
 @torch.no_grad()
 def answer(
-    policy, examples: list[SFTExample], tokenizer, cfg: EvalConfig, temperature: float, samples: int
+    policy, examples: list[SFTExample], tokenizer, cfg: EvalConfig, temperature: float, samples: int,
+    environment: type[Environment] | None = None,
 ) -> RolloutBatch:
     params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=temperature)
     label = "greedy" if temperature == 0 else f"{samples} samples at T={temperature}"
     queries = [e.query.ids for e in examples]
     return sample_held_out(
-        policy, queries, params, tokenizer, cfg.generation_batch_size, cfg.seed, f"answering ({label})", samples
+        policy, queries, params, tokenizer, cfg.generation_batch_size, cfg.seed, f"answering ({label})", samples,
+        episode_drivers(environment, examples, tokenizer, cfg, temperature, samples),
     )
 
 
@@ -104,18 +142,28 @@ def graded(batch: RolloutBatch, examples: list[SFTExample], tokenizer, samples: 
         .reshape(shape),
         "tokens": batch.lengths.cpu().numpy().astype(np.float64).reshape(shape),
         "eos": batch.has_eos.cpu().numpy().astype(np.float64).reshape(shape),
+        "annotated": np.array([bool(ANNOTATION.search(t)) for t in texts], dtype=np.float64).reshape(shape),
+        "tool_calls": tool_calls(batch).reshape(shape),
     }
 
 
-def evaluate_policy(name: str, path: str, examples: list[SFTExample], cfg: EvalConfig, reference) -> dict[str, Any]:
+def tool_calls(batch: RolloutBatch) -> np.ndarray:
+    """(B,) calls the calculator answered in each episode; NaN for answers sampled without a calculator."""
+    if batch.env_components is None:
+        return np.full(batch.size, np.nan)
+    return batch.env_components[:, Gsm8kCalculator.component_names.index("tool_calls")].cpu().numpy().astype(float)
+
+
+def evaluate_policy(name: str, path: str, examples: list[SFTExample], cfg: EvalConfig, reference,
+                    environment: type[Environment] | None = None) -> dict[str, Any]:
     policy, tokenizer = load_policy(path, cfg.trust_remote_code)
     policy.eval()
     result: dict[str, Any] = {
         "model": path,
-        "greedy": graded(answer(policy, examples, tokenizer, cfg, 0.0, 1), examples, tokenizer, 1),
+        "greedy": graded(answer(policy, examples, tokenizer, cfg, 0.0, 1, environment), examples, tokenizer, 1),
     }
     if cfg.pass_k:
-        batch = answer(policy, examples, tokenizer, cfg, cfg.temperature, cfg.pass_k)
+        batch = answer(policy, examples, tokenizer, cfg, cfg.temperature, cfg.pass_k, environment)
         result["sampled"] = graded(batch, examples, tokenizer, cfg.pass_k)
         if reference is not None:
             rows = cfg.generation_batch_size
@@ -156,7 +204,11 @@ def summary_table(results: dict[str, dict[str, Any]], subset: np.ndarray, seed: 
             "mentions_answer_share": float(result["greedy"]["mentioned"][subset].mean()),
             "length": float(result["greedy"]["tokens"][subset].mean()),
             "eos_rate": float(result["greedy"]["eos"][subset].mean()),
+            "annotation_share": float(result["greedy"]["annotated"][subset].mean()),
         }
+        calls = result["greedy"]["tool_calls"][subset, 0]
+        if not np.isnan(calls).all():  # answered in episodes with the calculator
+            row |= {"tool_use_share": float((calls > 0).mean()), "tool_calls_mean": float(calls.mean())}
         for label, answers in (("in_format", in_format), ("out_of_format", ~in_format)):
             if answers.any():  # else no such answers, and no accuracy to give
                 row[f"accuracy_{label}"] = float(greedy[answers].mean())
@@ -206,7 +258,11 @@ def run_accuracy(cfg: EvalConfig) -> int:
     first_tokenizer = load_policy(next(iter(named.values())), cfg.trust_remote_code)[1]
     examples = select_problems(cfg, first_tokenizer)
     steps = np.array([e.record.columns["calculator_steps"] for e in examples])
-    results = {name: evaluate_policy(name, path, examples, cfg, reference) for name, path in named.items()}
+    environments = named_environments(cfg, named)
+    results = {
+        name: evaluate_policy(name, path, examples, cfg, reference, environments.get(name))
+        for name, path in named.items()
+    }
     subsets = {
         "all": np.ones(len(examples), dtype=bool),
         f"easy (<= {cfg.easy_steps} calculator steps)": steps <= cfg.easy_steps,
@@ -278,3 +334,4 @@ def answer_rows(examples: list[SFTExample], results: dict[str, dict[str, Any]]) 
                 row[f"{name}_sampled_correct"] = int(result["sampled"]["correct"][i].sum())
         rows.append(row)
     return rows
+

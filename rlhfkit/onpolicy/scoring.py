@@ -15,7 +15,6 @@ function (`rewards/<name>_errors`) and reported with the prompt's source line (r
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,8 +23,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from ..config import OnPolicyConfig
-from ..data.examples import SFTExample
-from ..data.formats import CHAT
+from ..data.examples import SFTExample, reward_prompt
 from ..devices import autocast, model_device
 from ..environments import check_environment
 from ..errors import ConfigError, warn
@@ -57,14 +55,6 @@ class PromptTexts:
             [e.record.columns for e in examples],
             [e.record.where for e in examples],
         )
-
-
-def reward_prompt(example: SFTExample) -> Prompt:
-    """The prompt as TRL gives it to reward functions: a conversation's messages as the dataset holds them
-    (before any turn is dropped to fit max_query_length), else the query's text as the policy read it."""
-    if example.record.task == CHAT:
-        return json.loads(example.record.fields["messages"])
-    return example.query.text
 
 
 def rollout_columns(batch: RolloutBatch, max_length: int) -> dict[str, Any]:
