@@ -57,7 +57,8 @@ class Rollout:
     lengths: torch.Tensor  # (B,) tokens up to and including EOS (R when there is none)
     has_eos: torch.Tensor  # (B,) whether the response contains EOS
     decoding: str = "eager"  # how the steps ran: eager, buckets or cuda-graphs
-    episodes: dict[str, torch.Tensor] | None = None  # multi-turn: `EPISODE_FIELDS` of the episodes
+    episodes: dict[str, torch.Tensor] | None = None  # multi-turn: policy_mask, sample_logprobs, env_rewards, ...
+    # (`EpisodeDriver.results`)
 
 
 def pick_next(

@@ -101,3 +101,29 @@ def test_a_sigkilled_multi_turn_run_resumes_bit_identical(environment_dirs, tmp_
     assert_same_files(straight, killed, ["model/model.safetensors"])
     assert_same_metrics(straight, killed, 3)
     assert (straight / "samples.jsonl").read_text() == (killed / "samples.jsonl").read_text()
+
+
+def test_the_python_api_takes_an_environment_class_defined_in_a_notebook(environment_dirs, tmp_path):
+    import rlhfkit
+    from rlhfkit.environments import Environment, Reply
+
+    class Echo(Environment):  # defined in a function: not importable, held as an object
+        component_names = ("turns",)
+
+        def __init__(self, start, tokenizer, turns: int = 1):
+            super().__init__(start, tokenizer)
+            self.left = turns
+
+        def respond(self, turn_ids, turn_text, ended_by_eos):
+            if not self.left:
+                return Reply.end()
+            self.left -= 1
+            return self.message("user", f"You said {len(turn_ids)} tokens.")
+
+        def components(self):
+            return {"turns": self.left}
+
+    options = episode_args("grpo", environment_dirs, tmp_path / "api", max_steps=1)
+    result = rlhfkit.grpo(preset="tldr-grpo", **(options | {"environment": Echo, "environment_args": {"turns": 1}}))
+    assert "env/turns" in result.metrics and result.metrics["episode/turns_mean"].iloc[-1] >= 1
+    assert "environment: python:Echo" in (result.run_dir / "config.yaml").read_text()

@@ -31,6 +31,8 @@ FORBIDDEN = {
     "data": ("rlhfkit.eval", "rlhfkit.trainers", "rlhfkit.onpolicy", "rlhfkit.stages"),
     "scoring.py": ("rlhfkit.eval", "rlhfkit.trainers", "rlhfkit.onpolicy"),
     "generation.py": ("rlhfkit.eval", "rlhfkit.trainers", "rlhfkit.onpolicy"),
+    "environments": ("rlhfkit.eval", "rlhfkit.trainers", "rlhfkit.onpolicy", "rlhfkit.stages", "rlhfkit.generation"),
+    "rollout.py": ("rlhfkit.eval", "rlhfkit.trainers", "rlhfkit.onpolicy", "rlhfkit.generation"),
     "trainers": ("rlhfkit.onpolicy", "rlhfkit.stages", "rlhfkit.pipeline_command"),
     "onpolicy": ("rlhfkit.stages", "rlhfkit.pipeline_command"),
 }
