@@ -221,6 +221,9 @@ def summarise_and_score(
             "raw_score": float(raw[i]),
             "rouge_l": rouge[i],
         }
+        if batch.policy_mask is not None:  # an episode: shown turn by turn
+            ids = batch.responses[i][batch.mask[i]].tolist()
+            row["text"] = transcript(episode_turns(ids, batch.policy_mask[i][batch.mask[i]].tolist(), models.tokenizer))
         row |= {f"reward_{name}": float(components[i, c]) for c, name in enumerate(sources.functions.names)}
         if rm_scores is not None:  # as the paper reports it: Detail 23's constant where there is no EOS
             row |= {"rm_score": float(rm_scores[i]), "raw_rm_score": float(components[i, -1])}
