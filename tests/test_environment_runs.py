@@ -60,7 +60,7 @@ def test_every_on_policy_method_trains_on_episodes_and_reports_them_turn_by_turn
     report = (run / "report.html").read_text()
     assert "[environment, " in report and "[policy, " in report
     held_out = rows_of(run / "eval_samples.jsonl")
-    assert held_out and all(r[stage].startswith("[policy, ") for r in held_out)  # the held-out episodes too
+    assert held_out and all(r[f"{stage}_episode"].startswith("[policy, ") for r in held_out)  # held-out episodes too
 
 
 def test_rlhfkit_grpo_on_hh_dialogues_replays_the_human_turns_and_reports_them(environment_dirs, tmp_path):

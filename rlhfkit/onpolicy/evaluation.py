@@ -221,9 +221,10 @@ def summarise_and_score(
             "raw_score": float(raw[i]),
             "rouge_l": rouge[i],
         }
-        if batch.policy_mask is not None:  # an episode: shown turn by turn
+        if batch.policy_mask is not None:  # an episode, for the report: turn by turn (the alarms read the text)
             ids = batch.responses[i][batch.mask[i]].tolist()
-            row["text"] = transcript(episode_turns(ids, batch.policy_mask[i][batch.mask[i]].tolist(), models.tokenizer))
+            turns = episode_turns(ids, batch.policy_mask[i][batch.mask[i]].tolist(), models.tokenizer)
+            row["episode"] = transcript(turns)
         row |= {f"reward_{name}": float(components[i, c]) for c, name in enumerate(sources.functions.names)}
         if rm_scores is not None:  # as the paper reports it: Detail 23's constant where there is no EOS
             row |= {"rm_score": float(rm_scores[i]), "raw_rm_score": float(components[i, -1])}
@@ -283,6 +284,8 @@ def compare_policies(
             row |= {
                 f"{who}_{key}": value for key, value in result.items() if key == "rm_score" or key.startswith("reward_")
             }
+            if "episode" in result:
+                row[f"{who}_episode"] = result["episode"]
         rows.append(row)
     return metrics, rows
 
@@ -337,7 +340,8 @@ def write_onpolicy_report(
     ]
     for title, keys, file, short in plots:
         report.figure(title, plot_curves(history, keys, run_dir / "plots" / file, f"{name.upper()} {short}"))
-    columns = ["post", "reference", "sft", name, "sft_score", f"{name}_score", "sft_tokens", f"{name}_tokens"]
+    answers = ["sft_episode", f"{name}_episode"] if cfg.environment else ["sft", name]
+    columns = ["post", "reference", *answers, "sft_score", f"{name}_score", "sft_tokens", f"{name}_tokens"]
     report.sample_table("Held-out samples", rows[:10], columns)
     samples_path = run_dir / SAMPLES_FILE
     if samples_path.exists():
