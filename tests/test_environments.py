@@ -361,3 +361,15 @@ def test_eval_task_gsm8k_evaluates_a_model_with_and_without_the_calculator(tiny_
     assert calc["greedy_minus_first"] == 0.0 and base["annotation_share"] == calc["annotation_share"] == 0.0
     assert cli_main([*args, "environments=other=gsm8k-calculator", "overwrite=true"]) != 0
     assert "environments= names other, which models= does not" in capsys.readouterr().err
+
+
+def test_the_report_flags_a_logprob_gap_and_refused_tool_calls():
+    from rlhfkit.onpolicy.evaluation import episode_caveat
+
+    fp32 = environment_config(mixed_precision="no")
+    quiet = [{"episode/logprob_gap_max": 2e-5, "env/tool_calls": 2.0, "env/tool_refused": 0.5}]
+    assert episode_caveat(quiet, fp32) == ""
+    loud = [{"episode/logprob_gap_max": 0.2, "env/tool_calls": 1.0, "env/tool_refused": 3.0}]
+    caveat = episode_caveat(loud, fp32)
+    assert "moved by up to 0.2" in caveat and "refused 3 tool calls for each one it answered" in caveat
+    assert "moved" not in episode_caveat(loud, environment_config(mixed_precision="bf16"))

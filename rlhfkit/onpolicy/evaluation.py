@@ -35,6 +35,7 @@ from ..generation import (
 from ..plots import metric_series, plot_curves
 from ..rollout import RolloutBatch
 from ..tracking import read_jsonl, read_metrics
+from ..trainers.run import autocast_precision
 from .episodes import environment_seed, episode_drivers, episode_records
 from .scoring import OnPolicyModels, PromptTexts, model_scores, reward_components
 
@@ -301,6 +302,25 @@ def held_out_alarms(rows: list[dict], who: str) -> dict:
     )
 
 
+LOGPROB_GAP_ALARM = 1e-3  # fp32: decoding steps and one forward pass agree to about 2e-5 (docs/environments.md)
+REFUSED_ALARM = 0.5  # tool calls refused per call answered
+
+
+def episode_caveat(history: list[dict], cfg: OnPolicyConfig) -> str:
+    """Multi-turn runs: a flag when the update did not start from the log-probabilities the episodes were sampled
+    with (fp32 runs), or when the environment refused more of the policy's tool calls than it answered."""
+    flags = []
+    gaps = metric_series(history, "episode/logprob_gap_max")[1]
+    if gaps and autocast_precision(cfg) == "no" and max(gaps) > LOGPROB_GAP_ALARM:
+        flags.append(f"a sampled token's log-probability moved by up to {max(gaps):.2g} before the update (fp32: "
+                     "expected below 1e-3); the environment's ids may not be what the model read")
+    calls, refused = (sum(metric_series(history, f"env/tool_{k}")[1]) for k in ("calls", "refused"))
+    if refused > REFUSED_ALARM * calls:
+        flags.append(f"the environment refused {refused / max(calls, 1e-9):.2g} tool calls for each one it answered: "
+                     "read the samples")
+    return "; ".join(flags)
+
+
 def write_onpolicy_report(
     run_dir: Path, cfg: OnPolicyConfig, name: str, notes: list[str], metrics: dict[str, float], rows: list[dict]
 ) -> Path:
@@ -316,6 +336,7 @@ def write_onpolicy_report(
     held_out_numbers(report, name, metrics)
     for who in ("sft", name):
         report.caveat(alarm_caveat(f"the {who} policy's held-out samples", held_out_alarms(rows, who)))
+    report.caveat(episode_caveat(history, cfg))
     for key, label in (("objective/scores", "RM score"), ("response/eos_rate", "EOS rate")):
         values = metric_series(history, key)[1]
         if values:
