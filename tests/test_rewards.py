@@ -234,9 +234,10 @@ def test_a_sequence_classification_reward_model_scores_at_eos_like_its_own_head(
     assert batch.reward_components.shape == (batch.size, 1)
 
 
-def graded_answers(correct: list[list[int]], in_format: list[int] | None = None) -> dict:
+def graded_answers(correct: list[list[int]], in_format: list[int] | None = None, tool_calls=None) -> dict:
     """Answers graded as `accuracy.graded` grades them: right as given, the right number mentioned by every right
-    answer and by the first wrong one, in format where `in_format` says (all by default)."""
+    answer and by the first wrong one, in format where `in_format` says (all by default), an annotation written in
+    the first, and `tool_calls` answered by a calculator (None: answered without one)."""
     values = np.array(correct, dtype=np.float64)
     mentioned, wrong = values.copy(), np.argwhere(values == 0)
     if len(wrong):
@@ -249,6 +250,8 @@ def graded_answers(correct: list[list[int]], in_format: list[int] | None = None)
         "tokens": np.full_like(values, 10.0),
         "eos": np.ones_like(values),
         "texts": np.full(values.shape, "x", dtype=object),
+        "annotated": (np.arange(values.shape[0]) == 0)[:, None] * np.ones_like(values),
+        "tool_calls": np.full_like(values, np.nan) if tool_calls is None else np.array(tool_calls, float)[:, None],
     }
 
 
@@ -258,7 +261,8 @@ def test_accuracy_table_pairs_every_policy_with_the_first():
             "greedy": graded_answers([[1], [0], [0], [1]]),
             "sampled": graded_answers([[1, 0], [0, 0], [0, 1], [0, 0]]),
         },
-        "rl": {"greedy": graded_answers([[1], [1], [0], [1]], in_format=[1, 1, 0, 0]), "kl": 0.5},
+        "rl": {"greedy": graded_answers([[1], [1], [0], [1]], in_format=[1, 1, 0, 0], tool_calls=[2, 0, 1, 0]),
+               "kl": 0.5},
     }
     everything = np.ones(4, dtype=bool)
     base, rl = accuracy.summary_table(results, everything, seed=0)
@@ -272,6 +276,9 @@ def test_accuracy_table_pairs_every_policy_with_the_first():
     assert base["accuracy_in_format"] == 0.5 and "accuracy_out_of_format" not in base  # every base answer in format
     # the gain beyond format: rl's right answers (1, 1, 0, 1) against what base mentions anywhere (1, 1, 0, 1)
     assert rl["greedy_minus_first_mentioned"] == 0.0 and "greedy_minus_first_mentioned" not in base
+    # tools: an annotation in the first answer of each; the calculator answered in 2 of rl's 4 answers, 3 calls
+    assert base["annotation_share"] == rl["annotation_share"] == 0.25 and "tool_use_share" not in base
+    assert rl["tool_use_share"] == 0.5 and rl["tool_calls_mean"] == 0.75
     first_two = np.array([True, True, False, False])
     _, rl_subset = accuracy.summary_table(results, first_two, seed=0)
     assert rl_subset["problems"] == 2 and rl_subset["greedy_minus_first"] == 0.5
