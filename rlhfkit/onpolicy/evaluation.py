@@ -129,14 +129,16 @@ def extreme_samples(batch: RolloutBatch, tokenizer, update: int, count: int) -> 
             }
         )
         if batch.policy_mask is not None:
-            turns = episode_turns(response, batch.policy_mask[i][batch.mask[i]].tolist(), tokenizer)
+            turns = episode_turns(batch, i, tokenizer)
             rows[-1] |= {"turns": turns, "episode": transcript(turns)}
     return rows
 
 
-def episode_turns(ids: list[int], sampled: list[bool], tokenizer) -> list[dict[str, Any]]:
-    """A multi-turn episode's ids as its runs of policy and environment tokens, in order, decoded with
-    their special tokens (they show where the chat template opens and closes messages)."""
+def episode_turns(batch: RolloutBatch, row: int, tokenizer) -> list[dict[str, Any]]:
+    """Row `row`'s episode as its runs of policy and environment tokens, in order, decoded with their special
+    tokens (they show where the chat template opens and closes messages)."""
+    ids = batch.responses[row][batch.mask[row]].tolist()
+    sampled = batch.policy_mask[row][batch.mask[row]].tolist()
     turns: list[dict[str, Any]] = []
     for token, by_policy in zip(ids, sampled, strict=True):
         who = "policy" if by_policy else "environment"
@@ -223,9 +225,7 @@ def summarise_and_score(
             "rouge_l": rouge[i],
         }
         if batch.policy_mask is not None:  # an episode, for the report: turn by turn (the alarms read the text)
-            ids = batch.responses[i][batch.mask[i]].tolist()
-            turns = episode_turns(ids, batch.policy_mask[i][batch.mask[i]].tolist(), models.tokenizer)
-            row["episode"] = transcript(turns)
+            row["episode"] = transcript(episode_turns(batch, i, models.tokenizer))
         row |= {f"reward_{name}": float(components[i, c]) for c, name in enumerate(sources.functions.names)}
         if rm_scores is not None:  # as the paper reports it: Detail 23's constant where there is no EOS
             row |= {"rm_score": float(rm_scores[i]), "raw_rm_score": float(components[i, -1])}
