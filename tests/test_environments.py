@@ -355,10 +355,14 @@ def test_eval_task_gsm8k_evaluates_a_model_with_and_without_the_calculator(tiny_
     out = tmp_path / "eval"
     args = ["eval", "task=gsm8k", f"models=base={tiny_model_dir},calc={tiny_model_dir}",
             f"data={data_file('gsm8k', 'test.jsonl.gz')}", "max_prompts=4", "max_response_length=6", f"out={out}"]
-    assert cli_main([*args, "environments=calc=gsm8k-calculator"]) == 0
-    base, calc = json.loads((out / "accuracy.json").read_text())["tables"]["all"]
+    assert cli_main([*args, "environments=calc=gsm8k-calculator", "pairs=calc:base"]) == 0
+    written = json.loads((out / "accuracy.json").read_text())
+    base, calc = written["tables"]["all"]
     assert calc["tool_use_share"] == 0.0 and "tool_use_share" not in base  # a random model calls nothing
     assert calc["greedy_minus_first"] == 0.0 and base["annotation_share"] == calc["annotation_share"] == 0.0
+    (pair,) = written["pairs"]["all"]
+    assert pair["pair"] == "calc vs base" and pair["greedy_minus"] == 0.0 and pair["problems"] == 4
+    assert "calc: minus base (paired; right only with calc on 0 problems" in (out / "report.html").read_text()
     assert cli_main([*args, "environments=other=gsm8k-calculator", "overwrite=true"]) != 0
     assert "environments= names other, which models= does not" in capsys.readouterr().err
 

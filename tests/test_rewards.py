@@ -284,6 +284,24 @@ def test_accuracy_table_pairs_every_policy_with_the_first():
     assert rl_subset["problems"] == 2 and rl_subset["greedy_minus_first"] == 0.5
 
 
+def test_pairs_give_the_paired_difference_of_any_two_policies_and_the_problems_only_one_got_right():
+    results = {name: {"greedy": graded_answers(correct)} for name, correct in
+               (("base", [[1], [0], [0], [1]]), ("sft", [[0], [1], [0], [1]]), ("calc", [[1], [1], [1], [0]]))}
+    models = dict.fromkeys(results, "folder")
+    pairs = accuracy.named_pairs(["calc:sft", "sft:base"], models)
+    calc_sft, sft_base = accuracy.pair_table(results, pairs, np.ones(4, dtype=bool), seed=0)
+    assert calc_sft["pair"] == "calc vs sft" and calc_sft["greedy_minus"] == 0.25  # (1 + 0 + 1 - 1) / 4
+    assert (calc_sft["both_right"], calc_sft["only_policy_right"], calc_sft["only_baseline_right"]) == (1, 2, 1)
+    assert calc_sft["greedy_minus_low"] < 0.25 < calc_sft["greedy_minus_high"]
+    assert sft_base["greedy_minus"] == 0.0
+    assert (sft_base["only_policy_right"], sft_base["only_baseline_right"]) == (1, 1)
+    (last_two,) = accuracy.pair_table(results, pairs[:1], np.array([False, False, True, True]), seed=0)
+    assert last_two["problems"] == 2 and last_two["greedy_minus"] == 0.0 and last_two["both_right"] == 0
+    for bad, named in (("calc", "policy:baseline"), ("calc:calc", "policy:baseline"), ("calc:rl", "names rl")):
+        with pytest.raises(ConfigError, match=named):
+            accuracy.named_pairs([bad], models)
+
+
 def test_eval_task_gsm8k_end_to_end_on_the_tiny_model(tiny_model_dir, tmp_path):
     from rlhfkit.cli import main as cli_main
 

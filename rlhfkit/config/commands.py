@@ -291,6 +291,11 @@ class EvalConfig(JudgeConfig):
         "task=gsm8k: name=environment for the policies of `models` that answer in multi-turn episodes with it "
         "(e.g. sft-calc=gsm8k-calculator; list a model twice, under two names, to evaluate it with and without)",
     )
+    pairs: list[str] = opt(
+        [],
+        "task=gsm8k: policy:baseline pairs of `models` whose paired difference is also given, beside every "
+        "policy's difference from the first (e.g. sft-calc:sft for the calculator's effect on one model)",
+    )
     shift_samples: int = opt(3, "samples per policy shown with their tokens coloured by shift in the report", "Table 8")
     max_prompts: int = opt(
         0, "compare on at most this many common prompts (task=gsm8k: the first problems of `data`; 0: all)"

@@ -14,8 +14,9 @@ Per policy, on the same problems in file order (the first `max_prompts`):
   calculator inserting each result) the share of answers in which the calculator answered a call.
 
 Every accuracy has a 95% percentile-bootstrap interval over problems, and every policy after the
-first its paired difference from the first, with the interval of the per-problem differences. The
-same table is given for the easy subset: problems whose reference solution has at most `easy_steps`
+first its paired difference from the first, with the interval of the per-problem differences
+(`pairs=sft-calc:sft` adds the paired difference of any two, and the problems only one of them got
+right). The same table is given for the easy subset: problems whose reference solution has at most `easy_steps`
 calculator annotations (a rule fixed before any result is seen).
 """
 
@@ -69,6 +70,22 @@ def named_models(specs: list[str]) -> dict[str, str]:
 def interval(values: np.ndarray, seed: int) -> dict[str, float]:
     low, high = bootstrap_interval(values, np.mean, RESAMPLES, 0.95, seed)
     return {"mean": float(values.mean()), "low": low, "high": high}
+
+
+def named_pairs(specs: list[str], models: dict[str, str]) -> list[tuple[str, str]]:
+    """`policy:baseline` entries of `pairs=`, both names among `models`' and different."""
+    pairs = []
+    for spec in specs:
+        policy, sep, baseline = spec.partition(":")
+        if not sep or not policy or not baseline or policy == baseline:
+            raise ConfigError(f"pairs entry {spec!r} must be policy:baseline, two names of models= (e.g. sft-calc:sft)")
+        unknown = [name for name in (policy, baseline) if name not in models]
+        if unknown:
+            raise ConfigError(
+                f"pairs entry {spec!r} names {', '.join(unknown)}, which models= does not ({', '.join(models)})"
+            )
+        pairs.append((policy, baseline))
+    return pairs
 
 
 def named_environments(cfg: EvalConfig, models: dict[str, str]) -> dict[str, type[Environment]]:
@@ -224,6 +241,27 @@ def summary_table(results: dict[str, dict[str, Any]], subset: np.ndarray, seed: 
     return rows
 
 
+def pair_table(results: dict[str, dict[str, Any]], pairs: list[tuple[str, str]], subset: np.ndarray,
+               seed: int) -> list[dict[str, Any]]:
+    """One row per pair on the problems selected by `subset`: the paired difference of greedy accuracy with its
+    interval, and the problems both, only the policy and only the baseline got right (the discordant counts on
+    which the difference rests)."""
+    rows = []
+    for policy, baseline in pairs:
+        right = results[policy]["greedy"]["correct"][subset, 0]
+        base = results[baseline]["greedy"]["correct"][subset, 0]
+        row: dict[str, Any] = {"pair": f"{policy} vs {baseline}", "policy": policy, "baseline": baseline,
+                               "problems": int(subset.sum())}
+        row |= {f"greedy_minus{k}": v for k, v in named_interval(right - base, seed).items()}
+        row |= {
+            "both_right": int(((right == 1) & (base == 1)).sum()),
+            "only_policy_right": int(((right == 1) & (base == 0)).sum()),
+            "only_baseline_right": int(((right == 0) & (base == 1)).sum()),
+        }
+        rows.append(row)
+    return rows
+
+
 def suffixed(stats: dict[str, float]) -> dict[str, float]:
     return {"" if k == "mean" else f"_{k}": v for k, v in stats.items()}
 
@@ -248,6 +286,7 @@ def select_problems(cfg: EvalConfig, tokenizer) -> list[SFTExample]:
 
 def run_accuracy(cfg: EvalConfig) -> int:
     named = named_models(cfg.models)
+    pairs = named_pairs(cfg.pairs, named)
     if not cfg.data:
         raise ConfigError("eval task=gsm8k needs data= (GSM8K test problems, e.g. ../shared/data/gsm8k/test.jsonl.gz)")
     reference = (
@@ -268,21 +307,26 @@ def run_accuracy(cfg: EvalConfig) -> int:
         f"easy (<= {cfg.easy_steps} calculator steps)": steps <= cfg.easy_steps,
     }
     tables = {label: summary_table(results, mask, cfg.seed) for label, mask in subsets.items()}
+    written = {"problems": len(examples), "tables": tables}
+    if pairs:
+        written["pairs"] = {label: pair_table(results, pairs, mask, cfg.seed) for label, mask in subsets.items()}
     out = Path(cfg.out) if cfg.out else Path("runs") / f"eval-gsm8k-{datetime.now():%Y%m%d-%H%M%S}"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "accuracy.json").write_text(json.dumps({"problems": len(examples), "tables": tables}, indent=2))
+    (out / "accuracy.json").write_text(json.dumps(written, indent=2))
     write_jsonl(out / "answers.jsonl", answer_rows(examples, results))
-    report = write_accuracy_report(out, tables, cfg)
-    print(json.dumps(tables, indent=2))
+    report = write_accuracy_report(out, written, cfg)
+    print(json.dumps({k: v for k, v in written.items() if k != "problems"}, indent=2))
     print(f"report: {report}")
     return 0
 
 
-def write_accuracy_report(out: Path, tables: dict[str, list[dict[str, Any]]], cfg: EvalConfig) -> Path:
-    """Each policy's greedy accuracy beside the first policy's on the same problems, with the paired difference."""
+def write_accuracy_report(out: Path, written: dict[str, Any], cfg: EvalConfig) -> Path:
+    """Each policy's greedy accuracy beside the first policy's on the same problems, with the paired difference,
+    and the paired difference of each of `pairs=`."""
     report = Report(
         "GSM8K accuracy", {"folder": str(out), "policies": ", ".join(cfg.models), "data": ", ".join(cfg.data)}
     )
+    tables = written["tables"]
     everything = next(iter(tables.values()))
     first = everything[0]
     report.caveat(few_prompts_caveat(first["problems"], "problems"))
@@ -314,8 +358,19 @@ def write_accuracy_report(out: Path, tables: dict[str, list[dict[str, Any]]], cf
             0,
             "no difference",
         )
+    pair_tables = written.get("pairs", {})
+    for row in next(iter(pair_tables.values()), []):
+        report.number(
+            f"{row['policy']}: minus {row['baseline']} (paired; right only with {row['policy']} on "
+            f"{row['only_policy_right']} problems, only with {row['baseline']} on {row['only_baseline_right']})",
+            (row["greedy_minus"], row["greedy_minus_low"], row["greedy_minus_high"]),
+            0,
+            "no difference",
+        )
     for label, rows in tables.items():
         report.table(f"Problems: {label}", [with_intervals(r) for r in rows])
+    for label, rows in pair_tables.items():
+        report.table(f"Pairs: {label}", [with_intervals(r) for r in rows])
     return report.write(out)
 
 
