@@ -139,8 +139,8 @@ def picked_logprobs(
 
     pick_next, steps = generation.pick_next, []
 
-    def recording(logits, params, generator, pad_id=None):
-        token = pick_next(logits, params, generator, pad_id)
+    def recording(logits, params, generators, pad_id=None):
+        token = pick_next(logits, params, generators, pad_id)
         steps.append(logprobs_from_logits(logits, token, params.temperature))
         return token
 

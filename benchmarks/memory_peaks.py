@@ -334,7 +334,7 @@ def on_policy_steps(folder: Path, opts: dict, rng) -> None:
     import torch
 
     from rlhfkit.config import GRPOConfig, PPOConfig
-    from rlhfkit.generation import SamplingParams, sample_responses
+    from rlhfkit.generation import SampleKeys, SamplingParams, sample_responses
     from rlhfkit.onpolicy.advantages import compute_advantages
     from rlhfkit.onpolicy.scoring import OnPolicyModels, score_rollout
     from rlhfkit.onpolicy.update import build_optimizers, update_on_rollout
@@ -379,7 +379,7 @@ def on_policy_steps(folder: Path, opts: dict, rng) -> None:
                 params,
                 tokenizer,
                 cfg.generation_batch_size,
-                lambda i, u=update: torch.Generator().manual_seed(u * 1000 + i),
+                SampleKeys(0, update),
                 samples_per_prompt=group,
             )
             policy.train()

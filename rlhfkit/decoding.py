@@ -10,12 +10,12 @@ cache, shared by every bucket (a bucket's rows are the first rows of each buffer
 
 Rows that have emitted EOS are not decoded: when the rows still running fit a smaller bucket (powers of
 two), they are gathered to the front of the buffers and the smaller bucket's graph runs. Sampling stays
-outside the graphs, on the full batch's logits and the caller's generator, so the random stream, and
-so resumption, is the eager path's.
+outside the graphs, on the full batch's logits and each row's own RNG, so the random streams, and so
+resumption, are the eager path's.
 
 Graphs are captured on a bucket's first step (after one eager step on a side stream, which is that
 step's real work) and checked on its second: the replay's logits must equal an eager step's on the
-same inputs, or the call starts again with eager steps (the generator rewound, so it samples what an
+same inputs, or the call starts again with eager steps (the rows' RNGs fresh, so it samples what an
 eager call would), as do the model's later calls, with the reason logged once.
 Buffers and graphs are kept for the model's later calls (`decoders`), rebuilt when a call needs more
 rows or positions, a different autocast, or the weights moved.

@@ -1,6 +1,12 @@
 """Sampling from a policy: batched generation from left-padded queries with the KV cache, and the
-one way to sample many prompts (`sample_responses`: chunks, longest queries first, each chunk with its
-own RNG, G samples per prompt, into one `RolloutBatch`), with the decoded texts.
+one way to sample many prompts (`sample_responses`: chunks, longest queries first, G samples per
+prompt, into one `RolloutBatch`), with the decoded texts.
+
+Every row draws from its own RNG, keyed by (seed, update, stream, the prompt's index in the update, the
+sample's index in its group) (`SampleKeys`), one draw per decoding step: a sampled token is a function
+of those and its position alone, never of the generation batch size, the chunking, the length sort,
+the number of processes or the decoding path (docs/reliability.md, "The same samples however a batch
+is split"). A resumed run needs no RNG state.
 
 `generate` returns the sampled tokens and the responses truncated after the first EOS with PAD after
 it: the mechanics the PPO EOS trick (Detail 23) needs. Rows that never emit EOS keep all their tokens.
@@ -14,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -31,6 +37,7 @@ from .ops import (
     filter_logits,
     first_true_indices,
     position_ids_from_mask,
+    sample_rows,
     truncate_after_eos,
 )
 from .rollout import RolloutBatch
@@ -62,17 +69,45 @@ class Rollout:
 
 
 def pick_next(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator, pad_id: int | None = None
+    logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator], pad_id: int | None = None
 ) -> torch.Tensor:
-    """The next token, greedy or sampled; never PAD (Detail 3: PAD marks where a response ended, so a
-    sampled PAD would move where the reward model reads its score)."""
+    """The next token of each row, greedy or sampled (row i from `generators[i]`); never PAD (Detail 3:
+    PAD marks where a response ended, so a sampled PAD would move where the reward model reads its score)."""
     if pad_id is not None and pad_id < logits.size(-1):
         logits = logits.clone()
         logits[..., pad_id] = float("-inf")
     if params.temperature <= 0:
         return logits.argmax(-1)
     filtered = filter_logits(logits.float() / params.temperature, params.top_k, params.top_p)
-    return torch.multinomial(filtered.softmax(-1), 1, generator=generator).squeeze(-1)
+    return sample_rows(filtered.softmax(-1), generators)
+
+
+TRAINING_STREAM, EVALUATION_STREAM = 7, 13
+
+
+@dataclass(frozen=True)
+class SampleKeys:
+    """Where the randomness of a call's rows comes from: sample g of query i draws from an RNG seeded
+    by (seed, update, stream, first_prompt + i, g) alone. `first_prompt` is the position in the update
+    of the call's query 0 (a process's share starts past the others'); the stream keeps training,
+    evaluation and baseline draws apart."""
+
+    seed: int
+    update: int = 0
+    stream: int = TRAINING_STREAM
+    first_prompt: int = 0
+
+    def row_seed(self, query: int, sample: int) -> int:
+        key = [self.seed, self.update, self.stream, self.first_prompt + query, sample]
+        return int(np.random.default_rng(key).integers(2**62))
+
+    def row_seeds(self, queries: Sequence[int], samples_per_prompt: int) -> list[int]:
+        """The seeds of the rows of `queries` (indices of the caller's queries), G consecutive rows each."""
+        return [self.row_seed(q, g) for q in queries for g in range(samples_per_prompt)]
+
+
+def row_generators(seeds: Sequence[int], device: torch.device) -> list[torch.Generator]:
+    return [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
 
 
 class OneDtypeStaticLayer(StaticLayer):
@@ -157,11 +192,13 @@ def generate(
     params: SamplingParams,
     eos_id: int,
     pad_id: int,
-    generator: torch.Generator | None = None,
+    seeds: Sequence[int] | None = None,
     samples_per_prompt: int = 1,
     episodes: Callable[[], EpisodeDriver] | None = None,
 ) -> Rollout:
     """Sample up to `max_new_tokens` for each left-padded query; stop early once every row has EOS.
+    Output row r draws from an RNG seeded with `seeds[r]` (default: `SampleKeys(params.seed)`'s, query
+    i's sample g at row g + G x i), one draw per step.
     With `episodes` (a fresh driver of the rows' environments, rlhfkit/environments/driver.py) each row is
     a multi-turn episode: the environment's ids are fed between the policy's turns, and a row ends when
     its episode does.
@@ -172,19 +209,19 @@ def generate(
     whole batch (`static_decode_cache`) where the model allows it; on a CUDA device each step is a
     replayed CUDA graph and finished rows are dropped (rlhfkit/decoding.py, `params.decoding`)."""
     device = query_ids.device
-    if generator is None:
-        generator = torch.Generator(device=device).manual_seed(params.seed)
-    rewind = generator.get_state()
+    if seeds is None:
+        seeds = SampleKeys(params.seed).row_seeds(range(query_ids.size(0)), samples_per_prompt)
     with frozen_weights_cast_once(model, device):
         try:
             return prefill_and_decode(
-                model, query_ids, query_mask, params, eos_id, pad_id, generator, samples_per_prompt, episodes
+                model, query_ids, query_mask, params, eos_id, pad_id, row_generators(seeds, device),
+                samples_per_prompt, episodes,
             )
-        except decoding.GraphMismatch:
-            generator.set_state(rewind)
+        except decoding.GraphMismatch:  # again with eager steps and fresh RNGs: what an eager call samples
             eager = dataclasses.replace(params, decoding="eager")
             return prefill_and_decode(
-                model, query_ids, query_mask, eager, eos_id, pad_id, generator, samples_per_prompt, episodes
+                model, query_ids, query_mask, eager, eos_id, pad_id, row_generators(seeds, device),
+                samples_per_prompt, episodes,
             )
 
 
@@ -195,13 +232,14 @@ def prefill_and_decode(
     params: SamplingParams,
     eos_id: int,
     pad_id: int,
-    generator: torch.Generator,
+    generators: list[torch.Generator],
     samples_per_prompt: int,
     episodes: Callable[[], EpisodeDriver] | None = None,
 ) -> Rollout:
     """`generate`'s prefill and decoding loop. Sampling happens here, on every row's logits, whichever
-    way the steps run (`decoding_steps`), so the random stream does not depend on it, nor on what an
-    episode's environment inserts: every row samples at every step, a forced row discarding its sample."""
+    way the steps run (`decoding_steps`), so the random streams do not depend on it, nor on what an
+    episode's environment inserts: every row samples at every step from its own RNG (`generators`), a
+    finished or forced row discarding its sample."""
     device = query_ids.device
     # logits_to_keep=1: only the last position's logits are needed, not (B, Q, vocab)
     out = model(
@@ -219,7 +257,7 @@ def prefill_and_decode(
     finished = torch.zeros(query_ids.size(0), dtype=torch.bool, device=device)
     driver = episodes() if episodes is not None else None
     for step in range(params.max_new_tokens):
-        nxt = pick_next(logits, params, generator, pad_id)
+        nxt = pick_next(logits, params, generators, pad_id)
         if driver is None:
             finished |= nxt == eos_id
         else:
@@ -306,20 +344,6 @@ def decoding_steps(
     return EagerSteps(model, prefill, query_mask, repeats, params.max_new_tokens)
 
 
-TRAINING_STREAM, EVALUATION_STREAM = 7, 13
-
-
-def chunk_generator(
-    seed: int, update: int, position: int, device: torch.device, stream: int = TRAINING_STREAM
-) -> torch.Generator:
-    """The sampling RNG of the generation chunk whose first prompt is prompt `position` of the update,
-    derived from (seed, update, stream, position) alone: a resumed run needs no RNG state, and a
-    prompt sampled alone in its chunk gets the same responses however an update is split across
-    processes."""
-    key = np.random.default_rng([seed, update, stream, position]).integers(2**62)
-    return torch.Generator(device=device).manual_seed(int(key))
-
-
 def trim_left_padding(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Drop the leading columns that are padding in every row (a length-sorted chunk needs fewer)."""
     used = mask.sum(0).nonzero()
@@ -334,15 +358,15 @@ def sample_responses(
     params: SamplingParams,
     tokenizer: PreTrainedTokenizerBase,
     batch_size: int,
-    generator_for: Callable[[int], torch.Generator],
+    keys: SampleKeys,
     desc: str = "",
     samples_per_prompt: int = 1,
     episodes_for: Callable[[list[int]], EpisodeDriver] | None = None,
 ) -> RolloutBatch:
     """Sample `samples_per_prompt` (G) responses per query, longest queries first to pad less. Row
-    g + G*i is sample g of query i; `batch_size` counts rows, and each query is encoded once.
-    `generator_for(i)` is the RNG of the chunk whose first query is query i. With `episodes_for(rows)`
-    (a new driver of those rows' environments) each row is a multi-turn episode."""
+    g + G*i is sample g of query i, drawn from its own RNG (`keys`); `batch_size` counts rows, and
+    each query is encoded once. With `episodes_for(rows)` (a new driver of those rows' environments)
+    each row is a multi-turn episode."""
     device = model_device(policy)
     group = samples_per_prompt
     padded = left_pad_queries(queries, tokenizer.pad_token_id)
@@ -364,7 +388,7 @@ def sample_responses(
                 params,
                 tokenizer.eos_token_id,
                 tokenizer.pad_token_id,
-                generator_for(order[start]),
+                keys.row_seeds(order[start : start + per_chunk], group),
                 group,
                 functools.partial(episodes_for, rows.tolist()) if episodes_for is not None else None,
             )
@@ -413,10 +437,9 @@ def sample_held_out(
     samples_per_prompt: int = 1,
     episodes_for: Callable[[list[int]], EpisodeDriver] | None = None,
 ) -> RolloutBatch:
-    """`sample_responses` for an evaluation: the policy in evaluation mode, each chunk's RNG on the
-    evaluation stream, a function of (seed, its first prompt) alone, so held-out answers are the same
-    whatever was sampled before them."""
-    device = model_device(policy)
+    """`sample_responses` for an evaluation: the policy in evaluation mode, each row's RNG on the
+    evaluation stream, a function of (seed, its prompt, its sample) alone, so held-out answers are the
+    same whatever was sampled before them."""
     with evaluation_mode(policy):
         return sample_responses(
             policy,
@@ -424,7 +447,7 @@ def sample_held_out(
             params,
             tokenizer,
             batch_size,
-            lambda i: chunk_generator(seed, 0, i, device, EVALUATION_STREAM),
+            SampleKeys(seed, 0, EVALUATION_STREAM),
             desc,
             samples_per_prompt,
             episodes_for,
@@ -457,13 +480,9 @@ def generate_texts(
     batch_size: int = 8,
     desc: str = "generating",
 ) -> list[dict]:
-    """One response per query, in input order, by `sample_responses` with the model in eval mode. Every
-    chunk draws from one generator seeded with `params.seed`, continued from chunk to chunk (not one
-    RNG per chunk as the on-policy rollouts draw), so that the samples SFT and DPO report at a seed
-    stay those they always reported."""
-    generator = torch.Generator(device=model_device(model)).manual_seed(params.seed)
-    with evaluation_mode(model):
-        batch = sample_responses(model, queries, params, tokenizer, batch_size, lambda _: generator, desc)
+    """One response per query, in input order, by `sample_held_out` at `params.seed`: query i's answer
+    is the same whatever the batch size (greedy by default, where no RNG is read)."""
+    batch = sample_held_out(model, queries, params, tokenizer, batch_size, params.seed, desc)
     rows = zip(
         response_texts(batch, tokenizer), batch.lengths.tolist(), batch.has_eos.tolist(), batch.responses, strict=True
     )

@@ -55,6 +55,19 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
     return logits
 
 
+
+def sample_rows(probs: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+    """(B,) one token per row of the (B, V) `probs`, row i drawn from `generators[i]` alone.
+
+    The exponential race: argmax_v p_v / E_v with E_v ~ Exp(1) picks v with probability p_v (the way
+    `torch.multinomial` draws one sample). Each row draws its own V numbers from its own stream, so a
+    row's token does not depend on which rows share its batch, how many there are, or their order."""
+    noise = torch.stack(
+        [torch.empty(probs.size(-1), device=probs.device).exponential_(generator=g) for g in generators]
+    )
+    # an exact 0 from the draw (about 2^-53 on a CPU) would make 0 / 0 = NaN, which argmax picks
+    return (probs / noise.clamp_min_(torch.finfo(noise.dtype).tiny)).argmax(-1)
+
 # ---------------------------------------------------------------------------------------------
 # RL maths shared by the on-policy trainers. Shapes: B rows (episodes), T response positions.
 # `mask` (B, T) marks each row's valid response prefix: every token up to and including EOS.

@@ -824,6 +824,50 @@ def split_invariance_worker(
         torch.distributed.destroy_process_group()
 
 
+def rollout_setup(stage: str, inputs: dict[str, Any], out: Path, preset: str | None = None, **extra: Any):
+    """(config, models, training prompts' ids, PromptTexts) of a tiny `stage` run on `inputs`
+    (`stage_args`), loaded as the trainer loads them, on the CPU."""
+    from rlhfkit.onpolicy import evaluation, trainer
+    from rlhfkit.stages import resolve
+
+    cfg = resolve(stage, preset or PRESETS[stage], None, stage_args(stage, inputs, out, **extra))
+    models = trainer.load_models(cfg, None, torch.device("cpu"))
+    train, _, _ = evaluation.split_posts(cfg, models.tokenizer)
+    trainer.prepare_for_training(models, cfg)
+    return cfg, models, [e.query.ids for e in train], trainer.PromptTexts.of(train)
+
+
+def sampled_rollout(setup, update: int = 0, accelerator=None):
+    """Update `update`'s rollout (sampled, scored, gathered across `accelerator`'s processes) of
+    `rollout_setup`'s run, in fp32."""
+    from rlhfkit.distributed import ONE_PROCESS
+    from rlhfkit.onpolicy.collect import RolloutSetup, collect
+
+    cfg, models, prompts, texts = setup
+    return collect(RolloutSetup(models, prompts, cfg, "no", accelerator or ONE_PROCESS, texts), update, {})
+
+
+def sampled_rollout_worker(rank: int, world: int, port: int, cases: list, out: str) -> None:
+    """A gloo process of `world`: the rollout of every (stage, inputs, options) of `cases` at update 1;
+    process 0 saves each one's (prompts, responses, mask) to `out`."""
+    import tempfile
+
+    os.environ |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        rollouts = []
+        for stage, inputs, options in cases:
+            with tempfile.TemporaryDirectory() as folder:
+                setup = rollout_setup(stage, inputs, Path(folder) / "run", **options)
+                batch = sampled_rollout(setup, 1, GlooProcesses())
+            rollouts.append((batch.prompts, batch.responses, batch.mask))
+        if rank == 0:
+            torch.save(rollouts, out)
+    finally:
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
 # ---------------------------------------------------------------- decoding
 
 
@@ -840,8 +884,8 @@ class SamplingLogprobs:
         self.steps: list[torch.Tensor] = []
         pick_next = generation.pick_next
 
-        def recording(logits, params, generator, pad_id=None):
-            token = pick_next(logits, params, generator, pad_id)
+        def recording(logits, params, generators, pad_id=None):
+            token = pick_next(logits, params, generators, pad_id)
             self.steps.append(logprobs_from_logits(logits, token, params.temperature))
             return token
 
@@ -1014,7 +1058,7 @@ def sample_fixed_episodes(model, tokenizer, budget: int = 60, group: int = 4, se
     """`group` FixedTextEnv episodes of each of `CHAT_PROMPTS`, sampled as an on-policy run samples them."""
     from rlhfkit.environments import EpisodeStart
     from rlhfkit.environments.driver import EpisodeDriver, EpisodeLimits
-    from rlhfkit.generation import SamplingParams, chunk_generator, sample_responses
+    from rlhfkit.generation import SampleKeys, SamplingParams, sample_responses
 
     queries, texts = episode_setup(tokenizer)
     limits = EpisodeLimits(budget, 8, temperature, check)
@@ -1027,7 +1071,7 @@ def sample_fixed_episodes(model, tokenizer, budget: int = 60, group: int = 4, se
     params = SamplingParams(max_new_tokens=budget, temperature=temperature, decoding=decoding)
     with torch.no_grad():
         return sample_responses(model, queries, params, tokenizer, 2 * group,
-                                lambda i: chunk_generator(seed, 0, i, torch.device("cpu")), samples_per_prompt=group,
+                                SampleKeys(seed), samples_per_prompt=group,
                                 episodes_for=episodes_for)
 
 

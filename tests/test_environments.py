@@ -16,7 +16,7 @@ from rlhfkit.environments.calculator import Gsm8kCalculator
 from rlhfkit.environments.dialogue import HHDialogue
 from rlhfkit.environments.driver import EpisodeDriver, EpisodeLimits
 from rlhfkit.errors import ConfigError, UserError
-from rlhfkit.generation import SamplingParams, chunk_generator, sample_responses
+from rlhfkit.generation import SampleKeys, SamplingParams, sample_responses
 from rlhfkit.onpolicy.advantages import compute_advantages
 from rlhfkit.onpolicy.update import Optimizers, update_on_rollout
 
@@ -94,7 +94,7 @@ def test_the_token_check_names_the_first_position_an_environment_gets_wrong(eos_
 
     with pytest.raises(UserError, match=r"episode \d+: token \d+ differs from the chat template's rendering"):
         sample_responses(model, queries, SamplingParams(max_new_tokens=80), tokenizer, 8,
-                         lambda i: chunk_generator(0, 0, i, torch.device("cpu")), samples_per_prompt=4,
+                         SampleKeys(0), samples_per_prompt=4,
                          episodes_for=episodes_for)
 
 

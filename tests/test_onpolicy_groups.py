@@ -9,7 +9,7 @@ from rlhfkit import generation
 from rlhfkit.cli import main as cli_main
 from rlhfkit.data.collate import left_pad_queries
 from rlhfkit.errors import ConfigError
-from rlhfkit.generation import chunk_generator, sample_responses
+from rlhfkit.generation import SampleKeys, sample_responses
 from rlhfkit.onpolicy import evaluation, trainer, update
 from rlhfkit.onpolicy.advantages import compute_advantages
 from rlhfkit.onpolicy.scoring import score_rollout
@@ -91,7 +91,7 @@ def test_equal_scores_in_a_group_give_zero_advantages_and_no_update(stage, ppo_d
             generation.SamplingParams(max_new_tokens=10),
             models.tokenizer,
             8,
-            lambda i: chunk_generator(1, 0, i, torch.device("cpu")),
+            SampleKeys(1),
             samples_per_prompt=4,
         ),
         cfg,

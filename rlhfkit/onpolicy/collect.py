@@ -7,10 +7,10 @@ gathered across processes (Detail 21, Section 7).
                contiguous share of the prompts (whole groups), then scored (`scoring.score_rollout`)
     rollout  = every process's episodes, gathered in process order: the update's whole rollout
 
-Every generation chunk draws from its own RNG, derived from (seed, update, the position of its first
-prompt in the update) (`generation.chunk_generator`), so a resumed run needs no RNG state and a
-prompt sampled alone in its chunk gets the same responses however the update is split across
-processes. Usually one draw is the update. With DAPO's dynamic sampling, groups whose scores do not
+Every sampled row draws from its own RNG, derived from (seed, update, the position of its prompt in
+the update, its index in the group) (`generation.SampleKeys`), so a resumed run needs no RNG state
+and every response is the same however the update is split into generation chunks and processes.
+Usually one draw is the update. With DAPO's dynamic sampling, groups whose scores do not
 differ (all their advantages would be 0) are dropped and further draws refill the update, up to
 dynamic_sampling_max_draws; every process decides on the same gathered scores, so all keep the same
 groups. An estimator that declares a greedy baseline (ReMax) also has each prompt answered greedily
@@ -31,13 +31,13 @@ from .. import ops
 from ..config import OnPolicyConfig
 from ..devices import autocast, evaluation_mode, model_device
 from ..distributed import ONE_PROCESS, process_share
-from ..generation import TRAINING_STREAM, SamplingParams, chunk_generator, sample_responses
+from ..generation import TRAINING_STREAM, SampleKeys, SamplingParams, sample_responses
 from ..rollout import RolloutBatch
 from .advantages import needs_of, row_groups, shaped_scores
 from .episodes import environment_seed, episode_drivers
 from .scoring import OnPolicyModels, PromptTexts, model_scores, reward_components, score_rollout
 
-GREEDY_STREAM = 17  # ReMax's greedy answers draw no randomness, but keep their chunk keys apart anyway
+GREEDY_STREAM = 17  # ReMax's greedy answers draw no randomness, but keep their row keys apart anyway
 
 
 @dataclass
@@ -92,7 +92,7 @@ def draw_rollout(setup: RolloutSetup, update: int, attempt: int, stream: PromptS
     picked = prompt_indices(len(setup.prompts), per_update, cfg.seed, stream.position)
     stream.position += per_update
     share = process_share(per_update, accelerator.process_index, accelerator.num_processes)
-    offset = attempt * per_update  # the chunk RNGs of a refill are keyed past those of the earlier draws
+    offset = attempt * per_update  # the row RNGs of a refill are keyed past those of the earlier draws
     params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.temperature,
                             decoding=cfg.decoding)
     own = [setup.prompts[i] for i in picked[share]]
@@ -106,7 +106,7 @@ def draw_rollout(setup: RolloutSetup, update: int, attempt: int, stream: PromptS
     with autocast(device, setup.precision), evaluation_mode(models.policy):
         batch = sample_responses(
             models.policy, own, params, models.tokenizer, cfg.generation_batch_size,
-            lambda i: chunk_generator(cfg.seed, update, offset + share.start + i, device),
+            SampleKeys(cfg.seed, update, TRAINING_STREAM, offset + share.start),
             samples_per_prompt=cfg.samples_per_prompt, episodes_for=episodes)
     batch.prompts = torch.as_tensor(picked[share], device=device).repeat_interleave(cfg.samples_per_prompt)
     if needs_of(cfg).greedy_baseline:  # its greedy answers count as generation time
@@ -137,7 +137,7 @@ def greedy_baseline(setup: RolloutSetup, queries: list[list[int]], prompt_ids: t
     with autocast(device, precision), evaluation_mode(models.policy):
         greedy = sample_responses(
             models.policy, queries, params, models.tokenizer, cfg.generation_batch_size,
-            lambda i: chunk_generator(cfg.seed, update, position + i, device, GREEDY_STREAM),
+            SampleKeys(cfg.seed, update, GREEDY_STREAM, position),
             episodes_for=episodes)
     greedy.prompts = prompt_ids
     # under the autocast score_rollout scores in
