@@ -5,6 +5,9 @@ import torch
 from transformers import get_scheduler
 
 from rlhfkit.schedules import lr_schedule
+from rlhfkit.tracking import read_metrics
+
+from .helpers import run_in_this_process, stage_args
 
 TRANSFORMERS_NAME = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}
 
@@ -26,3 +29,22 @@ def test_each_schedule_gives_transformers_learning_rate_at_every_step(name, warm
         ours.step()
         theirs.step()
     assert ours.state_dict() == theirs.state_dict()  # the checkpoint holds the same
+
+
+@pytest.mark.parametrize("stage", ["sft", "rm", "dpo", "grpo"])
+def test_each_stage_logs_the_rate_each_step_used_not_the_next_ones(stage, ppo_dirs, tmp_path):
+    """Three optimizer steps (updates, for GRPO) on a linear schedule: train/lr of step k is the rate the
+    optimizer applied at step k, the schedule's value before it moves on (lr, 2/3 lr, 1/3 lr)."""
+    lr = 1e-3
+    run = run_in_this_process(
+        stage, stage_args(stage, ppo_dirs, tmp_path / "run", max_steps=3, lr_scheduler="linear", learning_rate=lr)
+    )
+    logged = [row["train/lr"] for row in read_metrics(run) if "train/lr" in row]
+    schedule = lr_schedule(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr), "linear", 0, 3)
+    used = []
+    for _ in range(3):
+        used.append(schedule.get_last_lr()[0])
+        schedule.optimizer.step()
+        schedule.step()
+    assert used == pytest.approx([lr, 2 * lr / 3, lr / 3])
+    assert logged == pytest.approx(used)

@@ -141,11 +141,11 @@ class SupervisedSteps:
         metrics, tokens = run_step(
             self.accelerator, self.model, self.stage, self.schedule, self.cfg, index, self.lengths
         )
+        lr = self.scheduler.get_last_lr()[0]  # the rate this step uses: read before the schedule moves on
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         elapsed = time.perf_counter() - began
-        lr = self.scheduler.get_last_lr()[0]
         return metrics | {"train/lr": lr, "perf/tokens_per_s": tokens / elapsed, "perf/step_s": elapsed}
 
     def evaluate(self, done: int) -> dict[str, float]:
