@@ -1,10 +1,11 @@
 """Reward functions: programmatic rewards beside (or instead of) a reward model in PPO, GRPO and RLOO.
 
-A reward function takes the batch's prompts and completions and returns one float per completion. It is
-called by keyword, as TRL's GRPOTrainer and RLOOTrainer call theirs, so TRL's reward functions run unchanged:
+A reward function takes the batch's prompts and completions and returns one value per completion. It is
+called by keyword, as TRL's GRPOTrainer and RLOOTrainer call theirs, so TRL's reward functions run unchanged
+(rlhfkit/reward_calls.py calls them):
 
-    def my_reward(prompts, completions, **columns) -> list[float]
-    my_reward(prompts=..., completions=..., completion_ids=..., ..., **record_columns)
+    def my_reward(prompts, completions, **columns) -> list[float | None]
+    my_reward(prompts=..., completions=..., completion_ids=..., ..., log_extra=..., log_metric=..., **record_columns)
 
 - `prompts`: each prompt. Conversational data (chat prompts: lists of `{role, content}` messages, GSM8K
   included) gives the prompt's messages as the dataset holds them; other data the query as the policy read it;
@@ -14,52 +15,52 @@ called by keyword, as TRL's GRPOTrainer and RLOOTrainer call theirs, so TRL's re
   `answer`, `solution`, `calculator_steps`), plus the rollout's `ROLLOUT_COLUMNS`: `completion_ids` (each
   response's sampled token ids, EOS included when it ended, as TRL passes them), `completion_lengths`
   (their count), `has_eos` (whether the response ended) and `max_completion_length` (the configured
-  limit, a single number). Accept `**columns` so that columns you do not use can be passed; a function
-  without it is passed only the arguments it names.
+  limit, a single number), and TRL's hooks `log_extra(column, values)` (a column of the logged samples) and
+  `log_metric(name, value)` (logged as `reward/<function>/<name>`). Accept `**columns` so that columns you do
+  not use can be passed; a function without it is passed only the arguments it names. An `async def`
+  function is awaited, concurrently with the batch's other async calls.
 
-`reward_functions=` names built-ins (`BUILTINS`) or a user's callable as `module:function` (a module
-importable from the working directory, or `path/to/file.py:function`); through the Python API, the callable
-itself (`supplied`). The score a policy is trained on is the weighted sum of the components
-(`reward_weights=`, one per function and then one for the reward model when there is one). A function
-that raises, returns the wrong number of values or a non-finite one, or overruns `reward_timeout`, is
-never turned into a silent zero: the row is reported (function, row, where it came from, what went
-wrong), counted in `rewards/<name>_errors`, and scored `reward_error_score`; with
-`stop_on_reward_error=true` the run stops at the first such row instead. A function that ends the
-process (`sys.exit`) stops the run in one line. A parameter without a default
-names a dataset column the function needs, unless it is one of the arguments every call is given
-(`prompts`, `completions`, the rollout columns): `required_columns`.
+A value is a number, or None where the function does not score the row (TRL's multi-task functions): the
+row's reward is then the weighted sum of the components that scored it, and a row nothing scores is dropped
+from the update (rlhfkit/onpolicy/scoring.py). A function that raises, returns the wrong number of values,
+a value that is not a number (a string such as "1.0" included) or not finite, or overruns `reward_timeout`,
+fails those rows, which are reported (function, row, where it came from, what went wrong) and counted
+in `rewards/<name>_errors`; `reward_errors` says what becomes of them (`ERROR_POLICIES`). A function that
+ends the process (`sys.exit`) stops the run in one line. A parameter without a default names a dataset
+column the function needs, unless it is one of the arguments every call is given: `required_columns`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.util
 import inspect
 import math
 import re
-import signal
 import sys
-import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .preemption import interruptible
+from .reward_calls import HOOKS, Batch, Call, CallLog, Completion, Outcome, Prompt, Raised, RewardFunction, outcomes
 from .supplied import is_supplied, lookup
 
-RewardFunction = Callable[..., Sequence[float]]
-Prompt = str | list[dict[str, Any]]  # a text, or a conversation's messages
-Completion = str | list[dict[str, Any]]  # a text, or TRL's conversational form: one assistant message
 ROLLOUT_COLUMNS = (
     "completion_ids",
     "completion_lengths",
     "has_eos",
     "max_completion_length",
 )  # given to every call, beside the record's columns
-GIVEN = ("prompts", "completions", *ROLLOUT_COLUMNS)  # the keyword arguments of every call but the record's columns
+GIVEN = ("prompts", "completions", *ROLLOUT_COLUMNS, *HOOKS)  # every call's keyword arguments but the record's
+# reward_errors: what becomes of a row a function failed on
+ERROR_POLICIES = {
+    "skip": "the row is dropped from the update (a run stops past max_reward_error_fraction)",
+    "score": "the row's component is reward_error_score",
+    "stop": "the run stops at the first such row",
+}
 NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?")
 ANSWER_PHRASE = re.compile(r"(?:answer is|####|\\boxed\{)\s*:?\s*(-?\$?\d[\d,]*(?:\.\d+)?)", re.IGNORECASE)
 FINAL_LINE = re.compile(r"the answer is:?\s*\$?-?\d[\d,]*(?:\.\d+)?\s*\.?\s*$", re.IGNORECASE)
@@ -214,25 +215,49 @@ class RewardError:
 
 
 @dataclass
+class RowLogs:
+    """What a batch's functions logged through TRL's hooks: each `log_extra` column, one value per row of the
+    batch (None where the row's call logged none), and each function's `log_metric` values by
+    `<function>/<name>`."""
+
+    rows: int
+    extra: dict[str, list[Any]] = field(default_factory=dict)
+    metrics: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+
+    def add(self, function: str, log: CallLog, rows: list[int]) -> None:
+        """The log of `function`'s call on `rows` of the batch."""
+        for column, values in log.extra.items():
+            filled = self.extra.setdefault(column, [None] * self.rows)
+            for row, value in zip(rows, values, strict=True):
+                filled[row] = value
+        for name, values in log.metrics.items():
+            self.metrics[f"{function}/{name}"] += values
+
+
+@dataclass
 class RewardFunctions:
     """The configured functions, applied to a batch with every failure found, reported and counted."""
 
     names: list[str]
     functions: list[RewardFunction]
-    error_score: float = -1.0
-    stop_on_error: bool = False
+    on_error: str = "skip"  # reward_errors: one of ERROR_POLICIES
+    error_score: float = -1.0  # a failed row's value under on_error="score"
     timeout: float = 0.0  # seconds a call may take (0: no limit)
     errors: list[RewardError] = field(default_factory=list)
+    logs: RowLogs = field(default_factory=lambda: RowLogs(0))  # what the last `score` call's functions logged
 
     @classmethod
     def from_specs(
-        cls, specs: list[str], error_score: float = -1.0, stop_on_error: bool = False, timeout: float = 0.0
+        cls, specs: list[str], on_error: str = "skip", error_score: float = -1.0, timeout: float = 0.0
     ) -> RewardFunctions:
         names = [component_name(s) for s in specs]
         duplicated = {n for n in names if names.count(n) > 1}
         if duplicated:
             raise ConfigError(f"reward_functions: {', '.join(sorted(duplicated))} named twice")
-        return cls(names, [resolve(s) for s in specs], error_score, stop_on_error, timeout)
+        functions = [resolve(s) for s in specs]
+        for name, fn in zip(names, functions, strict=True):
+            check_signature(name, fn)
+        return cls(names, functions, on_error, error_score, timeout)
 
     def __len__(self) -> int:
         return len(self.functions)
@@ -253,91 +278,82 @@ class RewardFunctions:
     def score(
         self, prompts: list[Prompt], texts: list[str], columns: dict[str, Any], where: list[str]
     ) -> list[list[float]]:
-        """(functions x rows) rewards of the completions `texts`; a failing row gets `error_score` and is
-        recorded in `errors`. Functions read a completion after a conversation's messages as one assistant
-        message (`conversational_completions`). `columns` holds lists (one value per row) and single values
-        passed to every call alike. A function that ends the process (sys.exit, KeyboardInterrupt) stops the
-        run in one line naming it."""
-        completions = conversational_completions(prompts, texts)
-        scores = []
-        for name, fn in zip(self.names, self.functions, strict=True):
-            try:
-                scores.append(self.apply(name, fn, prompts, completions, columns, where))
-            except (SystemExit, KeyboardInterrupt) as e:
-                raise ConfigError(
-                    f"reward function {name!r} raised {type(e).__name__}({e}) instead of returning its scores: a "
-                    "reward function must return one number per completion, never end the process"
-                ) from None
-        return scores
+        """(functions x rows) values of the completions `texts`: NaN where a function does not score the row (it
+        returned None) or failed on it under on_error="skip", `error_score` where it failed under "score";
+        failures are recorded in `errors`, what the functions logged in `logs`. Functions read a completion
+        after a conversation's messages as one assistant message (`conversational_completions`). `columns`
+        holds lists (one value per row) and single values passed to every call alike. Each function is
+        called once on the batch, the async ones together; a function that ends the process (sys.exit,
+        KeyboardInterrupt) stops the run in one line naming it."""
+        batch = Batch(prompts, conversational_completions(prompts, texts), columns)
+        self.logs = RowLogs(len(batch))
+        functions = zip(self.names, self.functions, strict=True)
+        calls = [Call(name, fn, batch, CallLog(len(batch))) for name, fn in functions]
+        return [
+            [self.checked(c.name, v, i, where) for i, v in enumerate(self.row_values(c, outcome, where))]
+            for c, outcome in zip(calls, outcomes(calls, self.timeout), strict=True)
+        ]
 
-    def apply(
-        self,
-        name: str,
-        fn: RewardFunction,
-        prompts: list[Prompt],
-        completions: list[Completion],
-        columns: dict[str, list[Any]],
-        where: list[str],
-    ) -> list[float]:
-        """One call on the whole batch. A call that raised is retried one row at a time to find the rows that
-        fail; a call that overran the time limit or returned the wrong number of values fails every row
-        (no value can be matched to its row, and retrying would call a slow function once per row)."""
-        rows = range(len(completions))
-        try:
-            values = self.guarded_call(fn, prompts, completions, columns)
-        except TimedOut:
-            values = [self.failed(name, i, where, self.overran()) for i in rows]
-        except Exception:
-            values = [self.one_row(name, fn, prompts, completions, columns, where, i) for i in rows]
-        else:
-            if len(values) != len(completions):
-                problem = f"returned {len(values)} values for {len(completions)} completions"
-                values = [self.failed(name, i, where, problem) for i in rows]
-        return [self.checked(name, v, i, where) for i, v in enumerate(values)]
+    def row_values(self, c: Call, outcome: Outcome, where: list[str]) -> list[Any]:
+        """Each row's value from the batch call `c`. A call that raised is retried one row at a time to find
+        the rows that fail; a call that overran the time limit or returned the wrong number of values fails
+        every row (no value can be matched to its row, and retrying would call a slow function once per row)."""
+        rows = list(range(len(c.batch)))
+        if isinstance(outcome, Raised):
+            return self.one_row_each(c, where)
+        if not isinstance(outcome, list):
+            return [self.failed(c.name, i, where, self.overran()) for i in rows]
+        if len(outcome) != len(rows):
+            problem = f"returned {len(outcome)} values for {len(rows)} completions"
+            return [self.failed(c.name, i, where, problem) for i in rows]
+        self.logs.add(c.name, c.log, rows)
+        return outcome
 
-    def one_row(self, name, fn, prompts, completions, columns, where, i) -> float | RowFailure:
-        try:
-            row_columns = {k: v[i : i + 1] if isinstance(v, list) else v for k, v in columns.items()}
-            values = self.guarded_call(fn, prompts[i : i + 1], completions[i : i + 1], row_columns)
-        except TimedOut:
-            return self.failed(name, i, where, self.overran())
-        except Exception as e:
-            return self.failed(name, i, where, f"raised {type(e).__name__}: {e}")
-        if len(values) != 1:
-            return self.failed(name, i, where, f"returned {len(values)} values for 1 completion")
-        return values[0]
-
-    def guarded_call(
-        self,
-        fn: RewardFunction,
-        prompts: list[Prompt],
-        completions: list[Completion],
-        columns: dict[str, list[Any]],
-    ) -> list[Any]:
-        """`call`'s values, within the time limit; a stop signal ends the call at once (`interruptible`)."""
-        with interruptible(), time_limit(self.timeout):
-            return list(call(fn, prompts, completions, columns))
+    def one_row_each(self, c: Call, where: list[str]) -> list[Any]:
+        """The call `c` again on each of its rows alone (an async function's rows concurrently)."""
+        singles = [Call(c.name, c.fn, c.batch.row(i), CallLog(1)) for i in range(len(c.batch))]
+        values = []
+        for i, (single, outcome) in enumerate(zip(singles, outcomes(singles, self.timeout), strict=True)):
+            if isinstance(outcome, Raised):
+                values.append(self.failed(c.name, i, where, f"raised {type(outcome.error).__name__}: {outcome.error}"))
+            elif not isinstance(outcome, list):
+                values.append(self.failed(c.name, i, where, self.overran()))
+            elif len(outcome) != 1:
+                values.append(self.failed(c.name, i, where, f"returned {len(outcome)} values for 1 completion"))
+            else:
+                self.logs.add(c.name, single.log, [i])
+                values.append(outcome[0])
+        return values
 
     def overran(self) -> str:
         return f"still running after reward_timeout={self.timeout:g} s: stopped"
 
     def checked(self, name: str, value: Any, row: int, where: list[str]) -> float:
+        """The row's value as a float: NaN for None (not scored), the failure's value for one that is no
+        finite number. A string is no number, even one that reads as one ("1.0")."""
         if isinstance(value, RowFailure):
-            return self.error_score
+            return self.failure_value()
+        if value is None:
+            return math.nan
         try:
+            if isinstance(value, str | bytes):
+                raise TypeError
             number = float(value)
         except (TypeError, ValueError):
             self.failed(name, row, where, f"returned {value!r}, not a number")
-            return self.error_score
+            return self.failure_value()
         if not math.isfinite(number):
             self.failed(name, row, where, f"returned {number}")
-            return self.error_score
+            return self.failure_value()
         return number
+
+    def failure_value(self) -> float:
+        return self.error_score if self.on_error == "score" else math.nan
 
     def failed(self, name: str, row: int, where: list[str], problem: str) -> RowFailure:
         error = RewardError(name, row, where[row], problem)
-        if self.stop_on_error:
-            raise ConfigError(error.line() + " (stop_on_reward_error=true)")
+        if self.on_error == "stop":
+            raise ConfigError(error.line() + " (reward_errors=stop)")
         self.errors.append(error)
         return RowFailure()
 
@@ -347,52 +363,24 @@ class RewardFunctions:
 
 
 class RowFailure:
-    """The value of a row whose reward could not be computed (scored `error_score` once counted)."""
+    """The value of a row whose reward could not be computed (given its `failure_value` once counted)."""
 
 
-class TimedOut(BaseException):
-    """A reward function's call overran the time limit. A BaseException, so that the function's own
-    `except Exception` does not swallow it and go on."""
-
-
-@contextlib.contextmanager
-def time_limit(seconds: float) -> Iterator[None]:
-    """Raise TimedOut in the block after `seconds` (0: no limit), through SIGALRM: the call runs in the
-    main thread, where nothing but a signal can stop it. Elsewhere, or without SIGALRM, no limit."""
-    if not seconds or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGALRM"):
-        yield
-        return
-
-    def overran(_signum, _frame) -> None:
-        raise TimedOut
-
-    previous = signal.signal(signal.SIGALRM, overran)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+def check_signature(name: str, fn: RewardFunction) -> None:
+    """Refuse, before anything loads, a function that cannot be called by keyword: one with positional-only
+    parameters (`def f(prompts, completions, /)`), which a call by keyword cannot reach."""
+    positional = [p.name for p in inspect.signature(fn).parameters.values() if p.kind is p.POSITIONAL_ONLY]
+    if positional:
+        raise ConfigError(
+            f"reward_functions: {name} takes {', '.join(positional)} as positional-only parameters, but a reward "
+            "function is called by keyword, as TRL calls it: remove the `/` from its signature"
+        )
 
 
 def required_columns(fn: RewardFunction) -> list[str]:
     """The dataset columns `fn` cannot be called without: its parameters without a default, less the arguments
-    every call is given by name (`GIVEN`: prompts, completions and the rollout columns). The built-in gsm8k:
-    `answer`."""
+    every call is given by name (`GIVEN`: prompts, completions, the rollout columns and TRL's hooks). The
+    built-in gsm8k: `answer`."""
     named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     parameters = inspect.signature(fn).parameters.values()
     return [p.name for p in parameters if p.kind in named and p.default is p.empty and p.name not in GIVEN]
-
-
-def call(
-    fn: RewardFunction, prompts: list[Prompt], completions: list[Completion], columns: dict[str, list[Any]]
-) -> Sequence[float]:
-    """`fn(prompts=..., completions=..., **columns)`, by keyword as TRL calls reward functions, so that a
-    function may name only what it reads (`reward_len(completions, **kwargs)`). A function without **kwargs
-    is passed only the arguments it names. A record column named like a call's argument gives way to it."""
-    arguments = columns | {"prompts": prompts, "completions": completions}
-    parameters = inspect.signature(fn).parameters.values()
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-        named = {p.name for p in parameters}
-        arguments = {k: v for k, v in arguments.items() if k in named}
-    return fn(**arguments)

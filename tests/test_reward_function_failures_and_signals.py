@@ -157,7 +157,7 @@ def test_wrong_count_is_counted_per_row_and_never_retried_one_row_at_a_time():
         calls.append(len(completions))
         return [1.0]
 
-    functions = RewardFunctions(["short"], [short])
+    functions = RewardFunctions(["short"], [short], on_error="score")
     assert functions.score(["p"] * 3, ["a", "b", "c"], {}, ["w1", "w2", "w3"]) == [[-1.0] * 3]
     assert calls == [3] and [e.row for e in functions.take_errors()] == [0, 1, 2]
 
@@ -171,7 +171,7 @@ def test_a_call_past_the_timeout_fails_its_rows_without_retrying_them():
             time.sleep(30)
         return [0.0] * len(completions)
 
-    functions = RewardFunctions(["stuck"], [stuck], timeout=0.2)
+    functions = RewardFunctions(["stuck"], [stuck], on_error="score", timeout=0.2)
     started = time.monotonic()
     assert functions.score(["p"] * 2, ["a", "b"], {}, ["w1", "w2"]) == [[-1.0, -1.0]]
     assert time.monotonic() - started < 5 and calls == [2]

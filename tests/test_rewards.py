@@ -89,7 +89,7 @@ def fragile(prompts, completions, **columns):
 
 
 def test_a_failing_row_is_reported_with_its_row_and_counted_never_zero(capsys):
-    functions = RewardFunctions(["fragile"], [fragile], error_score=-7.0)
+    functions = RewardFunctions(["fragile"], [fragile], on_error="score", error_score=-7.0)
     scores = functions.score(
         ["p"] * 4, ["fine", "boom", "nan", "fine"], {}, ["a.jsonl:1", "a.jsonl:2", "a.jsonl:3", "a.jsonl:4"]
     )
@@ -97,21 +97,44 @@ def test_a_failing_row_is_reported_with_its_row_and_counted_never_zero(capsys):
     errors = functions.take_errors()
     assert [(e.row, e.where) for e in errors] == [(1, "a.jsonl:2"), (2, "a.jsonl:3")]
     assert "raised ValueError: cannot parse" in errors[0].line() and "returned nan" in errors[1].line()
-    stopping = RewardFunctions(["fragile"], [fragile], stop_on_error=True)
-    with pytest.raises(ConfigError, match=r"failed on row 1 \(a.jsonl:2\): raised ValueError"):
+    skipping = RewardFunctions(["fragile"], [fragile])  # the default, reward_errors=skip: no value at all
+    values = skipping.score(["p"] * 3, ["fine", "boom", "nan"], {}, ["a.jsonl:1", "a.jsonl:2", "a.jsonl:3"])[0]
+    assert values[0] == 1.0 and math.isnan(values[1]) and math.isnan(values[2])
+    assert [e.row for e in skipping.take_errors()] == [1, 2]
+    stopping = RewardFunctions(["fragile"], [fragile], on_error="stop")
+    with pytest.raises(ConfigError, match=r"failed on row 1 \(a.jsonl:2\): raised ValueError.*reward_errors=stop"):
         stopping.score(["p"] * 2, ["fine", "boom"], {}, ["a.jsonl:1", "a.jsonl:2"])
 
 
 def test_wrong_count_of_values_fails_every_row_of_the_call():
-    functions = RewardFunctions(["short"], [lambda prompts, completions, **c: [1.0]], error_score=-1.0)
+    functions = RewardFunctions(["short"], [lambda prompts, completions, **c: [1.0]], on_error="score")
     assert functions.score(["p"] * 2, ["a", "b"], {}, ["w1", "w2"]) == [
         [-1.0, -1.0]
     ]  # no value can be matched to its row
     assert [e.problem for e in functions.take_errors()] == ["returned 1 values for 2 completions"] * 2
-    functions = RewardFunctions(["none"], [lambda prompts, completions, **c: [None] * len(completions)])
-    assert (
-        functions.score(["p"], ["a"], {}, ["w1"]) == [[-1.0]] and "not a number" in functions.take_errors()[0].problem
-    )
+
+
+@pytest.mark.parametrize("value", ["1.0", "good", b"1", [1.0], object()])
+def test_a_value_that_is_not_a_number_fails_its_row_even_a_numeric_string(value):
+    """Review PF05: "1.0" fails as "good" does; only numbers (and None: not scored) are values."""
+    functions = RewardFunctions(["odd"], [lambda prompts, completions, **c: [value, 2]], on_error="score")
+    assert functions.score(["p"] * 2, ["a", "b"], {}, ["w1", "w2"]) == [[-1.0, 2.0]]
+    [error] = functions.take_errors()
+    assert error.row == 0 and error.problem == f"returned {value!r}, not a number"
+
+
+def test_none_means_the_function_does_not_score_the_row_and_is_no_failure():
+    functions = RewardFunctions(["math"], [lambda prompts, completions, task, **c: [1.0 if t == "math" else None
+                                                                                     for t in task]])
+    [values] = functions.score(["p"] * 3, ["a", "b", "c"], {"task": ["math", "code", "math"]}, ["w1", "w2", "w3"])
+    assert values[0] == values[2] == 1.0 and math.isnan(values[1]) and functions.take_errors() == []
+
+
+def test_positional_only_parameters_are_refused_before_anything_loads(tmp_path):
+    """Review PF07: a function called by keyword cannot reach them; said in one line at from_specs."""
+    (tmp_path / "positional.py").write_text("def f(prompts, completions, /, **kwargs):\n    return [0.0]\n")
+    with pytest.raises(ConfigError, match=r"reward_functions: f takes prompts, completions as positional-only"):
+        RewardFunctions.from_specs([f"{tmp_path / 'positional.py'}:f"])
 
 
 def test_gsm8k_records_keep_the_final_number_and_count_steps(tmp_path):
@@ -189,6 +212,7 @@ def test_reward_functions_alone_train_and_log_each_component(ppo_dirs, tmp_path,
         reward_functions=f"{tmp_path / 'picky.py'}:picky,length",
         max_steps=1,
         eval_samples=2,
+        reward_errors="score",
         reward_error_score=-3.0,
     )
     assert cli_main(["grpo", *[f"{k}={v}" for k, v in args.items()]]) == 0

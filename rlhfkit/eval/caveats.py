@@ -5,7 +5,7 @@ The checks: a judge whose measured agreement with humans is near or below chance
 no better than "always prefer the longer response"; a policy whose reward-model score or EOS rate
 fell during training; an alarm that fired (naming the opening or ending that collapsed); a training
 budget so far below the paper's that the numbers show the machinery, not alignment; an evaluation on
-too few prompts to separate policies.
+too few prompts to separate policies; the EOS trick deciding most rewards of reward functions.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ SHIPPED_JUDGE_AGREEMENT = {
 PAPER_BUDGET = {"sft": (116_722, "examples"), "rm": (92_858, "pairs"), "dpo": (92_858, "pairs"),
                 "ppo": (1_000_000, "episodes"), "grpo": (1_000_000, "episodes"), "rloo": (1_000_000, "episodes")}
 SMALL_BUDGET = 0.01  # under 1% of the paper's budget the curves show the code running, not a result
+EOS_TRICK_DECIDES = 0.5  # past this share of responses without EOS, the trick's constant is most rewards
 
 
 def measured_judge_agreement(spec: str, roots: list[Path]) -> dict[str, Any] | None:
@@ -141,3 +142,19 @@ def reward_model_caveat_of(folder: Path) -> str:
     if not overall:
         return ""
     return reward_model_caveat(overall.get("accuracy"), overall.get("length_rule"), overall.get("model_minus_rule_low"))
+
+
+def eos_trick_caveat(eos_rates: list[float], replaces_function_rewards: bool) -> str:
+    """Reward functions without a reward model, with the EOS trick on (Detail 23; `replaces_function_rewards`):
+    where most training responses had no EOS (`eos_rates`: each update's share with one), the trick's constant
+    replaced most of the functions' values, so the policy learned from it rather than from them."""
+    if not replaces_function_rewards or not eos_rates:
+        return ""
+    missing = 1 - sum(eos_rates) / len(eos_rates)
+    if missing <= EOS_TRICK_DECIDES:
+        return ""
+    return (
+        f"the EOS trick (eos_trick=true) replaced the reward functions' values of {missing:.0%} of the training "
+        "responses (those without EOS) by missing_eos_score: the policy learned from that constant more than from "
+        "the functions; set eos_trick=false for reward functions alone (docs/rewards.md)"
+    )

@@ -14,6 +14,10 @@ estimator of that stage has and a config that cannot give its estimator the grou
 estimator is `(cfg, rewards, mask, batch, groups) -> (advantages, returns)`, reading what else it needs
 from the rollout `batch` (PPO's `values`, ReMax's `baseline_scores`); `groups` holds each row's group
 id (the rows of one prompt's samples are consecutive and share one id). The maths lives in `ops`.
+
+A row without a score (`scoring.scored_rows`: no reward scored it, or a function failed on it under
+reward_errors=skip) is dropped: its `mask` is empty, so it has no reward, advantage or return, and it takes no
+part in any whitening; the group estimators compare the scored rows of each group alone (`scored_groups`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from .. import ops
 from ..config import GRPOConfig, OnPolicyConfig, PPOConfig, ReinforceConfig, RLOOConfig
 from ..errors import ConfigError
 from ..rollout import RolloutBatch
+from .scoring import scored_rows
 
 EstimatorFunction = Callable[[Any, torch.Tensor, torch.Tensor, RolloutBatch, torch.Tensor],
                              tuple[torch.Tensor, torch.Tensor]]
@@ -76,17 +81,47 @@ def gae_advantages(cfg: PPOConfig, rewards, mask, batch, _groups):
     return ops.gae(rewards, batch.values, mask, cfg.gamma, cfg.lam)
 
 
+def scored_groups(scores: torch.Tensor, groups: torch.Tensor, scored: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(B,) each row's score (0 where unscored), the sum of its group's scored rows' and their count: the group
+    statistics of `ops`, over the rows a group has scores for. Groups must have two rows or more."""
+    ops.require_groups_of_two(ops.group_sums(scores, groups)[1], "a group estimator")
+    weight = scored.to(scores.dtype)
+    kept = scores.where(scored, torch.zeros_like(scores))
+    return kept, ops.group_sums(kept, groups)[0], ops.group_sums(weight, groups)[0]
+
+
+def group_relative_over_scored(scores, groups, scored, scale_by_std: bool, eps: float = 1e-4) -> torch.Tensor:
+    """`ops.group_relative_advantages` over each group's scored rows: 0 for an unscored row, and for every row
+    of a group with fewer than two scored rows (nothing to compare it with)."""
+    kept, sums, counts = scored_groups(scores, groups, scored)
+    compared = scored & (counts >= 2)
+    centered = (kept - sums / counts.clamp(min=1)).where(compared, torch.zeros_like(kept))
+    if not scale_by_std:
+        return centered
+    variance = ops.group_sums(centered**2, groups)[0] / (counts - 1).clamp(min=1)
+    return centered / (variance.sqrt() + eps)
+
+
+def leave_one_out_over_scored(scores, groups, scored) -> torch.Tensor:
+    """`ops.leave_one_out_advantages` over each group's scored rows: each scored row's score minus the mean of
+    the other scored rows of its group; 0 for an unscored row and for a row with no other scored row."""
+    kept, sums, counts = scored_groups(scores, groups, scored)
+    others = counts - 1
+    baseline = (sums - kept) / others.clamp(min=1)
+    return (kept - baseline).where(scored & (others > 0), torch.zeros_like(kept))
+
+
 @estimator("grpo", reads=GRPOConfig, needs_groups=True)
-def grpo_advantages(cfg: GRPOConfig, rewards, mask, _batch, groups):
+def grpo_advantages(cfg: GRPOConfig, rewards, mask, batch, groups):
     """GRPO: the sequence reward minus its group's mean, over the group's std unless scale_rewards=false."""
-    relative = ops.group_relative_advantages(rewards.sum(-1), groups, cfg.scale_rewards)
+    relative = group_relative_over_scored(rewards.sum(-1), groups, scored_rows(batch), cfg.scale_rewards)
     return ops.sequence_advantages(relative, mask)
 
 
 @estimator("rloo", reads=RLOOConfig, needs_groups=True)
-def rloo_advantages(_cfg: RLOOConfig, rewards, mask, _batch, groups):
+def rloo_advantages(_cfg: RLOOConfig, rewards, mask, batch, groups):
     """RLOO: the sequence reward minus the mean reward of the other samples of its prompt."""
-    return ops.sequence_advantages(ops.leave_one_out_advantages(rewards.sum(-1), groups), mask)
+    return ops.sequence_advantages(leave_one_out_over_scored(rewards.sum(-1), groups, scored_rows(batch)), mask)
 
 
 @estimator("reinforce-pp", reads=ReinforceConfig)
@@ -98,19 +133,20 @@ def reinforce_pp_advantages(cfg: ReinforceConfig, rewards, mask, _batch, _groups
 
 
 @estimator("reinforce-pp-baseline", reads=ReinforceConfig, needs_groups=True)
-def reinforce_pp_baseline_advantages(_cfg: ReinforceConfig, rewards, mask, _batch, groups):
+def reinforce_pp_baseline_advantages(_cfg: ReinforceConfig, rewards, mask, batch, groups):
     """REINFORCE++-baseline: the sequence reward minus its group's mean, whitened over the whole
     batch's tokens."""
-    relative = ops.group_relative_advantages(rewards.sum(-1), groups, scale_by_std=False)
+    relative = group_relative_over_scored(rewards.sum(-1), groups, scored_rows(batch), scale_by_std=False)
     centred, _ = ops.sequence_advantages(relative, mask)
     return ops.masked_whiten(centred, mask), centred
 
 
 @estimator("remax", reads=ReinforceConfig, needs_greedy_baseline=True)
 def remax_advantages(cfg: ReinforceConfig, rewards, mask, batch, _groups):
-    """ReMax: each token's return minus the score of its prompt's greedy response."""
+    """ReMax: each token's return minus the score of its prompt's greedy response (NaN, unscored, only where
+    `mask` is empty)."""
     returns = ops.returns_to_go(rewards, mask, cfg.gamma)
-    return (returns - batch.baseline_scores.unsqueeze(1)) * mask, returns
+    return (returns - batch.baseline_scores.nan_to_num().unsqueeze(1)) * mask, returns
 
 
 def needs_of(cfg: OnPolicyConfig) -> EstimatorNeeds:
@@ -180,16 +216,16 @@ def with_old_logprobs(batch: RolloutBatch, logprobs: torch.Tensor, cfg: OnPolicy
     return dataclasses.replace(batch, kl=per_token_kl(batch, cfg))
 
 
-def estimate_on_policy_tokens(cfg: OnPolicyConfig, rewards: torch.Tensor,
-                              batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """(advantages, returns) by the configured estimator over the policy's tokens: in a multi-turn
-    episode those tokens compacted into one sequence (`ops.compact_tokens`), the estimate put back in their
-    columns, 0 at the environment's tokens."""
+def estimate_on_policy_tokens(cfg: OnPolicyConfig, rewards: torch.Tensor, batch: RolloutBatch, mask: torch.Tensor,
+                              trained: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages, returns) by the configured estimator over the policy's tokens (`trained`, within `mask`): in
+    a multi-turn episode those tokens compacted into one sequence (`ops.compact_tokens`), the estimate put back
+    in their columns, 0 at the environment's tokens."""
     estimate, groups = ESTIMATORS[cfg.advantage_estimator], row_groups(batch, cfg)
     if batch.policy_mask is None:
-        return estimate(cfg, rewards, batch.mask, batch, groups)
-    compacted, columns, kept = ops.compact_tokens(rewards, batch.trained_mask)
-    values = ops.compact_tokens(batch.values, batch.trained_mask)[0] if batch.values is not None else None
+        return estimate(cfg, rewards, mask, batch, groups)
+    compacted, columns, kept = ops.compact_tokens(rewards, trained)
+    values = ops.compact_tokens(batch.values, trained)[0] if batch.values is not None else None
     advantages, returns = estimate(cfg, compacted, kept, dataclasses.replace(batch, values=values), groups)
     width = rewards.size(1)
     return (ops.expand_tokens(advantages, columns, kept, width), ops.expand_tokens(returns, columns, kept, width))
@@ -199,17 +235,20 @@ def compute_advantages(batch: RolloutBatch, cfg: OnPolicyConfig, kl_coef: float)
     """Scores -> per-token rewards (equation 3) -> advantages and returns by the configured estimator,
     on the whole update's rollout. With kl_placement=loss the rewards carry the score alone and the KL
     enters the update's loss. In multi-turn episodes only the policy's tokens are rewarded and estimated
-    (`estimate_on_policy_tokens`); the score sits on the episode's last token, which is the policy's."""
-    mask, trained = batch.mask, batch.trained_mask
-    scores = shaped_scores(cfg, batch.raw_scores, batch.lengths, batch.has_eos)
+    (`estimate_on_policy_tokens`); the score sits on the episode's last token, which is the policy's. A
+    row without a score (`scored_rows`) keeps the score NaN and is masked out of everything else."""
+    scored = scored_rows(batch)
+    mask, trained = batch.mask & scored.unsqueeze(1), batch.trained_mask & scored.unsqueeze(1)
+    scores = shaped_scores(cfg, batch.raw_scores, batch.lengths, batch.has_eos).where(scored, torch.nan)
     # without old log-probabilities (the update's forward gives them: `reuses_update_forward`) the
     # rewards carry no KL, which that case guarantees they would not; `with_old_logprobs` adds it later
     kl = per_token_kl(batch, cfg) if batch.logprobs is not None else None
     reward_kl = kl if kl is not None else torch.zeros_like(batch.ref_logprobs)
-    rewards, _ = ops.rlhf_rewards(scores, reward_kl, mask, kl_coef if cfg.kl_placement == "reward" else 0.0)
+    beta = kl_coef if cfg.kl_placement == "reward" else 0.0
+    rewards, _ = ops.rlhf_rewards(scores.nan_to_num(), reward_kl, mask, beta)
     if cfg.whiten_rewards:  # Detail 24
         rewards = ops.masked_whiten(rewards, trained, shift_mean=False)
-    advantages, returns = estimate_on_policy_tokens(cfg, rewards, batch)
+    advantages, returns = estimate_on_policy_tokens(cfg, rewards, batch, mask, trained)
     if cfg.whiten_advantages:  # Detail 25
         advantages = ops.masked_whiten(advantages, trained)
     return dataclasses.replace(batch, scores=scores, kl=kl, rewards=rewards, advantages=advantages,

@@ -120,7 +120,7 @@ def draw_rollout(setup: RolloutSetup, update: int, attempt: int, stream: PromptS
     batch = gather_rollout(score_rollout(models, batch, cfg, setup.precision, setup.texts), accelerator)
     timings["scoring"] += time.perf_counter() - began
     # on the whole batch: every process alike
-    models.reward_sources().stop_if_all_failed(batch.reward_failures, update + 1)
+    models.reward_sources().check_update(batch, update + 1, accelerator)
     return batch
 
 
@@ -143,8 +143,8 @@ def greedy_baseline(setup: RolloutSetup, queries: list[list[int]], prompt_ids: t
     # under the autocast score_rollout scores in
     with autocast(model_device(models.reward) if models.reward is not None else device, precision):
         scores = model_scores(models, greedy, cfg)
-    components, _ = reward_components(models, greedy, scores, setup.texts, cfg.max_response_length)
-    raw = models.reward_sources().combine(components)
+    components, failed = reward_components(models, greedy, scores, setup.texts, cfg.max_response_length)
+    raw = models.reward_sources().combine(components, failed)
     return shaped_scores(cfg, raw, greedy.lengths, greedy.has_eos)
 
 

@@ -5,177 +5,35 @@ each sampled row, filled in by `score_rollout` (logged as `perf/scoring_s`).
                              response tokens, from one forward pass each, at the sampling temperature
     values     = the value model's estimate before each response token (PPO)          (Detail 22)
     components = [f_1(prompts=, completions=, **columns), ..., f_n(...), reward model at EOS] (Detail 12)
-    raw score  = sum_c reward_weights[c] * components[c]             (then the EOS trick, Detail 23)
+    raw score  = sum_c reward_weights[c] * components[c], over those that scored the row  (then Detail 23)
 
-Every component is kept on the rollout (`RolloutBatch.reward_components`) and logged on its own
-(`rewards/<name>`), so a run shows what each reward bought. Rows a function failed on are counted per
-function (`rewards/<name>_errors`) and reported with the prompt's source line (rlhfkit/rewards.py).
+Every component is kept on the rollout (`RolloutBatch.reward_components`, NaN where a function returned
+None: it does not score that row) and logged on its own (`rewards/<name>`), so a run shows what each reward
+bought. Rows a function failed on are counted per function (`rewards/<name>_errors`) and reported with the
+prompt's source line (rlhfkit/rewards.py). A row no component scored, or one a function failed on under
+reward_errors=skip, has a NaN raw score: it is dropped from the update (`scored_rows`; reward_sources.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from ..config import OnPolicyConfig
-from ..data.examples import SFTExample, reward_prompt
 from ..devices import autocast, model_device
-from ..environments import check_environment
-from ..errors import ConfigError, warn
 from ..generation import completion_texts
 from ..logprobs import response_logprobs, shared_response_logprobs
 from ..reward_models import ScalarModel
-from ..rewards import Prompt, RewardError, RewardFunctions
 from ..rollout import RolloutBatch
 from ..scoring import scores_at_eos
 from ..shared_rows import SharedRows, fall_back, pack_groups, shared_rows_obstacle
+from .reward_sources import PromptTexts, RewardSources, component_metrics, rollout_columns
 
-REWARD_MODEL = "reward_model"
-ENVIRONMENT = "environment"
-REPORTED_ERRORS = 5  # per scoring call: the rest are counted, not printed
-
-
-@dataclass
-class PromptTexts:
-    """What reward functions read about each prompt: the prompt (`reward_prompt`), dataset columns and source."""
-
-    prompts: list[Prompt]
-    columns: list[dict]
-    where: list[str]
-
-    @classmethod
-    def of(cls, examples: list[SFTExample]) -> PromptTexts:
-        return cls(
-            [reward_prompt(e) for e in examples],
-            [e.record.columns for e in examples],
-            [e.record.where for e in examples],
-        )
-
-
-def rollout_columns(batch: RolloutBatch, max_length: int) -> dict[str, Any]:
-    """The arguments every reward-function call is given about the sampled responses (rewards.ROLLOUT_COLUMNS).
-    `completion_ids` holds each response's tokens up to its EOS, EOS included, as TRL's trainers pass them."""
-    lengths = batch.lengths.tolist()
-    responses = batch.responses.cpu()
-    return {
-        "completion_ids": [responses[i, :n].tolist() for i, n in enumerate(lengths)],
-        "completion_lengths": lengths,
-        "has_eos": batch.has_eos.tolist(),
-        "max_completion_length": max_length,
-    }
-
-
-@dataclass
-class RewardSources:
-    """The configured reward functions, whether a reward model scores too, and each component's weight."""
-
-    functions: RewardFunctions
-    has_model: bool
-    weights: list[float]
-    # by function: what went wrong on its last failed row
-    last_problem: dict[str, str] = field(default_factory=dict)
-    has_environment: bool = False  # the episodes' environment rewards their ends (`Environment.has_reward`)
-
-    @classmethod
-    def from_config(cls, cfg: OnPolicyConfig) -> RewardSources:
-        environment = check_environment(cfg.environment, cfg.environment_args)
-        has_environment = environment is not None and environment.has_reward
-        if not cfg.reward_functions and not cfg.reward_model and not has_environment:
-            raise ConfigError(
-                "nothing to optimise: give reward_model= (a reward model folder) and/or "
-                "reward_functions= "
-                "(e.g. gsm8k,format; see rlhfkit/rewards.py)"
-            )
-        functions = RewardFunctions.from_specs(
-            cfg.reward_functions, cfg.reward_error_score, cfg.stop_on_reward_error, cfg.reward_timeout
-        )
-        sources = cls(functions, bool(cfg.reward_model), [], has_environment=has_environment)
-        count = len(sources.names)
-        sources.weights = list(cfg.reward_weights) or [1.0] * count
-        if len(sources.weights) != count:
-            raise ConfigError(
-                f"reward_weights has {len(sources.weights)} values for {count} rewards ({', '.join(sources.names)}): "
-                "give one per reward function, then one for the environment when it rewards episodes, then one "
-                "for the reward model"
-            )
-        return sources
-
-    @classmethod
-    def model_only(cls) -> RewardSources:
-        return cls(RewardFunctions([], []), True, [1.0])
-
-    @property
-    def names(self) -> list[str]:
-        """The components in their order: the functions', the environment's, the reward model's."""
-        return self.functions.names + [ENVIRONMENT] * self.has_environment + [REWARD_MODEL] * self.has_model
-
-    def function_scores(
-        self, prompts: PromptTexts, rows: list[int], completions: list[str], rollout: dict[str, Any]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """((B, F) scores, (B, F) bool: the row failed) of the reward functions on completions of
-        prompts `rows`, given the `rollout_columns`; failures are printed (the first few) and flagged for
-        counting."""
-        keys = set().union(*(prompts.columns[i] for i in rows))
-        columns = {key: [prompts.columns[i].get(key) for i in rows] for key in keys} | rollout
-        where = [prompts.where[i] for i in rows]
-        scored = self.functions.score([prompts.prompts[i] for i in rows], completions, columns, where)
-        scores = torch.tensor(scored, dtype=torch.float32).reshape(len(self.functions), len(rows)).T
-        failed = torch.zeros_like(scores, dtype=torch.bool)
-        errors = self.functions.take_errors()
-        for error in errors:
-            failed[error.row, self.functions.names.index(error.function)] = True
-            self.last_problem[error.function] = error.problem
-        report_errors(errors)
-        return scores, failed
-
-    def check_prompts(self, prompts: PromptTexts) -> None:
-        """Refuse, before training, prompts that lack a column a reward function needs."""
-        self.functions.check_columns(prompts.columns, prompts.where)
-
-    def stop_if_all_failed(self, failed: torch.Tensor | None, update: int) -> None:
-        """Stop, in one line, at an update where a function failed on every row (the (B, F) `failed`):
-        scores that are all reward_error_score teach the policy nothing about that function."""
-        if failed is None or not failed.numel():
-            return
-        for name, all_failed in zip(self.functions.names, failed.all(dim=0).tolist(), strict=True):
-            if all_failed:
-                last = self.last_problem.get(name, "see the warnings above")
-                raise ConfigError(
-                    f"reward function {name!r} failed on all {failed.size(0)} rows of update "
-                    f"{update} (the last: {last}): the run would learn from reward_error_score "
-                    "alone: fix the function, then run again"
-                )
-
-    def combine(self, components: torch.Tensor) -> torch.Tensor:
-        """(B,) the weighted sum of the (B, C) components."""
-        return components @ torch.tensor(self.weights, dtype=components.dtype, device=components.device)
-
-
-def report_errors(errors: list[RewardError]) -> None:
-    for error in errors[:REPORTED_ERRORS]:
-        warn(error.line())
-    if len(errors) > REPORTED_ERRORS:
-        warn(
-            f"{len(errors) - REPORTED_ERRORS} more reward-function failures in this batch (counted in "
-            "rewards/<name>_errors)"
-        )
-
-
-def component_metrics(
-    names: list[str], components: torch.Tensor, failed: torch.Tensor | None, prefix: str = "rewards/"
-) -> dict[str, float]:
-    """The mean of each component and, for reward functions, the number of rows it failed on."""
-    metrics = {f"{prefix}{name}": float(components[:, c].mean()) for c, name in enumerate(names)}
-    if failed is not None:
-        functions = names[: failed.size(1)]
-        metrics |= {f"{prefix}{name}_errors": float(failed[:, c].sum()) for c, name in enumerate(functions)}
-    return metrics
-
+__all__ = ["PromptTexts", "RewardSources", "component_metrics", "rollout_columns"]  # defined in reward_sources.py
 
 @dataclass
 class OnPolicyModels:
@@ -300,17 +158,15 @@ def reward_components(
     prompts: PromptTexts | None,
     max_length: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """((B, C) reward components: the functions' then the reward model's, (B, F) failed rows);
-    `batch.prompts` index `prompts`."""
+    """((B, C) reward components: the functions' (NaN where one scored no value), the environment's, the reward
+    model's; (B, F) failed rows); `batch.prompts` index `prompts`."""
     sources = models.reward_sources()
     columns, failed = [], torch.zeros(batch.size, 0, dtype=torch.bool)
     if len(sources.functions):
         if prompts is None:
             raise ValueError("reward functions need the prompts' texts and columns")
         completions = completion_texts(batch, models.tokenizer)
-        scores, failed = sources.function_scores(
-            prompts, batch.prompts.tolist(), completions, rollout_columns(batch, max_length)
-        )
+        scores, failed = sources.function_scores(prompts, batch, completions, max_length)
         columns.append(scores)
     if sources.has_environment:
         rewards = batch.env_rewards if batch.env_rewards is not None else torch.zeros(batch.size)
@@ -319,6 +175,16 @@ def reward_components(
         columns.append(model_scores.float().cpu().unsqueeze(1))
     device = batch.responses.device
     return torch.cat(columns, dim=1).to(device), failed.to(device)
+
+
+def scored_rows(batch: RolloutBatch) -> torch.Tensor:
+    """(B,) the rows the update learns from: those with a raw score (`RewardSources.combine`) and, for ReMax,
+    a scored greedy baseline. The others take no part in the loss, the group baselines or any whitening. Rows
+    given without raw scores (not scored here) all count."""
+    if batch.raw_scores is None:
+        return torch.ones(batch.mask.size(0), dtype=torch.bool, device=batch.mask.device)
+    scored = ~batch.raw_scores.isnan()
+    return scored if batch.baseline_scores is None else scored & ~batch.baseline_scores.isnan()
 
 
 @torch.no_grad()
@@ -359,7 +225,10 @@ def score_rollout(
     filled = {k: torch.cat(v) for k, v in parts.items()}
     scores = filled.pop("model_scores", None)
     components, failed = reward_components(models, batch, scores, prompts, cfg.max_response_length)
-    filled |= {"reward_components": components, "raw_scores": models.reward_sources().combine(components)}
+    sources = models.reward_sources()
+    if len(sources.functions):  # a training rollout: what the functions logged is the update's
+        sources.keep_logs()
+    filled |= {"reward_components": components, "raw_scores": sources.combine(components, failed)}
     if failed.numel():
         filled["reward_failures"] = failed
     # Everything after EOS, and an episode's environment tokens, is masked out of every loss and metric;

@@ -39,6 +39,7 @@ from .scoring import (
     pack_rollout,
     policy_logprobs,
     reuses_update_forward,
+    scored_rows,
     value_estimates,
 )
 
@@ -124,6 +125,12 @@ class Averages:
         return {k: float(totals[0, i] / totals[1, i]) for i, k in enumerate(keys) if totals[1, i] > 0}
 
 
+def learned_mask(batch: RolloutBatch) -> torch.Tensor:
+    """(B, R) the tokens the update learns from: the policy's own (`trained_mask`), in the rows with a score
+    (`scored_rows`: a row no reward scored is dropped from the update)."""
+    return batch.trained_mask & scored_rows(batch).unsqueeze(1)
+
+
 @dataclass(frozen=True)
 class Objective:
     """What the update minimises, read from the config once: the policy loss and its clipping, how
@@ -148,9 +155,10 @@ class Objective:
         )
 
     def loss_mask(self, batch: RolloutBatch) -> torch.Tensor:
-        """(B, R) the tokens whose losses count: every token the policy sampled (not an environment's), or
-        with mask_truncated (DAPO's overlong filtering) none of a response cut before its EOS."""
-        trained = batch.trained_mask
+        """(B, R) the tokens whose losses count: every token the policy sampled (not an environment's) in a
+        row with a score (`learned_mask`), or with mask_truncated (DAPO's overlong filtering) none of a
+        response cut before its EOS."""
+        trained = learned_mask(batch)
         return trained & batch.has_eos.unsqueeze(1) if self.mask_truncated else trained
 
     def units(self, batch: RolloutBatch) -> torch.Tensor:
@@ -187,7 +195,7 @@ def update_on_rollout(
     device = batch.responses.device
     rng = np.random.default_rng([cfg.seed, update, 11])
     minibatch = batch.size // cfg.num_minibatches
-    units, tokens = objective.units(batch), batch.trained_mask.sum(-1).float()
+    units, tokens = objective.units(batch), learned_mask(batch).sum(-1).float()
     value_options = algorithm.value(cfg) if algorithm.value else None
     stats = Averages()
     grad_norms = Averages()
@@ -326,11 +334,12 @@ def micro_loss(
             terms["loss/entropy"] = -cfg.entropy_coef * objective.aggregate(entropy, loss_mask, normalisers.units)
         if value_options is not None:
             new_values = value_estimates(models.value, micro, passes.layout.rows_for("value", passes.shared)).float()
+            learned = learned_mask(micro)
             value_loss, value_clipfrac = ops.ppo_value_loss(
-                new_values, micro.values, micro.returns, trained, value_options.clip_range or None
+                new_values, micro.values, micro.returns, learned, value_options.clip_range or None
             )
             value_tokens = (
-                float(trained.sum()) if counts else 0.0
+                float(learned.sum()) if counts else 0.0
             )  # value_loss is a mean over this micro-batch's tokens
             terms["loss/value"] = value_options.coef * value_loss * value_tokens / max(normalisers.tokens, 1e-8)
     loss = sum(terms.values())
