@@ -105,7 +105,7 @@ def fall_back(model: torch.nn.Module, reason: str) -> None:
     """Log, once per model and reason, why it decodes with eager steps."""
     if fallbacks_logged.get(model) != reason:
         fallbacks_logged[model] = reason
-        log.warning("decoding with eager steps: %s", reason)
+        log.warning("rlhfkit: decoding with eager steps: %s", reason)
 
 
 class SharedSlotLayer(StaticLayer):

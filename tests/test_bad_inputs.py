@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import pathlib
+import re
 import shutil
 
 import pytest
@@ -313,3 +314,51 @@ def test_analyze_exits_2_when_no_record_is_usable(ppo_dirs, tmp_path, capsys):
         line
     )
     assert not out.exists()
+
+
+# ---------------------------------------------------------------- review 2026-11c: 5.2, ENhangR, the split's counts
+
+
+@pytest.mark.parametrize("stage", ["sft", "grpo"])
+def test_an_empty_data_is_refused_before_anything_is_written(ppo_dirs, tmp_path, capsys, stage):
+    """5.2: `data=$UNSET` on the command line, `data=[]` from Python; nothing is left to block the corrected command."""
+    import rlhfkit
+    from rlhfkit.errors import ConfigError
+
+    out = tmp_path / "run"
+    expected = "data= is empty: give a file, folder, hub id or in-memory data (was it an unset shell variable?)"
+    assert one_error_line(command(stage, ppo_dirs, out, data=""), capsys) == f"rlhfkit: error: {expected}"
+    with pytest.raises(ConfigError, match=f"^{re.escape(expected)}$"):
+        getattr(rlhfkit, stage)(**stage_args(stage, ppo_dirs, out, max_steps=1, data=[]))
+    assert not out.exists()
+
+
+def test_resume_of_a_run_stopped_before_its_first_checkpoint_says_how_to_start_it_again(ppo_dirs, tmp_path, capsys):
+    """ENhangR: the folder holds the run's config.yaml and no checkpoint; the same command starts it again
+    (test_the_same_run_stopped_before_it_saved_anything_starts_again_in_its_folder)."""
+    out = tmp_path / "run"
+    argv = command("sft", ppo_dirs, out)
+    out.mkdir()
+    (out / "config.yaml").write_text(
+        to_yaml(resolve("sft", None, None, dict(arg.split("=", 1) for arg in argv[1:])), "sft")
+    )
+    line = one_error_line(["sft", f"resume={out}"], capsys)
+    assert line == (
+        f"rlhfkit: error: resume={out}: no complete checkpoint there (looked for checkpoints/latest); the run there "
+        "stopped before its first checkpoint: run the command that started it again, or "
+        f"`rlhfkit <command> --config {out / 'config.yaml'}`, which starts the same run again in its folder"
+    )
+
+
+def test_the_split_line_counts_the_prompts_the_tokenization_line_then_keeps_or_skips(ppo_dirs, tokenizer):
+    """Cosmetic: with queries too long for max_query_length, the split's training count is the tokenization's kept
+    plus skipped, not already the kept count."""
+    from rlhfkit.config import GRPOConfig
+    from rlhfkit.onpolicy.evaluation import split_posts
+
+    cfg = GRPOConfig(data=[str(ppo_dirs["posts"])], validation_posts=2, max_query_length=64)
+    train, held_out, notes = split_posts(cfg, tokenizer)
+    split = re.search(r"split by prompt \(seed \d+\): (\d+) training prompts, (\d+) held-out prompts", "\n".join(notes))
+    kept, skipped = map(int, re.search(r"training kept (\d+) prompts, skipped (\d+)", "\n".join(notes)).groups())
+    assert skipped > 0 and kept == len(train)
+    assert (int(split[1]), int(split[2])) == (kept + skipped, 2)

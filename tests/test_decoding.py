@@ -99,7 +99,7 @@ def test_cuda_graphs_asked_for_on_a_cpu_fall_back_to_eager_steps_with_the_reason
     assert_same_rollout(first, decode(*staggered, "eager"))
     decode(*staggered, "cuda-graphs")
     logged = [r.getMessage() for r in caplog.records]
-    assert logged == ["decoding with eager steps: CUDA graphs need a CUDA device; the model is on cpu"]
+    assert logged == ["rlhfkit: decoding with eager steps: CUDA graphs need a CUDA device; the model is on cpu"]
 
 
 def test_auto_decodes_eagerly_on_a_cpu_without_a_word(staggered, caplog):
@@ -138,8 +138,8 @@ def test_a_capture_that_fails_falls_back_with_the_reason_logged_and_is_not_tried
     second = decode(*staggered, "cuda-graphs")
     assert second.decoding == "eager" and len(attempts) == 1
     assert [r.getMessage() for r in caplog.records] == [
-        "decoding with eager steps: capturing the 8-row step failed: RuntimeError: operation not permitted when stream "
-        "is capturing"
+        "rlhfkit: decoding with eager steps: capturing the 8-row step failed: RuntimeError: operation not permitted "
+        "when stream is capturing"
     ]
 
 
@@ -171,7 +171,7 @@ def test_a_graph_that_froze_its_inputs_is_caught_at_its_first_replay_and_the_cal
     assert graphs.decoding == "eager"
     assert_same_rollout(graphs, decode(*staggered, "eager", temperature=1.0, seed=5))
     assert [r.getMessage() for r in caplog.records] == [
-        "decoding with eager steps: the 8-row graph's logits differ from an eager step's on the same inputs"
+        "rlhfkit: decoding with eager steps: the 8-row graph's logits differ from an eager step's on the same inputs"
     ]
     assert decoding.graphs_refused[model]
 

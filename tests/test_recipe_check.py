@@ -64,6 +64,42 @@ def test_an_unknown_variant_or_folder_is_one_line(recipe, tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
 
 
+def check_error(capsys, *options: str) -> str:
+    """The one stderr line of `rlhfkit recipe check OPTIONS`, which must exit 2."""
+    assert cli_main(["recipe", "check", *options]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err.strip()
+
+
+NO_HIGH = '{"variants": {"full": {"root": "r", "numbers": [{"name": "n", "file": "f", "path": "p", "low": 0}]}}}'
+SHAPES = [  # (expected.json's text, the line after "expected=<path>")
+    ('{"variants": {"full": {"root": "<tmp>", "numbers": [\n', " is not valid JSON (line 2 column 1: Expecting value)"),
+    ('{"something": "else"}', ' has no "variants"'),
+    ('["variants"]', ' has no "variants"'),
+    ('{"variants": {"full": {"root": "r"}}}', ": variant 'full' has no \"numbers\""),
+    (NO_HIGH, ": variant 'full' numbers[0] lacks expected, high (each number holds name, file, path, expected, low"),
+]
+
+
+@pytest.mark.parametrize(("text", "problem"), SHAPES)
+def test_an_expected_json_that_is_malformed_or_of_another_shape_is_one_line_naming_it(tmp_path, capsys, text, problem):
+    """Review 2026-11c, 5.7."""
+    path = tmp_path / "expected.json"
+    path.write_text(text)
+    assert check_error(capsys, f"expected={path}").startswith(f"rlhfkit: error: expected={path}{problem}")
+
+
+def test_a_root_that_does_not_exist_is_one_line_not_a_table_of_missing_numbers(recipe, tmp_path, capsys):
+    """Review 2026-11c, RC08: root= or the variant's own root."""
+    folder, root = recipe
+    line = check_error(capsys, f"expected={folder}", "variant=short", f"root={tmp_path / 'nowhere'}")
+    assert line.startswith(f"rlhfkit: error: root={tmp_path / 'nowhere'}: no such folder; run the recipe's commands")
+    root.rename(tmp_path / "moved")
+    line = check_error(capsys, f"expected={folder}", "variant=short")
+    assert line.startswith(f"rlhfkit: error: the root {root} that {folder} names: no such folder")
+
+
 def test_every_recipe_states_each_number_with_a_band_around_its_measured_value():
     """Over the recipes that have their expected numbers yet (a recipe in progress has none)."""
     for expected in sorted((REPO / "recipes").glob("*/expected.json")):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -88,6 +89,37 @@ def test_an_existing_task_folder_is_refused_unless_overwrite_and_too_many_proble
         make_problems("add", 1, 0, 500, 100)  # 81 sums of two one-digit numbers
     assert cli_main(["data", "make-task", "task=divide"]) == 2
     assert "task" in capsys.readouterr().err
+
+
+def make_task_error(out, capsys) -> str:
+    """The one stderr line of `rlhfkit data make-task out=OUT`, which must exit 2."""
+    assert cli_main(["data", "make-task", f"out={out}", "train_problems=10", "test_problems=10"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_an_out_that_cannot_be_a_folder_is_one_line_and_a_file_there_is_kept(tmp_path, capsys, monkeypatch):
+    """Review 2026-11c, 5.6: a file, a path through a file, a folder that refuses to be made."""
+    existing = tmp_path / "existing.txt"
+    existing.write_text("precious\n")
+    assert make_task_error(existing, capsys) == (
+        f"rlhfkit: error: out={existing}: exists and is not a folder; give a folder for the task's files"
+    )
+    assert existing.read_text() == "precious\n"
+    below = existing / "sub"
+    assert make_task_error(below, capsys) == (
+        f"rlhfkit: error: out={below}: cannot be created or written: Not a directory; choose another out="
+    )
+
+    def refused(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "mkdir", refused)  # as an immutable parent folder refuses (chattr +i; root ignores modes)
+    immutable = tmp_path / "ro" / "task"
+    assert make_task_error(immutable, capsys) == (
+        f"rlhfkit: error: out={immutable}: cannot be created or written: Permission denied; choose another out="
+    )
 
 
 @pytest.mark.parametrize(

@@ -27,6 +27,8 @@ def check_config(cfg: Any, processes: int = 1) -> Any:
             f"resume={cfg.resume} continues a run and overwrite=true moves the run in output_dir aside: give one of "
             "them"
         )
+    if isinstance(cfg, TrainConfig | OnPolicyConfig):  # the stages that train, every one reading data=
+        check_data_given(cfg)
     if isinstance(cfg, TrainConfig):
         check_training_length(cfg)
         check_batch_split(cfg, processes)
@@ -64,6 +66,15 @@ def check_output_folder(out: str, overwrite: bool) -> None:
         shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
         raise ConfigError(
             f"out={out} already holds files ({shown}); pass overwrite=true to write over them, or choose another out="
+        )
+
+
+def check_data_given(cfg: TrainConfig | OnPolicyConfig) -> None:
+    """A stage that trains reads data=: empty (an unset shell variable, `data=[]` from Python), it is refused
+    here, before the run folder is made, not met as a missing first record once the models have loaded."""
+    if not cfg.data:
+        raise ConfigError(
+            "data= is empty: give a file, folder, hub id or in-memory data (was it an unset shell variable?)"
         )
 
 

@@ -12,10 +12,11 @@ problem repeats. The same seed and sizes give the same files on any machine.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,9 +117,10 @@ def write_task(
 ) -> dict:
     """train.jsonl and test.jsonl (GSM8K records) and task.json (how they were made) in `out`."""
     train_problems, test_problems = make_problems(task, digits, seed, train, test, held_out_percent)
-    out.mkdir(parents=True, exist_ok=True)
-    for name, problems in (("train", train_problems), ("test", test_problems)):
-        (out / f"{name}.jsonl").write_text("".join(json.dumps(p.record()) + "\n" for p in problems))
+    with writable(out):
+        out.mkdir(parents=True, exist_ok=True)
+        for name, problems in (("train", train_problems), ("test", test_problems)):
+            (out / f"{name}.jsonl").write_text("".join(json.dumps(p.record()) + "\n" for p in problems))
     about = {
         "task": task,
         "about": TASKS[task][1],
@@ -129,5 +131,18 @@ def write_task(
         "split_rule": f"held out when int(sha256(f'{{seed}}:{{question}}')[:8 bytes]) % 100 < {held_out_percent}",
         "format": "gsm8k",
     }
-    (out / "task.json").write_text(json.dumps(about, indent=2) + "\n")
+    with writable(out):
+        (out / "task.json").write_text(json.dumps(about, indent=2) + "\n")
     return about
+
+
+@contextlib.contextmanager
+def writable(out: Path) -> Iterator[None]:
+    """An OS refusal to make or write `out` (a file there, a path through a file, no permission) as one line
+    naming it."""
+    try:
+        yield
+    except FileExistsError:
+        raise ConfigError(f"out={out}: exists and is not a folder; give a folder for the task's files") from None
+    except OSError as e:
+        raise ConfigError(f"out={out}: cannot be created or written: {e.strerror or e}; choose another out=") from None

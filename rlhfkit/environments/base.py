@@ -55,11 +55,14 @@ class Environment:
     """One episode's environment. Subclasses implement `respond`, and may pause turns (`pauses_after`),
     rewrite the dataset record into the episode's prompt (`episode_record`), and declare what they report:
     `component_names` (what `components` returns at the episode's end, each logged as env/<name>) and
-    `has_reward` (the `environment` reward component). Built once per episode as
-    `Class(start, tokenizer, **environment_args)`."""
+    `has_reward` (the `environment` reward component), and name the constructor's arguments that count
+    something (`counts`: refused below 0 before anything loads). Built once per episode as
+    `Class(start, tokenizer, **environment_args)`, whose values are checked against the constructor's
+    annotations first."""
 
     component_names: tuple[str, ...] = ()
     has_reward: bool = False
+    counts: tuple[str, ...] = ()
 
     def __init__(self, start: EpisodeStart, tokenizer: PreTrainedTokenizerBase):
         self.start, self.tokenizer = start, tokenizer

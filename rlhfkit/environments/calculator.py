@@ -21,6 +21,7 @@ ANNOTATION = re.compile(r"<<[^<>=]*=[^<>]*>>")  # a whole annotation, its result
 
 class Gsm8kCalculator(Environment):
     component_names = ("tool_calls", "tool_refused")
+    counts = ("max_calls",)
 
     def __init__(self, start: EpisodeStart, tokenizer: PreTrainedTokenizerBase, max_calls: int = 8):
         super().__init__(start, tokenizer)

@@ -25,6 +25,8 @@ TURNS_COLUMN = "human_turns"
 
 
 class HHDialogue(Environment):
+    counts = ("max_human_turns",)
+
     def __init__(self, start: EpisodeStart, tokenizer: PreTrainedTokenizerBase, max_human_turns: int = 3):
         super().__init__(start, tokenizer)
         turns = start.columns.get(TURNS_COLUMN)

@@ -12,6 +12,9 @@ Rules a test holds each to (tests/test_environments.py):
 - an episode ends when its environment says done, or truncated at the token budget or after `max_turns`
   policy turns;
 - `has_eos` means the environment ended the episode after the policy's EOS.
+
+Every call into the environment goes through `calls.guarded`: a stop signal ends it, `environment_timeout`
+bounds it, and a fault stops the run in one line naming the environment and the episode (`labels`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..errors import UserError
 from .base import Environment, Reply, overrides
+from .calls import component_values, fault, guarded, reply_problem
 from .chat_turns import expected_episode_ids, first_mismatch
 
 
@@ -55,11 +59,13 @@ class EpisodeLimits:
     max_turns: int  # the policy's turns (a turn ends at its EOS or at a pause)
     temperature: float  # the sampling temperature, at which the sampled tokens' log-probabilities are kept
     check_tokens: bool = False  # compare each episode with the chat template's rendering (`check_episode`)
+    timeout: float = 0.0  # seconds a call of the environment may run (0: no limit): `environment_timeout`
 
 
 class EpisodeDriver:
-    """The episodes of one generation chunk, row r driven by `environments[r]`; `advance` is called once
-    per decoding step with the sampled tokens and returns the tokens to feed and which rows are done."""
+    """The episodes of one generation chunk, row r driven by `environments[r]` and named `labels[r]` in an
+    error line (default: r); `advance` is called once per decoding step with the sampled tokens and returns
+    the tokens to feed and which rows are done."""
 
     def __init__(
         self,
@@ -67,10 +73,13 @@ class EpisodeDriver:
         tokenizer: PreTrainedTokenizerBase,
         limits: EpisodeLimits,
         prompts: list[list[dict] | str] | None = None,
+        labels: list[str] | None = None,
     ):
         self.episodes = [Episode(env) for env in environments]
         self.tokenizer, self.limits, self.prompts = tokenizer, limits, prompts
+        self.labels = labels if labels is not None else [str(row) for row in range(len(environments))]
         self.eos_id, self.pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+        self.vocabulary = len(tokenizer)
         self.pauses = [overrides(type(env), "pauses_after") for env in environments]
 
     def advance(self, sampled: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,7 +105,7 @@ class EpisodeDriver:
         episode.turn.append(token)
         if token == self.eos_id:
             self.end_turn(row, ended_by_eos=True)
-        elif self.pauses[row] and episode.environment.pauses_after(self.turn_text(episode)):
+        elif self.pauses[row] and self.paused(row):
             self.end_turn(row, ended_by_eos=False)
         if not episode.finished and len(episode.ids) >= self.limits.budget:
             episode.finished = True  # truncated: the budget is spent inside the policy's turn
@@ -105,15 +114,36 @@ class EpisodeDriver:
     def turn_text(self, episode: Episode) -> str:
         return self.tokenizer.decode(episode.turn, skip_special_tokens=True)
 
+    def name(self, row: int) -> str:
+        return type(self.episodes[row].environment).__name__
+
+    def paused(self, row: int) -> bool:
+        """Whether row's environment pauses the turn here; asked after every sampled token, so not timed
+        (a quick test of the text), but a stop signal still ends it."""
+        episode = self.episodes[row]
+        text = self.turn_text(episode)
+        return bool(guarded(self.name(row), self.labels[row], lambda: episode.environment.pauses_after(text)))
+
+    def reply(self, row: int, ended_by_eos: bool) -> Reply:
+        """Row's environment's answer to the turn that just ended, refused in one line unless the token rules
+        allow it."""
+        episode = self.episodes[row]
+        turn, text = list(episode.turn), self.turn_text(episode)
+        reply = guarded(
+            self.name(row),
+            self.labels[row],
+            lambda: episode.environment.respond(turn, text, ended_by_eos),
+            self.limits.timeout,
+        )
+        problem = reply_problem(reply, ended_by_eos, self.vocabulary)
+        if problem is not None:
+            raise fault(self.name(row), self.labels[row], problem)
+        return reply
+
     def end_turn(self, row: int, ended_by_eos: bool) -> None:
         episode = self.episodes[row]
         episode.turns += 1
-        reply = episode.environment.respond(list(episode.turn), self.turn_text(episode), ended_by_eos)
-        if ended_by_eos and not reply.done and not reply.ids:
-            raise UserError(
-                f"environment {type(episode.environment).__name__} answered the policy's EOS with nothing: "
-                "after an EOS a reply must end the episode (Reply.end) or open a new message (message())"
-            )
+        reply = self.reply(row, ended_by_eos)
         if reply.done:
             self.finish(episode, reply, ended_by_eos)
         elif episode.turns >= self.limits.max_turns:
@@ -159,7 +189,7 @@ class EpisodeDriver:
         mismatch = first_mismatch(self.tokenizer, expected, episode.ids)
         if mismatch is not None:
             raise UserError(
-                f"episode {row}: token {mismatch.position} differs from the chat template's rendering "
+                f"episode {self.labels[row]}: token {mismatch.position} differs from the chat template's rendering "
                 f"(expected {mismatch.expected}, sampled {mismatch.actual}; around it: {mismatch.context!r}); "
                 f"environment {type(episode.environment).__name__} inserted ids the template does not write"
             )
@@ -180,7 +210,7 @@ class EpisodeDriver:
             policy_mask[i, :n] = torch.tensor(episode.sampled)
             logprobs[i, :n] = torch.tensor(episode.logprobs)
         names = type(self.episodes[0].environment).component_names if self.episodes else ()
-        reported = [e.environment.components() for e in self.episodes]
+        reported = [self.components(row, names) for row in range(rows)]
         tensors = {
             "responses": responses,
             "policy_mask": policy_mask,
@@ -188,8 +218,16 @@ class EpisodeDriver:
             "lengths": torch.tensor([len(e.ids) for e in self.episodes], dtype=torch.long),
             "has_eos": torch.tensor([e.has_eos for e in self.episodes], dtype=torch.bool),
             "env_rewards": torch.tensor([e.reward for e in self.episodes], dtype=torch.float32),
-            "env_components": torch.tensor(
-                [[float(r.get(n, 0.0)) for n in names] for r in reported], dtype=torch.float32
-            ).reshape(rows, len(names)),
+            "env_components": torch.tensor(reported, dtype=torch.float32).reshape(rows, len(names)),
         }
         return {k: v.to(device) for k, v in tensors.items()}
+
+    def components(self, row: int, names: tuple[str, ...]) -> list[float]:
+        """What row's environment reports at the episode's end, in the order of `names`."""
+        environment = self.episodes[row].environment
+        values = component_values(
+            guarded(self.name(row), self.labels[row], environment.components, self.limits.timeout), names
+        )
+        if isinstance(values, str):
+            raise fault(self.name(row), self.labels[row], values)
+        return values

@@ -24,6 +24,8 @@ from ..config import RecipeCheckConfig
 from ..errors import ConfigError
 
 SELECTOR = re.compile(r"^(?P<key>[^\[]*)\[(?P<field>[^=\]]+)=(?P<value>[^\]]*)\]$")
+# what each number of a variant holds, and of what kind
+NUMBER_KEYS = {"name": str, "file": str, "path": str, "expected": float, "low": float, "high": float}
 
 
 def read_document(path: Path) -> Any:
@@ -66,14 +68,73 @@ def lookup(root: Path, number: dict[str, Any]) -> float | None:
 
 
 def load_expected(path: Path, variant: str) -> dict[str, Any]:
+    """The variant's root and numbers, or one line naming the file and what in it is wrong."""
     if path.is_dir():
         path = path / "expected.json"
     if not path.is_file():
         raise ConfigError(f"expected={path}: no such file (a recipe folder holds expected.json)")
-    variants = json.loads(path.read_text())["variants"]
+    document = read_expected(path)
+    variants = document.get("variants") if isinstance(document, dict) else None
+    if not isinstance(variants, dict) or not variants:
+        raise ConfigError(f'expected={path} has no "variants" (an object of variants, each with its root and numbers)')
     if variant not in variants:
         raise ConfigError(f"variant={variant!r}: {path} has {', '.join(variants)}")
+    problem = variant_problem(variants[variant])
+    if problem is not None:
+        raise ConfigError(f"expected={path}: variant {variant!r} {problem}")
     return variants[variant]
+
+
+def read_expected(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"expected={path} is not valid JSON (line {e.lineno} column {e.colno}: {e.msg})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"expected={path} is not UTF-8 text; give the recipe's expected.json") from None
+
+
+def variant_problem(variant: Any) -> str | None:
+    """What a variant lacks to be checked (its numbers, each with NUMBER_KEYS), or None."""
+    if not isinstance(variant, dict):
+        return "is not an object with root and numbers"
+    if not isinstance(variant.get("root", ""), str):
+        return 'has a "root" that is not a folder name'
+    numbers = variant.get("numbers")
+    if not isinstance(numbers, list) or not numbers:
+        return 'has no "numbers" (a list of the numbers to check)'
+    for i, entry in enumerate(numbers):
+        lacking = [
+            key for key, kind in NUMBER_KEYS.items() if not isinstance(entry, dict) or not is_a(entry.get(key), kind)
+        ]
+        if lacking:
+            return f"numbers[{i}] lacks {', '.join(lacking)} (each number holds {', '.join(NUMBER_KEYS)})"
+    return None
+
+
+def is_a(value: Any, kind: type) -> bool:
+    """Whether `value` is a `kind`: a number is an int or a float, never a bool."""
+    if kind is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, kind)
+
+
+def run_root(cfg: RecipeCheckConfig, variant: dict[str, Any]) -> Path:
+    """The folder the recipe's commands wrote: root=, else the variant's own; one line when it does not exist."""
+    if cfg.root:
+        root, said = Path(cfg.root), f"root={cfg.root}"
+    elif variant.get("root"):
+        root, said = Path(variant["root"]), f"the root {variant['root']} that {cfg.expected} names"
+    else:
+        raise ConfigError(
+            f"{cfg.expected} names no root for variant {cfg.variant!r}: give root= (the folder its runs wrote)"
+        )
+    if not root.is_dir():
+        raise ConfigError(
+            f"{said}: no such folder; run the recipe's commands first (its README.md), or give root= the folder "
+            "they wrote"
+        )
+    return root
 
 
 def checked_rows(root: Path, numbers: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -100,7 +161,7 @@ def run(cfg: RecipeCheckConfig) -> int:
     if not cfg.expected:
         raise ConfigError("recipe check needs expected= (a recipe folder or its expected.json)")
     variant = load_expected(Path(cfg.expected), cfg.variant)
-    root = Path(cfg.root or variant["root"])
+    root = run_root(cfg, variant)
     rows = checked_rows(root, variant["numbers"])
     print(f"recipe {cfg.expected} ({cfg.variant}), runs in {root}:")
     print(table(rows))

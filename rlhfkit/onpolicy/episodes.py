@@ -11,6 +11,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..config import OnPolicyConfig
 from ..environments import EpisodeStart, environment_class
+from ..environments.calls import built, guarded
 from ..environments.driver import EpisodeDriver, EpisodeLimits
 from ..rollout import RolloutBatch
 from .scoring import PromptTexts, component_metrics
@@ -19,7 +20,7 @@ ENVIRONMENT_STREAM = 19
 
 
 def episode_limits(cfg: OnPolicyConfig, temperature: float) -> EpisodeLimits:
-    return EpisodeLimits(cfg.max_response_length, cfg.max_turns, temperature, cfg.check_tokens)
+    return EpisodeLimits(cfg.max_response_length, cfg.max_turns, temperature, cfg.check_tokens, cfg.environment_timeout)
 
 
 def environment_seed(seed: int, update: int, stream: int, row: int) -> int:
@@ -47,11 +48,19 @@ def episode_drivers(
 
     def driver(rows: list[int]) -> EpisodeDriver:
         picked = [prompts[row // group] for row in rows]
+        labels = [f"{row} ({texts.where[p]})" for row, p in zip(rows, picked, strict=True)]
         environments = [
-            environment(EpisodeStart(texts.prompts[p], texts.columns[p], seeds(row)), tokenizer, **cfg.environment_args)
-            for row, p in zip(rows, picked, strict=True)
+            built(
+                environment,
+                EpisodeStart(texts.prompts[p], texts.columns[p], seeds(row)),
+                tokenizer,
+                cfg.environment_args,
+                label,
+                limits.timeout,
+            )
+            for row, p, label in zip(rows, picked, labels, strict=True)
         ]
-        return EpisodeDriver(environments, tokenizer, limits, [texts.prompts[p] for p in picked])
+        return EpisodeDriver(environments, tokenizer, limits, [texts.prompts[p] for p in picked], labels)
 
     return driver
 
@@ -61,7 +70,9 @@ def episode_records(cfg: OnPolicyConfig, records: list) -> list:
     if not cfg.environment:
         return records
     environment = environment_class(cfg.environment)
-    return [environment.episode_record(r) for r in records]
+    return [
+        guarded(environment.__name__, f"record {r.where}", lambda r=r: environment.episode_record(r)) for r in records
+    ]
 
 
 def environment_metrics(cfg: OnPolicyConfig, batch: RolloutBatch) -> dict[str, float]:
