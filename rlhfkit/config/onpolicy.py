@@ -39,20 +39,27 @@ class OnPolicyConfig(RunConfig):
         "one (empty: all 1)",
         minimum=-math.inf,
     )
+    reward_errors: Literal["skip", "score", "stop"] = opt(
+        "skip",
+        "what becomes of a row a reward function failed on (raised, returned a wrong count, a value that is no "
+        "finite number, or overran reward_timeout; each is reported and counted in rewards/<name>_errors): skip drops "
+        "the row from the update, score gives it reward_error_score, stop ends the run at the first (docs/rewards.md)",
+    )
+    max_reward_error_fraction: float = opt(
+        0.5,
+        "skip and score: stop the run at an update where a reward function failed on more than this share of the "
+        "rows (reward/<name>/error_fraction); one that failed on every row always stops it",
+    )
     reward_error_score: float = opt(
-        -1.0,
-        "reward of a row whose reward function raised, returned a wrong count or a non-finite value "
-        "or overran reward_timeout (each one is reported and counted in rewards/<name>_errors; a "
-        "function that fails on every row of an update stops the run)",
-        minimum=-math.inf,
+        -1.0, "reward_errors=score: the value of a row a reward function failed on", minimum=-math.inf
     )
     stop_on_reward_error: bool = opt(
-        False, "stop the run at the first row a reward function fails on, instead of scoring it reward_error_score"
+        False, "replaced by reward_errors=stop; kept so that the configs of earlier runs read (true is refused)"
     )
     reward_timeout: float = opt(
         600.0,
-        "seconds a reward function's call may run; one still running is stopped and its rows scored "
-        "reward_error_score, as failures (0: no limit; docs/rewards.md)",
+        "seconds a reward function's call may run; one still running is stopped and its rows fail (reward_errors; "
+        "0: no limit; docs/rewards.md)",
         minimum=0.0,
     )
     data: list[str] = opt(
@@ -208,6 +215,12 @@ class OnPolicyConfig(RunConfig):
         "each episode's token budget, the policy's and the environment's tokens together (empty: single responses)",
     )
     environment_args: dict[str, Any] = opt({}, "keyword arguments of the environment's class (e.g. {max_calls: 4})")
+    environment_timeout: float = opt(
+        600.0,
+        "seconds one call of the environment (its constructor, respond, components) may run; one still running "
+        "stops the run, naming the environment and the episode (0: no limit; docs/environments.md)",
+        minimum=0.0,
+    )
     max_turns: int = opt(
         16, "multi-turn episodes: the policy's turns at most (a turn ends at its EOS or a tool call)", minimum=1
     )

@@ -20,6 +20,7 @@ from ..eval.alarms import alarms
 from ..eval.caveats import (
     alarm_caveat,
     budget_caveat,
+    eos_trick_caveat,
     fell_caveat,
     few_prompts_caveat,
     reward_model_caveat_of,
@@ -37,9 +38,12 @@ from ..rollout import RolloutBatch
 from ..tracking import read_jsonl, read_metrics
 from ..trainers.run import autocast_precision
 from .episodes import environment_seed, episode_drivers, episode_records
+from .reward_sources import RowKey, row_keys
 from .scoring import OnPolicyModels, PromptTexts, model_scores, reward_components
 
 SAMPLES_FILE = "samples.jsonl"
+SAMPLE_KEYS = {"step", "rank", "score", "raw_score", "kl", "advantage", "length", "has_eos", "query", "response",
+               "turns", "episode"}  # what `extreme_samples` writes of every sample, beside log_extra's columns
 FIGURE_12 = ["objective/rlhf_reward", "objective/kl", "objective/scores", "response/length_mean", "response/eos_rate"]
 UPDATE_CURVES = [
     "loss/policy_avg",
@@ -62,23 +66,24 @@ def rollout_metrics(batch: RolloutBatch, kl_coef: float) -> dict[str, float]:
     mask, lengths = batch.trained_mask, batch.lengths.float()
     kl_sum = batch.kl.sum(-1)
     non_score = -kl_coef * kl_sum  # also when the KL enters the loss instead of the reward
+    scored = ~batch.scores.isnan()  # the score means leave out the rows dropped from the update (scored_rows)
     metrics = {
-        "objective/rlhf_reward": float((batch.scores + non_score).mean()),
-        "objective/scores": float(batch.scores.mean()),
-        "objective/raw_scores": float(batch.raw_scores.mean()),
+        "objective/rlhf_reward": float((batch.scores + non_score).nanmean()),
+        "objective/scores": float(batch.scores.nanmean()),
+        "objective/raw_scores": float(batch.raw_scores.nanmean()),
         "objective/kl": float(kl_sum.mean()),
         "objective/non_score_reward": float(non_score.mean()),
         "objective/entropy": float((-batch.logprobs * mask).sum(-1).mean()),
         "objective/kl_coef": kl_coef,
         "response/length_mean": float(lengths.mean()),
         "response/eos_rate": float(batch.has_eos.float().mean()),
-        "response/length_score_corr": float(ops.pearson(lengths, batch.scores)),
+        "response/length_score_corr": float(ops.pearson(lengths[scored], batch.scores[scored])),
         "advantages/max": float(batch.advantages[mask].max()),
         "advantages/min": float(batch.advantages[mask].min()),
         "returns/mean": float(ops.masked_mean(batch.returns, mask)),
     }
-    if bool(batch.has_eos.any()):  # the score of valid responses alone, apart from the EOS trick's constant
-        metrics["objective/scores_with_eos"] = float(batch.raw_scores[batch.has_eos].mean())
+    if bool((batch.has_eos & scored).any()):  # the score of valid responses alone, apart from the EOS trick's constant
+        metrics["objective/scores_with_eos"] = float(batch.raw_scores[batch.has_eos & scored].mean())
     if batch.values is not None:
         metrics["val/mean"] = float(ops.masked_mean(batch.values, mask))
         metrics["val/explained_variance"] = float(ops.explained_variance(batch.values, batch.returns, mask))
@@ -105,11 +110,16 @@ def episode_metrics(batch: RolloutBatch) -> dict[str, float]:
     return metrics
 
 
-def extreme_samples(batch: RolloutBatch, tokenizer, update: int, count: int) -> list[dict[str, Any]]:
-    """The `count` highest- and lowest-scored episodes of the update, decoded, with their score, KL and
-    advantage (the mean over the response's tokens)."""
-    order = torch.argsort(batch.scores, descending=True).tolist()
+def extreme_samples(
+    batch: RolloutBatch, tokenizer, update: int, count: int, extra: dict[RowKey, dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """The `count` highest- and lowest-scored episodes of the update (of those it scored), decoded, with their
+    score, KL and advantage (the mean over the response's tokens), and the columns reward functions logged for
+    them (`log_extra`: `extra`, by `row_keys`; a name the sample has already gets `_extra` after it)."""
+    scored = (~batch.scores.isnan()).nonzero().squeeze(1)
+    order = scored[torch.argsort(batch.scores[scored], descending=True)].tolist()
     picks = [("highest", i) for i in order[:count]] + [("lowest", i) for i in order[::-1][:count]]
+    keys = row_keys(batch) if extra else []
     rows = []
     for rank, i in picks:
         query = batch.query_ids[i][batch.query_mask[i].bool()].tolist()
@@ -131,6 +141,8 @@ def extreme_samples(batch: RolloutBatch, tokenizer, update: int, count: int) -> 
         if batch.policy_mask is not None:
             turns = episode_turns(batch, i, tokenizer)
             rows[-1] |= {"turns": turns, "episode": transcript(turns)}
+        for column, value in (extra.get(keys[i], {}) if extra else {}).items():
+            rows[-1][f"{column}_extra" if column in rows[-1] else column] = value
     return rows
 
 
@@ -171,7 +183,8 @@ def split_posts(cfg: OnPolicyConfig, tokenizer) -> tuple[list[SFTExample], list[
     held_out, held_out_log = tokenize_sft(val_records, tokenizer, cfg.max_query_length, 10**9)
     notes = [
         f"loaded: {log.summary('prompts')}",
-        f"split by prompt (seed {cfg.seed}): {len(train)} training prompts, {len(held_out)} held-out prompts",
+        f"split by prompt (seed {cfg.seed}): {len(train_records)} training prompts, {len(val_records)} held-out "
+        "prompts, before their queries are tokenized",
         f"query tokenization: training {train_log.summary('prompts')}; held-out {held_out_log.summary('prompts')}",
         f"queries truncated at a paragraph or turn to {cfg.max_query_length} tokens (Detail 2): "
         f"{sum(e.query.truncated for e in train)}",
@@ -206,11 +219,11 @@ def summarise_and_score(
     )
     batch = batch.to(torch.device("cpu"))
     sources = models.reward_sources()
-    components, _ = reward_components(
+    components, failed = reward_components(
         models, batch, model_scores(models, batch, cfg), texts, cfg.max_response_length
     )
-    raw = sources.combine(components)
-    scores = with_configured_eos_trick(raw, batch.has_eos, cfg)
+    raw = sources.combine(components, failed)
+    scores = with_configured_eos_trick(raw, batch.has_eos, cfg).where(~raw.isnan(), raw)  # unscored stays so
     rm_scores = with_configured_eos_trick(components[:, -1], batch.has_eos, cfg) if sources.has_model else None
     texts = [text.strip() for text in completion_texts(batch, models.tokenizer)]
     rouge = rouge_l(texts, [e.record.summary.strip() for e in examples])
@@ -220,17 +233,22 @@ def summarise_and_score(
             "text": texts[i],
             "tokens": int(batch.lengths[i]),
             "has_eos": bool(batch.has_eos[i]),
-            "score": float(scores[i]),
-            "raw_score": float(raw[i]),
+            "score": number_or_none(scores[i]),
+            "raw_score": number_or_none(raw[i]),
             "rouge_l": rouge[i],
         }
         if batch.policy_mask is not None:  # an episode, for the report: turn by turn (the alarms read the text)
             row["episode"] = transcript(episode_turns(batch, i, models.tokenizer))
-        row |= {f"reward_{name}": float(components[i, c]) for c, name in enumerate(sources.functions.names)}
+        row |= {f"reward_{name}": number_or_none(components[i, c]) for c, name in enumerate(sources.functions.names)}
         if rm_scores is not None:  # as the paper reports it: Detail 23's constant where there is no EOS
             row |= {"rm_score": float(rm_scores[i]), "raw_rm_score": float(components[i, -1])}
         rows.append(row)
     return rows
+
+
+def number_or_none(value: torch.Tensor) -> float | None:
+    """A held-out row's score or component; None where nothing scored it (a function returned None)."""
+    return None if bool(value.isnan()) else float(value)
 
 
 def with_configured_eos_trick(scores: torch.Tensor, has_eos: torch.Tensor, cfg: OnPolicyConfig) -> torch.Tensor:
@@ -258,7 +276,13 @@ def summary_keys(rows: list[dict]) -> list[tuple[str, str]]:
 
 
 def policy_summary(rows: list[dict], who: str) -> dict[str, float]:
-    return {f"eval/{who}_{name}": mean([float(r[key]) for r in rows]) for name, key in summary_keys(rows)}
+    """The mean of each summary key over the rows that have it (a row no reward function scored has no score)."""
+    summary = {}
+    for name, key in summary_keys(rows):
+        values = [float(r[key]) for r in rows if r[key] is not None]
+        if values:
+            summary[f"eval/{who}_{name}"] = mean(values)
+    return summary
 
 
 def compare_policies(
@@ -268,9 +292,10 @@ def compare_policies(
     sft_rows = summarise_and_score(models.reference, models, examples, cfg, "SFT policy")
     new_rows = summarise_and_score(models.policy, models, examples, cfg, f"{name} policy")
     metrics = {"eval/posts": len(examples)} | policy_summary(sft_rows, "sft") | policy_summary(new_rows, name)
-    metrics[f"eval/{name}_beats_sft_score"] = mean(
-        [float(n["score"] > s["score"]) for n, s in zip(new_rows, sft_rows, strict=True)]
-    )
+    compared = [(n["score"], s["score"]) for n, s in zip(new_rows, sft_rows, strict=True)]
+    beats = [float(n > s) for n, s in compared if n is not None and s is not None]  # where both were scored
+    if beats:
+        metrics[f"eval/{name}_beats_sft_score"] = mean(beats)
     rows = []
     for e, sft, new in zip(examples, sft_rows, new_rows, strict=True):
         row = {"prompt_id": e.record.prompt_id, "post": prompt_body(e.record), "reference": e.record.summary.strip()}
@@ -337,7 +362,11 @@ def write_onpolicy_report(
     for who in ("sft", name):
         report.caveat(alarm_caveat(f"the {who} policy's held-out samples", held_out_alarms(rows, who)))
     report.caveat(episode_caveat(history, cfg))
-    for key, label in (("objective/scores", "RM score"), ("response/eos_rate", "EOS rate")):
+    functions_alone = bool(cfg.reward_functions) and not cfg.reward_model
+    report.caveat(eos_trick_caveat(metric_series(history, "response/eos_rate")[1], cfg.eos_trick and functions_alone))
+    reward_function_numbers(report, history)
+    score = "RM score" if cfg.reward_model and not cfg.reward_functions else "score"
+    for key, label in (("objective/scores", score), ("response/eos_rate", "EOS rate")):
         values = metric_series(history, key)[1]
         if values:
             report.number(
@@ -368,12 +397,27 @@ def write_onpolicy_report(
     if samples_path.exists():
         logged = read_jsonl(samples_path)
         last = max(r["step"] for r in logged) if logged else 0
+        shown = [r for r in logged if r["step"] == last]
+        extra = list(dict.fromkeys(k for r in shown for k in r if k not in SAMPLE_KEYS))  # log_extra's columns
         report.sample_table(
             f"Highest- and lowest-scored training samples (update {last})",
-            [r for r in logged if r["step"] == last],
-            ["rank", "score", "kl", "advantage", "length", "has_eos", "episode" if cfg.environment else "response"],
+            shown,
+            ["rank", "score", "kl", "advantage", "length", "has_eos", "episode" if cfg.environment else "response",
+             *extra],
         )
     return report.write(run_dir)
+
+
+def reward_function_numbers(report: Report, history: list[dict]) -> None:
+    """Each reward function's share of failed and unscored (None) rows, and the rows dropped from the updates,
+    over the run (reward/<name>/error_fraction, reward/<name>/none_fraction, reward/dropped_rows)."""
+    keys = sorted({k for row in history for k in row if k.endswith(("/error_fraction", "/none_fraction"))})
+    for key in keys:
+        values = metric_series(history, key)[1]
+        report.number(f"{key}, mean over the updates", sum(values) / len(values))
+    dropped = metric_series(history, "reward/dropped_rows")[1]
+    if dropped:
+        report.number("rows dropped from the updates (no reward scored them, or reward_errors=skip)", sum(dropped))
 
 
 def held_out_numbers(report: Report, name: str, metrics: dict[str, float]) -> None:
