@@ -35,6 +35,8 @@ if TINY:
     STEPS = 2
 else:
     BASE, SMALL, STEPS = "smollm2-135m", {"max_query_length": 256}, 4
+# run again, a cell starts its run afresh: the earlier run in its output_dir is moved aside to <output_dir>.old-<time>
+AGAIN = {"overwrite": True}
 # each on-policy update: 8 rows sampled together, scored and trained on 4 at a time, 16 response tokens at most
 ROLLOUTS = {
     "max_steps": STEPS,
@@ -60,6 +62,7 @@ sft = rlhfkit.sft(
     validation_posts=16,
     eval_samples=4,
     **SMALL,
+    **AGAIN,
 )
 sft.metrics.dropna(subset=["train/loss"])[["step", "train/loss", "train/lr"]]
 
@@ -80,6 +83,7 @@ rm = rlhfkit.rm(
     eval_pairs=16,
     normalization_samples=16,
     **SMALL,
+    **AGAIN,
 )
 {metric: (number["value"], number["baseline_name"], number["baseline"]) for metric, number in rm.headline.items()}
 
@@ -97,6 +101,7 @@ ppo = rlhfkit.ppo(
     eval_samples=4,
     **ROLLOUTS,
     **SMALL,
+    **AGAIN,
 )
 ppo.metrics[["step", "objective/scores", "objective/kl", "response/length_mean"]]
 
@@ -142,6 +147,7 @@ grpo = rlhfkit.grpo(
     eos_trick=False,
     **ROLLOUTS,
     **SMALL,
+    **AGAIN,
 )
 grpo.metrics[["step", "rewards/final_number_is_right", "rewards/format", "objective/kl"]]
 

@@ -25,13 +25,16 @@ import importlib
 import json
 import math
 import os
+import signal
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from . import config as cfgmod
+from .config.values import unknown_key_hint
 from .errors import ConfigError
 from .launch import inside_launcher, relaunch
+from .preemption import exit_code
 from .run_folder import require_resume_path, unstarted_runs_taken_back
 from .stages import STAGES, Stage, multi_process_names, resolve
 from .supplied import PREFIX, supplying
@@ -137,6 +140,8 @@ def records_of(value: Any, option: str, split: str) -> list[dict[str, Any]]:
 
 def json_value(value: Any) -> Any:
     """numpy and pandas scalars and arrays as JSON values; NaN (pandas' missing value) as null."""
+    if isinstance(value, bytes | bytearray):  # returned as it is, json would report a circular reference
+        raise TypeError("bytes are not text: decode them first (value.decode())")
     if hasattr(value, "tolist"):
         value = value.tolist()
     elif hasattr(value, "isoformat"):
@@ -144,6 +149,30 @@ def json_value(value: Any) -> Any:
     if isinstance(value, float) and math.isnan(value):
         return None
     return value
+
+
+DATA_OPTIONS = ("data", "sft_data", "comparisons")  # the options that read records
+DATA_KINDS = (
+    "a datasets.Dataset or DatasetDict, a pandas DataFrame, a list of dicts (one per record), or files, folders "
+    "or hub ids (a str or a list of str)"
+)
+
+
+def check_data_value(option: str, value: Any) -> None:
+    """Data that is neither in memory (`is_in_memory_data`) nor paths, refused naming what is accepted: a
+    generator, a dict of columns, a list mixing records and paths, bytes."""
+    if isinstance(value, str | os.PathLike) or is_in_memory_data(value):
+        return
+    if isinstance(value, list | tuple):
+        kinds = sorted({type(item).__name__ for item in value})
+        if all(isinstance(item, str | os.PathLike) for item in value):
+            return
+        raise ConfigError(f"{option}: a list of {', '.join(kinds)}; give {DATA_KINDS}, not a mix")
+    if isinstance(value, dict):
+        raise ConfigError(
+            f"{option}: a dict (of columns?); give {DATA_KINDS}: datasets.Dataset.from_dict(columns) makes one"
+        )
+    raise ConfigError(f"{option}: a {type(value).__name__}; give {DATA_KINDS}")
 
 
 def data_file(value: Any, option: str, split: str) -> str:
@@ -223,6 +252,8 @@ def plain_options(options: dict[str, Any], tokenizer: Any, split: str) -> tuple[
     objects: dict[str, Any] = {}
     plain: dict[str, Any] = {}
     for key, value in options.items():
+        if key in DATA_OPTIONS:
+            check_data_value(key, value)
         if key in MODEL_OPTIONS and (is_model(value) or isinstance(value, tuple)):
             value = model_spec(key, value, tokenizer, objects)
         elif key == "reward_functions" and isinstance(value, list | tuple):
@@ -285,8 +316,9 @@ class Result:
 
     @functools.cached_property
     def evaluation(self) -> dict[str, Any]:
-        """The evaluation the command wrote (eval.json, rm_eval.json or accuracy.json), or {}."""
-        for name in ("eval.json", "rm_eval.json", "accuracy.json"):
+        """The evaluation the command wrote (eval.json; rm_eval.json, which `rm` and `dpo` write in their rm_eval/
+        folder and `rm-eval` in its own; accuracy.json), or {}."""
+        for name in ("eval.json", "rm_eval/rm_eval.json", "rm_eval.json", "accuracy.json"):
             found = self.read_json(name)
             if found:
                 return found
@@ -341,6 +373,53 @@ def launched(command: Stage, cfg: Any, processes: int) -> int:
         return execute(command, cfg, processes, [*command.words, "--config", str(path)])
 
 
+# the functions of this module that run a command, where their name is not the command's
+CALL_NAMES = {"eval": "evaluate"}
+CALLS = ("sft", "rm", "dpo", "ppo", "grpo", "rloo", "reinforce", "pipeline", "eval", "generate")
+
+
+def call_of(command: Stage, arguments: str) -> str:
+    """`command` called from Python with `arguments`: `rlhfkit.grpo(...)`, or `rlhfkit.run('data-analyze', ...)`
+    for a command without a function of its own."""
+    if command.name in CALLS:
+        return f"rlhfkit.{CALL_NAMES.get(command.name, command.name)}({arguments})"
+    return f"rlhfkit.run({command.name!r}{', ' if arguments else ''}{arguments})"
+
+
+def check_keywords(command: Stage, options: dict[str, Any]) -> None:
+    """Every keyword argument an option of `command`, refused in Python's words (not the command line's): a config
+    object is the first positional argument, and TRL's names get the option they mean here."""
+    names = [f.name for f in dataclasses.fields(command.config)]
+    for key in options:
+        if key == "config":
+            raise ConfigError(
+                "config: the config object is the first positional argument, "
+                f"{call_of(command, command.config.__name__ + '(...)')}, not config="
+            )
+        if key.replace("-", "_") not in names:
+            raise ConfigError(
+                f"{call_of(command, '')} got an unknown keyword argument {key!r}.{unknown_key_hint(names, key)} "
+                f"`rlhfkit {' '.join(command.words)} --help` lists the options"
+            )
+
+
+def python_resume_call(command: Stage, cfg: Any, overrides: dict[str, Any]) -> str:
+    """The call that continues a run from Python: `resume=` and, since config.yaml names them `python:<name>`, which
+    only a Python session can supply, the same objects again for the options that were objects."""
+    run_dir = getattr(cfg, "output_dir", "") or "<the run folder named above>"
+    objects = [key for key, value in overrides.items() if names_a_python_object(value)]
+    if any(key in MODEL_OPTIONS for key in objects):
+        objects.append("tokenizer")
+    again = "".join(f", {key}=..." for key in objects)
+    same = f", giving {', '.join(objects)} the same objects as before" if objects else ""
+    return f"{call_of(command, f'resume={str(run_dir)!r}{again}')}{same}"
+
+
+def names_a_python_object(value: Any) -> bool:
+    values = value if isinstance(value, list) else [value]
+    return any(isinstance(v, str) and v.startswith(PREFIX) for v in values)
+
+
 def flat_values(cfg: Any) -> list[Any]:
     values = []
     for value in dataclasses.asdict(cfg).values():
@@ -373,13 +452,21 @@ def run(
         raise ConfigError("give a config object or preset=/config_file=, not both (the options it holds would be lost)")
     if preset and config_file:
         raise ConfigError("give preset= or config_file=, not both (a config file can start from a preset's values)")
+    check_keywords(command, options)
     with unstarted_runs_taken_back():
         overrides, objects = plain_options(options, tokenizer, str(options.get("hf_split", "")))
         with supplying(objects):
             cfg = command_config(
                 command, preset, os.fspath(config_file) if config_file else None, overrides, num_processes, config
             )
-            code = launched(command, cfg, num_processes) if num_processes > 1 else execute(command, cfg, 1, [])
+            try:
+                code = launched(command, cfg, num_processes) if num_processes > 1 else execute(command, cfg, 1, [])
+            except SystemExit as stop:  # the command line's way to end on Ctrl-C; Python's is KeyboardInterrupt
+                if stop.code != exit_code(signal.SIGINT):
+                    raise
+                raise KeyboardInterrupt(
+                    f"{command.name} stopped by Ctrl-C; resume with {python_resume_call(command, cfg, overrides)}"
+                ) from None
     if code:
         raise LaunchFailed(f"{stage} on {num_processes} processes ended with exit code {code}; their lines say why")
     return Result(command.name, cfg, Path(cfg.output_dir) if getattr(cfg, "output_dir", "") else None)

@@ -25,7 +25,7 @@ from transformers.utils import logging as hf_logging
 
 from .errors import ModelError
 from .supplied import is_supplied, lookup
-from .vocab import ensure_pad_token, match_vocab
+from .vocab import ensure_pad_token, has_added_pad, match_vocab
 
 EMBEDDED = {
     "smollm2-135m": {
@@ -259,8 +259,24 @@ def load_policy(
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=not pickled
         )
+    refuse_foreign_tokenizer(model, tokenizer, f"model={name_or_path}")
     match_vocab(model, tokenizer, f"model={name_or_path}")
     return disable_dropout(model), tokenizer
+
+
+def refuse_foreign_tokenizer(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, source: str) -> None:
+    """Refuse a tokenizer with far fewer tokens than the model has embedding rows: another model's (a 160-token
+    tokenizer on a 49,152-row model), whose ids name rows trained for other tokens. `match_vocab` refuses one
+    with more tokens than rows. Rows beyond the tokenizer are normal: models pad their embeddings to a multiple
+    of 64 or 128 (Qwen2.5: 271 rows more than tokens, Phi-2: 905, Megatron: up to 128 x its parallel ranks),
+    never to twice their vocabulary, so fewer tokens than half the rows is the rule."""
+    rows = model.get_input_embeddings().num_embeddings
+    own_tokens = len(tokenizer) - (1 if has_added_pad(tokenizer) else 0)
+    if own_tokens * 2 < rows:
+        raise ModelError(
+            f"{source}: its tokenizer has {own_tokens} tokens but the model's embeddings have {rows} rows: the "
+            "tokenizer belongs to another model; give the model's own tokenizer (tokenizer=, or saved beside it)"
+        )
 
 
 def supplied_model(spec: str) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
@@ -279,6 +295,7 @@ def supplied_policy(spec: str, dtype: torch.dtype) -> tuple[torch.nn.Module, Pre
             "AutoModelForCausalLM (a reward model goes to reward_model=)"
         )
     tokenizer = load_tokenizer(spec)
+    refuse_foreign_tokenizer(model, tokenizer, spec)
     model = copy.deepcopy(model).to(dtype)
     match_vocab(model, tokenizer, spec)
     return disable_dropout(model), tokenizer

@@ -26,6 +26,7 @@ from .models import (
     load_policy,
     load_tokenizer,
     model_loading,
+    refuse_foreign_tokenizer,
     resolve_model_path,
     supplied_model,
 )
@@ -238,10 +239,15 @@ class ScalarModel(torch.nn.Module):
         return self.head[-1].bias if isinstance(self.head, torch.nn.Sequential) else self.head.bias
 
     def save_pretrained(self, folder: str | Path, safe_serialization: bool = True, **kwargs) -> None:
+        """The folder `from_pretrained` reads. The weights are those of the transformers sequence classifier
+        that computes this reward (`as_sequence_classifier`), so `AutoModelForSequenceClassification` loads
+        it with its trained head; a head no classifier has (mean-mlp) leaves the bare backbone. The heads
+        are also kept whole (bias included) in SCALAR_HEAD, which is what rlhfkit reads."""
         folder = Path(folder)
         # with a LoRA adapter (adapters.py), the adapter alone: the base is rebuilt from its source
-        backbone = self.backbone.__dict__.get(PEFT_WRAPPER, self.backbone)
-        backbone.save_pretrained(folder, safe_serialization=True, **kwargs)
+        adapter = self.backbone.__dict__.get(PEFT_WRAPPER)
+        owner = adapter or as_sequence_classifier(self.backbone, self.head) or self.backbone
+        owner.save_pretrained(folder, safe_serialization=True, **kwargs)
         save_file(head_weights(self.head), str(folder / SCALAR_HEAD))
         if self.length_head is not None:
             save_file(head_weights(self.length_head), str(folder / LENGTH_HEAD))
@@ -260,10 +266,7 @@ class ScalarModel(torch.nn.Module):
             raise ModelError(f"{folder} has {SCALAR_CONFIG} but no {SCALAR_HEAD}: the scalar head is "
                              "missing; re-save it with `rlhfkit rm`")
         meta = json.loads(meta_path.read_text())
-        with model_loading(str(folder)):
-            backbone = AutoModel.from_pretrained(
-                folder, trust_remote_code=trust_remote_code, use_safetensors=True, dtype=torch.float32
-            )
+        backbone = saved_backbone(folder, trust_remote_code)
         model = cls(disable_dropout(backbone), meta["head"], meta["pad_token_id"],
                     meta.get("length_head", False))
         model.head.load_state_dict(load_file(str(folder / SCALAR_HEAD)))
@@ -274,6 +277,56 @@ class ScalarModel(torch.nn.Module):
                 )
             model.length_head.load_state_dict(load_file(str(folder / LENGTH_HEAD)))
         return model
+
+
+def as_sequence_classifier(backbone: torch.nn.Module, head: torch.nn.Module) -> torch.nn.Module | None:
+    """The transformers sequence classifier (one label) that computes an eos-linear head's reward: `backbone`
+    itself (shared, not copied) under the classifier transformers builds for its architecture, with `head` as
+    its `score` layer, which reads the last token before the right padding: the EOS (Detail 12). None where no
+    such classifier exists: a mean-mlp head, or an architecture whose classifier pools otherwise (BERT's).
+
+    Decoder classifiers have no bias in `score`: there the head's bias (Detail 15's normalisation) is
+    recorded in the config as `rlhfkit_score_bias`, since the classifier's logits are rlhfkit's reward minus it."""
+    if not isinstance(head, torch.nn.Linear):
+        return None
+    config = copy.deepcopy(backbone.config)
+    config.num_labels = 1
+    try:
+        with torch.device("meta"):  # no weights of its own: the backbone and head are put in below
+            classifier = AutoModelForSequenceClassification.from_config(config)
+    except (ValueError, KeyError):  # no classifier for this model type
+        return None
+    score = getattr(classifier, "score", None)
+    if not isinstance(score, torch.nn.Linear) or type(classifier.base_model) is not type(backbone):
+        return None
+    setattr(classifier, classifier.base_model_prefix, backbone)
+    classifier.score = score_layer(head, with_bias=score.bias is not None)
+    if score.bias is None:
+        classifier.config.rlhfkit_score_bias = float(head.bias.detach())
+    return classifier
+
+
+def score_layer(head: torch.nn.Linear, with_bias: bool) -> torch.nn.Linear:
+    """A copy of `head`, with its bias or, for a classifier whose `score` has none, without it."""
+    score = torch.nn.Linear(head.in_features, head.out_features, bias=with_bias, dtype=head.weight.dtype)
+    with torch.no_grad():
+        score.weight.copy_(head.weight)
+        if with_bias:
+            score.bias.copy_(head.bias)
+    return score
+
+
+def saved_backbone(folder: Path, trust_remote_code: bool) -> torch.nn.Module:
+    """The backbone of a folder `ScalarModel.save_pretrained` wrote: inside a sequence classifier, or bare (a
+    mean-mlp head, and every reward model saved before 2026-11c)."""
+    with model_loading(str(folder)):
+        if classifier_architectures(str(folder), trust_remote_code):
+            return AutoModelForSequenceClassification.from_pretrained(
+                folder, trust_remote_code=trust_remote_code, use_safetensors=True, dtype=torch.float32
+            ).base_model
+        return AutoModel.from_pretrained(
+            folder, trust_remote_code=trust_remote_code, use_safetensors=True, dtype=torch.float32
+        )
 
 
 def classifier_architectures(source: str, trust_remote_code: bool) -> list[str]:
@@ -302,6 +355,7 @@ def from_sequence_classifier(
 
 def scalar_from_classifier(classifier: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, source: str) -> ScalarModel:
     """`from_sequence_classifier` for a classifier already loaded."""
+    refuse_foreign_tokenizer(classifier, tokenizer, f"reward_model={source}")
     match_vocab(classifier, tokenizer, f"reward_model={source}")
     if classifier.config.num_labels != 1:
         raise ModelError(f"{source} is a sequence classifier with {classifier.config.num_labels} outputs; "

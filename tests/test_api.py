@@ -206,3 +206,86 @@ def test_launched_processes_cannot_receive_python_objects(ppo_dirs, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(ppo_dirs["policy"])
     with pytest.raises(rlhfkit.ConfigError, match="cannot receive Python objects: give models as folders"):
         rlhfkit.sft(num_processes=2, tokenizer=tokenizer, **stage_args("sft", ppo_dirs, tmp_path / "run", model=model))
+
+
+def test_ctrl_c_in_a_reward_function_raises_keyboard_interrupt_with_a_python_resume_call(ppo_dirs, tmp_path):
+    """PF11: not SystemExit(130) and a command line that cannot supply a Python function or model."""
+    import os
+    import signal
+    import time
+
+    def interrupted(prompts, completions, **columns):  # a real Ctrl-C reaches the process mid-call
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(30)
+        return [0.0] * len(completions)
+
+    options = stage_args("grpo", ppo_dirs, tmp_path / "run", max_steps=1, reward_model="")
+    options["model"] = AutoModelForCausalLM.from_pretrained(ppo_dirs["policy"])
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        rlhfkit.grpo(preset=PRESETS["grpo"], tokenizer=AutoTokenizer.from_pretrained(ppo_dirs["policy"]),
+                     reward_functions=[interrupted], **options)
+    assert time.monotonic() - started < 25  # the hanging call was cut short
+    message = str(stopped.value)
+    assert message.startswith(f"grpo stopped by Ctrl-C; resume with rlhfkit.grpo(resume='{tmp_path / 'run'}'")
+    assert all(f", {key}=..." in message for key in ("model", "reward_functions", "tokenizer"))
+    assert message.endswith("the same objects as before")
+
+
+def test_a_model_object_with_another_models_small_tokenizer_is_refused_naming_both_sizes(ppo_dirs, tmp_path):
+    """PM02: a 160-token tokenizer on the 49,153-row policy trained silently."""
+    from .test_models import tokenizer_of
+
+    model = AutoModelForCausalLM.from_pretrained(ppo_dirs["policy"])
+    rows = model.get_input_embeddings().num_embeddings
+    refusal = rf"its tokenizer has 160 tokens but the model's embeddings have {rows} rows"
+    with pytest.raises(rlhfkit.ModelError, match=refusal):
+        rlhfkit.sft(tokenizer=tokenizer_of(160), **stage_args("sft", ppo_dirs, tmp_path / "run", model=model))
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"config": "GRPOConfig"}, "config: the config object is the first positional argument, "
+                                   "rlhfkit.grpo(GRPOConfig(...)), not config="),
+        ({"num_generations": 8}, "rlhfkit.grpo() got an unknown keyword argument 'num_generations'. TRL's "
+                                 "num_generations is samples_per_prompt here."),
+        ({"train_dataset": []}, "TRL's train_dataset is data here."),
+        ({"beta": 0.1}, "TRL's beta is kl_coef here."),
+    ],
+)
+def test_keyword_mistakes_are_named_in_pythons_words_with_the_option_trl_users_mean(options, message):
+    """PO07 and the TRL names of section 6: never 'command-line arguments' from Python."""
+    options = {k: rlhfkit.GRPOConfig() if v == "GRPOConfig" else v for k, v in options.items()}
+    with pytest.raises(rlhfkit.ConfigError) as refused:
+        rlhfkit.grpo(**options)
+    assert str(refused.value).startswith(message) or message in str(refused.value)
+    assert "command-line" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (
+            (row for row in [{"prompt": "a"}]),
+            "data: a generator; give a datasets.Dataset or DatasetDict, a pandas DataFrame, a list of dicts (one per "
+            "record), or files, folders or hub ids",
+        ),
+        ({"prompt": ["a"], "completion": ["b"]}, "data: a dict (of columns?); give a datasets.Dataset"),
+        ([{"prompt": "a", "completion": "b"}, "more.jsonl"], "data: a list of dict, str; give a datasets.Dataset"),
+        ([{"prompt": b"a", "completion": "b"}], "bytes are not text: decode them first"),
+    ],
+)
+def test_data_python_cannot_read_is_refused_naming_the_kinds_it_can(data, message, tmp_path):
+    """PA03, PA04, PA08, PA12."""
+    with pytest.raises(rlhfkit.ConfigError, match=None) as refused:
+        rlhfkit.sft(model="never-loaded", data=data, output_dir=str(tmp_path / "run"))
+    assert message in str(refused.value) and "Circular reference" not in str(refused.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_result_evaluation_of_a_reward_model_is_its_rm_eval(tmp_path):
+    """rm and dpo write rm_eval/rm_eval.json; Result.evaluation read only the run folder's top level."""
+    (tmp_path / "rm_eval").mkdir()
+    (tmp_path / "rm_eval" / "rm_eval.json").write_text(json.dumps({"accuracy": 0.75}))
+    assert rlhfkit.api.Result("rm", None, tmp_path).evaluation == {"accuracy": 0.75}

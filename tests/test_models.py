@@ -103,6 +103,43 @@ def test_match_vocab_leaves_a_big_enough_model_alone(tokenizer):
     assert torch.equal(model.get_input_embeddings().weight, before)
 
 
+def tokenizer_of(tokens: int):
+    """A word-level tokenizer of `tokens` tokens, the last one its EOS: another model's small vocabulary."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from transformers import PreTrainedTokenizerFast
+
+    words = Tokenizer(WordLevel({f"w{i}": i for i in range(tokens - 1)} | {"</s>": tokens - 1}, unk_token="w0"))
+    words.pre_tokenizer = Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=words, eos_token="</s>")
+
+
+def test_a_tokenizer_far_smaller_than_the_embeddings_is_refused_naming_both_sizes(tokenizer, tmp_path):
+    """PM02: a 160-token tokenizer on a 49,152-row model trained silently; only 'more tokens than rows' was checked."""
+    model = LlamaForCausalLM(tiny_config(tokenizer, hidden_size=32, layers=1))
+    small = tokenizer_of(160)
+    with pytest.raises(ModelError, match=r"^model=m: its tokenizer has 160 tokens but the model's embeddings have "
+                                         rf"{len(tokenizer)} rows: the tokenizer belongs to another model"):
+        models.refuse_foreign_tokenizer(model, small, "model=m")
+    model.save_pretrained(tmp_path / "m")
+    small.save_pretrained(tmp_path / "m")
+    with pytest.raises(ModelError, match="its tokenizer has 160 tokens but the model's embeddings have"):
+        load_policy(str(tmp_path / "m"))
+
+
+def test_embeddings_padded_beyond_the_tokenizer_to_a_round_size_are_accepted(tokenizer):
+    """Real models pad their embedding rows (Qwen2.5: 151,936 rows for 151,665 tokens): still their tokenizer."""
+    model = LlamaForCausalLM(tiny_config(tokenizer, hidden_size=32, layers=1))
+    model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=1024, mean_resizing=False)
+    assert model.get_input_embeddings().num_embeddings > len(tokenizer)
+    models.refuse_foreign_tokenizer(model, tokenizer, "model")
+    small = tokenizer_of(160)
+    models.refuse_foreign_tokenizer(LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=8, intermediate_size=8,
+                                                                 num_hidden_layers=1, num_attention_heads=1)),
+                                    small, "model")
+
+
 # ---------------------------------------------------------------- Detail 7: dropout off
 
 

@@ -100,6 +100,58 @@ def test_saved_reward_model_reloads_with_one_call_and_scores_identically(reward_
     assert loaded_tok.pad_token_id == tok.pad_token_id != tok.eos_token_id
 
 
+def test_saved_reward_model_loads_in_plain_transformers_with_its_trained_head(reward_model, tmp_path):
+    """A TRL user's `AutoModelForSequenceClassification.from_pretrained(model_dir)` gets the trained score
+    layer (no MISSING key, no random head); its logits are rlhfkit's rewards minus the recorded bias."""
+    from transformers import AutoModelForSequenceClassification
+
+    model, tok = reward_model
+    model.output_bias.data += 0.25
+    model.save_pretrained(tmp_path / "rm")
+    tok.save_pretrained(tmp_path / "rm")
+    classifier, info = AutoModelForSequenceClassification.from_pretrained(tmp_path / "rm", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    torch.testing.assert_close(classifier.score.weight, model.head.weight)
+    batch = scoring.collate_scored(*zip(*pairs_of(tok), strict=True), tok.pad_token_id)
+    with torch.no_grad():
+        logits = classifier.eval()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        rewards = model(batch["input_ids"], batch["attention_mask"])
+    torch.testing.assert_close(logits.squeeze(-1) + classifier.config.rlhfkit_score_bias, rewards)
+
+
+def test_reward_model_saved_as_a_bare_backbone_still_loads(reward_model, tmp_path):
+    """Folders written before the classifier layout (and by mean-mlp heads) hold the backbone alone."""
+    from safetensors.torch import save_file
+
+    from rlhfkit.models import SCALAR_CONFIG
+    from rlhfkit.reward_models import SCALAR_HEAD, head_weights
+
+    model, tok = reward_model
+    model.backbone.save_pretrained(tmp_path / "old")
+    tok.save_pretrained(tmp_path / "old")
+    save_file(head_weights(model.head), str(tmp_path / "old" / SCALAR_HEAD))
+    meta = {"head": "eos-linear", "pad_token_id": tok.pad_token_id, "hidden_size": 64, "length_head": False}
+    (tmp_path / "old" / SCALAR_CONFIG).write_text(json.dumps(meta))
+    loaded, _ = load_reward_model(tmp_path / "old")
+    batch = scoring.collate_scored(*zip(*pairs_of(tok), strict=True), tok.pad_token_id)
+    torch.testing.assert_close(
+        loaded(batch["input_ids"], batch["attention_mask"]), model(batch["input_ids"], batch["attention_mask"])
+    )
+
+
+def test_mean_mlp_reward_model_saves_its_backbone_and_reloads(tiny_model, tmp_path):
+    """No transformers classifier pools a mean through an MLP: the folder keeps the bare backbone."""
+    policy, tok = tiny_model
+    model = ScalarModel.from_policy(policy, head="mean-mlp").eval()
+    model.save_pretrained(tmp_path / "rm")
+    tok.save_pretrained(tmp_path / "rm")
+    assert json.loads((tmp_path / "rm" / "config.json").read_text())["architectures"] == ["LlamaModel"]
+    loaded, _ = load_reward_model(tmp_path / "rm")
+    batch = scoring.collate_scored(*zip(*pairs_of(tok), strict=True), tok.pad_token_id)
+    torch.testing.assert_close(loaded(batch["input_ids"], batch["attention_mask"], context_length=10),
+                               model(batch["input_ids"], batch["attention_mask"], context_length=10))
+
+
 def test_detail15_normalisation_gives_reference_mean_zero(reward_model, tmp_path):
     model, tok = reward_model
     refs = first_lines(tmp_path / "refs.jsonl", 12, "tldr-sft-sample", "tldr_sft_sample.jsonl.gz")

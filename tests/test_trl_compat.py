@@ -159,3 +159,30 @@ def test_a_trl_reward_function_and_trl_conversational_prompts_run_unchanged_thro
         assert [len(ids) for ids in call["ids"]] == call["completion_lengths"]
         ended = [ids for ids, eos in zip(call["ids"], call["has_eos"], strict=True) if eos]
         assert all(ids[-1] == tokenizer.eos_token_id for ids in ended)
+
+
+@pytest.mark.parametrize(
+    ("config", "trl_name", "ours"),
+    [("GRPOConfig", "num_generations", "samples_per_prompt"), ("GRPOConfig", "beta", "kl_coef"),
+     ("RLOOConfig", "num_generations", "samples_per_prompt"), ("SFTConfig", "train_dataset", "data"),
+     ("DPOConfig", "max_completion_length", "max_response_length")],
+)
+def test_a_config_object_given_trl_argument_names_says_the_option_they_mean_here(config, trl_name, ours):
+    """GRPOConfig(num_generations=8) was a raw TypeError; the option spelt closest was generation_batch_size."""
+    import rlhfkit
+
+    refusal = rf"^unknown key '{trl_name}' in {config}\(\.\.\.\)\. TRL's {trl_name} is {ours} here\."
+    with pytest.raises(rlhfkit.ConfigError, match=refusal):
+        getattr(rlhfkit, config)(**{trl_name: 1})
+
+
+def test_the_command_line_gives_trl_users_the_same_hint(capsys):
+    from rlhfkit.cli import main
+
+    assert main(["grpo", "num_generations=8"]) == 2
+    assert "unknown key 'num_generations' in command-line arguments. TRL's num_generations is samples_per_prompt" in (
+        capsys.readouterr().err
+    )
+    from rlhfkit.stages import resolve
+
+    assert resolve("dpo", None, None, {"beta": 0.2}).beta == 0.2  # DPO's own beta stays its option

@@ -83,7 +83,11 @@ class GenerateConfig(DataFieldsConfig):
     )
     hf_split: str = opt("train", "split to read when `data` is a hub id (train: the one `rlhfkit sft` splits)")
     split: Literal["all", "train", "validation"] = opt("validation", "which side of the post split to use")
-    validation_posts: int = opt(300, "posts held out by post identity (same split as `rlhfkit sft` with the same seed)")
+    validation_posts: int = opt(
+        300,
+        "posts held out by post identity (same split as `rlhfkit sft` with the same seed; data with fewer distinct "
+        "posts holds out a tenth)",
+    )
     seed: int = opt(1, "seed for the split and for sampling")
     num_samples: int = opt(0, "posts to summarise (0: all of the chosen side)")
     batch_size: int = opt(8, "queries per generation batch", minimum=1)

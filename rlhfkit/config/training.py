@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from .sections import FieldNames, LoraOptions, ModelSource, PairLengths, PairSelection, ShardingOptions
 from .values import (
     PAIR_FORMATS_HELP,
     SFT_FORMATS_HELP,
     article_length_opt,
+    check_known,
     opt,
     pickle_opt,
     query_length_opt,
@@ -48,6 +49,13 @@ class DataFieldsConfig:
 class RunConfig(DataFieldsConfig):
     """Fields shared by every training stage."""
 
+    def __new__(cls, *args: Any, **kwargs: Any):
+        # a dataclass meets an unknown keyword with a bare TypeError; a TRL user's GRPOConfig(num_generations=8)
+        # learns the option it is called here instead
+        for key in kwargs:
+            check_known(cls, key, f"{cls.__name__}(...)")
+        return super().__new__(cls)
+
     model: str = opt("smollm2-135m", "starting model: embedded name, HF directory or hub id")
     output_dir: str = opt("", "run directory (empty: runs/<stage>-<timestamp>)")
     seed: int = opt(1, "seed for torch, numpy, python and the data order")
@@ -63,7 +71,11 @@ class RunConfig(DataFieldsConfig):
     micro_batch_size: int = opt(8, "rows per forward pass on one process", minimum=1)
     max_query_length: int = query_length_opt()
     max_response_length: int = opt(
-        53, "response tokens including EOS; longer ones are skipped and counted", "Detail 4", minimum=1
+        53,
+        "response tokens including EOS; a longer completion is cut (without its EOS) in SFT on generic data, "
+        "skipped on TL;DR or GSM8K data (docs/data-formats.md); both are counted",
+        "Detail 4",
+        minimum=1,
     )
     trust_remote_code: bool = remote_code_opt()
     allow_pickle: bool = pickle_opt()
@@ -128,7 +140,10 @@ class SFTConfig(TrainConfig):
         "auto", SFT_FORMATS_HELP
     )
     hf_split: str = opt("train", "split to read when `data` is a hub id")
-    validation_posts: int = opt(300, "posts held out by post identity for validation (0: none)")
+    validation_posts: int = opt(
+        300,
+        "posts held out by post identity for validation (0: none; data with fewer distinct posts holds out a tenth)",
+    )
     loss_on_query: bool = opt(False, "also train on query tokens (default: response tokens only)")
     eval_samples: int = opt(64, "held-out posts generated and scored with ROUGE-L at the end (0: none)")
     eval_temperature: float = opt(0.0, "temperature for the evaluation generations (0: greedy)")
@@ -149,7 +164,11 @@ class PairConfig(TrainConfig):
     total_batch_size: int = opt(64, "pairs per optimizer step", minimum=1)
     micro_batch_size: int = opt(4, "pairs per forward pass on one process", minimum=1)
     max_response_length: int = opt(
-        169, "response tokens including EOS; longer pairs are skipped", "Detail 4", minimum=1
+        169,
+        "response tokens including EOS; DPO cuts longer responses of generic or HH data (without their EOS), "
+        "other pairs with one are skipped (docs/data-formats.md); both are counted",
+        "Detail 4",
+        minimum=1,
     )
     max_article_query_length: int = article_length_opt()
     validation_fraction: float = opt(

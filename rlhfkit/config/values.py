@@ -96,11 +96,39 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
     raise ConfigError(f"{key}: unsupported field type {tp}")
 
 
+# TRL's argument names (GRPOConfig, DPOConfig, SFTConfig and their trainers) -> the options that mean the same here,
+# the first one a command has named; spelling alone would point a TRL user elsewhere (num_generations: to
+# generation_batch_size)
+TRL_NAMES = {
+    "num_generations": ("samples_per_prompt",),
+    "train_dataset": ("data",),
+    "beta": ("kl_coef",),  # the KL coefficient of the on-policy stages; DPO's own option is beta
+    "reward_funcs": ("reward_functions",),
+    "ref_model": ("reference_model",),
+    "max_completion_length": ("max_response_length",),
+    "max_prompt_length": ("max_query_length",),
+    "num_train_epochs": ("num_epochs", "update_epochs"),
+    "per_device_train_batch_size": ("micro_batch_size",),
+    "epsilon": ("clip_range",),
+    "epsilon_high": ("clip_range_high",),
+    "num_iterations": ("update_epochs",),
+}
+
+
+def unknown_key_hint(names: list[str], key: str) -> str:
+    """What to write instead of the unknown `key`: the option of that meaning when it is TRL's name for it, else
+    the options spelt like it."""
+    same = [name for name in TRL_NAMES.get(key, ()) if name in names]
+    if same:
+        return f" TRL's {key} is {same[0]} here."
+    close = difflib.get_close_matches(key, names, n=3)
+    return f" Did you mean: {', '.join(close)}?" if close else ""
+
+
 def check_known(cls: type, key: str, where: str) -> None:
     names = [f.name for f in dataclasses.fields(cls)]
     if key not in names:
-        close = difflib.get_close_matches(key, names, n=3)
-        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        hint = unknown_key_hint(names, key)
         raise ConfigError(f"unknown key {key!r} in {where}.{hint} Accepted keys: {', '.join(names)}")
 
 

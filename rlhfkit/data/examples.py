@@ -16,7 +16,11 @@ from .tldr import Comparison, SFTRecord
 
 T = TypeVar("T", "SFTExample", "PairExample")
 # the option that lets in the records skipped for each reason a tokenizer skips one
-LENGTH_OPTIONS = {"query_too_long": "max_query_length", "response_too_long": "max_response_length"}
+LENGTH_OPTIONS = {
+    "query_too_long": "max_query_length",
+    "response_too_long": "max_response_length",
+    "tie_after_cut": "max_response_length",
+}
 
 
 @dataclass
@@ -45,6 +49,7 @@ class PairExample:
     query: QueryTokens
     chosen: list[int]
     rejected: list[int]
+    ended: tuple[bool, bool] = (True, True)  # whether chosen and rejected end with their EOS (a cut one does not)
 
     def width(self) -> int:
         """Tokens in the longer of the pair's two rows, which sets its padded width."""
@@ -57,7 +62,7 @@ class PairExample:
     def response_lengths(self) -> tuple[int, int]:
         """(chosen, rejected) response tokens before EOS: the length unit of ODIN's correlations and of
         the length baseline."""
-        return len(self.chosen) - 1, len(self.rejected) - 1
+        return len(self.chosen) - self.ended[0], len(self.rejected) - self.ended[1]
 
 
 def response_length_columns(examples: list[PairExample]) -> tuple[list[int], list[int]]:
@@ -66,9 +71,24 @@ def response_length_columns(examples: list[PairExample]) -> tuple[list[int], lis
     return [chosen for chosen, _ in pairs], [rejected for _, rejected in pairs]
 
 
+def fitted_completion(completion: list[int], budget: int, cut: bool) -> list[int] | None:
+    """A completion (text + EOS) within `budget` tokens: itself when it fits; else, when `cut`, its first `budget`
+    tokens, as TRL's SFT and DPO trainers keep them (`truncation_mode="keep_start"`): the EOS goes with the cut,
+    since EOS says the text ended there (Detail 3) and this one goes on; else None (skipped)."""
+    if len(completion) <= budget:
+        return completion
+    return completion[:budget] if cut else None
+
+
 def tokenize_sft(
-    records: list[SFTRecord], tokenizer: PreTrainedTokenizerBase, max_query_length: int, max_response_length: int
+    records: list[SFTRecord],
+    tokenizer: PreTrainedTokenizerBase,
+    max_query_length: int,
+    max_response_length: int,
+    cut_long: bool = False,
 ) -> tuple[list[SFTExample], SkipLog]:
+    """SFT examples of `records`; a completion longer than its budget is skipped, or with `cut_long` (a stage
+    that trains on the tokens themselves: SFT) cut when its format allows (`SFTRecord.cut_when_long`)."""
     log = SkipLog()
     out = []
     for r in records:
@@ -80,10 +100,12 @@ def tokenize_sft(
             continue
         # a text without a prompt (language modelling) may use the query's budget too: its row is no wider than others
         budget = max_response_length if query.ids else max_query_length + max_response_length
-        if len(response) > budget:
+        fitted = fitted_completion(response, budget, cut_long and r.cut_when_long)
+        if fitted is None:
             log.skip("response_too_long", r.where)
             continue
-        out.append(SFTExample(r, query, response))
+        log.cut += len(fitted) < len(response)
+        out.append(SFTExample(r, query, fitted))
     log.kept = len(out)
     return out, log
 
@@ -94,7 +116,7 @@ def training_examples(tokenized: tuple[list[T], SkipLog], max_query_length: int,
     warning naming `max_query_length`."""
     examples, log = tokenized
     if not examples and log.skipped:
-        options = " or ".join(LENGTH_OPTIONS[reason] for reason in log.counts)
+        options = " or ".join(dict.fromkeys(LENGTH_OPTIONS[reason] for reason in log.counts))
         raise ConfigError(f"no {what} left to train on ({log.summary(what)}); raise {options}")
     cut = sum(e.query.truncated for e in examples)
     if cut * 2 > len(examples):
@@ -118,49 +140,60 @@ def query_limits(max_query_length: int, max_article_query_length: int) -> dict[s
 
 
 def tokenize_pairs(
-    records: list[Comparison], tokenizer: PreTrainedTokenizerBase, limits: dict[str, int], max_response_length: int
+    records: list[Comparison],
+    tokenizer: PreTrainedTokenizerBase,
+    limits: dict[str, int],
+    max_response_length: int,
+    cut_long: bool = False,
 ) -> tuple[list[PairExample], SkipLog]:
+    """Pair examples of `records`; a pair with a response longer than max_response_length is skipped, or with
+    `cut_long` (DPO, whose implicit reward is a sum over the tokens: a reward model reads its reward at the EOS,
+    Detail 12, and keeps skipping) its long responses are cut when its format allows (`Comparison.cut_when_long`).
+    A pair that cutting leaves with two equal responses teaches nothing and is skipped as `tie_after_cut`."""
     log = SkipLog()
     out = []
     for r in records:
-        chosen, rejected = (
-            encode_completion(tokenizer, r.chosen, r.task),
-            encode_completion(tokenizer, r.rejected, r.task),
-        )
-        if max(len(chosen), len(rejected)) > max_response_length:
+        whole = encode_completion(tokenizer, r.chosen, r.task), encode_completion(tokenizer, r.rejected, r.task)
+        chosen, rejected = (fitted_completion(ids, max_response_length, cut_long and r.cut_when_long) for ids in whole)
+        if chosen is None or rejected is None:
             log.skip("response_too_long", r.where)
+            continue
+        cut = (chosen, rejected) != whole
+        if cut and chosen == rejected:
+            log.skip("tie_after_cut", r.where)
             continue
         try:
             query = encode_query(tokenizer, r.task, r.fields, limits[r.task])
         except QueryTooLong:
             log.skip("query_too_long", r.where)
             continue
-        out.append(PairExample(r, query, chosen, rejected))
+        log.cut += cut
+        out.append(PairExample(r, query, chosen, rejected, (chosen == whole[0], rejected == whole[1])))
     log.kept = len(out)
     return out, log
 
 
 def tokenize_stage_pairs(
-    lengths: PairLengths, tokenizer: PreTrainedTokenizerBase, records: list[Comparison]
+    lengths: PairLengths, tokenizer: PreTrainedTokenizerBase, records: list[Comparison], cut_long: bool = False
 ) -> tuple[list[PairExample], SkipLog]:
     """`tokenize_pairs` under a pair stage's length limits."""
     limits = query_limits(lengths.max_query_length, lengths.max_article_query_length)
-    return tokenize_pairs(records, tokenizer, limits, lengths.max_response_length)
+    return tokenize_pairs(records, tokenizer, limits, lengths.max_response_length, cut_long)
 
 
 def prepare_pairs(
-    lengths: PairLengths, tokenizer: PreTrainedTokenizerBase, records: list[Comparison]
+    lengths: PairLengths, tokenizer: PreTrainedTokenizerBase, records: list[Comparison], cut_long: bool = False
 ) -> tuple[list[PairExample], str]:
     """(`tokenize_stage_pairs`' examples, a note of what was skipped)."""
-    examples, log = tokenize_stage_pairs(lengths, tokenizer, records)
+    examples, log = tokenize_stage_pairs(lengths, tokenizer, records, cut_long)
     return examples, log.summary("pairs")
 
 
 def prepare_training_pairs(
-    lengths: PairLengths, tokenizer: PreTrainedTokenizerBase, records: list[Comparison]
+    lengths: PairLengths, tokenizer: PreTrainedTokenizerBase, records: list[Comparison], cut_long: bool = False
 ) -> tuple[list[PairExample], str]:
     """`prepare_pairs` for the pairs a stage trains on, checked as `training_examples` checks them."""
-    pairs = tokenize_stage_pairs(lengths, tokenizer, records)
+    pairs = tokenize_stage_pairs(lengths, tokenizer, records, cut_long)
     examples, log = training_examples(pairs, lengths.max_query_length, "training pairs")
     return examples, log.summary("pairs")
 

@@ -260,7 +260,8 @@ def sft_record(row: Row, layout: Layout) -> SFTRecord:
         raise Skip(f"empty:{layout.responses[0]}")
     task, fields = prompt_task(prompt)
     return SFTRecord(
-        prompt_id(prompt, completion), fields, completion, row.where, task, other_columns(row.data, layout)
+        prompt_id(prompt, completion), fields, completion, row.where, task, other_columns(row.data, layout),
+        cut_when_long=True,
     )
 
 
@@ -286,6 +287,7 @@ def comparison_record(row: Row, layout: Layout) -> Comparison:
         rejected_text,
         row.where,
         split=str(row.data.get(HUB_SPLIT) or ""),
+        cut_when_long=True,
     )
 
 

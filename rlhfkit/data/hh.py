@@ -76,6 +76,7 @@ def parse_hh_row(row: Row, log: SkipLog) -> Comparison | None:
         rejected=rejected[1],
         where=row.where,
         split=str(data.get("_hub_split") or subset_of(row.where)),
+        cut_when_long=True,
     )
     return unless_lone_surrogate(record, row.where, log)
 

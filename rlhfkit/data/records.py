@@ -35,6 +35,7 @@ class SkipLog:
     counts: Counter = field(default_factory=Counter)
     examples: dict[str, list[str]] = field(default_factory=dict)
     kept: int = 0
+    cut: int = 0  # kept records whose completion was cut to fit max_response_length (`examples.fitted_completion`)
 
     def skip(self, reason: str, where: str) -> None:
         self.counts[reason] += 1
@@ -53,14 +54,18 @@ class SkipLog:
         return sum(self.counts.values())
 
     def summary(self, what: str = "records") -> str:
+        kept = f"kept {self.kept} {what}"
+        if self.cut:
+            kept += f" ({self.cut} cut to fit max_response_length, without their EOS)"
         if not self.counts:
-            return f"kept {self.kept} {what}, skipped none"
+            return f"{kept}, skipped none"
         parts = ", ".join(f"{reason}: {n} (e.g. {self.examples[reason][0]})" for reason, n in self.counts.most_common())
-        return f"kept {self.kept} {what}, skipped {self.skipped}: {parts}"
+        return f"{kept}, skipped {self.skipped}: {parts}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "kept": self.kept,
+            "cut": self.cut,
             "skipped": self.skipped,
             "by_reason": dict(self.counts.most_common()),
             "examples": self.examples,

@@ -35,6 +35,8 @@ def split_by_prompt(
     if (validation_size is None) == (validation_fraction is None):
         raise ConfigError("give exactly one of validation_size and validation_fraction")
     keys = sorted({key(r) for r in records}, key=lambda k: stable_rank(k, seed))
+    if validation_size is not None:
+        validation_size = held_out_count(validation_size, len(keys))
     n = validation_size if validation_size is not None else round(len(keys) * validation_fraction)
     if n < 0:
         raise ConfigError(
@@ -47,6 +49,24 @@ def split_by_prompt(
     train = [r for r in records if key(r) not in held_out]
     validation = [r for r in records if key(r) in held_out]
     return train, validation
+
+
+SMALL_DATA_SHARE = 10  # small data holds out one prompt in this many
+
+
+def held_out_count(validation_posts: int, prompts: int) -> int:
+    """The prompts held out of `prompts` distinct ones for `validation_posts`: that many, unless the data has fewer
+    (300, the default, of a 16-row dataset): then a tenth of them, at least one while one is left to train on, as a
+    printed line says. Every stage splits the same data the same way, so `generate split=validation` still
+    answers the prompts `sft` held out."""
+    if validation_posts <= prompts:
+        return validation_posts
+    held = min(max(1, round(prompts / SMALL_DATA_SHARE)), max(prompts - 1, 0))
+    print(
+        f"validation_posts={validation_posts} is more than the data's {prompts} distinct prompts: holding out "
+        f"{held} (a tenth) for validation; set validation_posts= to choose"
+    )
+    return held
 
 
 def prompt_folds(keys: Sequence[str], folds: int, seed: int = 0) -> list[int]:

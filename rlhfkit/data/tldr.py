@@ -34,6 +34,7 @@ class SFTRecord:
     columns: dict[str, Any] = field(
         default_factory=dict
     )  # the record's other dataset columns, passed to reward functions
+    cut_when_long: bool = False  # see Comparison.cut_when_long
 
 
 @dataclass
@@ -53,6 +54,11 @@ class Comparison:
     worker: str = ""
     confidence: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # Free text whose end means nothing more than "the text ended" (the ecosystem's generic formats, HH-RLHF):
+    # longer than max_response_length, SFT and DPO cut it as TRL does. A TL;DR summary stays whole or is skipped
+    # (the paper's data keeps summaries within the limit, Detail 4), and so does a GSM8K solution, whose last
+    # line is the answer.
+    cut_when_long: bool = False
 
     @property
     def policy_pair(self) -> str:
