@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -26,6 +27,9 @@ from .errors import ConfigError, UserError
 from .runlock import LOCK_FILE, lock_run_dir, release_run_dir
 
 CONFIG_FILE = "config.yaml"
+# what the run's `auto` options resolved to on the machine that started it, and the machine facts its numbers
+# depend on (threads, device); a resumed run keeps them (trainers/run.py `settled`)
+RESOLVED_FILE = "resolved.yaml"
 IGNORED_OPTIONS = ("output_dir", "resume", "overwrite")  # where and how a run was started, not what it runs
 LONGER = "the learning-rate schedule is recomputed for the new length and continues from the step reached"
 # the options a resumed run may change, each taking effect as said; any other change is refused, since the
@@ -52,6 +56,25 @@ class OpenedRun:
 
 
 OPENED: list[OpenedRun] = []
+
+
+def read_resolved(run_dir: Path) -> dict[str, Any]:
+    """The run's resolved.yaml (`record_resolved`); empty for a run without one (started before it existed)."""
+    path = Path(run_dir) / RESOLVED_FILE
+    if not path.is_file():
+        return {}
+    try:
+        values = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path} is not valid YAML ({e}); delete it to resolve the auto options afresh") from None
+    return values if isinstance(values, dict) else {}
+
+
+def record_resolved(run_dir: Path, values: dict[str, Any]) -> None:
+    """Add `values` to the run's resolved.yaml, beside what it holds."""
+    merged = read_resolved(run_dir) | values
+    with writing(run_dir, f"write {RESOLVED_FILE} in"):
+        (Path(run_dir) / RESOLVED_FILE).write_text(yaml.safe_dump(merged, sort_keys=False))
 
 
 def require_resume_path(resume: str) -> None:
@@ -212,11 +235,13 @@ def unstarted_runs_taken_back() -> Iterator[None]:
 
 def take_back(run: OpenedRun) -> None:
     """`run`'s folder as it was before the run, unless the run wrote more than its config.yaml there."""
-    if not run.folder.is_dir() or set(os.listdir(run.folder)) - run.found - {CONFIG_FILE, LOCK_FILE}:
+    opening = {CONFIG_FILE, RESOLVED_FILE, LOCK_FILE}  # what a run writes before it starts
+    if not run.folder.is_dir() or set(os.listdir(run.folder)) - run.found - opening:
         return  # the run had begun writing: what it wrote stays
     release_run_dir(run.folder)
-    if CONFIG_FILE not in run.found:
-        (run.folder / CONFIG_FILE).unlink(missing_ok=True)
+    for name in (CONFIG_FILE, RESOLVED_FILE):
+        if name not in run.found:
+            (run.folder / name).unlink(missing_ok=True)
     if run.aside is not None:  # the run moved aside comes back
         run.folder.rmdir()
         run.aside.rename(run.folder)

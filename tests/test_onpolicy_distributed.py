@@ -1,9 +1,9 @@
 """PPO, GRPO and RLOO on two CPU processes over gloo: the same update as one process on the
 same global batch, exact resume, an agreed stop on SIGTERM, and a launch that never hangs on a death.
 
-How the two layouts are made comparable: every generation chunk holds one prompt
-(`generation_batch_size` = samples per prompt) and draws from an RNG keyed by that prompt's position
-in the update, so both layouts sample the very same tokens; the rows of each process are padded to
+How the two layouts are made comparable: every row draws from an RNG keyed by its prompt's position
+in the update and its sample index, so both layouts sample the very same tokens although their
+generation chunks (two prompts each) hold other prompts; the rows of each process are padded to
 the widths of the whole batch, so every row is computed on the same columns. What remains is the
 order of floating-point sums: the micro-batches of a minibatch hold other rows, and the two processes'
 gradients are summed by an all-reduce instead of accumulated in one process. In fp32 that moves
@@ -58,7 +58,8 @@ DIED = re.compile(r"^rlhfkit: process (\d) \(pid (\d+)\) died without exiting", 
 
 def comparable_args(stage, dirs, out, **extra):
     """Every episode logged (samples.jsonl then holds each response and its score), a reward that
-    varies (a tiny random model rarely emits EOS), fp32, and one prompt per generation chunk."""
+    varies (a tiny random model rarely emits EOS), fp32, and two prompts per generation chunk: one
+    process samples other chunks than each of two does."""
     group = 1 if stage in ("ppo", "reinforce") else 4
     return stage_args(
         stage,
@@ -69,7 +70,7 @@ def comparable_args(stage, dirs, out, **extra):
         log_samples=4,
         eos_trick="false",
         mixed_precision="no",
-        generation_batch_size=group,
+        generation_batch_size=2 * group,
         **extra,
     )
 

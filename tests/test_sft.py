@@ -75,8 +75,8 @@ def test_detail9_run_directory_has_config_metrics_events_checkpoints_samples_plo
     assert (out / "checkpoints" / "step-000002" / "model" / "model.safetensors").is_file()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "train/loss" in r] == [1, 2]
-    # Table 3's cosine schedule over 2 steps: after step 1 the rate is half the peak.
-    assert rows[0]["train/lr"] == pytest.approx(cfg.learning_rate / 2)
+    # Table 3's cosine schedule over 2 steps: step 1 at the peak, step 2 at half of it
+    assert [r["train/lr"] for r in rows if "train/lr" in r] == pytest.approx([cfg.learning_rate, cfg.learning_rate / 2])
     assert cfg.adam_eps == 1e-5 and cfg.lr_scheduler == "cosine"
     assert "lr_scheduler: cosine" in (out / "config.yaml").read_text()
     sample = json.loads((out / "samples.jsonl").read_text().splitlines()[0])
@@ -197,8 +197,22 @@ def test_constant_schedule_honours_warmup_and_evaluations_are_always_logged(ppo_
     sft.run(cfg)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if "train/lr" in r]
-    assert [r["train/lr"] for r in train] == pytest.approx([cfg.learning_rate / 2, cfg.learning_rate])
+    # the rates the two steps used: warm-up from 0 (transformers' schedule), then half way
+    assert [r["train/lr"] for r in train] == pytest.approx([0.0, cfg.learning_rate / 2])
     assert [r["step"] for r in rows if "val/loss" in r] == [0, 1, 2]  # step 0, the periodic one, the final one
+
+
+def test_the_validation_loss_covers_every_held_out_example_whatever_eval_samples_is(ppo_dirs, tmp_path):
+    """eval_samples limits the generations only: the loss of the 8 held-out posts is the same with 0 or 2."""
+    from rlhfkit.cli import main
+
+    losses = []
+    for samples in (0, 2):
+        out = tmp_path / f"run{samples}"
+        args = stage_args("sft", ppo_dirs, out, max_steps=1, validation_posts=8, eval_samples=samples)
+        assert main(["sft", *cli_args(args)]) == 0
+        losses.append(json.loads((out / "eval.json").read_text())["val/loss"])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
 
 
 def test_resume_continues_with_the_runs_own_config(ppo_dirs, tmp_path, monkeypatch):

@@ -224,6 +224,15 @@ def require_seed_form(role: Role, name: str, paths: list[str], hf_split: str, na
         )
 
 
+def resolved_format(role: Role, data_format: str, paths: list[str], hf_split: str, names: FieldNames) -> str:
+    """The format `paths` are read in: `data_format`, or with `auto` the one detected from the first record's
+    columns (what the run folder's resolved.yaml records)."""
+    if data_format != AUTO:
+        return data_format
+    row, record = first_record(paths, hf_split)
+    return detect(role, row, record, names)
+
+
 def load_sft_data(
     data_format: str, paths: list[str], hf_split: str = "", names: FieldNames = STANDARD_NAMES
 ) -> tuple[list[SFTRecord], SkipLog]:

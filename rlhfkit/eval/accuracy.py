@@ -77,8 +77,13 @@ def named_pairs(specs: list[str], models: dict[str, str]) -> list[tuple[str, str
     pairs = []
     for spec in specs:
         policy, sep, baseline = spec.partition(":")
-        if not sep or not policy or not baseline or policy == baseline:
+        if not sep or not policy or not baseline:
             raise ConfigError(f"pairs entry {spec!r} must be policy:baseline, two names of models= (e.g. sft-calc:sft)")
+        if policy == baseline:
+            raise ConfigError(
+                f"pairs entry {spec!r} pairs {policy!r} with itself: a policy cannot be its own baseline; "
+                "name two different models= (e.g. sft-calc:sft)"
+            )
         unknown = [name for name in (policy, baseline) if name not in models]
         if unknown:
             raise ConfigError(
@@ -133,14 +138,15 @@ def answer(
 
 @torch.no_grad()
 def sequence_logprobs_of(model, batch: RolloutBatch, temperature: float, rows: int) -> torch.Tensor:
-    """(B,) summed log-probabilities of each sampled answer under `model`."""
+    """(B,) summed log-probabilities of each sampled answer's own tokens under `model`: with an environment,
+    the tokens it inserted (a calculator's results, a user's turn) are not the policy's and do not count."""
     sums = []
     for start in range(0, batch.size, rows):
         part = batch.select(slice(start, start + rows)).to(model_device(model))
         logprobs, _ = response_logprobs(
             model, part.input_ids(), part.attention_mask(), part.context_length, temperature
         )
-        sums.append((logprobs * part.mask).sum(-1).cpu())
+        sums.append((logprobs * part.trained_mask).sum(-1).cpu())
     return torch.cat(sums)
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..faults import room_for
+from ..run_folder import read_resolved
 
 PREVIEW_LINES, PREVIEW_CHARS = 3, 240  # a longer cell (a whole post) is collapsed behind its start
 MISSING, NOT_A_NUMBER = "-", "n/a"
@@ -125,12 +126,13 @@ class Report:
         """`report.html`, and beside it `report.json` with the headline numbers and caveats, which the
         pipeline's report gathers from every stage."""
         folder = Path(folder)
-        body = self.body()
+        resolved = read_resolved(folder)
+        body = self.body() + resolved_section(resolved)
         record = {
             "title": self.title,
             "numbers": [finite(vars(n)) for n in self.numbers],
             "caveats": self.all_caveats(),
-        }
+        } | ({"resolved": resolved} if resolved else {})
         size = sum(len(text) for _, text in body) + len(json.dumps(record, indent=2))
         again = f"run the command again (a training stage: with resume={folder})"
         with room_for(folder, "report.html and report.json", size, again):
@@ -150,6 +152,22 @@ class Report:
         for line in record.get("caveats", []):
             if not any(n.caveat and line.endswith(n.caveat) for n in self.numbers):
                 self.caveat(f"{stage}: {line}")
+
+
+def resolved_section(resolved: dict[str, Any]) -> list[tuple[str, str]]:
+    """What the run's `auto` options resolved to on its machine (resolved.yaml), which config.yaml leaves as
+    `auto`: the facts that tell two machines' numbers apart."""
+    if not resolved:
+        return []
+    rows = [{"setting": key, "value": setting_text(value)} for key, value in resolved.items()]
+    return [("Settings resolved on this machine (resolved.yaml)", table_html(rows, ["setting", "value"]))]
+
+
+def setting_text(value: Any) -> str:
+    """A resolved setting as one cell: a per-model one (attention, shared_prefix) as `model: value, ...`."""
+    if isinstance(value, dict):
+        return ", ".join(f"{name}: {each}" for name, each in value.items())
+    return str(value)
 
 
 def caveats_html(lines: list[str]) -> str:

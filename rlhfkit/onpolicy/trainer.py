@@ -25,6 +25,7 @@ import torch
 from ..adapters import add_adapter, frozen_reference, save_final_model, trained_policy
 from ..checkpoint import load_training_state, save_checkpoint
 from ..config import OnPolicyConfig, check_update_split
+from ..data import PROMPTS, resolved_format
 from ..data.examples import SFTExample
 from ..errors import ConfigError, ModelError
 from ..models import check_model_source, enable_activation_checkpointing
@@ -34,7 +35,13 @@ from ..reward_models import ScalarModel, load_reward_model
 from ..sharding import SavedState, ShardedOptimizerState, ShardedRun, shard_on_policy
 from ..tracking import append_jsonl, drop_rows_after, write_jsonl
 from ..trainers.loop import Show, run_loop
-from ..trainers.run import accelerator_for, autocast_precision, start_run
+from ..trainers.run import (
+    accelerator_for,
+    attention_implementation,
+    autocast_precision,
+    record_settings,
+    start_run,
+)
 from .advantages import compute_advantages, with_old_logprobs
 from .algorithms import Algorithm, algorithm_of
 from .collect import PromptStream, RolloutSetup, collect, prompts_per_update
@@ -49,7 +56,7 @@ from .evaluation import (
     summarise_and_score,
     write_onpolicy_report,
 )
-from .scoring import OnPolicyModels, PromptTexts, RewardSources, component_metrics
+from .scoring import OnPolicyModels, PromptTexts, RewardSources, RowLayout, component_metrics
 from .update import Optimizers, build_optimizers, update_on_rollout
 
 
@@ -183,7 +190,9 @@ class OnPolicySteps:
             raise
         batch = compute_advantages(batch, self.cfg, self.kl_coef)
         old_logprobs = torch.zeros_like(batch.ref_logprobs) if batch.logprobs is None else None
-        metrics |= component_metrics(self.models.reward_sources().names, batch.reward_components, batch.reward_failures)
+        sources = self.models.reward_sources()
+        metrics |= component_metrics(sources.names, batch.reward_components, batch.reward_failures)
+        metrics |= sources.take_update_logs()  # what the reward functions logged (`log_metric`, `log_extra`)
         metrics |= environment_metrics(self.cfg, batch)
         show("updating")
         tick = time.perf_counter()
@@ -214,7 +223,8 @@ class OnPolicySteps:
         logs_samples = self.cfg.sample_every and (done == 1 or done % self.cfg.sample_every == 0 or done == self.total)
         if logs_samples and self.accelerator.is_main_process:
             append_jsonl(
-                self.run_dir / SAMPLES_FILE, extreme_samples(batch, self.models.tokenizer, done, self.cfg.log_samples)
+                self.run_dir / SAMPLES_FILE,
+                extreme_samples(batch, self.models.tokenizer, done, self.cfg.log_samples, sources.extra),
             )
         return metrics
 
@@ -374,10 +384,25 @@ def train_on_policy(
     return steps
 
 
+def model_settings(models: OnPolicyModels, cfg: OnPolicyConfig) -> dict[str, Any]:
+    """What the models resolved to, for resolved.yaml: each one's attention kernel and, for grouped
+    methods, whether its scoring passes read shared rows (shared_prefix=auto falls back per model)."""
+    named = {"policy": models.policy, "reference": models.reference, "value": models.value, "reward": models.reward}
+    settings: dict[str, Any] = {
+        "attention": {name: attention_implementation(m) for name, m in named.items() if m is not None}
+    }
+    if cfg.samples_per_prompt > 1:
+        layout = RowLayout.of(models, cfg, cfg.forward_batch_size, "forward_batch_size")
+        settings["shared_prefix"] = {
+            name: "on" if getattr(layout, name) else "off" for name, m in named.items() if m is not None
+        }
+    return settings
+
+
 def run(cfg: OnPolicyConfig) -> int:
     """Load, train (resuming when asked), evaluate on held-out prompts, report."""
     name = algorithm_of(cfg).name
-    run_dir, checkpoint = start_run(cfg, name)
+    cfg, run_dir, checkpoint = start_run(cfg, name)
     accelerator = accelerator_for(cfg)
     planned_updates(cfg, accelerator.num_processes)  # a batch that does not split fails before any model loads
     # sharded models load on the host and move to the device one shard at a time
@@ -387,6 +412,8 @@ def run(cfg: OnPolicyConfig) -> int:
         torch.device("cpu") if cfg.sharding_options.splits_models(accelerator.num_processes) else accelerator.device,
     )
     train, held_out, notes = split_posts(cfg, models.tokenizer)
+    prompt_format = resolved_format(PROMPTS, cfg.prompt_format, cfg.data, cfg.hf_split, cfg.fields)
+    record_settings(run_dir, {"prompt_format": prompt_format} | model_settings(models, cfg))
     models.reward_sources().check_prompts(PromptTexts.of(train + held_out[: cfg.eval_samples]))
     if accelerator.is_main_process:
         print("\n".join(notes))

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from ..adapters import frozen_reference, save_final_model, trained_policy
 from ..config import DPOConfig
+from ..data import PAIRS, resolved_format
 from ..data.examples import PairExample, prepare_pairs, prepare_training_pairs, query_limits
 from ..data.split import split_comparisons
 from ..devices import autocast, default_device, evaluation_mode, model_device
@@ -41,7 +42,7 @@ from ..preference_ops import PreferenceLoss, PreferenceObjective, preference_los
 from ..reward_models import DPO_RECORD, ImplicitRewardModel
 from ..scoring import collate_pairs
 from ..tracking import read_metrics, write_jsonl
-from .run import autocast_precision, is_main_process, start_run
+from .run import attention_implementation, autocast_precision, is_main_process, record_settings, start_run
 from .supervised import SupervisedStage, batch_indices, plan_schedule, train
 
 REFERENCE_CACHE = "reference_logps.pt"
@@ -314,15 +315,18 @@ def checkpoint_label(checkpoint: Path) -> str:
 
 
 def run(cfg: DPOConfig) -> int:
-    run_dir, checkpoint = start_run(cfg, "dpo")
+    cfg, run_dir, checkpoint = start_run(cfg, "dpo")
     train_records, val_records, notes = split_comparisons(cfg.pair_selection)
+    pairs_format = resolved_format(PAIRS, cfg.data_format, cfg.data, cfg.hf_split, cfg.fields)
     reference_name = cfg.reference_model or cfg.model
     objective = preference_objective(cfg)
     device = default_device()
     policy, tokenizer = trained_policy(cfg.model_source, cfg.lora, checkpoint)
+    record_settings(run_dir, {"data_format": pairs_format, "attention": {"policy": attention_implementation(policy)}})
     reference = frozen_policy(cfg, policy, reference_name, device) if objective.uses_reference else None
-    train_pairs, train_note = prepare_training_pairs(cfg.lengths, tokenizer, train_records)
-    val_pairs, val_note = prepare_pairs(cfg.lengths, tokenizer, val_records)
+    # long responses are cut as TRL's DPOTrainer cuts them, where their format allows (data/examples.py)
+    train_pairs, train_note = prepare_training_pairs(cfg.lengths, tokenizer, train_records, cut_long=True)
+    val_pairs, val_note = prepare_pairs(cfg.lengths, tokenizer, val_records, cut_long=True)
     notes += [
         f"train tokenization: {train_note}",
         f"validation tokenization: {val_note}",

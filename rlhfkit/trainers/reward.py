@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from .. import ops
 from ..adapters import add_adapter, is_adapted, save_final_model, trainable_summary
 from ..config import RMConfig
-from ..data import AUTO, load_sft_data, usable
+from ..data import AUTO, PAIRS, load_sft_data, resolved_format, usable
 from ..data.examples import (
     PairExample,
     length_balanced_indices,
@@ -39,7 +39,7 @@ from ..reward_models import ScalarModel, freeze_below_top_layers, load_reward_mo
 from ..scoring import collate_packed_pairs, pair_scores, score_pairs, score_texts
 from ..tracking import read_metrics
 from .reward_cv import cross_validate, cross_validation_tables
-from .run import autocast_precision, is_main_process, start_run
+from .run import attention_implementation, autocast_precision, is_main_process, record_settings, start_run
 from .supervised import SupervisedStage, train
 
 
@@ -149,9 +149,11 @@ def frozen_features(cfg: RMConfig, model: ScalarModel, run_dir: Path) -> Feature
 
 
 def run(cfg: RMConfig) -> int:
-    run_dir, checkpoint = start_run(cfg, "rm")
+    cfg, run_dir, checkpoint = start_run(cfg, "rm")
     train_records, val_records, notes = split_comparisons(cfg.pair_selection)
+    pairs_format = resolved_format(PAIRS, cfg.data_format, cfg.data, cfg.hf_split, cfg.fields)
     model, tokenizer = load_trained_reward_model(cfg, checkpoint)
+    record_settings(run_dir, {"data_format": pairs_format, "attention": {"reward": attention_implementation(model)}})
     notes.append(configure_model(model, cfg))
     all_train_examples, train_note = prepare_training_pairs(cfg.lengths, tokenizer, train_records)
     val_examples, val_note = prepare_pairs(cfg.lengths, tokenizer, val_records)

@@ -5,7 +5,9 @@ it computes in, its optimizer, the check that a loss stays finite, and its Accel
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import platform
 import shutil
 from datetime import datetime
 from pathlib import Path
@@ -19,7 +21,14 @@ from ..distributed import processes_need_cpu
 from ..errors import ConfigError, NonFiniteError
 from ..launch import RUN_STAMP
 from ..models import check_model_source
-from ..run_folder import open_run_folder, require_resume_path, resumed_changes
+from ..run_folder import (
+    CONFIG_FILE,
+    open_run_folder,
+    read_resolved,
+    record_resolved,
+    require_resume_path,
+    resumed_changes,
+)
 from ..schedules import lr_schedule
 from ..sharding import (
     ZERO_STAGES,
@@ -66,9 +75,10 @@ def check_model_sources(cfg: RunConfig) -> None:
             check_model_source(getattr(cfg, key), key)
 
 
-def start_run(cfg: RunConfig, stage: str) -> tuple[Path, Path | None]:
-    """(run directory, checkpoint to resume or None), with every RNG seeded before any model is
-    built, so `seed` also governs the reward head (an added [PAD] row is zero: vocab.match_vocab)."""
+def start_run(cfg: RunConfig, stage: str) -> tuple[RunConfig, Path, Path | None]:
+    """(the config with its `auto` options resolved (`settled`), run directory, checkpoint to resume or
+    None), with every RNG seeded before any model is built, so `seed` also governs the reward head (an
+    added [PAD] row is zero: vocab.match_vocab)."""
     check_sharding(cfg.sharding_options)
     # a bad resume path or model fails before any folder is made
     checkpoint = resume_checkpoint(cfg)
@@ -76,8 +86,63 @@ def start_run(cfg: RunConfig, stage: str) -> tuple[Path, Path | None]:
     run_dir = make_run_dir(cfg, stage, checkpoint)
     if checkpoint is not None and is_main_process():
         carry_history(checkpoint.parents[1], run_dir)
+    cfg = settled(cfg, run_dir, checkpoint)
     seed_everything(cfg.seed)
-    return run_dir, checkpoint
+    return cfg, run_dir, checkpoint
+
+
+# the options whose `auto` depends on the machine or the data: what they resolved to is recorded in the run
+# folder's resolved.yaml when they resolve, and a resumed run keeps it
+KEPT_ON_RESUME = ("mixed_precision", "decoding", "data_format", "prompt_format")
+
+
+def settled(cfg: RunConfig, run_dir: Path, checkpoint: Path | None) -> RunConfig:
+    """`cfg` with `mixed_precision` and `decoding` resolved, recorded in resolved.yaml with the thread
+    count and the device. A resumed run takes every `auto` option as its first part resolved it, and
+    its thread count, so it computes as it did on whatever machine it continues (docs/reproduction.md)."""
+    recorded = read_resolved(checkpoint.parents[1]) if checkpoint is not None else {}
+    kept = {k: recorded[k] for k in KEPT_ON_RESUME if getattr(cfg, k, None) == "auto" and k in recorded}
+    fresh = {}
+    if cfg.mixed_precision == "auto" and "mixed_precision" not in kept:
+        fresh["mixed_precision"] = "bf16" if native_bf16() else "no"
+    if getattr(cfg, "decoding", None) == "auto" and "decoding" not in kept:
+        fresh["decoding"] = "eager" if processes_need_cpu() else "cuda-graphs"
+    if kept.get("mixed_precision") == "bf16" and not native_bf16():
+        print(
+            "rlhfkit: this run computes in bf16, as it did when it started (resolved.yaml); this machine has no "
+            "native bf16, so it continues in emulated bf16, slower, to stay exact"
+        )
+    keep_thread_count(recorded.get("threads"))
+    if is_main_process():
+        record_resolved(run_dir, kept | fresh | {"threads": torch.get_num_threads(), "device": device_name()})
+    return dataclasses.replace(cfg, **kept, **fresh)
+
+
+def keep_thread_count(threads: int | None) -> None:
+    """A resumed run's thread count as its first part's: a CPU's matmuls may sum in another order with
+    another count."""
+    if threads and threads != torch.get_num_threads():
+        print(f"rlhfkit: using {threads} threads, as the run did when it started (this machine's default: "
+              f"{torch.get_num_threads()})")
+        torch.set_num_threads(threads)
+
+
+def device_name() -> str:
+    if processes_need_cpu():
+        return f"cpu ({platform.processor() or platform.machine()})"
+    return f"cuda ({torch.cuda.get_device_name()})"
+
+
+def attention_implementation(model: torch.nn.Module) -> str:
+    """The attention kernel transformers chose for `model` (sdpa, eager, flash_attention_2, ...)."""
+    config = getattr(model, "config", None)
+    return str(getattr(config, "_attn_implementation", None) or "unknown")
+
+
+def record_settings(run_dir: Path, values: dict[str, Any]) -> None:
+    """What an `auto` option or the machine resolved to once the run's data or models showed it."""
+    if is_main_process():
+        record_resolved(run_dir, values)
 
 
 def carry_history(source: Path, run_dir: Path) -> None:
@@ -97,8 +162,20 @@ def resume_checkpoint(cfg: RunConfig) -> Path | None:
     if ckpt is None:
         raise ConfigError(
             f"resume={cfg.resume}: no complete checkpoint there (looked for checkpoints/latest)"
+            + restart_hint(cfg.resume)
         )
     return ckpt
+
+
+def restart_hint(resume: str) -> str:
+    """For a run folder stopped before its first checkpoint: how to start it again, which rerunning does."""
+    config = Path(resume) / CONFIG_FILE
+    if not config.is_file():
+        return ""
+    return (
+        f"; the run there stopped before its first checkpoint: run the command that started it again, or "
+        f"`rlhfkit <command> --config {config}`, which starts the same run again in its folder"
+    )
 
 
 def native_bf16() -> bool:

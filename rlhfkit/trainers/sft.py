@@ -18,7 +18,8 @@ import torch
 
 from ..adapters import save_final_model, trained_policy
 from ..config import SFTConfig
-from ..data import load_sft_data, usable
+from ..data import SFT as SFT_ROLE
+from ..data import load_sft_data, resolved_format, usable
 from ..data.collate import IGNORE_INDEX, right_pad_query_response
 from ..data.examples import SFTExample, tokenize_sft, training_examples
 from ..data.split import split_by_prompt
@@ -30,7 +31,7 @@ from ..generation import SamplingParams, generate_texts
 from ..logprobs import target_logprobs
 from ..plots import metric_series, plot_curves
 from ..tracking import read_jsonl, read_metrics, write_jsonl
-from .run import is_main_process, start_run
+from .run import attention_implementation, is_main_process, record_settings, start_run
 from .supervised import SupervisedStage, train
 
 
@@ -141,19 +142,24 @@ def write_sft_report(
 
 
 def run(cfg: SFTConfig) -> int:
-    run_dir, checkpoint = start_run(cfg, "sft")
+    cfg, run_dir, checkpoint = start_run(cfg, "sft")
     loaded = load_sft_data(cfg.data_format, cfg.data, cfg.hf_split, cfg.fields)
     records, load_log = usable(loaded, cfg.data, "examples", f"data_format={cfg.data_format}")
+    data_format = resolved_format(SFT_ROLE, cfg.data_format, cfg.data, cfg.hf_split, cfg.fields)
     train_records, val_records = split_by_prompt(
         records, lambda r: r.prompt_id, validation_size=cfg.validation_posts, seed=cfg.seed
     )
     model, tokenizer = trained_policy(cfg.model_source, cfg.lora, checkpoint)
+    record_settings(run_dir, {"data_format": data_format, "attention": {"policy": attention_implementation(model)}})
+    # long completions are cut as TRL's SFTTrainer cuts them, where their format allows (data/examples.py)
     train_examples, train_log = training_examples(
-        tokenize_sft(train_records, tokenizer, cfg.max_query_length, cfg.max_response_length),
+        tokenize_sft(train_records, tokenizer, cfg.max_query_length, cfg.max_response_length, cut_long=True),
         cfg.max_query_length,
         "training examples",
     )
-    val_examples, val_log = tokenize_sft(val_records, tokenizer, cfg.max_query_length, cfg.max_response_length)
+    val_examples, val_log = tokenize_sft(
+        val_records, tokenizer, cfg.max_query_length, cfg.max_response_length, cut_long=True
+    )
     notes = [
         f"loaded: {load_log.summary('examples')}",
         f"split by prompt: {len(train_records)} train, {len(val_records)} validation examples",
@@ -168,12 +174,16 @@ def run(cfg: SFTConfig) -> int:
     if answered and not base_path.exists() and checkpoint is None and is_main_process():
         write_jsonl(base_path, summarise(model.to(default_device()), tokenizer, answered, cfg, "base model"))
 
+    if not val_examples:
+        print("rlhfkit: no held-out examples (validation_posts=0 or too little data): no val/loss is computed")
+
     def evaluate(current: torch.nn.Module, step: int) -> dict[str, float]:
-        if not eval_examples:
+        # the loss of every held-out example; only the generations are limited to eval_samples
+        if not val_examples:
             return {}
         return {
             "val/loss": validation_loss(
-                current, eval_examples, tokenizer.pad_token_id, cfg.loss_on_query, cfg.micro_batch_size
+                current, val_examples, tokenizer.pad_token_id, cfg.loss_on_query, cfg.micro_batch_size
             )
         }
 
