@@ -1,11 +1,9 @@
 """The GSM8K evaluation's sequence log-probabilities, and so its KL, count the policy's own tokens only:
 the tokens an environment inserted (a calculator's results, a user's turn) are not the policy's."""
 
-import pytest
 import torch
 
-from rlhfkit.errors import ConfigError
-from rlhfkit.eval.accuracy import named_pairs, sequence_logprobs_of
+from rlhfkit.eval.accuracy import sequence_logprobs_of
 from rlhfkit.logprobs import response_logprobs
 
 from .helpers import eos_prone_policy, sample_fixed_episodes
@@ -25,11 +23,3 @@ def test_inserted_tokens_do_not_count_in_an_answers_log_probability():
     # the whole episode's sum differs by the inserted tokens' log-probabilities, which are far from 0
     assert float(((logprobs * inserted).sum(-1)).abs().min()) > 1.0
 
-
-def test_a_pair_of_a_policy_with_itself_is_refused_naming_why():
-    models = {"sft": "a", "grpo": "b"}
-    assert named_pairs(["grpo:sft"], models) == [("grpo", "sft")]
-    with pytest.raises(ConfigError, match="'sft' with itself: a policy cannot be its own baseline"):
-        named_pairs(["sft:sft"], models)
-    with pytest.raises(ConfigError, match="must be policy:baseline"):
-        named_pairs(["sft"], models)
