@@ -41,14 +41,14 @@ WEIGHTS = {
     "reinforce": ["model/model.safetensors"],
 }
 # the new paths across processes: ReMax's greedy baseline sampled per process; DAPO's dynamic sampling
-# deciding on the gathered scores (a spread of 1.0 drops some groups of the tiny reward model's scores, which span
+# deciding on the gathered scores (a spread of 1.5 drops some groups of the tiny reward model's scores, which span
 # about 2.5)
 CASES = {
     "ppo": ("ppo", {}),
     "grpo": ("grpo", {}),
     "rloo": ("rloo", {}),
     "remax": ("reinforce", {"advantage_estimator": "remax"}),
-    "dapo": ("grpo", {"dynamic_sampling": "true", "dynamic_sampling_min_spread": 1.0, "clip_range_high": 0.28}),
+    "dapo": ("grpo", {"dynamic_sampling": "true", "dynamic_sampling_min_spread": 1.5, "clip_range_high": 0.28}),
 }
 STOPPED = re.compile(
     r"^rlhfkit: stopped by (\w+) after update (\d+); checkpoint written to (.+); resume with: (.+)$", re.M

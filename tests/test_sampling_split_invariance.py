@@ -63,7 +63,14 @@ def assert_same_samples(got, want, what):
     assert torch.equal(got.mask, want.mask) and torch.equal(got.responses, want.responses), f"{what}: other tokens"
 
 
-@pytest.mark.parametrize("method", sorted(METHODS))
+# PPO (one sample a prompt), GRPO (groups) and episodes in the default run; the other methods, whose sampling
+# differs only by what runs around the same sampler, in the slow suite, which CI runs too
+DEFAULT_METHODS = ("ppo", "grpo", "episodes")
+
+
+@pytest.mark.parametrize(
+    "method", [m if m in DEFAULT_METHODS else pytest.param(m, marks=pytest.mark.slow) for m in sorted(METHODS)]
+)
 def test_a_rollout_is_the_same_for_chunks_of_one_group_two_groups_and_the_whole_batch(
     method, ppo_dirs, environment_dirs, tmp_path
 ):
@@ -94,9 +101,10 @@ def test_the_old_per_chunk_rng_gives_other_samples_for_other_chunk_sizes(ppo_dir
                             rollout_at(stage, ppo_dirs, options, tmp_path, one), "one RNG per chunk")
 
 
+@pytest.mark.slow  # the default run's 2-process runs (tests/test_onpolicy_distributed.py) sample two prompts a chunk
 def test_two_gloo_processes_sample_what_one_process_samples(ppo_dirs, environment_dirs, tmp_path):
     """Each process samples its half of the prompts in chunks of two groups; one process the whole batch
-    at once."""
+    at once: every method."""
     cases = []
     for stage, which, options in METHODS.values():
         inputs = {k: str(v) for k, v in method_inputs(which, ppo_dirs, environment_dirs).items()}

@@ -31,7 +31,8 @@ def test_each_schedule_gives_transformers_learning_rate_at_every_step(name, warm
     assert ours.state_dict() == theirs.state_dict()  # the checkpoint holds the same
 
 
-@pytest.mark.parametrize("stage", ["sft", "rm", "dpo", "grpo"])
+# sft and grpo: the supervised loop (rm and dpo share it, in the slow suite) and the on-policy one
+@pytest.mark.parametrize("stage", ["sft", "grpo", *(pytest.param(s, marks=pytest.mark.slow) for s in ("rm", "dpo"))])
 def test_each_stage_logs_the_rate_each_step_used_not_the_next_ones(stage, ppo_dirs, tmp_path):
     """Three optimizer steps (updates, for GRPO) on a linear schedule: train/lr of step k is the rate the
     optimizer applied at step k, the schedule's value before it moves on (lr, 2/3 lr, 1/3 lr)."""
