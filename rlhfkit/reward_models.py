@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, PreTrainedTokenizerBase
+from transformers.modeling_utils import set_zero3_state
 
 from .decoding import mask_as_attention_takes_it
 from .errors import ModelError
@@ -292,7 +293,10 @@ def as_sequence_classifier(backbone: torch.nn.Module, head: torch.nn.Module) -> 
     config = copy.deepcopy(backbone.config)
     config.num_labels = 1
     try:
-        with torch.device("meta"):  # no weights of its own: the backbone and head are put in below
+        # no weights of its own: the backbone and head are put in below. set_zero3_state tells transformers that
+        # ZeRO-3 partitioning is already handled, since under `sharding=zero3` only the saving process builds this
+        # skeleton and partitioning it would wait forever on a broadcast the other processes never join
+        with torch.device("meta"), set_zero3_state():
             classifier = AutoModelForSequenceClassification.from_config(config)
     except (ValueError, KeyError):  # no classifier for this model type
         return None

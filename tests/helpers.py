@@ -609,15 +609,20 @@ def run_in_this_process(stage: str, args: dict[str, Any]) -> Path:
 def launch(
     stage: str, args: dict[str, Any], processes: int, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
-    """`rlhfkit <stage> --preset <its preset> ARGS`, under `--num-processes N` when N > 1, run to the end."""
+    """`rlhfkit <stage> --preset <its preset> ARGS`, under `--num-processes N` when N > 1, run to the end. A
+    launch past its time limit takes its processes with it, as `launched` does."""
     launcher = ["--num-processes", str(processes)] if processes > 1 else []
-    return subprocess.run(
-        rlhfkit_command(stage, "--preset", PRESETS[stage], *cli_args(args), *launcher),
-        env=env or launcher_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    mark = f"{os.getpid()}-{time.time_ns()}"
+    try:
+        return subprocess.run(
+            rlhfkit_command(stage, "--preset", PRESETS[stage], *cli_args(args), *launcher),
+            env=(env or launcher_env()) | {"RLHFKIT_TEST_RUN": mark},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    finally:
+        kill_marked(mark)
 
 
 def launched_straight_and_resumed(
