@@ -404,12 +404,15 @@ STEPS = {"sft": sft_steps, "rm": rm_steps, "dpo": dpo_steps, "ppo": on_policy_st
 
 def estimate(folder: Path, opts: dict):
     from rlhfkit.config import PlanConfig
+    from rlhfkit.memory_plan import PlannedStage
     from rlhfkit.memory_plan import estimate as plan_estimate
     from rlhfkit.model_shape import read_shape
+    from rlhfkit.onpolicy.algorithms import ALGORITHMS
     from rlhfkit.stages import STAGES
 
     cfg = PlanConfig(model=str(folder), **opts)
-    return plan_estimate(cfg, STAGES[cfg.stage].config, read_shape(str(folder)))
+    value_model = cfg.stage in ALGORITHMS and ALGORITHMS[cfg.stage].needs_value_model
+    return plan_estimate(cfg, PlannedStage(STAGES[cfg.stage].config, value_model), read_shape(str(folder)))
 
 
 def compare(name: str) -> dict:

@@ -48,17 +48,27 @@ from typing import Any
 from .config import DPOConfig, OnPolicyConfig, PlanConfig, RMConfig, SFTConfig
 from .decoding import decoding_buffers
 from .model_shape import Shape, read_shape
-from .onpolicy.algorithms import ALGORITHMS
 
 GIB = 1024**3
 CHUNK_ROWS = 256  # ops.chunked_logprobs_entropy's default
 COMPONENTS = ("weights", "gradients", "optimizer state", "activations", "KV cache", "logits")
+@dataclass(frozen=True)
+class PlannedStage:
+    """What the planner needs of a stage, handed in by the stage registry so that the planner imports no
+    stage: its config class (which memory model applies, and its defaults) and whether it trains a value
+    model beside the policy (PPO)."""
+
+    config: type
+    value_model: bool
+
+
 @dataclass(frozen=True)
 class Settings:
     """A plan's inputs with the stage's defaults filled in."""
 
     stage: str
     kind: type  # the stage's config class: which memory model applies
+    critic: bool  # whether the stage trains a value model beside the policy (PPO)
     micro: int  # rows (pairs) per forward/backward pass
     forward: int  # rows (pairs) per no-grad pass
     generation: int  # rows per generation batch
@@ -77,11 +87,6 @@ class Settings:
     @property
     def on_policy(self) -> bool:
         return issubclass(self.kind, OnPolicyConfig)
-
-    @property
-    def critic(self) -> bool:
-        """Whether the stage trains a value model beside the policy (PPO)."""
-        return self.on_policy and ALGORITHMS[self.stage].needs_value_model
 
     def passes(self, rows: int) -> tuple[int, int]:
         """(rows, width) of an on-policy pass over `rows` rollout rows: one row per group of `samples`,
@@ -104,15 +109,16 @@ class Settings:
         return self.devices if self.sharding in ("fsdp2", "zero3") else 1
 
 
-def settings_of(cfg: PlanConfig, kind: type) -> Settings:
-    default = kind()
+def settings_of(cfg: PlanConfig, stage: PlannedStage) -> Settings:
+    default = stage.config()
 
     def pick(mine: int, name: str) -> int:
         return mine or getattr(default, name, 0)
 
     return Settings(
         stage=cfg.stage,
-        kind=kind,
+        kind=stage.config,
+        critic=stage.value_model,
         micro=pick(cfg.micro_batch_size, "micro_batch_size"),
         forward=pick(cfg.forward_batch_size, "forward_batch_size"),
         generation=pick(cfg.generation_batch_size, "generation_batch_size"),
@@ -319,9 +325,9 @@ class Plan:
         return self.peak <= self.usable
 
 
-def estimate(cfg: PlanConfig, kind: type, policy: Shape, reward: Shape | None = None) -> Plan:
-    """The plan of `cfg`, whose stage has config class `kind`, for already-read shapes (no suggestions)."""
-    s = settings_of(cfg, kind)
+def estimate(cfg: PlanConfig, stage: PlannedStage, policy: Shape, reward: Shape | None = None) -> Plan:
+    """The plan of `cfg`, whose stage is `stage`, for already-read shapes (no suggestions)."""
+    s = settings_of(cfg, stage)
     by_phase = phases(s, policy, reward or policy)
     peak_phase = max(by_phase, key=lambda name: sum(by_phase[name].values()))
     return Plan(cfg, s, held_models(s, policy, reward or policy), by_phase, peak_phase)
@@ -348,7 +354,7 @@ def candidate_changes(plan: Plan) -> list[dict[str, Any]]:
     return changes
 
 
-def suggest(plan: Plan, policy: Shape, reward: Shape | None) -> list[tuple[dict[str, Any], Plan]]:
+def suggest(plan: Plan, stage: PlannedStage, policy: Shape, reward: Shape | None) -> list[tuple[dict[str, Any], Plan]]:
     """The fewest changes that make `plan` fit, each checked by re-planning: single changes first, then
     pairs and so on; of the halved batch sizes only the largest that fits is kept."""
     options = candidate_changes(plan)
@@ -358,7 +364,7 @@ def suggest(plan: Plan, policy: Shape, reward: Shape | None) -> list[tuple[dict[
             change = {k: v for c in combo for k, v in c.items()}
             if len(change) < size:  # two sizes of one batch
                 continue
-            trial = estimate(dataclasses.replace(plan.cfg, **change), plan.settings.kind, policy, reward)
+            trial = estimate(dataclasses.replace(plan.cfg, **change), stage, policy, reward)
             if trial.fits and not any(set(c) == set(change) for c, _ in found):
                 found.append((change, trial))  # halvings are listed largest first: the first that fits is kept
         if found:
@@ -366,16 +372,15 @@ def suggest(plan: Plan, policy: Shape, reward: Shape | None) -> list[tuple[dict[
     return []
 
 
-def plan(cfg: PlanConfig, kind: type) -> Plan:
-    """The plan of `cfg`, whose stage has config class `kind` (the registry knows it), with the fewest
-    changes that make it fit when it does not."""
+def plan(cfg: PlanConfig, stage: PlannedStage) -> Plan:
+    """The plan of `cfg`, whose stage is `stage` (the registry knows it), with the fewest changes that
+    make it fit when it does not."""
     policy = read_shape(cfg.model, "model")
-    reward = (
-        read_shape(cfg.reward_model, "reward_model") if cfg.reward_model and issubclass(kind, OnPolicyConfig) else None
-    )
-    result = estimate(cfg, kind, policy, reward)
+    on_policy = issubclass(stage.config, OnPolicyConfig)
+    reward = read_shape(cfg.reward_model, "reward_model") if cfg.reward_model and on_policy else None
+    result = estimate(cfg, stage, policy, reward)
     if not result.fits:
-        result.suggestions = suggest(result, policy, reward)
+        result.suggestions = suggest(result, stage, policy, reward)
     return result
 
 
@@ -392,7 +397,7 @@ def as_json(p: Plan) -> dict[str, Any]:
     return {
         "model": p.cfg.model,
         "stage": s.stage,
-        "settings": {k: v for k, v in dataclasses.asdict(s).items() if k != "kind"},
+        "settings": {k: v for k, v in dataclasses.asdict(s).items() if k not in ("kind", "critic")},
         "models": [
             {
                 "role": m.role,
@@ -482,8 +487,8 @@ def as_table(p: Plan) -> str:
     return "\n".join(lines)
 
 
-def run(cfg: PlanConfig, config_of: Callable[[str], type]) -> int:
-    """`rlhfkit plan`; `config_of` (from the stage registry) gives the planned stage's config class."""
-    result = plan(cfg, config_of(cfg.stage))
+def run(cfg: PlanConfig, stage_of: Callable[[str], PlannedStage]) -> int:
+    """`rlhfkit plan`; `stage_of` (from the stage registry) describes the planned stage."""
+    result = plan(cfg, stage_of(cfg.stage))
     print(json.dumps(as_json(result), indent=2) if cfg.format == "json" else as_table(result))
     return 0

@@ -149,9 +149,13 @@ def prepare_runner() -> Runner:
 
 
 def plan_runner() -> Runner:
-    from .memory_plan import run
+    from .memory_plan import PlannedStage, run
 
-    return functools.partial(run, config_of=lambda name: STAGES[name].config)
+    def stage_of(name: str) -> PlannedStage:
+        value_model = name in ALGORITHMS and ALGORITHMS[name].needs_value_model
+        return PlannedStage(STAGES[name].config, value_model)
+
+    return functools.partial(run, stage_of=stage_of)
 
 
 def dist_check_runner() -> Runner:

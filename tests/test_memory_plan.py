@@ -16,12 +16,14 @@ import pytest
 from rlhfkit import cli
 from rlhfkit.config import PlanConfig, PPOConfig, SFTConfig
 from rlhfkit.errors import ConfigError
-from rlhfkit.memory_plan import GIB, estimate, plan
+from rlhfkit.memory_plan import GIB, PlannedStage, estimate, plan
 from rlhfkit.model_shape import SHIPPED, read_shape
+from rlhfkit.onpolicy.algorithms import ALGORITHMS
 from rlhfkit.stages import STAGES, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA, PYTHIA_1B = "meta-llama/Llama-3.2-1B", "EleutherAI/pythia-1b-deduped"
+SFT = PlannedStage(SFTConfig, value_model=False)
 
 
 @cache
@@ -31,7 +33,8 @@ def shape(name: str):
 
 def planned(**options):
     cfg = PlanConfig(**options)
-    return estimate(cfg, STAGES[cfg.stage].config, shape(cfg.model))
+    value_model = cfg.stage in ALGORITHMS and ALGORITHMS[cfg.stage].needs_value_model
+    return estimate(cfg, PlannedStage(STAGES[cfg.stage].config, value_model), shape(cfg.model))
 
 
 @pytest.mark.parametrize(("name", "parameters"), [
@@ -138,12 +141,12 @@ def test_checkpointing_and_smaller_micro_batches_lower_the_activations():
 
 def test_a_plan_that_does_not_fit_suggests_changes_that_fit():
     cfg = PlanConfig(model=LLAMA, stage="sft", micro_batch_size=64, device_memory_gb=24)
-    result = plan(cfg, SFTConfig)
+    result = plan(cfg, SFT)
     assert not result.fits and result.suggestions
     for change, trial in result.suggestions:
         assert trial.fits and trial.peak <= 24 * GIB * 0.9
-        assert estimate(dataclasses.replace(cfg, **change), SFTConfig, shape(LLAMA)).peak == trial.peak
-    assert plan(dataclasses.replace(cfg, micro_batch_size=1, device_memory_gb=80), SFTConfig).fits
+        assert estimate(dataclasses.replace(cfg, **change), SFT, shape(LLAMA)).peak == trial.peak
+    assert plan(dataclasses.replace(cfg, micro_batch_size=1, device_memory_gb=80), SFT).fits
 
 
 def test_on_policy_generation_holds_an_fp32_kv_cache():
