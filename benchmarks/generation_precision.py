@@ -12,11 +12,11 @@ Modes, each run the way the trainers run generation (`rlhfkit.generation.generat
 - `fp32`: `mixed_precision=no`.
 - `bf16_before`: bf16 autocast as generation ran it before issue 24, the preallocated KV cache held
   in fp32: autocast then casts every layer's whole cache to bf16 at every decoded token.
-- `bf16`: bf16 autocast as it runs now, the cache held in bf16 (`generation.cache_dtype`).
+- `bf16`: bf16 autocast as it runs now, the cache held in bf16 (`decoding.eager.cache_dtype`).
 - `bf16_frozen_before`, `bf16_frozen` (`--frozen`): the same two with weights that do not require
   grad (LoRA's base weights, a reference). Autocast keeps its bf16 copy of a weight only for weights
   that require grad, so before issue 24 these were cast again at every forward; now `generate` has
-  autocast keep them too (`generation.frozen_weights_cast_once`).
+  autocast keep them too (`decoding.eager.frozen_weights_cast_once`).
 
 Queries are real TL;DR posts (the SFT sample in ../shared/data) cut to `--query-length` tokens and
 left-padded, the longest first. Decoding is greedy and ignores EOS, so every mode decodes exactly
@@ -69,22 +69,22 @@ def cpu_model() -> str:
 def mode_of(model: torch.nn.Module, name: str, device: torch.device):
     """The model and process as mode `name` runs generation: eval mode, autocast, frozen weights, and
     before issue 24 an fp32 cache and no cast cache for frozen weights."""
-    from rlhfkit import generation
+    from rlhfkit.decoding import eager
     from rlhfkit.devices import autocast, evaluation_mode
 
     precision, before, frozen = MODES[name]
-    current = generation.cache_dtype, generation.frozen_weights_cast_once
+    current = eager.cache_dtype, eager.frozen_weights_cast_once
     trainable = [p for p in model.parameters() if p.requires_grad]
     if before:
-        generation.cache_dtype = lambda keys, values: torch.promote_types(keys.dtype, values.dtype)
-        generation.frozen_weights_cast_once = lambda model, device: contextlib.nullcontext()
+        eager.cache_dtype = lambda keys, values: torch.promote_types(keys.dtype, values.dtype)
+        eager.frozen_weights_cast_once = lambda model, device: contextlib.nullcontext()
     if frozen:
         model.requires_grad_(False)
     try:
         with evaluation_mode(model), autocast(device, precision):
             yield
     finally:
-        generation.cache_dtype, generation.frozen_weights_cast_once = current
+        eager.cache_dtype, eager.frozen_weights_cast_once = current
         for p in trainable:
             p.requires_grad_(True)
 

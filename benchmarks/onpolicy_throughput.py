@@ -15,7 +15,7 @@ shipped in rlhfkit/model_configs (the seeds' sizes: smollm2-135m, pythia-1b-dedu
 Random queries rarely end in EOS, so every response runs to `--response-length` tokens: the worst
 case of Detail 23's fixed budget. `--warmup` updates are discarded, the median of the rest is shown.
 On CUDA the peak is `max_memory_allocated`, also per phase (sampling and scoring; the K epochs of
-updates); on CPU it is the process's peak RSS. `--decoding` is the stages' option (rlhfkit/decoding.py).
+updates); on CPU it is the process's peak RSS. `--decoding` is the stages' option (rlhfkit/decoding/).
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast")
     parser.add_argument("--generation-batch", type=int, default=0, help="rows per generation call (0: the whole batch)")
-    parser.add_argument("--decoding", default="auto", help="auto, eager, cuda-graphs or buckets (rlhfkit/decoding.py)")
+    parser.add_argument("--decoding", default="auto", help="auto, eager, cuda-graphs or buckets (rlhfkit/decoding/)")
     parser.add_argument(
         "--shared-prefix", default="auto", choices=["auto", "off"], help="grouped methods: read each prompt once"
     )

@@ -17,7 +17,6 @@ trainers compute them.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
@@ -27,11 +26,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 from tqdm.auto import tqdm
-from transformers import DynamicCache, PreTrainedTokenizerBase, StaticCache
-from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
+from transformers import PreTrainedTokenizerBase
 
-from . import decoding
 from .data.collate import left_pad_queries
+from .decoding import decoding_steps, eager
+from .decoding.buckets import GraphMismatch
 from .devices import evaluation_mode, model_device
 from .ops import (
     filter_logits,
@@ -64,8 +63,8 @@ class Rollout:
     lengths: torch.Tensor  # (B,) tokens up to and including EOS (R when there is none)
     has_eos: torch.Tensor  # (B,) whether the response contains EOS
     decoding: str = "eager"  # how the steps ran: eager, buckets or cuda-graphs
-    episodes: dict[str, torch.Tensor] | None = None  # multi-turn: policy_mask, sample_logprobs, env_rewards, ...
-    # (`EpisodeDriver.results`)
+    # multi-turn: policy_mask, sample_logprobs, env_rewards, ... (`EpisodeDriver.results`)
+    episodes: dict[str, torch.Tensor] | None = None
 
 
 def pick_next(
@@ -110,80 +109,6 @@ def row_generators(seeds: Sequence[int], device: torch.device) -> list[torch.Gen
     return [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
 
 
-class OneDtypeStaticLayer(StaticLayer):
-    """A preallocated layer that stores keys and values in one dtype (`cache_dtype`). Under autocast the
-    keys come out of the rotary embedding in fp32 while the values stay bf16, and a preallocated
-    buffer, unlike a growing one, must take both in its own dtype."""
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.is_initialized:
-            key_states, value_states = key_states.to(self.keys.dtype), value_states.to(self.values.dtype)
-        return super().update(key_states, value_states, *args, **kwargs)
-
-
-def cache_dtype(keys: torch.Tensor, values: torch.Tensor) -> torch.dtype:
-    """The dtype of the preallocated cache: under autocast, the one attention computes in, else the
-    wider of the keys' and values'. Autocast casts the keys and values to its dtype in every attention
-    call, so a buffer kept in fp32 would be cast whole, in every layer, at every decoded token, for the
-    same values it holds in autocast's dtype: the same tokens, a slower decode (docs/performance.md,
-    "Generation under bf16 autocast") and twice the cache memory."""
-    device = keys.device.type
-    if torch.is_autocast_enabled(device):
-        return torch.get_autocast_dtype(device)
-    return torch.promote_types(keys.dtype, values.dtype)
-
-
-def plain_cache_layers(model: torch.nn.Module, prefill: Cache, max_length: int) -> bool:
-    """Whether the prompt's cache is one plain growing layer per attention layer and the model's cache
-    would be one plain preallocated layer per attention layer: the layout a copy into preallocated
-    buffers understands (sliding-window, hybrid or quantised caches are not)."""
-    if not isinstance(prefill, DynamicCache) or any(type(layer) is not DynamicLayer for layer in prefill.layers):
-        return False
-    planned = StaticCache(
-        config=model.config, max_cache_len=max_length
-    )  # allocates nothing: only its layer kinds are read
-    return len(planned.layers) == len(prefill.layers) and all(type(layer) is StaticLayer for layer in planned.layers)
-
-
-def static_decode_cache(model: torch.nn.Module, prefill: Cache, repeats: int, max_length: int) -> Cache | None:
-    """The prompt's KV cache copied (each row `repeats` times) into a cache allocated once for the whole
-    generation, or None when the model's cache is not the plain per-layer kind this copy understands
-    (those keep the growing cache). A growing cache concatenates every layer's keys and values at every
-    decoded token, which was two thirds of a decode step on CPU."""
-    if not plain_cache_layers(model, prefill, max_length):
-        return None
-    static = Cache(layers=[OneDtypeStaticLayer(max_cache_len=max_length) for _ in prefill.layers])
-    for source, target in zip(prefill.layers, static.layers, strict=True):
-        dtype = cache_dtype(source.keys, source.values)
-        target.update(
-            source.keys.to(dtype).repeat_interleave(repeats, dim=0),
-            source.values.to(dtype).repeat_interleave(repeats, dim=0),
-        )
-    return static
-
-
-@contextlib.contextmanager
-def frozen_weights_cast_once(model: torch.nn.Module, device: torch.device):
-    """Under autocast with grad mode off, the model's frozen fp32 weights marked as requiring grad for
-    the block, and frozen again after it. Autocast keeps its low-precision copy of a weight for the rest
-    of its context only when the weight requires grad; frozen weights (LoRA's base weights, a
-    reference) were cast afresh at every forward, that is at every decoded token: SmolLM2-135M then
-    decoded 1.5x slower than in fp32, and 2x slower than with each weight cast once (docs/performance.md,
-    "Generation under bf16 autocast"). With grad mode off nothing is recorded, so the flag changes nothing else."""
-    frozen = []
-    if torch.is_autocast_enabled(device.type) and not torch.is_grad_enabled():
-        frozen = [p for p in model.parameters() if not p.requires_grad and p.dtype == torch.float32]
-    for parameter in frozen:
-        parameter.requires_grad_(True)
-    try:
-        yield
-    finally:
-        for parameter in frozen:
-            parameter.requires_grad_(False)
-
-
 @torch.no_grad()
 def generate(
     model: torch.nn.Module,
@@ -206,21 +131,21 @@ def generate(
     With `samples_per_prompt` G > 1 each query is encoded once and its KV cache repeated G times, so
     a group of G samples (GRPO, RLOO) costs one prefill; the rows come out as G consecutive samples
     of query 0, then of query 1, and so on. Decoding writes into a KV cache laid out once for the
-    whole batch (`static_decode_cache`) where the model allows it; on a CUDA device each step is a
-    replayed CUDA graph and finished rows are dropped (rlhfkit/decoding.py, `params.decoding`)."""
+    whole batch (`decoding.eager.static_decode_cache`) where the model allows it; on a CUDA device each
+    step is a replayed CUDA graph and finished rows are dropped (rlhfkit/decoding/, `params.decoding`)."""
     device = query_ids.device
     if seeds is None:
         seeds = SampleKeys(params.seed).row_seeds(range(query_ids.size(0)), samples_per_prompt)
-    with frozen_weights_cast_once(model, device):
+    with eager.frozen_weights_cast_once(model, device):
         try:
             return prefill_and_decode(
                 model, query_ids, query_mask, params, eos_id, pad_id, row_generators(seeds, device),
                 samples_per_prompt, episodes,
             )
-        except decoding.GraphMismatch:  # again with eager steps and fresh RNGs: what an eager call samples
-            eager = dataclasses.replace(params, decoding="eager")
+        except GraphMismatch:  # again with eager steps and fresh RNGs: what an eager call samples
+            eager_params = dataclasses.replace(params, decoding="eager")
             return prefill_and_decode(
-                model, query_ids, query_mask, eager, eos_id, pad_id, row_generators(seeds, device),
+                model, query_ids, query_mask, eager_params, eos_id, pad_id, row_generators(seeds, device),
                 samples_per_prompt, episodes,
             )
 
@@ -252,7 +177,9 @@ def prefill_and_decode(
     query_ids, query_mask, logits = (
         t.repeat_interleave(samples_per_prompt, dim=0) for t in (query_ids, query_mask, out.logits[:, -1])
     )
-    steps = decoding_steps(model, decoding.returned_cache(out), query_mask, samples_per_prompt, params, logits)
+    steps = decoding_steps(
+        model, eager.returned_cache(out), query_mask, samples_per_prompt, params.decoding, params.max_new_tokens, logits
+    )
     tokens = []
     finished = torch.zeros(query_ids.size(0), dtype=torch.bool, device=device)
     driver = episodes() if episodes is not None else None
@@ -277,71 +204,6 @@ def prefill_and_decode(
     has_eos = eos_at < raw.size(1)
     lengths = torch.where(has_eos, eos_at + 1, torch.full_like(eos_at, raw.size(1)))
     return Rollout(query_ids, responses, lengths, has_eos, steps.name)
-
-
-class EagerSteps:
-    """Decoding steps as forward calls of the whole batch, finished rows included, into a cache laid out
-    once (`static_decode_cache`) where the model allows it, else the growing one."""
-
-    name = "eager"
-
-    def __init__(
-        self, model: torch.nn.Module, prefill: Cache, query_mask: torch.Tensor, repeats: int, max_new_tokens: int
-    ):
-        batch, self.width = query_mask.shape
-        self.model, self.keyword = model, decoding.cache_keyword(model)
-        self.cache = static_decode_cache(model, prefill, repeats, self.width + max_new_tokens)
-        self.preallocated = self.cache is not None
-        if not self.preallocated:
-            self.cache = prefill
-            if repeats > 1:
-                prefill.batch_repeat_interleave(repeats)
-        # the mask of every position the cache will hold, set to 1 as each token is decoded
-        self.mask = torch.cat([query_mask, query_mask.new_zeros(batch, max_new_tokens)], dim=1)
-        self.position = query_mask.sum(-1, keepdim=True)
-
-    def step(self, tokens: torch.Tensor, finished: torch.Tensor, step: int) -> torch.Tensor:
-        self.mask[:, self.width + step] = 1
-        visible = self.mask if self.preallocated else self.mask[:, : self.width + step + 1]
-        out = self.model(
-            input_ids=tokens.unsqueeze(1),
-            attention_mask=visible,
-            position_ids=self.position + step,
-            use_cache=True,
-            **{self.keyword: self.cache},
-        )
-        return out.logits[:, -1]
-
-
-def decoding_steps(
-    model: torch.nn.Module,
-    prefill: Cache,
-    query_mask: torch.Tensor,
-    repeats: int,
-    params: SamplingParams,
-    logits: torch.Tensor,
-) -> EagerSteps | decoding.BucketSteps:
-    """How this call decodes: `params.decoding` ("auto": CUDA graphs on a CUDA device, eager steps
-    elsewhere), falling back to eager steps, with the reason logged, where the model cannot."""
-    mode = params.decoding
-    if mode not in decoding.DECODING:
-        raise ValueError(f"decoding={mode!r}: choose one of {', '.join(decoding.DECODING)}")
-    if mode == "auto":
-        mode = "cuda-graphs" if query_mask.device.type == "cuda" else "eager"
-    if mode != "eager":
-        target = decoding.unwrapped(model)
-        length = query_mask.size(1) + params.max_new_tokens
-        obstacle = decoding.bucket_obstacle(target, plain_cache_layers(target, prefill, length))
-        if mode == "cuda-graphs":
-            obstacle = obstacle or decoding.graph_obstacle(target, query_mask.device)
-        if obstacle is None:
-            dtype = cache_dtype(prefill.layers[0].keys, prefill.layers[0].values)
-            decoder = decoding.decoder_for(
-                target, prefill, query_mask.size(0), length, dtype, capture=mode == "cuda-graphs"
-            )
-            return decoding.BucketSteps(decoder, prefill, query_mask, repeats, logits)
-        decoding.fall_back(target, obstacle)
-    return EagerSteps(model, prefill, query_mask, repeats, params.max_new_tokens)
 
 
 def trim_left_padding(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -24,7 +24,7 @@ The arithmetic follows what rlhfkit runs (docs/memory.md has the derivation and 
     KV cache    generation: a static fp32 cache of every layer, rows x (query + response) x 2kv x 4 B
                 (the keys leave the rotary embedding in fp32, so the cache takes fp32), plus the
                 prompts' own cache (keys fp32, values a) while it is copied in; CUDA-graph decoding keeps
-                its buffers (decoding.decoding_buffers x 2kv x a) through scoring, update and optimizer step
+                its buffers (decoding.buckets.decoding_buffers x 2kv x a) through scoring, update and optimizer step
     logits      the log-probabilities are formed 256 positions at a time (ops.chunked_logprobs_entropy):
                 in the update the larger of the forward's chunk, 20 B x 256 x V, and the top of the
                 backward pass, 4 B x V x h (the head's gradient; none with LoRA) + 16h B per token;
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import DPOConfig, OnPolicyConfig, PlanConfig, RMConfig, SFTConfig
-from .decoding import decoding_buffers
+from .decoding.buckets import decoding_buffers
 from .model_shape import Shape, read_shape
 
 GIB = 1024**3

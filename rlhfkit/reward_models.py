@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, PreTrainedTokenizerBase
 from transformers.modeling_utils import set_zero3_state
 
-from .decoding import mask_as_attention_takes_it
+from .attention_masks import mask_as_attention_takes_it
 from .errors import ModelError
 from .logprobs import sequence_logprobs
 from .models import (

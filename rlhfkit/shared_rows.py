@@ -24,8 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .data.collate import PADDING, QUERY, block_sees
-from .decoding import ATTENTION_WITH_4D_MASKS, mask_as_attention_takes_it
+from .attention_masks import PADDING, QUERY, block_sees, mask_as_attention_takes_it, mask_obstacle
 
 log = logging.getLogger(__name__)
 
@@ -162,9 +161,9 @@ def shared_rows_obstacle(model: torch.nn.Module) -> str | None:
 
 def static_obstacle(model: torch.nn.Module) -> str | None:
     config = model.config
-    attention = getattr(config, "_attn_implementation", None)
-    if attention not in ATTENTION_WITH_4D_MASKS:
-        return f"attention implementation {attention!r} takes no custom 4-D mask (sdpa and eager do)"
+    obstacle = mask_obstacle(model)
+    if obstacle is not None:
+        return obstacle
     if getattr(config, "sliding_window", None) or any(
         kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()
     ):

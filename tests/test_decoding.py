@@ -1,4 +1,4 @@
-"""Decoding in buckets and on CUDA graphs (rlhfkit/decoding.py), checked on a CPU: the same greedy
+"""Decoding in buckets and on CUDA graphs (rlhfkit/decoding/buckets.py), checked on a CPU: the same greedy
 tokens as the eager steps and as `transformers` `generate`, the same samples from the same generator,
 finished rows leaving the batch, a decoding step a graph can record, and the logged fallbacks to eager
 steps when a capture fails or its replay disagrees with an eager step."""
@@ -8,7 +8,7 @@ import logging
 import pytest
 import torch
 
-from rlhfkit import decoding
+from rlhfkit.decoding import DECODING, buckets
 from rlhfkit.generation import SamplingParams, generate
 from rlhfkit.ops import truncate_after_eos
 from tests.helpers import HostSyncDetector, SamplingLogprobs, staggered_eos_model
@@ -47,11 +47,11 @@ def test_buckets_drop_finished_rows_and_decode_the_eager_greedy_tokens(staggered
     model, tok, ids, mask, eos = staggered
     eager = decode(*staggered, "eager", group=group)
     assert eager.lengths.tolist()[::group] == [2, 3, 4, 5, 6, 7, 8, NEW_TOKENS]  # rows finish one by one
-    buckets = decode(*staggered, "buckets", group=group)
-    assert buckets.decoding == "buckets" and eager.decoding == "eager"
-    assert_same_rollout(buckets, eager)
+    bucketed = decode(*staggered, "buckets", group=group)
+    assert bucketed.decoding == "buckets" and eager.decoding == "eager"
+    assert_same_rollout(bucketed, eager)
     # the rows still running moved down to every smaller bucket (the last prompt's group runs to the end)
-    assert set(decoding.decoders[model].steps) == ({8, 4, 2, 1} if group == 1 else {16, 8, 4, 2})
+    assert set(buckets.decoders[model].steps) == ({8, 4, 2, 1} if group == 1 else {16, 8, 4, 2})
 
 
 def test_bucket_greedy_tokens_equal_transformers_generate_in_fp32(staggered):
@@ -64,28 +64,28 @@ def test_bucket_greedy_tokens_equal_transformers_generate_in_fp32(staggered):
 
 def test_sampling_draws_the_same_tokens_whichever_way_the_steps_run(staggered):
     eager = decode(*staggered, "eager", temperature=1.0, seed=3)
-    buckets = decode(*staggered, "buckets", temperature=1.0, seed=3)
-    assert_same_rollout(buckets, eager)
-    assert not torch.equal(buckets.responses, decode(*staggered, "buckets", temperature=1.0, seed=4).responses)
+    bucketed = decode(*staggered, "buckets", temperature=1.0, seed=3)
+    assert_same_rollout(bucketed, eager)
+    assert not torch.equal(bucketed.responses, decode(*staggered, "buckets", temperature=1.0, seed=4).responses)
 
 
 def test_buffers_kept_from_an_earlier_call_decode_a_different_batch_alike(staggered):
     model, tok, ids, mask, eos = staggered
     decode(*staggered, "buckets")
-    kept = decoding.decoders[model]
+    kept = buckets.decoders[model]
     narrower = ids[2:5, 3:], mask[2:5, 3:]  # three rows, fewer query columns: fits the kept buffers
     assert_same_rollout(decode(model, tok, *narrower, eos, "buckets"), decode(model, tok, *narrower, eos, "eager"))
-    assert decoding.decoders[model] is kept
+    assert buckets.decoders[model] is kept
     model.double()  # the weights moved: the buffers and graphs are rebuilt
     decode(model, tok, ids, mask, eos, "buckets")
-    assert decoding.decoders[model] is not kept
+    assert buckets.decoders[model] is not kept
 
 
 def test_the_decoding_step_never_waits_for_the_device(staggered):
     """Nothing in a step reads a value back to the host: the condition for recording it as a graph."""
     model, tok, ids, mask, eos = staggered
     decode(*staggered, "buckets")
-    step = decoding.decoders[model].step_function(4)
+    step = buckets.decoders[model].step_function(4)
     with HostSyncDetector():
         step()
     with pytest.raises(AssertionError, match="host synchronisation"), HostSyncDetector():
@@ -110,12 +110,12 @@ def test_auto_decodes_eagerly_on_a_cpu_without_a_word(staggered, caplog):
 @pytest.fixture
 def capturable(monkeypatch):
     """A CPU standing in for a CUDA device: only the device check is lifted; refusals still count."""
-    monkeypatch.setattr(decoding, "graph_obstacle", lambda model, device: decoding.graphs_refused.get(model))
+    monkeypatch.setattr(buckets, "graph_obstacle", lambda model, device: buckets.graphs_refused.get(model))
 
 
 def test_a_faithful_graph_is_checked_once_and_replayed(staggered, capturable, monkeypatch):
     captured = []
-    monkeypatch.setattr(decoding, "capture_graph", lambda step: captured.append(step) or step)
+    monkeypatch.setattr(buckets, "capture_graph", lambda step: captured.append(step) or step)
     graphs = decode(*staggered, "cuda-graphs")
     assert graphs.decoding == "cuda-graphs" and len(captured) == 4  # buckets 8, 4, 2, 1
     assert_same_rollout(graphs, decode(*staggered, "eager"))
@@ -131,7 +131,7 @@ def test_a_capture_that_fails_falls_back_with_the_reason_logged_and_is_not_tried
         attempts.append(step)
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    monkeypatch.setattr(decoding, "capture_graph", refusing)
+    monkeypatch.setattr(buckets, "capture_graph", refusing)
     first = decode(*staggered, "cuda-graphs")
     assert first.decoding == "buckets"  # this call goes on with eager steps on the same buffers
     assert_same_rollout(first, decode(*staggered, "eager"))
@@ -153,7 +153,7 @@ def test_a_graph_that_froze_its_inputs_is_caught_at_its_first_replay_and_the_cal
     caplog.set_level(logging.WARNING, logger="rlhfkit.decoding")
 
     def frozen(step):
-        decoder = decoding.decoders[model]
+        decoder = buckets.decoders[model]
         before = [f.clone() for f in decoder.filled]
         output = step().clone()
         for filled, position in zip(decoder.filled, before, strict=True):
@@ -166,26 +166,26 @@ def test_a_graph_that_froze_its_inputs_is_caught_at_its_first_replay_and_the_cal
 
         return replay
 
-    monkeypatch.setattr(decoding, "capture_graph", frozen)
+    monkeypatch.setattr(buckets, "capture_graph", frozen)
     graphs = decode(*staggered, "cuda-graphs", temperature=1.0, seed=5)
     assert graphs.decoding == "eager"
     assert_same_rollout(graphs, decode(*staggered, "eager", temperature=1.0, seed=5))
     assert [r.getMessage() for r in caplog.records] == [
         "rlhfkit: decoding with eager steps: the 8-row graph's logits differ from an eager step's on the same inputs"
     ]
-    assert decoding.graphs_refused[model]
+    assert buckets.graphs_refused[model]
 
 
 def test_recording_turns_off_autocasts_weight_cache_and_keeps_its_dtype():
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        with decoding.autocast_without_weight_cache("cpu"):
+        with buckets.autocast_without_weight_cache("cpu"):
             assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
             assert not torch.is_autocast_cache_enabled()
         assert torch.is_autocast_cache_enabled()
 
 
 def test_buckets_are_powers_of_two():
-    assert [decoding.bucket_for(n) for n in (1, 2, 3, 4, 5, 8, 9, 64, 65)] == [1, 2, 4, 4, 8, 8, 16, 64, 128]
+    assert [buckets.bucket_for(n) for n in (1, 2, 3, 4, 5, 8, 9, 64, 65)] == [1, 2, 4, 4, 8, 8, 16, 64, 128]
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
@@ -226,6 +226,6 @@ def test_the_stages_decoding_options_are_the_decoders_and_an_unknown_one_is_refu
     from rlhfkit.config import OnPolicyConfig, PlanConfig
 
     for config in (OnPolicyConfig, PlanConfig):
-        assert get_args(get_type_hints(config)["decoding"]) == decoding.DECODING
+        assert get_args(get_type_hints(config)["decoding"]) == DECODING
     with pytest.raises(ValueError, match="decoding='graphs': choose one of auto, eager, cuda-graphs, buckets"):
         decode(*staggered, "graphs")

@@ -125,7 +125,7 @@ def test_decoding_into_the_preallocated_cache_matches_full_forwards_without_cach
 def test_prompt_cache_is_laid_out_once_with_each_row_repeated_for_its_group(tiny_model):
     from transformers import DynamicCache
 
-    from rlhfkit.generation import OneDtypeStaticLayer, static_decode_cache
+    from rlhfkit.decoding.eager import OneDtypeStaticLayer, static_decode_cache
 
     model, tok = tiny_model
     ids = torch.tensor([encode(tok, "one two three"), encode(tok, "four five six")])
@@ -152,7 +152,7 @@ def test_prompt_cache_is_laid_out_once_with_each_row_repeated_for_its_group(tiny
 def test_decoding_under_bf16_autocast_stores_fp32_keys_and_bf16_values_in_one_buffer(tiny_model, monkeypatch):
     """Autocast hands the cache fp32 keys (after RoPE) and bf16 values, which the preallocated buffer
     takes in bf16; greedy tokens match the growing cache's, which keeps each as it came."""
-    import rlhfkit.generation as rollout
+    from rlhfkit.decoding import eager
 
     model, tok = tiny_model
     model.eval()
@@ -162,7 +162,7 @@ def test_decoding_under_bf16_autocast_stores_fp32_keys_and_bf16_values_in_one_bu
     runs, logprobs = [], []
     for preallocate in (True, False):
         if not preallocate:
-            monkeypatch.setattr(rollout, "static_decode_cache", lambda *args: None)
+            monkeypatch.setattr(eager, "static_decode_cache", lambda *args: None)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             runs.append(generate(model, batch["input_ids"], batch["attention_mask"], params, 10**9, -1))
         logprobs.append(sampling.of(runs[-1]))
@@ -191,7 +191,7 @@ def test_bf16_autocast_decoding_casts_no_weight_twice_and_never_the_cache(tiny_m
     for attention, and every frozen weight (autocast caches only weights that require grad) again. Now
     the cache is held in bf16 and each weight, frozen or not, is cast once per call, with the flags put
     back; tokens and log-probabilities are bit for bit those of the fp32 cache."""
-    import rlhfkit.generation as rollout
+    from rlhfkit.decoding import eager
 
     model, tok = tiny_model
     model.eval()
@@ -211,13 +211,13 @@ def test_bf16_autocast_decoding_casts_no_weight_twice_and_never_the_cache(tiny_m
         prefill = model(
             input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=True
         ).past_key_values
-        static = rollout.static_decode_cache(model, prefill, 1, batch["input_ids"].size(1) + 6)
+        static = eager.static_decode_cache(model, prefill, 1, batch["input_ids"].size(1) + 6)
     assert (
         {layer.keys.dtype for layer in static.layers}
         == {layer.values.dtype for layer in static.layers}
         == {torch.bfloat16}
     )
-    monkeypatch.setattr(rollout, "cache_dtype", lambda keys, values: torch.promote_types(keys.dtype, values.dtype))
+    monkeypatch.setattr(eager, "cache_dtype", lambda keys, values: torch.promote_types(keys.dtype, values.dtype))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         fp32_cache = generate(model, batch["input_ids"], batch["attention_mask"], params, 10**9, -1)
     fp32_cache_logprobs = sampling.of(fp32_cache)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from ..attention_masks import PADDING, QUERY, block_sees
+
 IGNORE_INDEX = -100
 
 
@@ -49,8 +51,8 @@ def left_pad_queries(queries: list[list[int]], pad_id: int) -> dict[str, torch.T
     return {"input_ids": ids, "attention_mask": mask}
 
 
-# segment ids of a packed pair row
-QUERY, CHOSEN, REJECTED, PADDING = 0, 1, 2, -1
+# segment ids of a packed pair row's responses, between the query's and the padding's (`block_sees`)
+CHOSEN, REJECTED = 1, 2
 
 
 def pack_pairs(
@@ -82,14 +84,3 @@ def pack_pairs(
         "rejected_mask": segments == REJECTED,
     }
 
-
-def block_sees(segments: torch.Tensor) -> torch.Tensor:
-    """(N, L, L) what each position of a packed row may attend to, given its (N, L) segment ids (QUERY,
-    then one id per response, PADDING): earlier positions of the query and of its own segment, never
-    padding; a padding position sees itself, so no softmax is over nothing (SDPA gives NaN for an
-    all-masked row, and 0 x NaN would still poison a gradient)."""
-    width = segments.size(1)
-    causal = torch.ones(width, width, dtype=torch.bool).tril()
-    query, key = segments[:, :, None], segments[:, None, :]
-    sees = causal & (key != PADDING) & ((key == QUERY) | (key == query))
-    return sees | torch.eye(width, dtype=torch.bool)

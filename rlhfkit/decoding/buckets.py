@@ -24,7 +24,6 @@ rows or positions, a different autocast, or the weights moved.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 import weakref
 from collections.abc import Callable
@@ -33,10 +32,11 @@ from dataclasses import dataclass, field
 import torch
 from transformers.cache_utils import Cache, StaticLayer
 
+from ..attention_masks import mask_as_attention_takes_it, mask_obstacle
+from .eager import cache_keyword
+
 log = logging.getLogger(__name__)
 
-DECODING = ("auto", "eager", "cuda-graphs", "buckets")
-ATTENTION_WITH_4D_MASKS = ("sdpa", "eager")  # implementations that take a prepared (B, 1, 1, L) mask as it is
 POSITION_MULTIPLE = 64  # cache lengths are rounded up so that calls with other query widths reuse the graphs
 
 decoders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> BucketDecoder
@@ -54,45 +54,23 @@ def bucket_for(rows: int) -> int:
     return 1 << max(0, rows - 1).bit_length()
 
 
-def cache_keyword(model: torch.nn.Module) -> str:
-    """The name the model's forward takes its KV cache by: `cache` from transformers 5.24, which
-    deprecated `past_key_values` (and, given both, ignores the cache). Read from the model class, since
-    wrappers (PEFT, accelerate) take **kwargs."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else unwrapped(model)
-    return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
-
-
-def returned_cache(output) -> Cache | None:
-    """The KV cache a forward returned (`cache` from transformers 5.24, `past_key_values` before)."""
-    cache = getattr(output, "cache", None)
-    return cache if cache is not None else getattr(output, "past_key_values", None)
-
-
 def decoding_buffers(rows: int, length: int) -> tuple[int, int]:
     """The rows and positions of the buffers that decode `rows` rows of `length` positions."""
     return bucket_for(rows), -(-length // POSITION_MULTIPLE) * POSITION_MULTIPLE
-
-
-def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
-    """The model inside DistributedDataParallel: decoding needs no gradient, so no collective either."""
-    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
 
 
 def bucket_obstacle(model: torch.nn.Module, plain_cache: bool) -> str | None:
     """Why the model cannot decode from the shared buffers, or None."""
     if not plain_cache:
         return "its KV cache is not one plain layer per attention layer (sliding-window, hybrid or quantised)"
-    attention = getattr(model.config, "_attn_implementation", None)
-    if attention not in ATTENTION_WITH_4D_MASKS:
-        return f"attention implementation {attention!r} does not take a prepared 4-D mask (sdpa and eager do)"
-    return None
+    return mask_obstacle(model)
 
 
 def graph_obstacle(model: torch.nn.Module, device: torch.device) -> str | None:
     """Why the model's decoding step cannot be captured as a CUDA graph, or None."""
     from torch.distributed.fsdp import FSDPModule
 
-    from .devices import is_deepspeed_engine
+    from ..devices import is_deepspeed_engine
 
     if device.type != "cuda":
         return f"CUDA graphs need a CUDA device; the model is on {device.type}"
@@ -284,16 +262,6 @@ class BucketDecoder:
 def prepared_mask(model: torch.nn.Module, visible: torch.Tensor) -> torch.Tensor:
     """The (B, 1, 1, L) mask of the keys each row sees, as the attention takes it (`mask_as_attention_takes_it`)."""
     return mask_as_attention_takes_it(model, visible[:, None, None, :])
-
-
-def mask_as_attention_takes_it(model: torch.nn.Module, sees: torch.Tensor) -> torch.Tensor:
-    """A boolean 4D mask (True: the query may attend to the key) in the form `model`'s attention takes as it is:
-    booleans for sdpa; for eager attention, which adds the mask to its scores, 0 / most-negative in the embeddings'
-    dtype, as transformers builds it (a boolean there would add 1 and 0 and attend everywhere)."""
-    if model.config._attn_implementation == "sdpa":
-        return sees
-    dtype = model.get_input_embeddings().weight.dtype
-    return torch.zeros((), dtype=dtype, device=sees.device).masked_fill(~sees, torch.finfo(dtype).min)
 
 
 def decoder_for(
