@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from .config import LoraOptions, ModelSource
 from .errors import ConfigError, ModelError
 from .faults import continue_run, room_for
-from .models import decoder_layers, load_policy
+from .models import backbone_of, decoder_layers, load_policy
 from .reward_models import LENGTH_HEAD, PEFT_WRAPPER, SCALAR_HEAD, ScalarModel
 
 ADAPTER_FOLDER = "adapter"
@@ -37,13 +37,6 @@ def decoder_linear_names(model: torch.nn.Module) -> list[str]:
     return sorted(
         {name.rsplit(".", 1)[-1] for name, module in blocks.named_modules() if isinstance(module, torch.nn.Linear)}
     )
-
-
-def backbone_of(model: torch.nn.Module) -> torch.nn.Module:
-    """The module holding the decoder blocks: a causal LM's base model, or a scalar model's backbone."""
-    if isinstance(model, ScalarModel):
-        return model.backbone
-    return getattr(model, model.base_model_prefix)
 
 
 def lora_config(lora: LoraOptions, model: torch.nn.Module):

@@ -337,6 +337,19 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
     model.config.use_cache = False
 
 
+def wrapped_backbone(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The causal LM's backbone a reward or value model (`reward_models.ScalarModel`) wraps, which such a
+    model holds in `backbone` beside its heads; None for a causal LM."""
+    backbone = getattr(model, "backbone", None)
+    return backbone if isinstance(backbone, torch.nn.Module) else None
+
+
+def backbone_of(model: torch.nn.Module) -> torch.nn.Module:
+    """The module holding the decoder blocks: a causal LM's base model, or a scalar model's backbone."""
+    wrapped = wrapped_backbone(model)
+    return wrapped if wrapped is not None else getattr(model, model.base_model_prefix)
+
+
 def decoder_layers(backbone: torch.nn.Module) -> tuple[str, torch.nn.ModuleList]:
     """(attribute name, blocks) of a backbone's transformer blocks: the ModuleList with one entry per
     layer."""

@@ -37,8 +37,7 @@ import torch
 from .config import ShardingOptions, launched_processes
 from .devices import is_deepspeed_engine
 from .errors import ConfigError
-from .models import decoder_layers
-from .reward_models import ScalarModel
+from .models import backbone_of, decoder_layers, wrapped_backbone
 
 ZERO_STAGES = {"zero2": 2, "zero3": 3}
 
@@ -75,8 +74,7 @@ def check_sharding(options: ShardingOptions) -> None:
 
 def block_class_names(model: torch.nn.Module) -> list[str]:
     """The decoder block class, sharded one block at a time."""
-    backbone = model.backbone if isinstance(model, ScalarModel) else getattr(model, model.base_model_prefix)
-    return [type(decoder_layers(backbone)[1][0]).__name__]
+    return [type(decoder_layers(backbone_of(model))[1][0]).__name__]
 
 
 def fsdp2_plugin(model: torch.nn.Module):
@@ -281,10 +279,11 @@ def shard_groups(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The modules sharded one by one, innermost first: each decoder block, then a causal LM whole; a
     scalar model's backbone and each head apart, because its value and score paths call them directly
     (`per_token_scores`), never through the scalar model's own forward."""
-    if isinstance(model, ScalarModel):
-        heads = [h for h in (model.head, model.length_head) if h is not None]
-        return [*decoder_layers(model.backbone)[1], model.backbone, *heads]
-    return [*decoder_layers(getattr(model, model.base_model_prefix))[1], model]
+    wrapped = wrapped_backbone(model)
+    if wrapped is not None:
+        heads = [child for child in model.children() if child is not wrapped]
+        return [*decoder_layers(wrapped)[1], wrapped, *heads]
+    return [*decoder_layers(backbone_of(model))[1], model]
 
 
 def shard_in_place(model: torch.nn.Module, device: torch.device, trained: bool) -> None:
