@@ -147,9 +147,8 @@ def logprobs_entropy_of_chunk(
     scaled = without_token(logits.float() / (temperature if temperature > 0 else 1.0), excluded_token)
     logp = scaled.log_softmax(-1)
     picked = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    if (
-        excluded_token is not None
-    ):  # PAD only fills rows after their EOS, masked everywhere: 0 keeps masked products finite
+    # PAD only fills rows after their EOS, masked everywhere: 0 keeps masked products finite
+    if excluded_token is not None:
         picked = picked.masked_fill(tokens == excluded_token, 0.0)
     return picked, -(logp.exp() * logp).sum(-1)
 
