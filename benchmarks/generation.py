@@ -9,7 +9,7 @@ and sampling settings, printed as one JSON line per batch size.
 Sides (`--sides`; on a GPU all but ours-buckets by default, on a CPU ours-eager, ours-buckets, hf-eager):
     ours-eager    `generate` with decoding=eager: one forward call per token over the whole batch
     ours-graphs   decoding=cuda-graphs: each batch-size bucket's step replayed as a CUDA graph, finished
-                  rows dropped (rlhfkit/decoding.py); `ours-graphs_decoding` says what ran
+                  rows dropped (rlhfkit/decoding/buckets.py); `ours-graphs_decoding` says what ran
     ours-buckets  decoding=buckets: the same buffers and row dropping, steps run eagerly
     hf-eager      `model.generate` with its default (growing) cache
     hf-static     `model.generate(cache_implementation="static", disable_compile=True)`

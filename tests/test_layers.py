@@ -1,7 +1,7 @@
 """Module boundaries (docs/architecture.md): no import cycle, dependencies point downwards only, nothing
-below the stage layer receives a stage config, and no package file outgrows 500 lines. Read from the
-import statements themselves (top level or inside a function), so a boundary cannot be crossed
-silently by a late import."""
+below the stage layer receives a stage config, the house is at most 13 floors tall, and no package file
+outgrows 500 lines. Read from the import statements themselves (top level or inside a function), so a
+boundary cannot be crossed silently by a late import."""
 
 import ast
 from pathlib import Path
@@ -10,10 +10,13 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "rlhfkit"
 MAX_LINES = 500
+# each top-level file or folder of the package one unit, one floor above the highest unit it imports
+MAX_FLOORS = 13
 # the ground: imports nothing of rlhfkit but these
 GROUND = {
     "config": ("rlhfkit.errors", "rlhfkit.config"),
     "errors.py": (),
+    "attention_masks.py": (),
     "ops.py": (),
     "policy_losses.py": ("rlhfkit.ops",),
     "preference_ops.py": (),
@@ -31,6 +34,7 @@ FORBIDDEN = {
     "data": ("rlhfkit.eval", "rlhfkit.trainers", "rlhfkit.onpolicy", "rlhfkit.stages"),
     "scoring.py": ("rlhfkit.eval", "rlhfkit.trainers", "rlhfkit.onpolicy"),
     "generation.py": ("rlhfkit.eval", "rlhfkit.trainers", "rlhfkit.onpolicy"),
+    "decoding": ("rlhfkit.generation", "rlhfkit.environments", "rlhfkit.eval", "rlhfkit.trainers", "rlhfkit.onpolicy"),
     "environments": ("rlhfkit.eval", "rlhfkit.trainers", "rlhfkit.onpolicy", "rlhfkit.stages", "rlhfkit.generation"),
     "rollout.py": ("rlhfkit.eval", "rlhfkit.trainers", "rlhfkit.onpolicy", "rlhfkit.generation"),
     "trainers": ("rlhfkit.onpolicy", "rlhfkit.stages", "rlhfkit.pipeline_command"),
@@ -231,3 +235,55 @@ def test_no_package_file_over_500_lines():
         if (n := len(p.read_text().splitlines())) > MAX_LINES
     }
     assert not long, f"split these by responsibility: {long}"
+
+
+def unit_of(module: str) -> str:
+    """The top-level file or folder of the package that `module` belongs to."""
+    return ".".join(module.split(".")[:2])
+
+
+def floors(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """unit -> its longest chain of imports down to the ground (the unit first; its floor is the length),
+    each unit one floor above the highest unit it imports. The package facade (`rlhfkit/__init__.py`,
+    which loads the API's names on first use) is no unit."""
+    units: dict[str, set[str]] = {}
+    for module, imported in graph.items():
+        unit = unit_of(module)
+        if unit != "rlhfkit":
+            units.setdefault(unit, set()).update(unit_of(m) for m in imported if unit_of(m) not in (unit, "rlhfkit"))
+    chains: dict[str, list[str]] = {}
+
+    def chain(unit: str, above: tuple[str, ...]) -> list[str]:
+        if unit in above:
+            raise AssertionError("units import each other: " + " -> ".join([*above[above.index(unit) :], unit]))
+        if unit not in chains:
+            below = [chain(u, (*above, unit)) for u in sorted(units.get(unit, ()))]
+            chains[unit] = [unit, *max(below, key=len, default=[])]
+        return chains[unit]
+
+    for unit in sorted(units):
+        chain(unit, ())
+    return chains
+
+
+def test_floors_count_each_folder_once_and_follow_the_highest_import():
+    planted = {
+        "rlhfkit": {"rlhfkit.top"},
+        "rlhfkit.top": {"rlhfkit.pkg.b", "rlhfkit.low"},
+        "rlhfkit.pkg.a": {"rlhfkit.low"},
+        "rlhfkit.pkg.b": {"rlhfkit.pkg.a", "rlhfkit"},
+        "rlhfkit.low": set(),
+    }
+    assert floors(planted) == {
+        "rlhfkit.low": ["rlhfkit.low"],
+        "rlhfkit.pkg": ["rlhfkit.pkg", "rlhfkit.low"],
+        "rlhfkit.top": ["rlhfkit.top", "rlhfkit.pkg", "rlhfkit.low"],
+    }
+    with pytest.raises(AssertionError, match="units import each other: rlhfkit.low -> rlhfkit.pkg -> rlhfkit.low"):
+        floors(planted | {"rlhfkit.low": {"rlhfkit.pkg.b"}})
+
+
+def test_the_house_is_at_most_max_floors_tall():
+    chains = floors(package_graph())
+    longest = max(chains.values(), key=len)
+    assert len(longest) <= MAX_FLOORS, f"{len(longest)} floors, at most {MAX_FLOORS}: " + " -> ".join(longest)
