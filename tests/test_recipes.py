@@ -30,7 +30,7 @@ def test_the_short_version_of_each_recipe_ends_inside_its_expected_bands(recipe,
     env = child_env() | {"ROOT": str(tmp_path / "runs"), "PATH": f"{Path(sys.executable).parent}{os.pathsep}"
                          f"{os.environ['PATH']}"}
     run = subprocess.run(
-        ["bash", f"recipes/{recipe}/run.sh", "short"], cwd=REPO, env=env, capture_output=True, text=True, timeout=900
+        ["bash", f"recipes/{recipe}/run.sh", "short"], cwd=REPO, env=env, capture_output=True, text=True, timeout=1800
     )
     report = run.stdout[-4000:] + run.stderr[-4000:]
     assert run.returncode == 0, report
