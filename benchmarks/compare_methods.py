@@ -24,7 +24,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rlhfkit.eval.alarms import ends_with_question  # noqa: E402
-from rlhfkit.eval.winrate import bootstrap_interval  # noqa: E402
+from rlhfkit.intervals import bootstrap_interval  # noqa: E402
 from rlhfkit.tracking import read_jsonl, read_metrics  # noqa: E402
 
 

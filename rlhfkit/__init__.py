@@ -17,7 +17,8 @@ __version__ = "0.1.0"
 API = ("run", "sft", "rm", "dpo", "ppo", "grpo", "rloo", "reinforce", "pipeline", "evaluate", "generate", "Result",
        "LaunchFailed")
 CONFIGS = ("SFTConfig", "RMConfig", "DPOConfig", "PPOConfig", "GRPOConfig", "RLOOConfig", "ReinforceConfig",
-           "PipelineConfig", "EvalConfig", "GenerateConfig", "RMEvalConfig", "JudgeEvalConfig", "AnalyzeConfig")
+           "PipelineConfig", "EvalConfig", "Gsm8kEvalConfig", "GenerateConfig", "RMEvalConfig", "JudgeEvalConfig",
+           "AnalyzeConfig")
 ERRORS = ("UserError", "ConfigError", "DataFormatError", "ModelError", "NonFiniteError", "CheckpointError",
           "RunLockedError", "DiskFullError")
 HOME = {**dict.fromkeys(API, "rlhfkit.api"), **dict.fromkeys(CONFIGS, "rlhfkit.config"),

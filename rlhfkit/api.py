@@ -1,7 +1,7 @@
 """rlhfkit from Python: every command of the command line as a call that takes options as keyword arguments
 (or a config object), data in memory, reward functions as callables and models as loaded objects, and returns
-a `Result`. One code path with the CLI, which is a thin shell over `command_config` and `execute`: the same
-presets, checks, run-folder rules, resume, progress bars, TensorBoard events and reports. A user error raises
+a `Result`. One code path with the CLI, both shells thin over `command.command_config` and `command.execute`: the
+same presets, checks, run-folder rules, resume, progress bars, TensorBoard events and reports. A user error raises
 the exception whose message the CLI prints as its one line (`ConfigError`, `DataFormatError`, `ModelError`
 and kin, all `rlhfkit.UserError`); nothing here ends the process.
 
@@ -31,76 +31,18 @@ from pathlib import Path
 from typing import Any
 
 from . import config as cfgmod
-from .config.values import unknown_key_hint
+from .command import check_sources, check_takes_options, command_config, execute, process_count
+from .config import MODEL_OPTIONS
+from .config.values import check_not_moved, unknown_key_hint
 from .errors import ConfigError
-from .launch import inside_launcher, relaunch
 from .preemption import exit_code
-from .run_folder import require_resume_path, unstarted_runs_taken_back
-from .stages import STAGES, Stage, multi_process_names, resolve
+from .run_folder import unstarted_runs_taken_back
+from .stages import STAGES, Outputs, Stage
 from .supplied import PREFIX, supplying
-
-MODEL_OPTIONS = ("model", "reward_model", "reference_model", "value_model")
 
 
 class LaunchFailed(RuntimeError):
     """Processes launched by `num_processes=` ended with a non-zero exit code; what they printed says why."""
-
-
-# ---------------------------------------------------------------- the path the CLI shares
-
-
-def resumed_run_config(resume: str | None, preset: str | None) -> str | None:
-    """`resume=RUN` without a preset or config file continues with the run's own config.yaml as the base,
-    so a resumed run keeps its data, batch and schedule; values given now still win."""
-    from .checkpoint import find_checkpoint  # reads checkpoints: only a resumed command pays for the import
-
-    if not resume or preset:
-        return None
-    require_resume_path(resume)
-    checkpoint = find_checkpoint(resume)
-    candidates = [Path(resume) / "config.yaml"] + ([checkpoint.parents[1] / "config.yaml"] if checkpoint else [])
-    return next((str(c) for c in candidates if c.is_file()), None)
-
-
-def command_config(
-    command: Stage,
-    preset: str | None,
-    config_file: str | None,
-    overrides: dict[str, Any],
-    processes: int,
-    base: Any = None,
-) -> Any:
-    """The checked config of `command`: defaults (or `base`) < preset or file < overrides; `resume=` alone
-    starts from the resumed run's config.yaml."""
-    own_config = None if config_file else resumed_run_config(overrides.get("resume"), preset)
-    if own_config:  # the run's own options: its first start may have moved another run aside
-        overrides.setdefault("overwrite", "false")
-        # where the run is now, not the output_dir its config.yaml names: the folder may have been moved or copied
-        overrides.setdefault("output_dir", str(Path(own_config).parent))
-    return resolve(command.name, preset, config_file or own_config, overrides, processes, base)
-
-
-def execute(command: Stage, argument: Any, processes: int, launch_argv: list[str]) -> int:
-    """Run `command` on its config (or positional argument) in this process or, for N > 1 processes, in N
-    launched ones running `rlhfkit <launch_argv>`; the exit code."""
-    if processes > 1 and not inside_launcher():
-        if not command.multi_process:
-            raise ConfigError(
-                f"{' '.join(command.words)} runs in one process; --num-processes (num_processes= in Python) is for "
-                f"{multi_process_names()}"
-            )
-        return relaunch(launch_argv, processes)
-    if not inside_launcher():
-        return int(command.runner()(argument) or 0)
-    from .distributed import leave_process_group  # imports torch.distributed: only launched processes pay
-
-    try:
-        code = int(command.runner()(argument) or 0)
-    except SystemExit:  # a stop all processes agreed on (preemption): they leave together
-        leave_process_group()
-        raise
-    leave_process_group()
-    return code
 
 
 # ---------------------------------------------------------------- in-memory data
@@ -289,9 +231,14 @@ class Result:
     run_dir: Path | None
 
     @property
+    def outputs(self) -> Outputs:
+        """The files the command declares it writes (`stages.Outputs`), which every property below reads."""
+        return STAGES[self.stage].outputs
+
+    @property
     def model_path(self) -> Path | None:
         """The trained model's folder (`model/`), or None for a command that trains none."""
-        path = self.run_dir / "model" if self.run_dir else None
+        path = self.run_dir / self.outputs.model if self.run_dir and self.outputs.model else None
         return path if path is not None and path.is_dir() else None
 
     @functools.cached_property
@@ -299,7 +246,7 @@ class Result:
         """metrics.jsonl as a pandas DataFrame, one row per logged line (an empty one when nothing was logged)."""
         import pandas as pd
 
-        path = self.run_dir / "metrics.jsonl" if self.run_dir else None
+        path = self.run_dir / self.outputs.metrics if self.run_dir and self.outputs.metrics else None
         if path is None or not path.is_file():
             return pd.DataFrame()
         return pd.DataFrame([json.loads(line) for line in path.read_text().splitlines() if line.strip()])
@@ -307,22 +254,18 @@ class Result:
     @functools.cached_property
     def headline(self) -> dict[str, Any]:
         """The report's headline numbers, each with its baseline and caveat (report.json), by metric."""
-        record = self.read_json("report.json")
+        record = self.read_json(self.outputs.report)
         return {number["metric"]: number for number in record.get("numbers", [])}
 
     @property
     def caveats(self) -> list[str]:
-        return self.read_json("report.json").get("caveats", [])
+        return self.read_json(self.outputs.report).get("caveats", [])
 
     @functools.cached_property
     def evaluation(self) -> dict[str, Any]:
-        """The evaluation the command wrote (eval.json; rm_eval.json, which `rm` and `dpo` write in their rm_eval/
-        folder and `rm-eval` in its own; accuracy.json), or {}."""
-        for name in ("eval.json", "rm_eval/rm_eval.json", "rm_eval.json", "accuracy.json"):
-            found = self.read_json(name)
-            if found:
-                return found
-        return {}
+        """The evaluation the command wrote, the file its `Outputs` name (`eval.json` of `sft`, the on-policy stages
+        and `eval`; `rm_eval/rm_eval.json` of `rm` and `dpo`; `accuracy.json` of `eval gsm8k`), or {}."""
+        return self.read_json(self.outputs.evaluation)
 
     @functools.cached_property
     def model(self):
@@ -345,8 +288,8 @@ class Result:
             return load_reward_model(self.model_path)
         return load_policy(str(self.model_path))
 
-    def read_json(self, name: str) -> dict[str, Any]:
-        path = self.run_dir / name if self.run_dir else None
+    def read_json(self, name: str | None) -> dict[str, Any]:
+        path = self.run_dir / name if self.run_dir and name else None
         return json.loads(path.read_text()) if path is not None and path.is_file() else {}
 
     def __repr__(self) -> str:
@@ -397,6 +340,7 @@ def check_keywords(command: Stage, options: dict[str, Any]) -> None:
                 f"{call_of(command, command.config.__name__ + '(...)')}, not config="
             )
         if key.replace("-", "_") not in names:
+            check_not_moved(command.config, key)
             raise ConfigError(
                 f"{call_of(command, '')} got an unknown keyword argument {key!r}.{unknown_key_hint(names, key)} "
                 f"`rlhfkit {' '.join(command.words)} --help` lists the options"
@@ -442,16 +386,15 @@ def run(
     return its Result. Options are the command's (`rlhfkit <stage> --help` lists them), as Python values; a
     `config` object of the command's class is the base they apply to, as a preset or `config_file` is."""
     command = command_named(stage)
-    if command.config is None:
-        raise ConfigError(f"{stage} takes no options; run it as `rlhfkit {' '.join(command.words)}`")
+    check_takes_options(command, options)
+    if command.config is None:  # what it is given is its positional argument or nothing: no Python value to pass
+        raise ConfigError(f"{stage} has no call from Python; run it as `rlhfkit {' '.join(command.words)}`")
     if config is not None and not isinstance(config, command.config):
         raise ConfigError(f"config: {stage} takes a {command.config.__name__}, got a {type(config).__name__}")
-    if not isinstance(num_processes, int) or isinstance(num_processes, bool) or num_processes < 1:
-        raise ConfigError(f"num_processes expects a whole number >= 1, got {num_processes!r}")
+    process_count(num_processes, "num_processes")
     if config is not None and (preset or config_file):
         raise ConfigError("give a config object or preset=/config_file=, not both (the options it holds would be lost)")
-    if preset and config_file:
-        raise ConfigError("give preset= or config_file=, not both (a config file can start from a preset's values)")
+    check_sources(preset, config_file)
     check_keywords(command, options)
     with unstarted_runs_taken_back():
         overrides, objects = plain_options(options, tokenizer, str(options.get("hf_split", "")))
@@ -469,7 +412,14 @@ def run(
                 ) from None
     if code:
         raise LaunchFailed(f"{stage} on {num_processes} processes ended with exit code {code}; their lines say why")
-    return Result(command.name, cfg, Path(cfg.output_dir) if getattr(cfg, "output_dir", "") else None)
+    return Result(command.name, cfg, result_folder(command, cfg))
+
+
+def result_folder(command: Stage, cfg: Any) -> Path | None:
+    """The folder a command wrote: a run's `output_dir`, or the `out` folder of a command that declares what it
+    writes there (`eval`, `rm-eval`, ...; not `generate`, whose `out` is a file); None for a timestamped one."""
+    folder = getattr(cfg, "output_dir", "") or (getattr(cfg, "out", "") if command.outputs != Outputs() else "")
+    return Path(folder) if folder else None
 
 
 def stage_call(name: str):

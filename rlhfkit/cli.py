@@ -6,7 +6,7 @@ import sys
 from dataclasses import dataclass
 
 from . import config as cfgmod
-from .api import command_config, execute
+from .command import check_sources, check_takes_options, command_config, execute, process_count
 from .errors import ConfigError, NonFiniteError, UserError
 from .launch import say_once
 from .presets import ABOUT
@@ -21,10 +21,17 @@ def find_command(argv: list[str]) -> tuple[Stage, list[str]]:
     raise ConfigError(f"unknown command {' '.join(argv[:2]) or '(none)'!r}\n\n{overview()}")
 
 
+def sub_commands(words: tuple[str, ...]) -> list[Stage]:
+    """The commands whose words start with `words` and go on: `data analyze` under `data`, `eval gsm8k` under
+    `eval`."""
+    return [c for c in STAGES.values() if len(c.words) > len(words) and c.words[: len(words)] == words]
+
+
 def group_help(word: str) -> str | None:
-    """`rlhfkit data --help`: the commands whose first word is `word` (data analyze, models prepare), or None."""
-    group = [c for c in STAGES.values() if len(c.words) > 1 and c.words[0] == word]
-    if not group:
+    """`rlhfkit data --help`: the commands whose first word is `word` (data analyze, models prepare), or None when
+    `word` is a command of its own (`eval`, whose help lists `eval gsm8k`)."""
+    group = sub_commands((word,))
+    if not group or word in STAGES:
         return None
     lines = [f"usage: rlhfkit {word} <command> ...", "", "commands:"] + [
         f"  {' '.join(c.words):<18} {c.about}" for c in group
@@ -51,6 +58,8 @@ def command_help(cmd: Stage) -> str:
         return f"{usage}{launcher}\n\n{cmd.about}"
     lines = [f"{usage} [--preset NAME | --config FILE] [key=value | --key value ...]{launcher}", "", cmd.about]
     lines += preset_lines(cmd.presets)
+    under = sub_commands(cmd.words)
+    lines += ["", "commands under it:"] + [f"  {' '.join(c.words):<18} {c.about}" for c in under] if under else []
     lines += ["", "options (default; source):"]
     for name, default, help_text, source, type_text in cfgmod.field_info(cmd.config):
         shown = ",".join(map(str, default)) if isinstance(default, list) else default
@@ -107,16 +116,12 @@ def parse_args(cmd: Stage, args: list[str]) -> Parsed:
         elif key == "config":
             parsed.config_file = value
         elif key == "num_processes":
-            if not value.strip().isdigit() or int(value) < 1:
-                raise ConfigError(f"--num-processes expects a whole number >= 1, got {value!r}")
-            parsed.num_processes = int(value)
+            parsed.num_processes = process_count(value, "--num-processes")
         else:
             parsed.overrides[key] = value
         i += 1
-    if parsed.preset and parsed.config_file:
-        raise ConfigError("give --preset or --config, not both (a config file can start from a preset's values)")
-    if cmd.config is None and parsed.overrides:
-        raise ConfigError(f"{' '.join(cmd.words)} takes no options: got {', '.join(parsed.overrides)}")
+    check_sources(parsed.preset, parsed.config_file)
+    check_takes_options(cmd, parsed.overrides)
     return parsed
 
 

@@ -26,9 +26,9 @@ from typing import Any
 from .checkpoint import find_checkpoint
 from .config import DPOConfig, OnPolicyConfig, PairConfig, PipelineConfig, RMConfig, SFTConfig, to_yaml
 from .errors import ConfigError, UserError
-from .eval.caveats import read_json
-from .eval.report import Report, format_value
 from .plots import metric_series
+from .report.caveats import read_json
+from .report.report import Report, format_value
 from .run_folder import holds_other_run
 from .tracking import read_metrics
 

@@ -4,7 +4,8 @@
 - training curves: the 2x2 `rm_training.png` of the reward model and DPO from metrics.jsonl rows,
   and `plot_curves`, one panel per metric (at most three a row), for SFT and the on-policy stages.
 
-The figures of an evaluation's results are in `rlhfkit/eval/plots.py`.
+The figures of a reward model's evaluation are in `rlhfkit/reward_eval/figures.py`, the policy comparison's in
+`rlhfkit/eval/eval_report.py`.
 """
 
 from __future__ import annotations

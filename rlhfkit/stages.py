@@ -25,6 +25,7 @@ from .config import (
     DPOConfig,
     EvalConfig,
     GenerateConfig,
+    Gsm8kEvalConfig,
     JudgeEvalConfig,
     MakeTaskConfig,
     OnPolicyConfig,
@@ -46,6 +47,21 @@ ON_POLICY_SHARDINGS = ("fsdp2",)  # ZeRO runs through accelerate's DeepSpeed plu
 
 
 @dataclass(frozen=True)
+class Outputs:
+    """What a command writes into its folder (`output_dir`, or `out` for one that trains nothing) that `api.Result`
+    reads back, each relative to the folder; None where it writes no such file."""
+
+    evaluation: str | None = None  # its evaluation, a JSON object
+    report: str | None = None  # report.json, the headline numbers and caveats beside report.html
+    metrics: str | None = None  # metrics.jsonl, one line per logged step
+    model: str | None = None  # the trained model's folder
+
+
+REPORT = "report.json"
+TRAINED = {"report": REPORT, "metrics": "metrics.jsonl", "model": "model"}  # what every training stage writes
+
+
+@dataclass(frozen=True)
 class Stage:
     words: tuple[str, ...]  # the command words: ("sft",), ("data", "analyze")
     about: str  # one line in `rlhfkit --help`
@@ -57,6 +73,7 @@ class Stage:
     shardings: tuple[str, ...] = ()  # the `sharding=` values it runs (besides none)
     trains_policy: bool = False  # writes a policy to model/ (the pipeline's eval stage compares them)
     reads: tuple[str, ...] = ()  # stages whose output it reads in a pipeline (they must come before it)
+    outputs: Outputs = Outputs()  # the files it writes that a caller reads back
 
     @property
     def name(self) -> str:
@@ -95,13 +112,13 @@ def pipeline_runner() -> Runner:
 
 
 def report_runner() -> Runner:
-    from .eval.runs_report import run
+    from .report.runs_report import run
 
     return run
 
 
 def rm_eval_runner() -> Runner:
-    from .eval.rm_eval import run_eval
+    from .reward_eval.command import run_eval
 
     return run_eval
 
@@ -114,6 +131,12 @@ def judge_eval_runner() -> Runner:
 
 def eval_runner() -> Runner:
     from .eval.compare import run
+
+    return run
+
+
+def gsm8k_eval_runner() -> Runner:
+    from .eval.gsm8k import run
 
     return run
 
@@ -137,7 +160,7 @@ def make_task_runner() -> Runner:
 
 
 def recipe_check_runner() -> Runner:
-    from .eval.recipe_check import run
+    from .recipe_check import run
 
     return run
 
@@ -167,31 +190,36 @@ def dist_check_runner() -> Runner:
 STAGES: dict[str, Stage] = {stage.name: stage for stage in (
     Stage(("sft",), "supervised fine-tuning on TL;DR (Section 5, Table 3)",
           sft_runner, SFTConfig, presets=("tldr-sft",), multi_process=True, shardings=ALL_SHARDINGS,
-          trains_policy=True),
+          trains_policy=True, outputs=Outputs("eval.json", **TRAINED)),
     Stage(("rm",), "reward-model training on human comparisons (Section 6, Table 4)",
-          rm_runner, RMConfig, presets=("tldr-rm", "hh-rm"), multi_process=True, shardings=ALL_SHARDINGS),
+          rm_runner, RMConfig, presets=("tldr-rm", "hh-rm"), multi_process=True, shardings=ALL_SHARDINGS,
+          outputs=Outputs("rm_eval/rm_eval.json", **TRAINED)),
     Stage(("dpo",), "DPO from the SFT policy on human comparisons (Appendix A equations 4-5, Table 6)",
           dpo_runner, DPOConfig, presets=("tldr-dpo", "hh-dpo"), multi_process=True, shardings=ALL_SHARDINGS,
-          trains_policy=True),
+          trains_policy=True, outputs=Outputs("rm_eval/rm_eval.json", **TRAINED)),
     *(Stage((a.name,), a.about, on_policy_runner, a.config, presets=a.presets, multi_process=True,
-            shardings=ON_POLICY_SHARDINGS, trains_policy=True, reads=("rm",))
+            shardings=ON_POLICY_SHARDINGS, trains_policy=True, reads=("rm",), outputs=Outputs("eval.json", **TRAINED))
       for a in ALGORITHMS.values()),
     Stage(("pipeline",), "SFT -> RM -> PPO (or DPO, GRPO, RLOO, REINFORCE) -> eval, each stage in its own folder, "
           "finished ones skipped",
           pipeline_runner, PipelineConfig,
-          presets=("quickstart", "paper-pythia-1b", "paper-pythia-2.8b", "paper-pythia-6.9b", "seed002-gpt2-hh")),
+          presets=("quickstart", "paper-pythia-1b", "paper-pythia-2.8b", "paper-pythia-6.9b", "seed002-gpt2-hh"),
+          outputs=Outputs("eval/eval.json", REPORT)),
     Stage(("report",), "several runs in one report.html: shared metrics on shared axes, last values and evaluations "
           "side by side",
-          report_runner, RunsReportConfig),
+          report_runner, RunsReportConfig, outputs=Outputs(report=REPORT)),
     Stage(("rm-eval",), "reward-model evaluation: accuracy by split/batch/confidence, each shown beside the "
           "always-prefer-longer rule on the same pairs (always-longer) and the paired difference; calibration, "
           "length bias, probes",
-          rm_eval_runner, RMEvalConfig),
+          rm_eval_runner, RMEvalConfig, outputs=Outputs("rm_eval.json")),
     Stage(("judge-eval",), "a judge's agreement with human labels and its position bias, beside the length baseline",
-          judge_eval_runner, JudgeEvalConfig),
+          judge_eval_runner, JudgeEvalConfig, outputs=Outputs("judge_eval.json", REPORT)),
     Stage(("eval",), "policies compared on their samples: judge win rates with intervals and length control, "
           "head to head, ROUGE-L, alarms",
-          eval_runner, EvalConfig),
+          eval_runner, EvalConfig, outputs=Outputs("eval.json", REPORT)),
+    Stage(("eval", "gsm8k"), "policies' accuracy on GSM8K problems (greedy, sampled, pass@k), with or without the "
+          "calculator environment, each beside the first policy's with the paired difference",
+          gsm8k_eval_runner, Gsm8kEvalConfig, outputs=Outputs("accuracy.json", REPORT)),
     Stage(("generate",), "summarise TL;DR posts with a policy, with ROUGE-L against the references",
           generate_runner, GenerateConfig),
     Stage(("data", "analyze"), "dataset analysis (any format the stages read, detected): counts, token lengths, "

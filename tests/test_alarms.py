@@ -5,7 +5,7 @@ import pytest
 
 from rlhfkit.data.tldr import load_sft
 from rlhfkit.eval import alarms
-from rlhfkit.eval.caveats import alarm_caveat
+from rlhfkit.report.caveats import alarm_caveat
 
 from .helpers import data_file
 

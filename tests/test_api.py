@@ -289,3 +289,25 @@ def test_result_evaluation_of_a_reward_model_is_its_rm_eval(tmp_path):
     (tmp_path / "rm_eval").mkdir()
     (tmp_path / "rm_eval" / "rm_eval.json").write_text(json.dumps({"accuracy": 0.75}))
     assert rlhfkit.api.Result("rm", None, tmp_path).evaluation == {"accuracy": 0.75}
+
+
+def test_result_reads_the_files_its_command_declares_and_guesses_none(tmp_path):
+    """Each command's `Outputs` (stages.py) name what Result reads: GSM8K's accuracy.json is `eval gsm8k`'s
+    evaluation, and a file another command writes is no evaluation of this one."""
+    (tmp_path / "accuracy.json").write_text(json.dumps({"problems": 4}))
+    (tmp_path / "rm_eval").mkdir()
+    (tmp_path / "rm_eval" / "rm_eval.json").write_text(json.dumps({"accuracy": 0.75}))
+    assert rlhfkit.api.Result("eval-gsm8k", None, tmp_path).evaluation == {"problems": 4}
+    assert rlhfkit.api.Result("sft", None, tmp_path).evaluation == {}
+    assert rlhfkit.api.Result("eval", None, tmp_path).model_path is None  # a command that trains nothing
+    (tmp_path / "model").mkdir()
+    assert rlhfkit.api.Result("sft", None, tmp_path).model_path == tmp_path / "model"
+
+
+def test_every_declared_evaluation_is_a_json_file_of_a_command_with_a_folder():
+    from rlhfkit.stages import STAGES
+
+    declared = {name: stage.outputs for name, stage in STAGES.items() if stage.outputs.evaluation}
+    assert {"sft", "rm", "dpo", "grpo", "pipeline", "eval", "eval-gsm8k", "rm-eval", "judge-eval"} <= set(declared)
+    assert all(outputs.evaluation.endswith(".json") for outputs in declared.values())
+    assert all(STAGES[name].outputs.model for name in ("sft", "rm", "dpo", "ppo"))

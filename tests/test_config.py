@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from rlhfkit import cli
-from rlhfkit.config import AnalyzeConfig, RMConfig, SFTConfig, field_info, to_yaml
+from rlhfkit.config import AnalyzeConfig, EvalConfig, Gsm8kEvalConfig, RMConfig, SFTConfig, field_info, to_yaml
 from rlhfkit.errors import ConfigError
 from rlhfkit.stages import resolve
 
@@ -317,3 +317,42 @@ def test_resolved_config_round_trips_through_to_yaml(tmp_path, stage, preset):
     again = resolve(stage, None, str(tmp_path / "resolved.yaml"), {})
     assert again == cfg
     assert to_yaml(again, stage) == text
+
+
+# ---------------------------------------------------------------- one command path under both shells
+
+
+def test_both_shells_refuse_a_preset_with_a_config_file_in_the_same_words(tmp_path, capsys):
+    from .helpers import one_error_line
+
+    line = one_error_line(["sft", "--preset", "tldr-sft", "--config", str(tmp_path / "x.yaml")], capsys)
+    assert "give a preset or a config file, not both" in line
+
+
+def test_eval_task_gsm8k_is_refused_naming_the_gsm8k_command(capsys):
+    """GSM8K left `rlhfkit eval` for `rlhfkit eval gsm8k`: the old form is one line naming the new command, in
+    both shells, not an unknown key with a guess."""
+    from .helpers import one_error_line
+
+    line = one_error_line(["eval", "task=gsm8k", "data=problems.jsonl"], capsys)
+    assert "`rlhfkit eval gsm8k" in line and "unknown key" not in line
+
+
+def test_eval_and_eval_gsm8k_each_take_only_their_own_options():
+    eval_options = {name for name, *_ in field_info(EvalConfig)}
+    gsm8k_options = {name for name, *_ in field_info(Gsm8kEvalConfig)}
+    assert {"samples", "judge", "rm_judge"} <= eval_options and "pass_k" not in eval_options
+    assert {"data", "pass_k", "environments", "easy_steps"} <= gsm8k_options and "judge" not in gsm8k_options
+    assert all("gsm8k" not in help_text for _, _, help_text, *_ in field_info(EvalConfig))
+    with pytest.raises(ConfigError, match="unknown key 'judge'"):
+        resolve("eval-gsm8k", None, None, {"judge": "rm:x"})
+
+
+def test_eval_help_is_its_own_and_names_the_command_under_it(capsys):
+    assert cli.main(["eval", "--help"]) == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith("usage: rlhfkit eval [") and "samples" in shown and "eval gsm8k" in shown
+    assert cli.main(["eval", "gsm8k", "--help"]) == 0
+    assert capsys.readouterr().out.startswith("usage: rlhfkit eval gsm8k [")
+    assert cli.main(["data", "--help"]) == 0  # a word that is no command of its own still lists its group
+    assert capsys.readouterr().out.startswith("usage: rlhfkit data <command>")

@@ -14,10 +14,11 @@ from rlhfkit.data.collate import pad
 from rlhfkit.data.examples import prepare_pairs
 from rlhfkit.data.split import split_comparisons
 from rlhfkit.errors import ConfigError
-from rlhfkit.eval.rm_eval import evaluate_reward_model, load_pair_scorer
 from rlhfkit.logprobs import plain_lm_head, sequence_logprobs
 from rlhfkit.models import load_policy
 from rlhfkit.preference_ops import PreferenceObjective
+from rlhfkit.reward_eval.command import load_pair_scorer
+from rlhfkit.reward_eval.evaluate import evaluate_reward_model
 from rlhfkit.reward_models import DPO_RECORD, ImplicitRewardModel, recorded_objective
 from rlhfkit.scoring import collate_pairs
 from rlhfkit.stages import resolve

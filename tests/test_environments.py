@@ -347,13 +347,13 @@ def test_the_calculator_in_the_decoding_loop_feeds_its_result_then_hands_the_tur
     assert tokenizer.decode(fed, skip_special_tokens=True) == "So 48/2 = <<48/2=24>>24 clips."
 
 
-def test_eval_task_gsm8k_evaluates_a_model_with_and_without_the_calculator(tiny_model_dir, tmp_path, capsys):
+def test_eval_gsm8k_evaluates_a_model_with_and_without_the_calculator(tiny_model_dir, tmp_path, capsys):
     from rlhfkit.cli import main as cli_main
 
     from .helpers import data_file
 
     out = tmp_path / "eval"
-    args = ["eval", "task=gsm8k", f"models=base={tiny_model_dir},calc={tiny_model_dir}",
+    args = ["eval", "gsm8k", f"models=base={tiny_model_dir},calc={tiny_model_dir}",
             f"data={data_file('gsm8k', 'test.jsonl.gz')}", "max_prompts=4", "max_response_length=6", f"out={out}"]
     assert cli_main([*args, "environments=calc=gsm8k-calculator", "pairs=calc:base"]) == 0
     written = json.loads((out / "accuracy.json").read_text())

@@ -3,7 +3,7 @@ the tokens an environment inserted (a calculator's results, a user's turn) are n
 
 import torch
 
-from rlhfkit.eval.accuracy import sequence_logprobs_of
+from rlhfkit.eval.gsm8k import sequence_logprobs_of
 from rlhfkit.logprobs import response_logprobs
 
 from .helpers import eos_prone_policy, sample_fixed_episodes

@@ -82,12 +82,12 @@ def fail_metrics_of_step_1(monkeypatch, out):
 
 
 def fail_report(monkeypatch, out):
-    import rlhfkit.eval.report
+    import rlhfkit.report.report
 
     def write_page(*_args):
         raise NO_SPACE
 
-    monkeypatch.setattr(rlhfkit.eval.report, "write_page", write_page)
+    monkeypatch.setattr(rlhfkit.report.report, "write_page", write_page)
 
 
 # case: (the write that fails, the start of the error line after "rlhfkit: error: ", the run's steps (a checkpoint

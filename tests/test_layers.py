@@ -21,6 +21,8 @@ GROUND = {
     "policy_losses.py": ("rlhfkit.ops",),
     "preference_ops.py": (),
     "plots.py": (),
+    "intervals.py": (),
+    "rouge.py": (),
     "devices.py": (),
     "distributed.py": (),
     "faults.py": ("rlhfkit.errors",),
@@ -31,22 +33,32 @@ GROUND = {
 # a file or folder of the package -> the packages none of its files may import
 FORBIDDEN = {
     "eval": ("rlhfkit.trainers", "rlhfkit.onpolicy", "rlhfkit.stages", "rlhfkit.pipeline_command"),
+    # the reward-model evaluation the trainers use: no policy evaluation, no stage
+    "reward_eval": ("rlhfkit.eval", "rlhfkit.trainers", "rlhfkit.onpolicy", "rlhfkit.stages"),
+    # the report every stage writes: below every evaluation and stage
+    "report": ("rlhfkit.eval", "rlhfkit.reward_eval", "rlhfkit.trainers", "rlhfkit.onpolicy", "rlhfkit.stages"),
+    # one command path under both shells (command.py): neither shell imports the other
+    "cli.py": ("rlhfkit.api",),
+    "api.py": ("rlhfkit.cli",),
     "data": ("rlhfkit.eval", "rlhfkit.trainers", "rlhfkit.onpolicy", "rlhfkit.stages"),
     "scoring.py": ("rlhfkit.eval", "rlhfkit.trainers", "rlhfkit.onpolicy"),
     "generation.py": ("rlhfkit.eval", "rlhfkit.trainers", "rlhfkit.onpolicy"),
     "decoding": ("rlhfkit.generation", "rlhfkit.environments", "rlhfkit.eval", "rlhfkit.trainers", "rlhfkit.onpolicy"),
     "environments": ("rlhfkit.eval", "rlhfkit.trainers", "rlhfkit.onpolicy", "rlhfkit.stages", "rlhfkit.generation"),
     "rollout.py": ("rlhfkit.eval", "rlhfkit.trainers", "rlhfkit.onpolicy", "rlhfkit.generation"),
-    "trainers": ("rlhfkit.onpolicy", "rlhfkit.stages", "rlhfkit.pipeline_command"),
+    # the trainers evaluate a reward model with reward_eval's library, never through its command module
+    "trainers": ("rlhfkit.onpolicy", "rlhfkit.stages", "rlhfkit.pipeline_command", "rlhfkit.reward_eval.command"),
     "onpolicy": ("rlhfkit.stages", "rlhfkit.pipeline_command"),
 }
-ENTRY_POINTS = ("cli.py", "api.py", "stages.py")  # the only files that may import the registry
+ENTRY_POINTS = ("cli.py", "api.py", "command.py", "stages.py")  # the only files that may import the registry
 # the stage layer and above: commands and stages receive their whole config, everything below a typed section
 STAGE_LAYER = (
     "cli.py",
     "api.py",
+    "command.py",
     "stages.py",
     "pipeline_command.py",
+    "recipe_check.py",
     "memory_plan.py",
     "config",
     "trainers",
@@ -54,12 +66,11 @@ STAGE_LAYER = (
     "data/analyze.py",
     "data/make_task.py",
     "eval/compare.py",
-    "eval/accuracy.py",
+    "eval/gsm8k.py",
     "eval/judge_eval.py",
-    "eval/rm_eval.py",
-    "eval/runs_report.py",
-    "eval/recipe_check.py",
     "eval/generate.py",
+    "reward_eval/command.py",
+    "report/runs_report.py",
 )
 
 
@@ -148,16 +159,16 @@ def package_graph() -> dict[str, set[str]]:
 
 
 def test_relative_imports_are_resolved_against_the_importing_package():
-    source = "from .. import ops\nfrom ..trainers.reward import run\n\ndef f():\n    from .rm_eval import run_eval\n"
-    assert {module for _, module in imports_of(source, ["rlhfkit", "eval"])} == {
+    source = "from .. import ops\nfrom ..trainers.reward import run\n\ndef f():\n    from .command import run_eval\n"
+    assert {module for _, module in imports_of(source, ["rlhfkit", "reward_eval"])} == {
         "rlhfkit",
         "rlhfkit.ops",
         "rlhfkit.trainers.reward",
         "rlhfkit.trainers.reward.run",
-        "rlhfkit.eval.rm_eval",
-        "rlhfkit.eval.rm_eval.run_eval",
+        "rlhfkit.reward_eval.command",
+        "rlhfkit.reward_eval.command.run_eval",
     }
-    assert (5, "rlhfkit.eval.rm_eval") in imports_of(source, ["rlhfkit", "eval"])  # a late import counts too
+    assert (5, "rlhfkit.reward_eval.command") in imports_of(source, ["rlhfkit", "reward_eval"])  # a late import counts
 
 
 def test_a_cycle_closed_by_a_function_level_import_is_found():
@@ -226,6 +237,18 @@ def test_nothing_below_the_stage_layer_receives_a_stage_config():
         and any(arg.arg == "cfg" for arg in node.args.args + node.args.kwonlyargs)
     ]
     assert not takers, "\n".join(takers)
+
+
+def test_only_report_defines_a_report():
+    """Every stage and command writes its report.html through `report.report.Report`: no second builder."""
+    builders = [
+        f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
+        for path in PACKAGE.rglob("*.py")
+        if path.relative_to(PACKAGE).parts[0] != "report"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef) and node.name == "Report"
+    ]
+    assert not builders, builders
 
 
 def test_no_package_file_over_500_lines():

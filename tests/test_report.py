@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from rlhfkit.eval import caveats
-from rlhfkit.eval.report import Report, format_value, table_html, with_intervals
 from rlhfkit.plots import PANELS_PER_ROW, integer_steps, plot_curves, pyplot
+from rlhfkit.report import caveats
+from rlhfkit.report.report import Report, format_value, table_html, with_intervals
 
 
 def test_long_cells_are_collapsed_behind_their_first_lines_and_everything_is_escaped():

@@ -9,7 +9,7 @@ from rlhfkit import scoring
 from rlhfkit.cli import main as cli_main
 from rlhfkit.data.collate import pad
 from rlhfkit.data.formats import encode_completion, encode_query
-from rlhfkit.eval import rm_eval
+from rlhfkit.reward_eval import evaluate as reward_evaluation
 from rlhfkit.reward_models import ScalarModel, linear_head, load_reward_model
 from rlhfkit.stages import resolve
 from rlhfkit.trainers import reward
@@ -219,7 +219,7 @@ def test_detail13_reward_logits_dump_covers_every_response_token_and_marks_eos(r
     (q, r), (_, r2) = pairs_of(tok)
     record = Comparison("p", "tldr", {}, "a", "b", "here")
     example = PairExample(record, QueryTokens(q, "", len(q), 0, False), r, r2)
-    dump = rm_eval.dump_reward_logits(model, tok, [example], tmp_path)[0]
+    dump = reward_evaluation.dump_reward_logits(model, tok, [example], tmp_path)[0]
     assert len(dump["scores"]) == len(r) and dump["eos_index"] == len(r) - 1
     batch = scoring.collate_scored([q], [r], tok.pad_token_id)
     assert dump["scores"][-1] == pytest.approx(model(batch["input_ids"], batch["attention_mask"]).item(), abs=1e-5)
@@ -258,7 +258,7 @@ def test_missing_model_or_probe_file_is_a_user_error(tmp_path):
     with pytest.raises(ModelError, match="no-such-model: no such folder"):
         load_policy(str(tmp_path / "no-such-model"))
     from rlhfkit.errors import UserError
-    from rlhfkit.eval.probes import load_probes
+    from rlhfkit.reward_eval.probes import load_probes
 
     with pytest.raises(UserError):
         load_probes(tmp_path / "missing.yaml")

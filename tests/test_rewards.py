@@ -11,7 +11,7 @@ import torch
 
 from rlhfkit.data.gsm8k import calculator_steps, final_number, load_gsm8k
 from rlhfkit.errors import ConfigError
-from rlhfkit.eval import accuracy
+from rlhfkit.eval import gsm8k
 from rlhfkit.onpolicy import evaluation, trainer
 from rlhfkit.onpolicy.scoring import PromptTexts
 from rlhfkit.reward_models import ScalarModel, load_reward_model
@@ -259,7 +259,7 @@ def test_a_sequence_classification_reward_model_scores_at_eos_like_its_own_head(
 
 
 def graded_answers(correct: list[list[int]], in_format: list[int] | None = None, tool_calls=None) -> dict:
-    """Answers graded as `accuracy.graded` grades them: right as given, the right number mentioned by every right
+    """Answers graded as `gsm8k.graded` grades them: right as given, the right number mentioned by every right
     answer and by the first wrong one, in format where `in_format` says (all by default), an annotation written in
     the first, and `tool_calls` answered by a calculator (None: answered without one)."""
     values = np.array(correct, dtype=np.float64)
@@ -289,7 +289,7 @@ def test_accuracy_table_pairs_every_policy_with_the_first():
                "kl": 0.5},
     }
     everything = np.ones(4, dtype=bool)
-    base, rl = accuracy.summary_table(results, everything, seed=0)
+    base, rl = gsm8k.summary_table(results, everything, seed=0)
     assert base["greedy_accuracy"] == 0.5 and "greedy_minus_first" not in base
     assert base["sampled_accuracy"] == pytest.approx(0.25) and base["pass@2"] == 0.5
     assert rl["greedy_accuracy"] == 0.75 and rl["greedy_minus_first"] == 0.25 and rl["kl_to_reference"] == 0.5
@@ -304,7 +304,7 @@ def test_accuracy_table_pairs_every_policy_with_the_first():
     assert base["annotation_share"] == rl["annotation_share"] == 0.25 and "tool_use_share" not in base
     assert rl["tool_use_share"] == 0.5 and rl["tool_calls_mean"] == 0.75
     first_two = np.array([True, True, False, False])
-    _, rl_subset = accuracy.summary_table(results, first_two, seed=0)
+    _, rl_subset = gsm8k.summary_table(results, first_two, seed=0)
     assert rl_subset["problems"] == 2 and rl_subset["greedy_minus_first"] == 0.5
 
 
@@ -312,22 +312,22 @@ def test_pairs_give_the_paired_difference_of_any_two_policies_and_the_problems_o
     results = {name: {"greedy": graded_answers(correct)} for name, correct in
                (("base", [[1], [0], [0], [1]]), ("sft", [[0], [1], [0], [1]]), ("calc", [[1], [1], [1], [0]]))}
     models = dict.fromkeys(results, "folder")
-    pairs = accuracy.named_pairs(["calc:sft", "sft:base"], models)
-    calc_sft, sft_base = accuracy.pair_table(results, pairs, np.ones(4, dtype=bool), seed=0)
+    pairs = gsm8k.named_pairs(["calc:sft", "sft:base"], models)
+    calc_sft, sft_base = gsm8k.pair_table(results, pairs, np.ones(4, dtype=bool), seed=0)
     assert calc_sft["pair"] == "calc vs sft" and calc_sft["greedy_minus"] == 0.25  # (1 + 0 + 1 - 1) / 4
     assert (calc_sft["both_right"], calc_sft["only_policy_right"], calc_sft["only_baseline_right"]) == (1, 2, 1)
     assert calc_sft["greedy_minus_low"] < 0.25 < calc_sft["greedy_minus_high"]
     assert sft_base["greedy_minus"] == 0.0
     assert (sft_base["only_policy_right"], sft_base["only_baseline_right"]) == (1, 1)
-    (last_two,) = accuracy.pair_table(results, pairs[:1], np.array([False, False, True, True]), seed=0)
+    (last_two,) = gsm8k.pair_table(results, pairs[:1], np.array([False, False, True, True]), seed=0)
     assert last_two["problems"] == 2 and last_two["greedy_minus"] == 0.0 and last_two["both_right"] == 0
     mistakes = (("calc", "policy:baseline"), ("calc:calc", "cannot be its own baseline"), ("calc:rl", "names rl"))
     for bad, named in mistakes:
         with pytest.raises(ConfigError, match=named):
-            accuracy.named_pairs([bad], models)
+            gsm8k.named_pairs([bad], models)
 
 
-def test_eval_task_gsm8k_end_to_end_on_the_tiny_model(tiny_model_dir, tmp_path):
+def test_eval_gsm8k_end_to_end_on_the_tiny_model(tiny_model_dir, tmp_path):
     from rlhfkit.cli import main as cli_main
 
     out = tmp_path / "eval"
@@ -335,7 +335,7 @@ def test_eval_task_gsm8k_end_to_end_on_the_tiny_model(tiny_model_dir, tmp_path):
         cli_main(
             [
                 "eval",
-                "task=gsm8k",
+                "gsm8k",
                 f"models=base={tiny_model_dir},same={tiny_model_dir}",
                 f"data={GSM8K_TEST}",
                 "max_prompts=6",

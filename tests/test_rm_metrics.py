@@ -1,4 +1,4 @@
-"""Reward-model evaluation over computed rewards (rlhfkit.eval: rm_metrics, probes, plots, rm_report),
+"""Reward-model evaluation over computed rewards (rlhfkit.reward_eval: metrics, calibration, probes, figures, report),
 against hand-computed values."""
 
 from __future__ import annotations
@@ -10,8 +10,11 @@ import numpy as np
 import pytest
 
 from rlhfkit.data.tldr import Comparison
-from rlhfkit.eval import rm_metrics as rm
-from rlhfkit.eval.probes import (
+from rlhfkit.plots import metric_series, plot_training_curves
+from rlhfkit.reward_eval import calibration as cal
+from rlhfkit.reward_eval import metrics as rm
+from rlhfkit.reward_eval.evaluate import evaluate_rewards
+from rlhfkit.reward_eval.probes import (
     ProbeFileError,
     load_probes,
     probe_checks,
@@ -20,8 +23,7 @@ from rlhfkit.eval.probes import (
     render_probe_table_markdown,
     word_count,
 )
-from rlhfkit.eval.rm_report import headline, write_rm_eval
-from rlhfkit.plots import metric_series, plot_training_curves
+from rlhfkit.reward_eval.report import headline, write_rm_eval
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -113,7 +115,7 @@ def five_pairs():
 def test_length_rule_and_chosen_shorter_accuracy_by_hand():
     assert rm.length_rule_hits([10, 4, 7], [5, 9, 7]).tolist() == [1.0, 0.0, 0.5]
     assert rm.chosen_shorter_mask([10, 4, 7], [5, 9, 7]).tolist() == [False, True, False]
-    result = rm.evaluate_rewards(*five_pairs(), resamples=200)
+    result = evaluate_rewards(*five_pairs(), resamples=200)
     overall = result["breakdown"]["overall"]
     assert overall["accuracy"] == pytest.approx(0.4) and overall["count"] == 5
     assert overall["length_rule"] == pytest.approx(0.5)  # (1 + 0 + 0.5 + 0 + 1) / 5
@@ -178,9 +180,9 @@ def test_a_model_that_is_the_length_rule_differs_from_it_by_exactly_zero():
 
 def test_headline_and_report_show_the_length_rule_and_the_intervals(tmp_path):
     from rlhfkit.config import RMConfig
-    from rlhfkit.eval.rm_eval import write_rm_report
+    from rlhfkit.reward_eval.evaluate import write_rm_report
 
-    result = rm.evaluate_rewards(*five_pairs(), resamples=200)
+    result = evaluate_rewards(*five_pairs(), resamples=200)
     overall = result["breakdown"]["overall"]
     text = headline(result)
     assert f"accuracy 0.400 [{overall['low']:.3f}, {overall['high']:.3f}]" in text
@@ -190,7 +192,10 @@ def test_headline_and_report_show_the_length_rule_and_the_intervals(tmp_path):
     assert f"chosen-shorter pairs (2): 0.500 [{overall['chosen_shorter_low']:.3f}," in text
     assert "not distinguishable from always-longer" in text and "lengths in tokens" in text
     (tmp_path / "config.yaml").write_text("seed: 0\n")
-    page = write_rm_report(tmp_path, "rm", RMConfig(), ["five pairs"], result, tmp_path / "rm_eval").read_text()
+    cfg = RMConfig()
+    notes = ["five pairs"]
+    page = write_rm_report(tmp_path, "rm", cfg.model, cfg.total_batch_size, notes, result, tmp_path / "rm_eval")
+    page = page.read_text()
     assert "always-longer" in page and "chosen-shorter accuracy" in page and "model - longer" in page
     # the caveat, from the numbers
     assert "reward model accuracy 0.400 is at or below always-prefer-longer (0.500)" in page
@@ -206,7 +211,7 @@ def test_calibrated_rewards_have_small_ece():
     # the human agrees with the RM's preferred response with exactly the RM's probability sigmoid(|m|)
     agrees = rng.random(20000) < 1 / (1 + np.exp(-abs_margin))
     margins = np.where(agrees, abs_margin, -abs_margin)
-    result = rm.calibration(margins, np.zeros_like(margins), n_bins=10)
+    result = cal.calibration(margins, np.zeros_like(margins), n_bins=10)
     assert result["ece"] < 0.05
     assert sum(b["count"] for b in result["bins"]) == 20000 and len(result["bins"]) == 10
     assert all(abs(b["count"] - 2000) <= 1 for b in result["bins"])  # equal-count bins
@@ -218,7 +223,7 @@ def test_overconfident_rewards_ece_by_hand():
     # ECE = 4/10 * 0.25 + 6/10 * 0.4 = 0.34
     low, high = math.log(3), math.log(9)
     margins = np.array([low, low, -low, -low, high, high, high, -high, -high, -high])
-    result = rm.calibration(margins, np.zeros(10), boundaries=[1.5])
+    result = cal.calibration(margins, np.zeros(10), boundaries=[1.5])
     first, second = result["bins"]
     assert (first["confidence"], first["accuracy"], first["count"]) == (pytest.approx(0.75), 0.5, 4)
     assert (second["confidence"], second["accuracy"], second["count"]) == (pytest.approx(0.9), 0.5, 6)
@@ -227,7 +232,7 @@ def test_overconfident_rewards_ece_by_hand():
 
 
 def test_calibration_counts_a_tie_as_a_coin_flip():
-    result = rm.calibration([0.0, 0.0], [0.0, 0.0], boundaries=[1.0])
+    result = cal.calibration([0.0, 0.0], [0.0, 0.0], boundaries=[1.0])
     assert result["bins"][0]["accuracy"] == 0.5 and result["ece"] == pytest.approx(0.0)
 
 
@@ -235,9 +240,9 @@ def test_calibration_counts_a_tie_as_a_coin_flip():
 
 
 def test_average_ranks_share_ties():
-    assert rm.average_ranks([10, 20, 20, 30]).tolist() == [0.0, 1.5, 1.5, 3.0]
-    assert rm.spearman([1, 2, 3, 4], [1, 4, 9, 100]) == pytest.approx(1.0)  # monotone, not linear
-    assert rm.pearson([1, 1, 1], [1, 2, 3]) is None
+    assert cal.average_ranks([10, 20, 20, 30]).tolist() == [0.0, 1.5, 1.5, 3.0]
+    assert cal.spearman([1, 2, 3, 4], [1, 4, 9, 100]) == pytest.approx(1.0)  # monotone, not linear
+    assert cal.pearson([1, 1, 1], [1, 2, 3]) is None
 
 
 def test_length_correlation_sign_and_accuracy_by_length():
@@ -248,7 +253,7 @@ def test_length_correlation_sign_and_accuracy_by_length():
         0.1 * chosen_len + rng.normal(0, 0.1, 200),
         0.1 * rejected_len + rng.normal(0, 0.1, 200),
     )
-    pays_for_length = rm.length_bias(chosen_r, rejected_r, chosen_len, rejected_len)
+    pays_for_length = cal.length_bias(chosen_r, rejected_r, chosen_len, rejected_len)
     assert pays_for_length["pearson"] > 0.9 and pays_for_length["spearman"] > 0.9
     assert pays_for_length["pairwise_spearman"] > 0.9
     assert pays_for_length["model_prefers_longer"] > 0.95
@@ -256,12 +261,12 @@ def test_length_correlation_sign_and_accuracy_by_length():
     assert by_length["chosen longer"]["accuracy"] > 0.95 and by_length["chosen shorter"]["accuracy"] < 0.05
     assert sum(v["count"] for v in by_length.values()) == 200
     assert by_length["equal length"]["count"] == int((chosen_len == rejected_len).sum()) >= 10
-    penalises_length = rm.length_bias(-chosen_r, -rejected_r, chosen_len, rejected_len)
+    penalises_length = cal.length_bias(-chosen_r, -rejected_r, chosen_len, rejected_len)
     assert penalises_length["pearson"] < -0.9 and penalises_length["spearman"] < -0.9
 
 
 def test_humans_prefer_longer_by_hand():
-    result = rm.length_bias([1, 1, 1, 1], [0, 0, 0, 0], [10, 10, 10, 5], [5, 5, 10, 10])
+    result = cal.length_bias([1, 1, 1, 1], [0, 0, 0, 0], [10, 10, 10, 5], [5, 5, 10, 10])
     assert result["humans_prefer_longer"] == pytest.approx(2 / 3)  # 3 unequal pairs, chosen longer in 2
     assert result["model_prefers_longer"] == pytest.approx(2 / 3)  # the RM agrees with every human label
 
@@ -446,7 +451,7 @@ def synthetic_eval(n=60):
 def test_write_rm_eval_writes_json_errors_and_pngs(tmp_path):
     comparisons, chosen, rejected = synthetic_eval()
     chosen_len, rejected_len = rm.char_lengths(comparisons)
-    result = rm.evaluate_rewards(comparisons, chosen, rejected, n_bins=5, k_errors=7)
+    result = evaluate_rewards(comparisons, chosen, rejected, n_bins=5, k_errors=7)
     assert result["length_bias"]["unit"] == "characters"
     rows = probe_table(load_probes(), np.linspace(3, -3, len(probe_items(load_probes()))))
     files = write_rm_eval(tmp_path, result, chosen, rejected, chosen_len, rejected_len, probe_rows=rows)
@@ -476,7 +481,7 @@ def test_write_rm_eval_skips_batch_plots_without_batches(tmp_path):
         Comparison(str(i), "hh", {"dialogue": "\n\nHuman: q\n\nAssistant:"}, "yes", "no", "hh") for i in range(6)
     ]
     chosen, rejected = np.arange(6.0), np.full(6, 2.5)
-    files = write_rm_eval(tmp_path, rm.evaluate_rewards(comparisons, chosen, rejected, n_bins=2), chosen, rejected)
+    files = write_rm_eval(tmp_path, evaluate_rewards(comparisons, chosen, rejected, n_bins=2), chosen, rejected)
     assert "accuracy_by_batch.png" not in files and "length_bias.png" not in files
     assert (tmp_path / "calibration.png").read_bytes()[:8] == PNG_MAGIC
 

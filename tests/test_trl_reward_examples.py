@@ -405,8 +405,8 @@ def test_a_dropped_row_takes_no_part_in_group_baselines_whitening_or_the_loss():
 def test_the_eos_trick_deciding_most_function_rewards_warns_once_and_the_report_says_it(capsys):
     import torch
 
-    from rlhfkit.eval.caveats import eos_trick_caveat
     from rlhfkit.onpolicy.reward_sources import RewardSources
+    from rlhfkit.report.caveats import eos_trick_caveat
     from rlhfkit.rewards import RewardFunctions
     from rlhfkit.rollout import RolloutBatch
 

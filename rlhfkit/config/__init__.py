@@ -9,7 +9,7 @@ detail number), so `rlhfkit <stage> --help` can show where each default comes fr
     values.py    reading a value: coercion, bounds, unknown keys; the field helpers (`opt`)
     training.py  the training stages: RunConfig, TrainConfig, SFTConfig, PairConfig, RMConfig, DPOConfig
     onpolicy.py  the on-policy stages: OnPolicyConfig and one subclass per algorithm
-    commands.py  the commands that train nothing (generate, eval, rm-eval, judge-eval, plan, ...)
+    commands.py  the commands that train nothing (generate, eval, eval gsm8k, rm-eval, judge-eval, plan, ...)
     checks.py    the checks across one command's options
     resolve.py   presets, config files and overrides, in order, then the checks
 """
@@ -19,6 +19,7 @@ from .commands import (
     AnalyzeConfig,
     EvalConfig,
     GenerateConfig,
+    Gsm8kEvalConfig,
     JudgeConfig,
     JudgeEvalConfig,
     MakeTaskConfig,
@@ -31,10 +32,20 @@ from .commands import (
 from .onpolicy import GRPOConfig, OnPolicyConfig, PPOConfig, ReinforceConfig, RLOOConfig
 from .resolve import field_info, preset_names, read_config_file, read_preset, resolve, to_yaml
 from .sections import FieldNames, LoraOptions, ModelSource, PairLengths, PairSelection, ShardingOptions
-from .training import DataFieldsConfig, DPOConfig, PairConfig, RMConfig, RunConfig, SFTConfig, TrainConfig
+from .training import (
+    MODEL_OPTIONS,
+    DataFieldsConfig,
+    DPOConfig,
+    PairConfig,
+    RMConfig,
+    RunConfig,
+    SFTConfig,
+    TrainConfig,
+)
 from .values import parse_named
 
 __all__ = [
+    "MODEL_OPTIONS",
     "AnalyzeConfig",
     "MakeTaskConfig",
     "FieldNames",
@@ -48,6 +59,7 @@ __all__ = [
     "EvalConfig",
     "GRPOConfig",
     "GenerateConfig",
+    "Gsm8kEvalConfig",
     "JudgeConfig",
     "JudgeEvalConfig",
     "OnPolicyConfig",

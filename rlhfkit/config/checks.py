@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .commands import AnalyzeConfig, EvalConfig, GenerateConfig, JudgeEvalConfig, RMEvalConfig
+from .commands import AnalyzeConfig, EvalConfig, GenerateConfig, Gsm8kEvalConfig, JudgeEvalConfig, RMEvalConfig
 from .onpolicy import OnPolicyConfig
 from .training import DPOConfig, RunConfig, SFTConfig, TrainConfig
 
@@ -41,7 +41,7 @@ def check_config(cfg: Any, processes: int = 1) -> Any:
         check_preference_loss(cfg)
     if isinstance(cfg, GenerateConfig):
         check_output_file(cfg.out, cfg.overwrite)
-    if isinstance(cfg, AnalyzeConfig | RMEvalConfig | JudgeEvalConfig | EvalConfig):
+    if isinstance(cfg, AnalyzeConfig | RMEvalConfig | JudgeEvalConfig | EvalConfig | Gsm8kEvalConfig):
         check_output_folder(cfg.out, cfg.overwrite)
     return cfg
 

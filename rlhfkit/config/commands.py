@@ -4,7 +4,7 @@ the pipeline, memory plans and multi-run reports."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from .sections import PairLengths
 from .training import DataFieldsConfig
@@ -257,23 +257,13 @@ class JudgeEvalConfig(JudgeConfig):
 
 @dataclass
 class EvalConfig(JudgeConfig):
-    task: Literal["samples", "gsm8k"] = opt(
-        "samples",
-        "samples: compare policies' samples (judges, RM scores, KL); gsm8k: accuracy of "
-        "`models` on the GSM8K problems in `data` (rlhfkit/eval/accuracy.py)",
-    )
+    # GSM8K was `task=gsm8k` of this command; a config or command line that still says so is told where it went
+    MOVED_OPTIONS: ClassVar[dict[str, str]] = {
+        "task": "eval compares policies' samples; GSM8K accuracy is its own command: `rlhfkit eval gsm8k data=... "
+        "models=...` (`rlhfkit eval gsm8k --help`)",
+    }
+
     samples: list[str] = opt([], "name=path of each policy's samples, written by `rlhfkit generate` on the same posts")
-    data: list[str] = opt([], "task=gsm8k: problems (files or hub id), e.g. ../shared/data/gsm8k/test.jsonl.gz")
-    hf_split: str = opt("test", "task=gsm8k: split to read when `data` is a hub id")
-    pass_k: int = opt(0, "task=gsm8k: answers sampled per problem for sampled accuracy and pass@k (0: greedy only)")
-    temperature: float = opt(0.7, "task=gsm8k: sampling temperature of the pass@k answers", minimum=1e-6)
-    max_response_length: int = opt(256, "task=gsm8k: answer tokens generated", minimum=1)
-    max_query_length: int = opt(512, "task=gsm8k: prompt tokens", minimum=1)
-    generation_batch_size: int = opt(32, "task=gsm8k: answers per generation batch", minimum=1)
-    easy_steps: int = opt(
-        2, "task=gsm8k: also report problems whose reference solution has at most this many calculator steps"
-    )
-    trust_remote_code: bool = remote_code_opt()
     rm_judge: str = opt(
         "", "rm:<reward model folder>: its preference consistency with `judge` on the same pairs", "Detail 17"
     )
@@ -286,25 +276,46 @@ class EvalConfig(JudgeConfig):
         "Appendix F.2",
     )
     models: list[str] = opt(
-        [],
-        "name=folder of the policies behind the samples (same names), for their KL to reference_model; "
-        "task=gsm8k: name=model of each policy evaluated, the first the baseline",
+        [], "name=folder of the policies behind the samples (same names), for their KL to reference_model"
     )
+    shift_samples: int = opt(3, "samples per policy shown with their tokens coloured by shift in the report", "Table 8")
+    max_prompts: int = opt(0, "compare on at most this many common prompts (0: all)")
+    out: str = opt("", "output folder (empty: runs/eval-<timestamp>)")
+    overwrite: bool = output_overwrite_opt()
+
+
+@dataclass
+class Gsm8kEvalConfig:
+    """`rlhfkit eval gsm8k`: policies' accuracy on GSM8K problems (rlhfkit/eval/gsm8k.py)."""
+
+    data: list[str] = opt([], "problems (files or hub id), e.g. ../shared/data/gsm8k/test.jsonl.gz")
+    hf_split: str = opt("test", "split to read when `data` is a hub id")
+    models: list[str] = opt([], "name=model of each policy evaluated, the first the baseline")
     environments: list[str] = opt(
         [],
-        "task=gsm8k: name=environment for the policies of `models` that answer in multi-turn episodes with it "
+        "name=environment for the policies of `models` that answer in multi-turn episodes with it "
         "(e.g. sft-calc=gsm8k-calculator; list a model twice, under two names, to evaluate it with and without)",
     )
     pairs: list[str] = opt(
         [],
-        "task=gsm8k: policy:baseline pairs of `models` whose paired difference is also given, beside every "
-        "policy's difference from the first (e.g. sft-calc:sft for the calculator's effect on one model)",
+        "policy:baseline pairs of `models` whose paired difference is also given, beside every policy's difference "
+        "from the first (e.g. sft-calc:sft for the calculator's effect on one model)",
     )
-    shift_samples: int = opt(3, "samples per policy shown with their tokens coloured by shift in the report", "Table 8")
-    max_prompts: int = opt(
-        0, "compare on at most this many common prompts (task=gsm8k: the first problems of `data`; 0: all)"
+    reference_model: str = opt(
+        "", "reference policy: with pass_k, the KL of each policy's sampled answers to it", "Appendix F.2"
     )
-    out: str = opt("", "output folder (empty: runs/eval-<timestamp>)")
+    pass_k: int = opt(0, "answers sampled per problem for sampled accuracy and pass@k (0: greedy only)")
+    temperature: float = opt(0.7, "sampling temperature of the pass@k answers", minimum=1e-6)
+    max_response_length: int = opt(256, "answer tokens generated", minimum=1)
+    max_query_length: int = opt(512, "prompt tokens", minimum=1)
+    generation_batch_size: int = opt(32, "answers per generation batch", minimum=1)
+    easy_steps: int = opt(
+        2, "also report problems whose reference solution has at most this many calculator steps"
+    )
+    max_prompts: int = opt(0, "evaluate the first this many problems of `data` (0: all)")
+    seed: int = opt(1, "seed of the sampled answers and of the bootstrap intervals")
+    trust_remote_code: bool = remote_code_opt()
+    out: str = opt("", "output folder (empty: runs/eval-gsm8k-<timestamp>)")
     overwrite: bool = output_overwrite_opt()
 
 

@@ -45,6 +45,10 @@ class DataFieldsConfig:
         return FieldNames(**{role: column for role, column in given.items() if column})
 
 
+# the options of a stage that name a model: the Python API takes a loaded model for each, a run checks each loads
+MODEL_OPTIONS = ("model", "reference_model", "reward_model", "value_model")
+
+
 @dataclass
 class RunConfig(DataFieldsConfig):
     """Fields shared by every training stage."""

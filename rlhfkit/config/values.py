@@ -125,9 +125,17 @@ def unknown_key_hint(names: list[str], key: str) -> str:
     return f" Did you mean: {', '.join(close)}?" if close else ""
 
 
+def check_not_moved(cls: type, key: str) -> None:
+    """An option that left `cls` for another command (its `MOVED_OPTIONS`) refused in one line naming that command."""
+    moved = getattr(cls, "MOVED_OPTIONS", {})
+    if key in moved:
+        raise ConfigError(f"{key}: {moved[key]}")
+
+
 def check_known(cls: type, key: str, where: str) -> None:
     names = [f.name for f in dataclasses.fields(cls)]
     if key not in names:
+        check_not_moved(cls, key)
         hint = unknown_key_hint(names, key)
         raise ConfigError(f"unknown key {key!r} in {where}.{hint} Accepted keys: {', '.join(names)}")
 

@@ -2,7 +2,7 @@
 
 Each problem is written as a GSM8K record: the question, and a worked solution whose steps carry GSM8K's
 calculator annotations (`<<347+589=936>>`) and whose last line is `#### <answer>`. So the GSM8K data format
-reads it, the `gsm8k` exact-match and `format` rewards score it, `rlhfkit eval task=gsm8k` measures it, and
+reads it, the `gsm8k` exact-match and `format` rewards score it, `rlhfkit eval gsm8k` measures it, and
 nothing downstream knows it was generated.
 
 Training and held-out problems are disjoint by construction: a problem's split is a function of the problem

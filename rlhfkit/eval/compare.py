@@ -22,16 +22,15 @@ from ..config import EvalConfig, parse_named
 from ..data.records import DataFormatError, decode_json, open_text, reading
 from ..errors import ConfigError
 from ..models import load_policy
+from ..report.caveats import alarm_value
+from ..report.report import json_safe
 from ..reward_models import load_reward_model
+from ..rouge import mean, rouge_l
 from ..scoring import score_texts
 from . import policy_stats
 from .alarms import alarms, words
-from .caveats import alarm_value
-from .eval_report import judge_agreement, write_eval_report
+from .eval_report import judge_agreement, plot_reward_vs_kl, write_eval_report
 from .judges import ApiOptions, Pair, Verdict, make_judge
-from .plots import plot_reward_vs_kl
-from .rm_report import json_safe
-from .rouge import mean, rouge_l
 from .winrate import length_adjusted_win_rate, length_bins, win_rate
 
 SAMPLE_FIELDS = ("prompt_id", "query", "reference", "text")
@@ -217,10 +216,6 @@ class ModelStats:
 
 
 def run(cfg: EvalConfig) -> int:
-    if cfg.task == "gsm8k":
-        from .accuracy import run_accuracy
-
-        return run_accuracy(cfg)
     if not cfg.samples:
         raise ConfigError("eval needs samples=name=path[,name=path...] (files written by `rlhfkit generate`)")
     named = parse_named_paths(cfg.samples)

@@ -1,12 +1,14 @@
 """report.html of `rlhfkit eval`: each policy beside the first one named (the starting policy in
-the pipeline) and beside chance, the judge's measured agreement with humans next to its win rates."""
+the pipeline) and beside chance, the judge's measured agreement with humans next to its win rates; and its figure
+of each policy's mean RM score against its KL to the reference."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from .caveats import (
+from ..plots import pyplot, save
+from ..report.caveats import (
     alarm_caveat,
     fell_caveat,
     few_prompts_caveat,
@@ -14,7 +16,7 @@ from .caveats import (
     measured_judge_agreement,
     reward_model_caveat_of,
 )
-from .report import Report, key_values
+from ..report.report import Report, key_values
 
 
 def judge_agreement(spec: str, out: Path) -> dict[str, Any] | None:
@@ -126,3 +128,15 @@ def policy_row(name: str, s: dict[str, Any]) -> dict[str, Any]:
         "failed calls (no reply)": rate.get("failed"),
         "alarms": ", ".join(s["alarms"]["flags"]) or "none",
     }
+
+
+def plot_reward_vs_kl(points: dict[str, tuple[float, float]], path: Path) -> Path:
+    """Each policy at (KL to the reference, mean RM score): the trade-off of the paper's Figure 7."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5, 4))
+    for name, (kl, score) in points.items():
+        ax.scatter([kl], [score])
+        ax.annotate(name, (kl, score), textcoords="offset points", xytext=(5, 5))
+    ax.set(xlabel="KL to the reference (nats per response)", ylabel="mean RM score", title="RM score vs KL")
+    ax.grid(alpha=0.3)
+    return save(fig, path)

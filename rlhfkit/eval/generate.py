@@ -16,9 +16,9 @@ from ..devices import default_device
 from ..errors import ConfigError
 from ..generation import SamplingParams, generate_texts
 from ..models import load_policy
+from ..rouge import mean, rouge_l
 from ..tracking import write_jsonl
 from .prompt_suite import as_dialogue, load_suite
-from .rouge import mean, rouge_l
 
 
 def run_generate(cfg: GenerateConfig) -> int:

@@ -3,7 +3,7 @@
 The judge compares the two responses of labelled human comparisons (TL;DR, CNN/DM, HH-RLHF or preference pairs).
 Reported, each beside the trivial "always prefer the longer response" rule on the same pairs:
 - agreement with the human label, overall and by split, batch, confidence, policy pair and task
-  (`rm_metrics.breakdown`, as for a reward model), with a bootstrap interval;
+  (`reward_metrics.breakdown`, as for a reward model), with a bootstrap interval;
 - length bias: the share of its votes that went to the longer response, beside the humans' share;
 - position bias: every pair is judged in both orders; the share of votes for the response shown
   first (0.5 for an unbiased judge), and the share of pairs whose two verdicts pick the same response;
@@ -26,17 +26,16 @@ from ..data import load_pairs, usable
 from ..data.split import filter_comparisons
 from ..data.tldr import Comparison
 from ..errors import ConfigError
-from . import rm_metrics
-from .caveats import judge_caveat
+from ..intervals import bootstrap_interval
+from ..report.caveats import judge_caveat
+from ..report.report import Report, json_safe, key_values
+from ..reward_eval import metrics as reward_metrics
 from .judges import ApiOptions, Pair, Verdict, make_judge
-from .report import Report, key_values
-from .rm_report import json_safe
-from .winrate import bootstrap_interval
 
 
 def pairs_of(comparisons: list[Comparison]) -> list[Pair]:
     """The human-chosen response as A: a verdict "A" agrees with the human."""
-    return [Pair(rm_metrics.prompt_text(c), c.chosen.strip(), c.rejected.strip()) for c in comparisons]
+    return [Pair(reward_metrics.prompt_text(c), c.chosen.strip(), c.rejected.strip()) for c in comparisons]
 
 
 def reversed_pairs(pairs: list[Pair]) -> list[Pair]:
@@ -82,8 +81,8 @@ def position_bias(orders: BothOrders) -> dict[str, Any]:
 
 def longer_baseline(comparisons: list[Comparison]) -> dict[str, Any]:
     """ "Always prefer the longer response" (by characters) on the same pairs; equal length counts half."""
-    chosen, rejected = rm_metrics.char_lengths(comparisons)
-    picks = rm_metrics.length_rule_hits(chosen, rejected)
+    chosen, rejected = reward_metrics.char_lengths(comparisons)
+    picks = reward_metrics.length_rule_hits(chosen, rejected)
     return {
         "agreement": float(picks.mean()),
         "pairs": len(comparisons),
@@ -94,7 +93,7 @@ def longer_baseline(comparisons: list[Comparison]) -> dict[str, Any]:
 def length_preference(comparisons: list[Comparison], orders: BothOrders) -> dict[str, Any]:
     """Share of the judge's votes that went to the longer response (by characters; pairs of equal
     length left out): 0.5 for a judge blind to length, beside the humans' share on the same pairs."""
-    chosen, rejected = rm_metrics.char_lengths(comparisons)
+    chosen, rejected = reward_metrics.char_lengths(comparisons)
     forward, backward = orders.picks_chosen()
     votes = np.concatenate([forward, backward])
     chosen_longer = np.concatenate([chosen > rejected] * 2)
@@ -122,7 +121,7 @@ def summarise(comparisons: list[Comparison], orders: BothOrders, seed: int) -> d
         "pairs": len(comparisons),
         "agreement": agreement_summary(both, seed),
         "agreement_first_order_only": agreement_summary(forward, seed),
-        "breakdown": rm_metrics.breakdown(judged, per_pair[kept], seed=seed) if kept.any() else {},
+        "breakdown": reward_metrics.breakdown(judged, per_pair[kept], seed=seed) if kept.any() else {},
         "longer_baseline": longer_baseline(comparisons),
         "length_preference": length_preference(comparisons, orders),
         "position_bias": position_bias(orders),

@@ -13,10 +13,12 @@ P(win) = sigmoid(a + b * log length ratio) and reports sigmoid(a), the win rate 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from ..intervals import bootstrap_interval
 
 OUTCOMES = ("win", "loss", "tie", "unparseable", "failed")
 VOTE_VALUES = {"win": 1.0, "tie": 0.5, "loss": 0.0}
@@ -48,18 +50,6 @@ def vote_values(outcomes: Sequence[str]) -> np.ndarray:
     """1 for a win, 0.5 for a tie, 0 for a loss; unparseable replies and failed calls are dropped."""
     check_outcomes(outcomes)
     return np.array([VOTE_VALUES[o] for o in outcomes if o in VOTE_VALUES], dtype=np.float64)
-
-
-def bootstrap_interval(values: np.ndarray, statistic: Callable[[np.ndarray], float], resamples: int = 2000,
-                       confidence: float = 0.95, seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval of `statistic` over rows of `values` resampled with replacement."""
-    if len(values) == 0:
-        raise ValueError("bootstrap_interval needs at least one value")
-    rng = np.random.default_rng(seed)
-    picks = rng.integers(0, len(values), size=(resamples, len(values)))
-    stats = np.array([statistic(values[p]) for p in picks])
-    tail = (1 - confidence) / 2
-    return float(np.quantile(stats, tail)), float(np.quantile(stats, 1 - tail))
 
 
 def win_rate(outcomes: Sequence[str], resamples: int = 2000, confidence: float = 0.95, seed: int = 0) -> WinRate:

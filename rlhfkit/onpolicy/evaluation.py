@@ -17,16 +17,6 @@ from ..data.examples import SFTExample, tokenize_sft, training_examples
 from ..data.split import split_by_prompt
 from ..errors import ConfigError
 from ..eval.alarms import alarms
-from ..eval.caveats import (
-    alarm_caveat,
-    budget_caveat,
-    eos_trick_caveat,
-    fell_caveat,
-    few_prompts_caveat,
-    reward_model_caveat_of,
-)
-from ..eval.report import Report, config_text, trained_amount, training_summary
-from ..eval.rouge import mean, rouge_l
 from ..generation import (
     EVALUATION_STREAM,
     SamplingParams,
@@ -34,7 +24,17 @@ from ..generation import (
     sample_held_out,
 )
 from ..plots import metric_series, plot_curves
+from ..report.caveats import (
+    alarm_caveat,
+    budget_caveat,
+    eos_trick_caveat,
+    fell_caveat,
+    few_prompts_caveat,
+    reward_model_caveat_of,
+)
+from ..report.report import Report, config_text, trained_amount, training_summary
 from ..rollout import RolloutBatch
+from ..rouge import mean, rouge_l
 from ..tracking import read_jsonl, read_metrics
 from ..trainers.run import autocast_precision
 from .episodes import environment_seed, episode_drivers, episode_records

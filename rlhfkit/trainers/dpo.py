@@ -31,14 +31,15 @@ from ..data import PAIRS, resolved_format
 from ..data.examples import PairExample, prepare_pairs, prepare_training_pairs, query_limits
 from ..data.split import split_comparisons
 from ..devices import autocast, default_device, evaluation_mode, model_device
-from ..eval import rm_metrics, rm_report
-from ..eval.report import Table
-from ..eval.rm_eval import builtin_probes_for, evaluate_reward_model, write_rm_report
 from ..generation import SamplingParams, generate_texts
 from ..logprobs import sequence_logprobs
 from ..plots import plot_training_curves
 from ..preemption import restart_command, resume_command, stopping_at_once
 from ..preference_ops import PreferenceLoss, PreferenceObjective, preference_loss
+from ..report.report import Table
+from ..reward_eval import metrics as reward_metrics
+from ..reward_eval import report as reward_report
+from ..reward_eval.evaluate import builtin_probes_for, evaluate_reward_model, write_rm_report
 from ..reward_models import DPO_RECORD, ImplicitRewardModel
 from ..scoring import collate_pairs
 from ..tracking import read_metrics, write_jsonl
@@ -296,7 +297,7 @@ def sample_comparison(policy, reference, tokenizer, pairs: list[PairExample], cf
     after = generate_texts(policy, tokenizer, queries, params, cfg.forward_batch_size, desc="sampling (DPO policy)")
     return [
         {
-            "prompt": rm_metrics.prompt_text(p.record),
+            "prompt": reward_metrics.prompt_text(p.record),
             "human_chosen": p.record.chosen,
             "reference": b["text"],
             "dpo": a["text"],
@@ -336,8 +337,7 @@ def run(cfg: DPOConfig) -> int:
     pad_id = tokenizer.pad_token_id
     eval_pairs = val_pairs[: cfg.eval_pairs] if cfg.eval_pairs else val_pairs
     processes = int(os.environ.get("WORLD_SIZE", "1"))
-    # a signal ends the reference pass at once: its cache is written whole or not at all, and a restart computes it
-    # again
+    # a signal ends the reference pass at once: its cache is written whole or not at all, and a restart redoes it
     continuing = (
         (checkpoint_label(checkpoint), resume_command("dpo", run_dir, processes))
         if checkpoint
@@ -389,11 +389,10 @@ def run(cfg: DPOConfig) -> int:
                 probes=builtin_probes_for(val_records, "builtin"),
                 limits=query_limits(cfg.max_query_length, cfg.max_article_query_length),
             )
-            print(rm_report.headline(evaluation))
+            print(reward_report.headline(evaluation))
             samples = []
-            if (
-                cfg.eval_samples
-            ):  # SimPO trained without a reference: the starting policy to compare with is loaded only now
+            # SimPO trained without a reference: the starting policy to compare with is loaded only now
+            if cfg.eval_samples:
                 starting = reference if reference is not None else frozen_policy(cfg, final, reference_name, device)
                 samples = sample_comparison(final, starting, tokenizer, val_pairs[: cfg.eval_samples], cfg)
             write_jsonl(run_dir / "eval_samples.jsonl", samples)
@@ -411,7 +410,8 @@ def run(cfg: DPOConfig) -> int:
         write_rm_report(
             run_dir,
             "dpo",
-            cfg,
+            cfg.model,
+            cfg.total_batch_size,
             notes,
             evaluation,
             run_dir / "rm_eval",

@@ -3,7 +3,7 @@
 The reward model is the SFT backbone plus a scalar head (Details 10-11); the reward is read at
 the EOS token (Detail 12, `rlhfkit.scoring`); the loss is -log sigmoid(r_chosen - r_rejected); after
 training the head bias is set so the SFT reference summaries score 0 on average (Detail 15). The
-final model is evaluated by `rlhfkit rm-eval`'s code (`rlhfkit.eval.rm_eval`).
+final model is evaluated by the reward-model evaluation library `rlhfkit rm-eval` runs (`rlhfkit.reward_eval.evaluate`).
 """
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ from ..data.examples import (
 )
 from ..data.split import split_comparisons
 from ..errors import ConfigError
-from ..eval import rm_metrics, rm_report
-from ..eval.rm_eval import builtin_probes_for, evaluate_reward_model, write_rm_report
 from ..models import load_policy
 from ..plots import plot_training_curves
+from ..reward_eval import metrics as reward_metrics
+from ..reward_eval import report as reward_report
+from ..reward_eval.evaluate import builtin_probes_for, evaluate_reward_model, write_rm_report
 from ..reward_features import FeatureCache, collate_features
 from ..reward_models import ScalarModel, freeze_below_top_layers, load_reward_model
 from ..scoring import collate_packed_pairs, pair_scores, score_pairs, score_texts
@@ -181,8 +182,8 @@ def run(cfg: RMConfig) -> int:
             return {}
         c, r = score(current, eval_examples, "validating")
         return {
-            "val/accuracy": rm_metrics.pairwise_accuracy(c, r),
-            "val/loss": rm_metrics.pairwise_loss(c, r),
+            "val/accuracy": reward_metrics.pairwise_accuracy(c, r),
+            "val/loss": reward_metrics.pairwise_loss(c, r),
             "val/margin": float((c - r).mean()),
         }
 
@@ -202,9 +203,8 @@ def run(cfg: RMConfig) -> int:
             length=lambda e: e.packed_width(),
         )
 
-    if (
-        cfg.cross_validation_folds and not checkpoint
-    ):  # a checkpoint means the final model's training had begun: CV was done
+    # a checkpoint means the final model's training had begun: CV was done
+    if cfg.cross_validation_folds and not checkpoint:
         cross_validate(cfg, model, make_stage, score, all_train_examples, run_dir)
     result = train(cfg, make_stage(model, train_idx, evaluate), run_dir, checkpoint)
     if not is_main_process():
@@ -232,10 +232,19 @@ def run(cfg: RMConfig) -> int:
             seed=cfg.seed,
             features=features,
         )
-        print(rm_report.headline(evaluation))
+        print(reward_report.headline(evaluation))
     else:
         notes.append("no validation pairs (validation_fraction=0): evaluate with `rlhfkit rm-eval`")
     plot_training_curves(read_metrics(run_dir), run_dir / "plots")
-    write_rm_report(run_dir, "rm", cfg, notes, evaluation, run_dir / "rm_eval", extra=cross_validation_tables(run_dir))
+    write_rm_report(
+        run_dir,
+        "rm",
+        cfg.model,
+        cfg.total_batch_size,
+        notes,
+        evaluation,
+        run_dir / "rm_eval",
+        extra=cross_validation_tables(run_dir),
+    )
     print(f"model: {run_dir / 'model'}\nreport: {run_dir / 'report.html'}")
     return 0

@@ -30,8 +30,9 @@ from ..config import RMConfig
 from ..data.examples import PairExample, length_balanced_indices, response_length_columns
 from ..data.split import prompt_folds
 from ..errors import ConfigError
-from ..eval import rm_metrics, rm_report
-from ..eval.report import Table
+from ..report.report import Table
+from ..reward_eval import report as reward_report
+from ..reward_eval.evaluate import evaluate_rewards
 from ..reward_models import ScalarModel
 from .supervised import SupervisedStage, train
 
@@ -159,7 +160,7 @@ def cross_validate(
     out.mkdir(parents=True, exist_ok=True)
     chosen, rejected, notes = out_of_fold_scores(cfg, initial, make_stage, score, examples, out)
     lengths_c, lengths_r = (np.array(column) for column in response_length_columns(examples))
-    result = rm_metrics.evaluate_rewards(
+    result = evaluate_rewards(
         [e.record for e in examples], chosen, rejected, lengths_c, lengths_r, "tokens", seed=cfg.seed
     )
     result["protocol"] = (
@@ -167,10 +168,10 @@ def cross_validate(
         "trained without its prompt"
     )
     result["folds"] = notes
-    rm_report.write_rm_eval(out, result, chosen, rejected, lengths_c, lengths_r)
+    reward_report.write_rm_eval(out, result, chosen, rejected, lengths_c, lengths_r)
     print(
         f"cross-validation ({cfg.cross_validation_folds} folds of prompts, {len(examples)} "
-        f"pairs):\n{rm_report.headline(result)}"
+        f"pairs):\n{reward_report.headline(result)}"
     )
     return result
 
@@ -181,7 +182,7 @@ def cross_validation_tables(run_dir: Path) -> list[Table]:
     if not path.is_file():
         return []
     result = json.loads(path.read_text())
-    cells = rm_report.accuracy_cells(result["breakdown"]["overall"]) | {"protocol": result["protocol"]}
+    cells = reward_report.accuracy_cells(result["breakdown"]["overall"]) | {"protocol": result["protocol"]}
     rows = [{"metric": k, "value": v} for k, v in cells.items()] + [
         {"metric": f"fold {i}", "value": fold} for i, fold in enumerate(result["folds"])
     ]

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ..checkpoint import find_checkpoint, seed_everything
-from ..config import RunConfig, to_yaml
+from ..config import MODEL_OPTIONS, RunConfig, to_yaml
 from ..distributed import processes_need_cpu
 from ..errors import ConfigError, NonFiniteError
 from ..launch import RUN_STAMP
@@ -38,9 +38,6 @@ from ..sharding import (
     use_deepspeed_on_cpu,
     use_fsdp_on_cpu,
 )
-
-# the options of a stage that name a model
-MODEL_OPTIONS = ("model", "reference_model", "reward_model", "value_model")
 
 
 def is_main_process() -> bool:

@@ -24,12 +24,12 @@ from ..data.collate import IGNORE_INDEX, right_pad_query_response
 from ..data.examples import SFTExample, tokenize_sft, training_examples
 from ..data.split import split_by_prompt
 from ..devices import default_device, evaluation_mode, model_device
-from ..eval.caveats import budget_caveat, fell_caveat, few_prompts_caveat
-from ..eval.report import Report, config_text, trained_amount, training_summary
-from ..eval.rouge import mean, rouge_l
 from ..generation import SamplingParams, generate_texts
 from ..logprobs import target_logprobs
 from ..plots import metric_series, plot_curves
+from ..report.caveats import budget_caveat, fell_caveat, few_prompts_caveat
+from ..report.report import Report, config_text, trained_amount, training_summary
+from ..rouge import mean, rouge_l
 from ..tracking import read_jsonl, read_metrics, write_jsonl
 from .run import attention_implementation, is_main_process, record_settings, start_run
 from .supervised import SupervisedStage, train

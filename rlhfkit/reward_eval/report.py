@@ -1,37 +1,22 @@
 """What `rlhfkit rm-eval` writes: rm_eval.json, confident_errors.jsonl, the PNG plots, probes.md, and a
 terminal headline.
 
-It sits on top of the other evaluation modules: `evaluate_rewards` in `rm_metrics` computes the
-result, `plots` draws it, `probes` checks and renders the probe table; the HTML `report.html` that
-embeds these files is written by `report.py`.
+It sits on top of the other modules of the reward-model evaluation: `evaluate.evaluate_rewards` computes the
+result, `figures` draws it, `probes` checks and renders the probe table; the HTML `report.html` that embeds these
+files is written through `rlhfkit/report/`.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from .plots import plot_accuracy_bars, plot_calibration, plot_length_bias, plot_margin_histogram
+from ..report.report import json_safe
+from .figures import plot_accuracy_bars, plot_calibration, plot_length_bias, plot_margin_histogram
+from .metrics import UNKNOWN, reward_pair
 from .probes import probe_checks, render_probe_table_markdown
-from .rm_metrics import UNKNOWN, reward_pair
-
-
-def json_safe(value: Any) -> Any:
-    """NaN/inf become null and numpy scalars plain numbers, so rm_eval.json is strict JSON."""
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 def write_rm_eval(

@@ -20,8 +20,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..config import RecipeCheckConfig
-from ..errors import ConfigError
+from .config import RecipeCheckConfig
+from .errors import ConfigError
 
 SELECTOR = re.compile(r"^(?P<key>[^\[]*)\[(?P<field>[^=\]]+)=(?P<value>[^\]]*)\]$")
 # what each number of a variant holds, and of what kind

@@ -1,4 +1,5 @@
-"""`rlhfkit eval task=gsm8k`: accuracy of policies on problems with a verifiable answer.
+"""`rlhfkit eval gsm8k`: accuracy of policies on GSM8K problems, whose answers are verifiable numbers, with or
+without the calculator environment.
 
 Per policy, on the same problems in file order (the first `max_prompts`):
 - greedy pass@1: one greedy answer per problem, its final number compared with the reference
@@ -30,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..config import EvalConfig, parse_named
+from ..config import Gsm8kEvalConfig, parse_named
 from ..data.examples import SFTExample, reward_prompt, tokenize_sft
 from ..data.gsm8k import load_gsm8k
 from ..devices import model_device
@@ -43,14 +44,14 @@ from ..generation import (
     completion_texts,
     sample_held_out,
 )
+from ..intervals import bootstrap_interval
 from ..logprobs import response_logprobs
 from ..models import load_policy
+from ..report.caveats import fell_caveat, few_prompts_caveat
+from ..report.report import Report, with_intervals
 from ..rewards import answer_format, is_correct, mentions_answer
 from ..rollout import RolloutBatch
 from ..tracking import write_jsonl
-from .caveats import fell_caveat, few_prompts_caveat
-from .report import Report, with_intervals
-from .winrate import bootstrap_interval
 
 RESAMPLES = 2000
 MAX_TURNS = 16  # an answer's turns with an environment: the calculator's calls and the final stretch
@@ -61,7 +62,7 @@ def named_models(specs: list[str]) -> dict[str, str]:
     named = parse_named(specs, "models", "base=smollm2-135m,grpo=runs/grpo/model")
     if not named:
         raise ConfigError(
-            "eval task=gsm8k needs models=name=model[,name=model...]: the first is the baseline the others are "
+            "eval gsm8k needs models=name=model[,name=model...]: the first is the baseline the others are "
             "compared with"
         )
     return named
@@ -93,7 +94,7 @@ def named_pairs(specs: list[str], models: dict[str, str]) -> list[tuple[str, str
     return pairs
 
 
-def named_environments(cfg: EvalConfig, models: dict[str, str]) -> dict[str, type[Environment]]:
+def named_environments(cfg: Gsm8kEvalConfig, models: dict[str, str]) -> dict[str, type[Environment]]:
     """name=environment pairs, each name one of `models`' and each environment checked."""
     named = parse_named(cfg.environments, "environments", "sft-calc=gsm8k-calculator")
     unknown = [name for name in named if name not in models]
@@ -105,7 +106,7 @@ def named_environments(cfg: EvalConfig, models: dict[str, str]) -> dict[str, typ
     return {name: check_environment(spec, {}) for name, spec in named.items()}
 
 
-def episode_drivers(environment: type[Environment] | None, examples: list[SFTExample], tokenizer, cfg: EvalConfig,
+def episode_drivers(environment: type[Environment] | None, examples: list[SFTExample], tokenizer, cfg: Gsm8kEvalConfig,
                     temperature: float, samples: int):
     """`sample_held_out`'s `episodes_for`: row g + samples x i an episode of problem i with `environment`,
     seeded by its row; None without an environment."""
@@ -124,7 +125,7 @@ def episode_drivers(environment: type[Environment] | None, examples: list[SFTExa
 
 @torch.no_grad()
 def answer(
-    policy, examples: list[SFTExample], tokenizer, cfg: EvalConfig, temperature: float, samples: int,
+    policy, examples: list[SFTExample], tokenizer, cfg: Gsm8kEvalConfig, temperature: float, samples: int,
     environment: type[Environment] | None = None,
 ) -> RolloutBatch:
     params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=temperature)
@@ -177,7 +178,7 @@ def tool_calls(batch: RolloutBatch) -> np.ndarray:
     return batch.env_components[:, Gsm8kCalculator.component_names.index("tool_calls")].cpu().numpy().astype(float)
 
 
-def evaluate_policy(name: str, path: str, examples: list[SFTExample], cfg: EvalConfig, reference,
+def evaluate_policy(name: str, path: str, examples: list[SFTExample], cfg: Gsm8kEvalConfig, reference,
                     environment: type[Environment] | None = None) -> dict[str, Any]:
     policy, tokenizer = load_policy(path, cfg.trust_remote_code)
     policy.eval()
@@ -276,7 +277,7 @@ def named_interval(values: np.ndarray, seed: int) -> dict[str, float]:
     return suffixed(interval(values, seed)) if values.size else {}
 
 
-def select_problems(cfg: EvalConfig, tokenizer) -> list[SFTExample]:
+def select_problems(cfg: Gsm8kEvalConfig, tokenizer) -> list[SFTExample]:
     records, log = load_gsm8k(cfg.data, cfg.hf_split)
     if cfg.max_prompts:
         records = records[: cfg.max_prompts]
@@ -290,11 +291,11 @@ def select_problems(cfg: EvalConfig, tokenizer) -> list[SFTExample]:
     return examples
 
 
-def run_accuracy(cfg: EvalConfig) -> int:
+def run(cfg: Gsm8kEvalConfig) -> int:
     named = named_models(cfg.models)
     pairs = named_pairs(cfg.pairs, named)
     if not cfg.data:
-        raise ConfigError("eval task=gsm8k needs data= (GSM8K test problems, e.g. ../shared/data/gsm8k/test.jsonl.gz)")
+        raise ConfigError("eval gsm8k needs data= (GSM8K test problems, e.g. ../shared/data/gsm8k/test.jsonl.gz)")
     reference = (
         load_policy(cfg.reference_model, cfg.trust_remote_code)[0].eval()
         if cfg.reference_model and cfg.pass_k
@@ -326,7 +327,7 @@ def run_accuracy(cfg: EvalConfig) -> int:
     return 0
 
 
-def write_accuracy_report(out: Path, written: dict[str, Any], cfg: EvalConfig) -> Path:
+def write_accuracy_report(out: Path, written: dict[str, Any], cfg: Gsm8kEvalConfig) -> Path:
     """Each policy's greedy accuracy beside the first policy's on the same problems, with the paired difference,
     and the paired difference of each of `pairs=`."""
     report = Report(

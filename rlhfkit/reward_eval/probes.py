@@ -19,7 +19,8 @@ import numpy as np
 import yaml
 
 from ..errors import UserError
-from .rm_metrics import as_rewards, spearman
+from .calibration import spearman
+from .metrics import as_rewards
 
 DEFAULT_PROBES = Path(__file__).resolve().parents[1] / "probes" / "tldr-probes.yaml"
 PROBE_KINDS = ("quality", "length")

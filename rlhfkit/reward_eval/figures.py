@@ -1,9 +1,7 @@
-"""matplotlib figures of the evaluation's results, written as PNG files (embedded later by `report.py`).
-
-- reward-model evaluation: calibration (Detail 18, Figure 5 right), reward against length, accuracy
-  per group (Detail 16, Table 5), the margin histogram, drawn from the results of `rm_metrics`, and
-  the head's output at every response token (Detail 13);
-- policy comparison: mean RM score against KL to the reference (Figure 7).
+"""matplotlib figures of a reward model's evaluation, written as PNG files (embedded later by the report):
+calibration (Detail 18, Figure 5 right), reward against length, accuracy per group (Detail 16, Table 5), the
+margin histogram, drawn from the results of `metrics` and `calibration`, and the head's output at every response
+token (Detail 13).
 
 `pyplot` and `save` come from `rlhfkit/plots.py`, with the training curves.
 """
@@ -16,10 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..plots import pyplot, save
-from .rm_metrics import pearson, spearman
-
-# ---------------------------------------------------------------------------------------------
-# Reward-model evaluation
+from .calibration import pearson, spearman
 
 
 def plot_calibration(calib: dict[str, Any], path: Path) -> Path:
@@ -178,15 +173,3 @@ def plot_reward_logits(dump: dict[str, Any], path: Path) -> Path:
 
 # ---------------------------------------------------------------------------------------------
 # Policy comparison
-
-
-def plot_reward_vs_kl(points: dict[str, tuple[float, float]], path: Path) -> Path:
-    """Each policy at (KL to the reference, mean RM score): the trade-off of the paper's Figure 7."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(5, 4))
-    for name, (kl, score) in points.items():
-        ax.scatter([kl], [score])
-        ax.annotate(name, (kl, score), textcoords="offset points", xytext=(5, 5))
-    ax.set(xlabel="KL to the reference (nats per response)", ylabel="mean RM score", title="RM score vs KL")
-    ax.grid(alpha=0.3)
-    return save(fig, path)

@@ -1,10 +1,10 @@
-"""`rlhfkit rm-eval`: a reward model, or a DPO policy's implicit reward (Detail 19), on human
-comparisons (Section 6, Details 13 and 16-18).
+"""A reward model, or a DPO policy's implicit reward (Detail 19), evaluated on human comparisons (Section 6,
+Details 13 and 16-18): the library `rlhfkit rm`, `rlhfkit dpo` and `rlhfkit rm-eval` (`command.py`) share.
 
 `evaluate_reward_model` scores the pairs through `rlhfkit.scoring` and writes everything `rm_eval.json`
-holds (`rm_metrics`), its plots and tables (`rm_report`), the probes and the Detail 13 dump of the
-head's output at every response token; `rlhfkit rm` and `rlhfkit dpo` call it on their validation
-pairs, and `write_rm_report` puts their run in report.html.
+holds (`evaluate_rewards`: `metrics` and `calibration`), its plots and tables (`report`), the probes and the
+Detail 13 dump of the head's output at every response token; `rlhfkit rm` and `rlhfkit dpo` call it on their
+validation pairs, and `write_rm_report` puts their run in report.html.
 """
 
 from __future__ import annotations
@@ -12,31 +12,27 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from .. import ops
-from ..config import PairConfig, RMEvalConfig
-from ..data import load_pairs, usable
-from ..data.examples import PairExample, prepare_pairs, query_limits
+from ..data.examples import PairExample
 from ..data.formats import encode_completion, encode_query
-from ..data.split import filter_comparisons, split_by_prompt
 from ..data.tldr import Comparison
-from ..devices import default_device
-from ..errors import ConfigError
-from ..models import SCALAR_CONFIG
+from ..report.caveats import budget_caveat, few_prompts_caveat, read_json, reward_model_caveat
+from ..report.report import Report, Table, config_text, trained_amount, training_summary
 from ..reward_features import FeatureCache
-from ..reward_models import DPO_RECORD, ScalarModel, load_implicit_reward_model, load_reward_model
+from ..reward_models import ScalarModel
 from ..scoring import collate_scored, response_lengths, score_pair_heads, score_texts
 from ..tracking import read_metrics
-from . import rm_metrics, rm_report
-from .caveats import budget_caveat, few_prompts_caveat, read_json, reward_model_caveat
-from .plots import plot_reward_logits
+from . import metrics
+from . import report as reward_report
+from .calibration import calibration, length_bias
+from .figures import plot_reward_logits
 from .probes import DEFAULT_PROBES, load_probes, probe_items, probe_table
-from .report import Report, Table, config_text, trained_amount, training_summary
 
 
 def dump_reward_logits(model: ScalarModel, tokenizer, examples: list[PairExample], out: Path) -> list[dict[str, Any]]:
@@ -105,20 +101,20 @@ def evaluate_reward_model(
             torch.from_numpy(rejected), lengths["rejected_lengths"], length_penalty
         ).numpy()
     comparisons = [e.record for e in examples]
-    result = rm_metrics.evaluate_rewards(
+    result = evaluate_rewards(
         comparisons, chosen, rejected, lengths_c, lengths_r, "tokens", bins, errors, seed=seed
     )
     result["length_penalty"] = length_penalty
     if "chosen_length" in heads:  # ODIN: is the pair still modelled once both heads are summed?
         both = heads["chosen"] + heads["chosen_length"] > heads["rejected"] + heads["rejected_length"]
-        result["odin_reward_plus_length_head"] = rm_metrics.accuracy_with_baseline(
+        result["odin_reward_plus_length_head"] = metrics.accuracy_with_baseline(
             both.astype(float),
-            rm_metrics.length_rule_hits(lengths_c, lengths_r),
-            rm_metrics.chosen_shorter_mask(lengths_c, lengths_r),
+            metrics.length_rule_hits(lengths_c, lengths_r),
+            metrics.chosen_shorter_mask(lengths_c, lengths_r),
             seed,
         )
     probe_rows = score_probes(model, tokenizer, probes, limits)
-    rm_report.write_rm_eval(out, result, chosen, rejected, lengths_c, lengths_r, probe_rows=probe_rows or None)
+    reward_report.write_rm_eval(out, result, chosen, rejected, lengths_c, lengths_r, probe_rows=probe_rows or None)
     if dump and model.head_type == "eos-linear":
         dump_reward_logits(model, tokenizer, examples[:dump], out)
     return result
@@ -127,7 +123,8 @@ def evaluate_reward_model(
 def write_rm_report(
     run_dir: Path,
     stage: str,
-    cfg: PairConfig,
+    model: str,
+    pairs_per_step: int,
     notes: list[str],
     evaluation: dict[str, Any],
     eval_dir: Path,
@@ -135,21 +132,22 @@ def write_rm_report(
     extra: Sequence[Table] = (),
 ) -> Path:
     """report.html of a reward-model or DPO run: validation accuracy beside the always-longer rule,
-    accuracy by group, calibration bins, plots and probes."""
+    accuracy by group, calibration bins, plots and probes; `model` is the model it started from, `pairs_per_step`
+    the pairs of one optimizer step."""
     history = read_metrics(run_dir)
     report = Report(
         f"{title} run {run_dir.name}",
-        training_summary(run_dir, cfg.model, notes, history, cfg.total_batch_size, "pairs"),
+        training_summary(run_dir, model, notes, history, pairs_per_step, "pairs"),
         config=config_text(run_dir),
     )
-    report.caveat(budget_caveat(stage, trained_amount(history, cfg.total_batch_size)))
+    report.caveat(budget_caveat(stage, trained_amount(history, pairs_per_step)))
     if "breakdown" in evaluation:
         accuracy_numbers(report, evaluation)
         for name in ("confidence", "batch", "split", "task"):
             groups = evaluation["breakdown"].get(name, {})
             report.table(
                 f"Accuracy by {name} (Detail 16)",
-                [{name: g, **rm_report.accuracy_cells(stats)} for g, stats in groups.items()],
+                [{name: g, **reward_report.accuracy_cells(stats)} for g, stats in groups.items()],
             )
         report.table(
             "Calibration bins (Figure 5 right)",
@@ -193,7 +191,7 @@ def accuracy_numbers(report: Report, evaluation: dict[str, Any]) -> None:
         reward_model_caveat(overall["accuracy"], overall["length_rule"], overall["model_minus_rule_low"]),
     )
     report.number(
-        f"accuracy minus always-longer (paired): {rm_report.versus_length_rule(overall)}",
+        f"accuracy minus always-longer (paired): {reward_report.versus_length_rule(overall)}",
         (overall["model_minus_rule"], overall["model_minus_rule_low"], overall["model_minus_rule_high"]),
         0,
         "no difference",
@@ -207,59 +205,50 @@ def accuracy_numbers(report: Report, evaluation: dict[str, Any]) -> None:
     report.number("validation loss", evaluation.get("loss"), math.log(2), "a constant score (ln 2)")
     report.number("calibration error (ECE)", evaluation["calibration"]["ece"])
     report.caveat(few_prompts_caveat(overall["count"], "held-out pairs"))
-    report.summary["intervals"] = rm_report.protocol_note(evaluation)
+    report.summary["intervals"] = reward_report.protocol_note(evaluation)
 
 
-def load_pair_scorer(cfg: RMEvalConfig) -> tuple[torch.nn.Module, Any]:
-    """A reward model, or a DPO policy whose implicit reward is scored the same way (Detail 19)."""
-    folder = Path(cfg.model)
-    if (
-        folder.is_dir()
-        and not (folder / SCALAR_CONFIG).is_file()
-        and ((folder / DPO_RECORD).is_file() or cfg.reference_model)
-    ):
-        return load_implicit_reward_model(folder, cfg.reference_model, cfg.beta, cfg.trust_remote_code)
-    return load_reward_model(cfg.model, cfg.trust_remote_code)
+# ---------------------------------------------------------------------------------------------
+# Everything at once
 
 
-def run_eval(cfg: RMEvalConfig) -> int:
-    if not cfg.model or not cfg.data:
-        raise ConfigError("rm-eval needs model=<reward model or DPO policy folder> and data=<comparisons>")
-    model, tokenizer = load_pair_scorer(cfg)
-    model = model.to(default_device())
-    loaded = load_pairs(cfg.data_format, cfg.data, cfg.hf_split, cfg.fields)
-    records, log = usable(loaded, cfg.data, "pairs", f"data_format={cfg.data_format}")
-    records = filter_comparisons(records, cfg.splits, cfg.batches)
-    if cfg.side != "all":
-        train_side, val_side = split_by_prompt(
-            records, lambda r: r.prompt_id, validation_fraction=cfg.validation_fraction, seed=cfg.seed
-        )
-        records = val_side if cfg.side == "validation" else train_side
-    records = records[: cfg.max_pairs] if cfg.max_pairs else records
-    examples, note = prepare_pairs(cfg.lengths, tokenizer, records)
-    print(f"loaded: {log.summary('pairs')}; scoring: {note}")
-    if not examples:
-        raise ConfigError(
-            f"no pairs left to evaluate (filters splits={cfg.splits} batches={cfg.batches} side={cfg.side}; "
-            f"loaded: {log.summary('pairs')}; scoring: {note})"
-        )
-    out = Path(cfg.out) if cfg.out else Path("runs") / f"rm-eval-{datetime.now():%Y%m%d-%H%M%S}"
-    limits = query_limits(cfg.max_query_length, cfg.max_article_query_length)
-    probes = builtin_probes_for(records, cfg.probes)
-    result = evaluate_reward_model(
-        model,
-        tokenizer,
-        examples,
-        out,
-        batch_size=cfg.batch_size,
-        probes=probes,
-        limits=limits,
-        errors=cfg.errors,
-        bins=cfg.calibration_bins,
-        dump=cfg.dump_logits,
-        length_penalty=cfg.length_penalty,
-        seed=cfg.seed,
+def evaluate_rewards(
+    comparisons: Sequence[Comparison],
+    chosen_rewards: Any,
+    rejected_rewards: Any,
+    chosen_lengths: Any = None,
+    rejected_lengths: Any = None,
+    length_unit: str = "tokens",
+    n_bins: int = 10,
+    k_errors: int = 20,
+    seed: int = 0,
+    resamples: int = metrics.RESAMPLES,
+) -> dict[str, Any]:
+    """Every number of `metrics` and `calibration` for one set of rewards; lengths default to characters."""
+    chosen, rejected = metrics.reward_pair(chosen_rewards, rejected_rewards)
+    metrics.check_aligned(comparisons, chosen)
+    chosen_lengths, rejected_lengths, length_unit = metrics.response_lengths(
+        comparisons, chosen_lengths, rejected_lengths, length_unit
     )
-    print(rm_report.headline(result))
-    print(f"wrote {out / 'rm_eval.json'}")
-    return 0
+    correct = chosen > rejected
+    return {
+        "pairs": int(chosen.size),
+        "accuracy": float(correct.mean()),
+        "loss": metrics.pairwise_loss(chosen, rejected),
+        "rewards": {
+            "all": metrics.reward_stats(np.concatenate([chosen, rejected])),
+            "chosen": metrics.reward_stats(chosen),
+            "rejected": metrics.reward_stats(rejected),
+            "margin": metrics.reward_stats(chosen - rejected),
+        },
+        "breakdown": metrics.breakdown(comparisons, correct, chosen_lengths, rejected_lengths, seed, resamples),
+        "intervals": {
+            "method": "percentile bootstrap over pairs",
+            "confidence": metrics.CONFIDENCE,
+            "resamples": resamples,
+            "seed": seed,
+        },
+        "calibration": calibration(chosen, rejected, n_bins),
+        "length_bias": length_bias(chosen, rejected, chosen_lengths, rejected_lengths, length_unit),
+        "confident_errors": metrics.most_confident_errors(comparisons, chosen, rejected, k_errors),
+    }

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..faults import room_for
 from ..run_folder import read_resolved
 
@@ -368,3 +370,16 @@ def with_intervals(row: dict[str, Any]) -> dict[str, Any]:
         low, high = row.get(f"{key}_low"), row.get(f"{key}_high")
         merged[key] = (value, low, high) if low is not None and high is not None else value
     return merged
+
+
+def json_safe(value: Any) -> Any:
+    """NaN/inf become null and numpy scalars plain numbers, so a command's JSON results are strict JSON."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
