@@ -12,7 +12,7 @@ for candidate in "${CANDIDATES[@]}"; do
   set -- $candidate
   name="$1-$2d"
   rlhfkit data make-task task="$1" digits="$2" train_problems=10 test_problems=100 out="$OUT/data/$name" overwrite=true
-  rlhfkit eval task=gsm8k models=base=smollm2-135m data="$OUT/data/$name/test.jsonl" max_prompts=64 pass_k="${PASS_K:-0}" \
+  rlhfkit eval gsm8k models=base=smollm2-135m data="$OUT/data/$name/test.jsonl" max_prompts=64 pass_k="${PASS_K:-0}" \
     temperature=0.7 max_response_length=96 out="$OUT/$name" > "$OUT/$name.log"
   python - "$OUT/$name/accuracy.json" "$name" <<'PY'
 import json, sys

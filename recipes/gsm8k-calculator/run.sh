@@ -33,6 +33,6 @@ ENVIRONMENTS="sft-calc=gsm8k-calculator,grpo-calc=gsm8k-calculator"
 # every model on the same first test problems, greedy, 256 tokens (an episode's: the policy's and the calculator's)
 # paired differences beside those from the base model: the calculator's on the SFT model, and RL's with the calculator
 PAIRS="sft-calc:sft,grpo-calc:sft-calc"
-rlhfkit eval task=gsm8k models="$MODELS" environments="$ENVIRONMENTS" pairs="$PAIRS" data=$TEST \
+rlhfkit eval gsm8k models="$MODELS" environments="$ENVIRONMENTS" pairs="$PAIRS" data=$TEST \
   max_prompts=$PROBLEMS max_response_length=256 generation_batch_size=32 out="$ROOT/eval"
 rlhfkit recipe check expected="$RECIPE" variant="$VARIANT" root="$ROOT"

@@ -13,12 +13,12 @@ case "$VARIANT" in
 full)
   ROOT=runs
   rlhfkit grpo --preset gsm8k-grpo data=../shared/data/gsm8k/train.jsonl.gz output_dir=runs/gsm8k-grpo
-  rlhfkit eval task=gsm8k models=base=smollm2-135m,grpo=runs/gsm8k-grpo/model data=$TEST max_prompts=320 \
+  rlhfkit eval gsm8k models=base=smollm2-135m,grpo=runs/gsm8k-grpo/model data=$TEST max_prompts=320 \
     max_response_length=200 out=runs/gsm8k-eval
   ;;
 short)
   ROOT=${ROOT:-runs/gsm8k-floor-short}
-  rlhfkit eval task=gsm8k models=base=smollm2-135m data=$TEST max_prompts=32 max_response_length=200 \
+  rlhfkit eval gsm8k models=base=smollm2-135m data=$TEST max_prompts=32 max_response_length=200 \
     generation_batch_size=32 out="$ROOT/gsm8k-eval"
   ;;
 *) echo "usage: $0 [full|short]" >&2; exit 2 ;;
