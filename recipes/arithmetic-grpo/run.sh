@@ -2,7 +2,7 @@
 # The recipe's exact commands (recipes/arithmetic-grpo/README.md): the task, GRPO and RLOO from the embedded
 # SmolLM2-135M-Instruct, the held-out evaluation of both beside the base model, the base model's pass@4, the
 # curves, and the check of every number against expected.json.
-# Usage: recipes/arithmetic-grpo/run.sh [full|short]   (full: about 65 minutes on a 2-core CPU; short: about 4)
+# Usage: recipes/arithmetic-grpo/run.sh [full|short]   (full: about 65 minutes on a 2-core CPU; short: about 9)
 # Run it from the repository root with ../shared beside it; ROOT=<folder> writes elsewhere.
 set -euo pipefail
 VARIANT=${1:-full}
@@ -10,8 +10,8 @@ RECIPE=recipes/arithmetic-grpo
 ROOT=${ROOT:-runs/arithmetic-grpo-$VARIANT}
 case "$VARIANT" in
   full) STEPS=30; PROBLEMS=524; ANSWER_TOKENS=96; PASS_K_PROBLEMS=256; SIZE=() ;;
-  # 3 updates of 4 problems, one optimizer step each; base and GRPO on the first 64 held-out problems
-  short) STEPS=3; PROBLEMS=64; ANSWER_TOKENS=64; PASS_K_PROBLEMS=0; SIZE=(total_batch_size=32 num_minibatches=1) ;;
+  # the full run's first 5 updates (10 optimizer steps); base and GRPO on the first 64 held-out problems
+  short) STEPS=5; PROBLEMS=64; ANSWER_TOKENS=64; PASS_K_PROBLEMS=0; SIZE=() ;;
   *) echo "usage: $0 [full|short]" >&2; exit 2 ;;
 esac
 shift || true
@@ -27,11 +27,11 @@ MODELS="base=smollm2-135m,grpo=$ROOT/grpo/model"
 [ "$VARIANT" = short ] || MODELS="$MODELS,rloo=$ROOT/rloo/model"
 # greedy answers of every model to the same held-out problems; the full recipe leaves room to spare (96 tokens, where
 # training used 64) so that the base model's longer answers are not cut
-rlhfkit eval task=gsm8k models="$MODELS" data="$ROOT/data/test.jsonl" max_prompts=$PROBLEMS \
+rlhfkit eval gsm8k models="$MODELS" data="$ROOT/data/test.jsonl" max_prompts=$PROBLEMS \
   max_response_length=$ANSWER_TOKENS \
   generation_batch_size=64 out="$ROOT/eval"
 if [ "$PASS_K_PROBLEMS" -gt 0 ]; then  # the base model's best of 4 at the training temperature
-  rlhfkit eval task=gsm8k models=base=smollm2-135m data="$ROOT/data/test.jsonl" max_prompts=$PASS_K_PROBLEMS pass_k=4 \
+  rlhfkit eval gsm8k models=base=smollm2-135m data="$ROOT/data/test.jsonl" max_prompts=$PASS_K_PROBLEMS pass_k=4 \
     temperature=0.7 max_response_length=96 generation_batch_size=64 out="$ROOT/eval-base-pass-k"
   rlhfkit report runs="$ROOT/grpo,$ROOT/rloo" out="$ROOT/report"
   python "$RECIPE/curves.py" "$ROOT" "$ROOT/curves.png"  # the README's image (recipes/arithmetic-grpo/curves.png)
