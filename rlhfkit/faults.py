@@ -24,15 +24,19 @@ from pathlib import Path
 from .errors import DiskFullError
 
 ENV = "RLHFKIT_FAULT"
-POINTS = (
-    "save",
-    "publish",
-)  # save: weights written, state and manifest not; publish: folder in place, `latest` not moved
+# save: weights written, state and manifest not; publish: folder in place, `latest` not moved
+POINTS = ("save", "publish")
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def fault_point(point: str, step: int) -> None:
-    if os.environ.get(ENV) == f"{point}:{step}":
+    """SIGKILL this process when RLHFKIT_FAULT names `point` at `step`. A point outside POINTS, in the code or in
+    the variable, is refused: a misspelt point would otherwise never fire and the fault test would pass untested."""
+    named = os.environ.get(ENV)
+    for where, name in (("fault_point", point), (ENV, (named or "").partition(":")[0])):
+        if name and name not in POINTS:
+            raise ValueError(f"{where}: no fault point {name!r}; the points are {', '.join(POINTS)}")
+    if named == f"{point}:{step}":
         os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -221,3 +221,15 @@ def test_fault_points_fire_only_where_rlhfkit_fault_names_them(monkeypatch):
     assert killed == []
     faults.fault_point("save", 2)
     assert killed == [(faults.os.getpid(), faults.signal.SIGKILL)]
+
+
+def test_a_misspelt_fault_point_is_refused_rather_than_never_firing(monkeypatch):
+    from rlhfkit import faults
+
+    monkeypatch.setattr(faults.os, "kill", lambda pid, sig: pytest.fail("no point may fire"))
+    monkeypatch.setenv(faults.ENV, "sav:1")
+    with pytest.raises(ValueError, match="RLHFKIT_FAULT: no fault point 'sav'; the points are save, publish"):
+        faults.fault_point("save", 1)
+    monkeypatch.delenv(faults.ENV)
+    with pytest.raises(ValueError, match="fault_point: no fault point 'publsh'"):
+        faults.fault_point("publsh", 1)
