@@ -1,5 +1,5 @@
 """Faults a run meets without causing them: killed processes, injected for the reliability suite
-(tests/test_fault_injection.py), and a full disk.
+(tests/runs/test_fault_injection.py), and a full disk.
 
 A process started with RLHFKIT_FAULT=<point>:<step> kills itself with SIGKILL when it reaches that
 point of that step, as a preempted or out-of-memory job would die: no handler runs, no file is

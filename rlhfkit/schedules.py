@@ -3,7 +3,7 @@ as `torch.optim.lr_scheduler.LambdaLR` multipliers.
 
 They are transformers' (`get_scheduler` with "cosine", "linear", "constant_with_warmup"), written out
 because importing `transformers.optimization` loads the Trainer's utilities and peft: about 3 s of
-every process's start-up, paid again by each process of a launch. tests/test_schedules.py checks
+every process's start-up, paid again by each process of a launch. tests/trainers/test_schedules.py checks
 them against transformers' at every step, checkpoints included."""
 
 from __future__ import annotations
