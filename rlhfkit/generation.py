@@ -18,10 +18,8 @@ trainers compute them.
 from __future__ import annotations
 
 import dataclasses
-import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -32,6 +30,7 @@ from .data.collate import left_pad_queries
 from .decoding import decoding_steps, eager
 from .decoding.buckets import GraphMismatch
 from .devices import evaluation_mode, model_device
+from .environments import ChunkEpisodes, EpisodePlan, EpisodePrompt, EpisodeStart
 from .ops import (
     filter_logits,
     first_true_indices,
@@ -39,11 +38,8 @@ from .ops import (
     sample_rows,
     truncate_after_eos,
 )
-from .rollout import RolloutBatch
+from .rollout import Episodes, RolloutBatch
 from .sharding import gathered_for_generation
-
-if TYPE_CHECKING:
-    from .environments.driver import EpisodeDriver
 
 
 @dataclass
@@ -63,8 +59,7 @@ class Rollout:
     lengths: torch.Tensor  # (B,) tokens up to and including EOS (R when there is none)
     has_eos: torch.Tensor  # (B,) whether the response contains EOS
     decoding: str = "eager"  # how the steps ran: eager, buckets or cuda-graphs
-    # multi-turn: policy_mask, sample_logprobs, env_rewards, ... (`EpisodeDriver.results`)
-    episodes: dict[str, torch.Tensor] | None = None
+    episodes: Episodes | None = None  # multi-turn episodes: what they add to the rows
 
 
 def pick_next(
@@ -119,14 +114,13 @@ def generate(
     pad_id: int,
     seeds: Sequence[int] | None = None,
     samples_per_prompt: int = 1,
-    episodes: Callable[[], EpisodeDriver] | None = None,
+    episodes: ChunkEpisodes | None = None,
 ) -> Rollout:
     """Sample up to `max_new_tokens` for each left-padded query; stop early once every row has EOS.
     Output row r draws from an RNG seeded with `seeds[r]` (default: `SampleKeys(params.seed)`'s, query
     i's sample g at row g + G x i), one draw per step.
-    With `episodes` (a fresh driver of the rows' environments, rlhfkit/environments/driver.py) each row is
-    a multi-turn episode: the environment's ids are fed between the policy's turns, and a row ends when
-    its episode does.
+    With `episodes` (the rows' episodes, rlhfkit/environments/plan.py) each row is a multi-turn episode: the
+    environment's ids are fed between the policy's turns, and a row ends when its episode does.
 
     With `samples_per_prompt` G > 1 each query is encoded once and its KV cache repeated G times, so
     a group of G samples (GRPO, RLOO) costs one prefill; the rows come out as G consecutive samples
@@ -159,7 +153,7 @@ def prefill_and_decode(
     pad_id: int,
     generators: list[torch.Generator],
     samples_per_prompt: int,
-    episodes: Callable[[], EpisodeDriver] | None = None,
+    episodes: ChunkEpisodes | None = None,
 ) -> Rollout:
     """`generate`'s prefill and decoding loop. Sampling happens here, on every row's logits, whichever
     way the steps run (`decoding_steps`), so the random streams do not depend on it, nor on what an
@@ -182,7 +176,7 @@ def prefill_and_decode(
     )
     tokens = []
     finished = torch.zeros(query_ids.size(0), dtype=torch.bool, device=device)
-    driver = episodes() if episodes is not None else None
+    driver = episodes.driver(params.max_new_tokens, params.temperature) if episodes is not None else None
     for step in range(params.max_new_tokens):
         nxt = pick_next(logits, params, generators, pad_id)
         if driver is None:
@@ -194,10 +188,8 @@ def prefill_and_decode(
             break
         logits = steps.step(nxt, finished, step)
     if driver is not None:
-        fields = driver.results(len(tokens), device)
-        return Rollout(
-            query_ids, fields.pop("responses"), fields.pop("lengths"), fields.pop("has_eos"), steps.name, fields
-        )
+        results = driver.results(len(tokens), device)
+        return Rollout(query_ids, results.responses, results.lengths, results.has_eos, steps.name, results.episodes)
     raw = torch.stack(tokens, dim=1)
     responses = truncate_after_eos(raw, eos_id, pad_id)
     eos_at = first_true_indices(raw == eos_id)
@@ -223,12 +215,15 @@ def sample_responses(
     keys: SampleKeys,
     desc: str = "",
     samples_per_prompt: int = 1,
-    episodes_for: Callable[[list[int]], EpisodeDriver] | None = None,
+    episodes: EpisodePlan | None = None,
+    prompts: Sequence[EpisodePrompt] = (),
 ) -> RolloutBatch:
     """Sample `samples_per_prompt` (G) responses per query, longest queries first to pad less. Row
     g + G*i is sample g of query i, drawn from its own RNG (`keys`); `batch_size` counts rows, and
-    each query is encoded once. With `episodes_for(rows)` (a new driver of those rows' environments)
-    each row is a multi-turn episode."""
+    each query is encoded once. With `episodes` each row is a multi-turn episode of the plan's environment,
+    started from its query's `prompts` entry."""
+    if episodes is not None and len(prompts) != len(queries):
+        raise ValueError(f"episodes start from each query's prompt: {len(prompts)} prompts for {len(queries)} queries")
     device = model_device(policy)
     group = samples_per_prompt
     padded = left_pad_queries(queries, tokenizer.pad_token_id)
@@ -252,7 +247,7 @@ def sample_responses(
                 tokenizer.pad_token_id,
                 keys.row_seeds(order[start : start + per_chunk], group),
                 group,
-                functools.partial(episodes_for, rows.tolist()) if episodes_for is not None else None,
+                None if episodes is None else chunk_episodes(episodes, tokenizer, prompts, rows.tolist(), keys, group),
             )
             chunks.append((rows, out))
     total = len(queries) * group
@@ -264,28 +259,34 @@ def sample_responses(
         responses[rows, : out.responses.size(1)] = out.responses
         lengths[rows], has_eos[rows] = out.lengths, out.has_eos
     mask = torch.arange(width, device=device).unsqueeze(0) < lengths.unsqueeze(1)
-    prompts = torch.arange(len(queries), device=device).repeat_interleave(group)
+    prompt_rows = torch.arange(len(queries), device=device).repeat_interleave(group)
     query_ids, query_mask = query_ids.repeat_interleave(group, 0), query_mask.repeat_interleave(group, 0)
-    episodes = gathered_episodes(chunks, total, width) if episodes_for is not None else {}
-    return RolloutBatch(prompts, query_ids, query_mask, responses, mask, has_eos, **episodes)
+    gathered = gathered_episodes(chunks, total, width) if episodes is not None else None
+    return RolloutBatch(prompt_rows, query_ids, query_mask, responses, mask, has_eos, episodes=gathered)
 
 
-PER_TOKEN_EPISODE_FIELDS = ("policy_mask", "sample_logprobs")  # (B, R); the other episode fields are per row
+def chunk_episodes(plan: EpisodePlan, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[EpisodePrompt],
+                   rows: list[int], keys: SampleKeys, group: int) -> ChunkEpisodes:
+    """The episodes of a chunk's `rows` (row g + `group` x i: sample g of query i), each environment seeded by
+    its row's place in the update, as its sampling RNG is keyed (`SampleKeys`)."""
+    picked = [prompts[row // group] for row in rows]
+    first = keys.first_prompt * group
+    starts = [
+        EpisodeStart(p.prompt, p.columns, plan.seed(keys.update, keys.stream, first + row))
+        for row, p in zip(rows, picked, strict=True)
+    ]
+    return ChunkEpisodes(plan, tokenizer, starts, [p.label(row) for row, p in zip(rows, picked, strict=True)])
 
 
-def gathered_episodes(chunks: list[tuple[torch.Tensor, Rollout]], total: int, width: int) -> dict[str, torch.Tensor]:
-    """The chunks' episode fields (`Rollout.episodes`) in row order, per-token fields `width` columns wide."""
-    fields = {}
-    for name, value in chunks[0][1].episodes.items():
-        per_token = name in PER_TOKEN_EPISODE_FIELDS
-        fields[name] = value.new_zeros((total, width) if per_token else (total, *value.shape[1:]))
-    for rows, out in chunks:
-        for name, value in out.episodes.items():
-            if name in PER_TOKEN_EPISODE_FIELDS:
-                fields[name][rows, : value.size(1)] = value
-            else:
-                fields[name][rows] = value
-    return fields
+def gathered_episodes(chunks: list[tuple[torch.Tensor, Rollout]], total: int, width: int) -> Episodes:
+    """The chunks' episodes (`Rollout.episodes`) in row order, `width` columns wide."""
+    widened = [(rows, out.episodes.widened(width)) for rows, out in chunks]
+    gathered = widened[0][1].map(lambda value: value.new_zeros((total, *value.shape[1:])))
+    into = gathered.tensors()
+    for rows, episodes in widened:
+        for name, value in episodes.tensors().items():
+            into[name][rows] = value
+    return gathered
 
 
 def sample_held_out(
@@ -297,7 +298,8 @@ def sample_held_out(
     seed: int,
     desc: str,
     samples_per_prompt: int = 1,
-    episodes_for: Callable[[list[int]], EpisodeDriver] | None = None,
+    episodes: EpisodePlan | None = None,
+    prompts: Sequence[EpisodePrompt] = (),
 ) -> RolloutBatch:
     """`sample_responses` for an evaluation: the policy in evaluation mode, each row's RNG on the
     evaluation stream, a function of (seed, its prompt, its sample) alone, so held-out answers are the
@@ -312,7 +314,8 @@ def sample_held_out(
             SampleKeys(seed, 0, EVALUATION_STREAM),
             desc,
             samples_per_prompt,
-            episodes_for,
+            episodes,
+            prompts,
         )
 
 

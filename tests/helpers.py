@@ -1061,30 +1061,26 @@ def episode_setup(tokenizer, prompts=CHAT_PROMPTS):
 def sample_fixed_episodes(model, tokenizer, budget: int = 60, group: int = 4, seed: int = 0, check: bool = True,
                           decoding: str = "eager", temperature: float = 0.7, **env_args):
     """`group` FixedTextEnv episodes of each of `CHAT_PROMPTS`, sampled as an on-policy run samples them."""
-    from rlhfkit.environments import EpisodeStart
-    from rlhfkit.environments.driver import EpisodeDriver, EpisodeLimits
+    from rlhfkit.environments import EpisodePlan, EpisodePrompt
     from rlhfkit.generation import SampleKeys, SamplingParams, sample_responses
 
     queries, texts = episode_setup(tokenizer)
-    limits = EpisodeLimits(budget, 8, temperature, check)
-
-    def episodes_for(rows):
-        starts = [EpisodeStart(texts.prompts[r // group], {}, r) for r in rows]
-        return EpisodeDriver([FixedTextEnv(s, tokenizer, **env_args) for s in starts], tokenizer, limits,
-                             [s.prompt for s in starts])
-
+    plan = EpisodePlan(FixedTextEnv, env_args, max_turns=8, timeout=0.0, check_tokens=check, run_seed=seed)
     params = SamplingParams(max_new_tokens=budget, temperature=temperature, decoding=decoding)
     with torch.no_grad():
         return sample_responses(model, queries, params, tokenizer, 2 * group,
                                 SampleKeys(seed), samples_per_prompt=group,
-                                episodes_for=episodes_for)
+                                episodes=plan, prompts=[EpisodePrompt(prompt, {}) for prompt in texts.prompts])
 
 
 def environment_run_models(model, tokenizer, cfg):
     """OnPolicyModels of an environment-rewarded run: `model` trained, an identical frozen reference."""
     import copy
 
+    from rlhfkit.environments import episode_plan
     from rlhfkit.onpolicy.scoring import OnPolicyModels, RewardSources
 
     reference = copy.deepcopy(model).eval().requires_grad_(False)
-    return OnPolicyModels(model, reference, None, None, tokenizer, RewardSources.from_config(cfg))
+    return OnPolicyModels(
+        model, reference, None, None, tokenizer, RewardSources.from_config(cfg), episode_plan(cfg.episode_options)
+    )

@@ -11,7 +11,7 @@ import torch
 
 from rlhfkit import ops
 from rlhfkit.config import GRPOConfig, PPOConfig, ReinforceConfig
-from rlhfkit.environments import Environment, EpisodeStart, Reply, check_environment
+from rlhfkit.environments import Environment, EpisodePlan, EpisodePrompt, EpisodeStart, Reply, check_environment
 from rlhfkit.environments.calculator import Gsm8kCalculator
 from rlhfkit.environments.dialogue import HHDialogue
 from rlhfkit.environments.driver import EpisodeDriver, EpisodeLimits
@@ -51,11 +51,11 @@ def segments(ids: list[int], sampled: list[bool]) -> list[tuple[bool, list[int]]
 def test_fixed_text_episodes_are_the_chat_templates_rendering_of_their_conversations(eos_prone):
     model, tokenizer = eos_prone
     batch = sample_fixed_episodes(model, tokenizer, budget=80, user_turns=2)  # check_tokens on: each row checked
-    assert bool((batch.policy_mask <= batch.mask).all())
+    assert bool((batch.episodes.policy_mask <= batch.mask).all())
     complete = 0
     for row in range(batch.size):
         n = int(batch.lengths[row])
-        runs = segments(batch.responses[row, :n].tolist(), batch.policy_mask[row, :n].tolist())
+        runs = segments(batch.responses[row, :n].tolist(), batch.episodes.policy_mask[row, :n].tolist())
         # the conversation as text, each assistant content as the policy's own ids decode
         messages = list(CHAT_PROMPTS[row // 4])
         for by_policy, ids in runs:
@@ -83,19 +83,12 @@ def test_the_token_check_names_the_first_position_an_environment_gets_wrong(eos_
             reply = super().message(role, content)
             return dataclasses.replace(reply, ids=reply.ids[1:])
 
-    episodes = []
     queries, texts = episode_setup(tokenizer)
-    limits = EpisodeLimits(80, 8, 0.7, check_tokens=True)
-
-    def episodes_for(rows):
-        envs = [DropsTheSeparator(EpisodeStart(texts.prompts[r // 4], {}, r), tokenizer) for r in rows]
-        episodes.append(EpisodeDriver(envs, tokenizer, limits, [texts.prompts[r // 4] for r in rows]))
-        return episodes[-1]
-
+    plan = EpisodePlan(DropsTheSeparator, {}, max_turns=8, timeout=0.0, check_tokens=True, run_seed=0)
     with pytest.raises(UserError, match=r"episode \d+: token \d+ differs from the chat template's rendering"):
         sample_responses(model, queries, SamplingParams(max_new_tokens=80), tokenizer, 8,
                          SampleKeys(0), samples_per_prompt=4,
-                         episodes_for=episodes_for)
+                         episodes=plan, prompts=[EpisodePrompt(prompt, {}) for prompt in texts.prompts])
 
 
 def test_environments_change_no_sampled_token_before_their_first_insertion(eos_prone):
@@ -107,14 +100,16 @@ def test_environments_change_no_sampled_token_before_their_first_insertion(eos_p
         assert torch.equal(plain.responses[row, :first], inserted.responses[row, :first])
     # every row draws at every step: the policy tokens after an insertion are those a run without it sampled
     again = sample_fixed_episodes(model, tokenizer, budget=40, user_turns=3, pause_every=4, check=False)
-    assert torch.equal(inserted.responses, again.responses) and torch.equal(inserted.policy_mask, again.policy_mask)
+    assert torch.equal(inserted.responses, again.responses)
+    assert torch.equal(inserted.episodes.policy_mask, again.episodes.policy_mask)
 
 
 def test_bucketed_decoding_samples_the_episodes_eager_steps_sample(eos_prone):
     model, tokenizer = eos_prone
     eager = sample_fixed_episodes(model, tokenizer, budget=50, pause_every=5)
     buckets = sample_fixed_episodes(model, tokenizer, budget=50, pause_every=5, decoding="buckets")
-    assert torch.equal(eager.responses, buckets.responses) and torch.equal(eager.policy_mask, buckets.policy_mask)
+    assert torch.equal(eager.responses, buckets.responses)
+    assert torch.equal(eager.episodes.policy_mask, buckets.episodes.policy_mask)
 
 
 @pytest.mark.parametrize("budget", [12, 25, 40])
@@ -124,7 +119,7 @@ def test_the_last_token_of_every_episode_is_the_policys_and_a_reply_that_does_no
     model, tokenizer = eos_prone
     batch = sample_fixed_episodes(model, tokenizer, budget=budget, user_turns=5, pause_every=3)
     last = batch.lengths - 1
-    assert bool(batch.policy_mask[torch.arange(batch.size), last].all())
+    assert bool(batch.episodes.policy_mask[torch.arange(batch.size), last].all())
     assert bool((batch.lengths <= budget).all())
     # an episode ended by its environment ended at the policy's EOS; every other row is truncated
     ended = batch.has_eos
@@ -171,7 +166,7 @@ def test_at_step_0_the_sampled_logprobs_are_recomputed_the_ratio_is_1_and_the_kl
     policy = batch.trained_mask
     inserted = batch.mask & ~policy
     assert int(inserted.sum()) > 0 and int(policy.sum()) > 0  # multi-turn episodes
-    assert torch.allclose(batch.logprobs[policy], batch.sample_logprobs[policy], atol=1e-4)
+    assert torch.allclose(batch.logprobs[policy], batch.episodes.sample_logprobs[policy], atol=1e-4)
     assert float(batch.kl.abs().max()) == 0.0
     for name in ("logprobs", "ref_logprobs", "kl", "rewards", "advantages", "returns"):
         assert float(getattr(batch, name)[inserted].abs().max()) == 0.0, name
@@ -342,8 +337,8 @@ def test_the_calculator_in_the_decoding_loop_feeds_its_result_then_hands_the_tur
     fed = [int(driver.advance(torch.tensor([t]), logits)[0]) for t in written + [junk] * len(result) + after]
     assert fed == written + result + after
     out = driver.results(len(fed), torch.device("cpu"))
-    assert out["policy_mask"][0].tolist() == [True] * len(written) + [False] * len(result) + [True] * len(after)
-    assert bool(out["has_eos"][0]) and out["env_components"][0].tolist() == [1.0, 0.0]
+    assert out.episodes.policy_mask[0].tolist() == [True] * len(written) + [False] * len(result) + [True] * len(after)
+    assert bool(out.has_eos[0]) and out.episodes.env_components[0].tolist() == [1.0, 0.0]
     assert tokenizer.decode(fed, skip_special_tokens=True) == "So 48/2 = <<48/2=24>>24 clips."
 
 

@@ -12,7 +12,7 @@ from .helpers import eos_prone_policy, sample_fixed_episodes
 def test_inserted_tokens_do_not_count_in_an_answers_log_probability():
     model, tokenizer = eos_prone_policy()
     batch = sample_fixed_episodes(model, tokenizer, budget=40, user_turns=1, pause_every=4)
-    inserted = batch.mask & ~batch.policy_mask
+    inserted = batch.mask & ~batch.episodes.policy_mask
     assert int(inserted.sum()) > 0 and int(batch.trained_mask.sum()) > 0
     with torch.no_grad():
         logprobs, _ = response_logprobs(

@@ -81,7 +81,7 @@ def test_a_rollout_is_the_same_for_chunks_of_one_group_two_groups_and_the_whole_
     assert reference.size == options.get("total_batch_size", 8)
     assert reference.responses.unique().numel() > 10  # sampled, not a constant answer
     if method == "episodes":
-        assert int((reference.mask & ~reference.policy_mask).sum()) > 0  # the environment inserted tokens
+        assert int((reference.mask & ~reference.episodes.policy_mask).sum()) > 0  # the environment inserted tokens
     for size in (one, two):
         split = rollout_at(stage, inputs, options, tmp_path, size)
         assert_same_samples(split, reference, f"{method}, chunks of {size}")

@@ -31,7 +31,15 @@ from .commands import (
 )
 from .onpolicy import GRPOConfig, OnPolicyConfig, PPOConfig, ReinforceConfig, RLOOConfig
 from .resolve import field_info, preset_names, read_config_file, read_preset, resolve, to_yaml
-from .sections import FieldNames, LoraOptions, ModelSource, PairLengths, PairSelection, ShardingOptions
+from .sections import (
+    EpisodeOptions,
+    FieldNames,
+    LoraOptions,
+    ModelSource,
+    PairLengths,
+    PairSelection,
+    ShardingOptions,
+)
 from .training import (
     MODEL_OPTIONS,
     DataFieldsConfig,
@@ -48,6 +56,7 @@ __all__ = [
     "MODEL_OPTIONS",
     "AnalyzeConfig",
     "MakeTaskConfig",
+    "EpisodeOptions",
     "FieldNames",
     "LoraOptions",
     "ModelSource",

@@ -6,12 +6,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from .sections import PairLengths
+from .sections import EpisodeOptions, PairLengths
 from .training import DataFieldsConfig
 from .values import (
     PAIR_FORMATS_HELP,
     PROMPT_FORMATS_HELP,
     article_length_opt,
+    check_tokens_opt,
+    environment_args_opt,
+    environment_timeout_opt,
+    max_turns_opt,
     opt,
     output_overwrite_opt,
     query_length_opt,
@@ -294,8 +298,13 @@ class Gsm8kEvalConfig:
     environments: list[str] = opt(
         [],
         "name=environment for the policies of `models` that answer in multi-turn episodes with it "
-        "(e.g. sft-calc=gsm8k-calculator; list a model twice, under two names, to evaluate it with and without)",
+        "(e.g. sft-calc=gsm8k-calculator; list a model twice, under two names, to evaluate it with and without); "
+        "their episodes run as an on-policy stage's do, under the options below",
     )
+    environment_args: dict[str, Any] = environment_args_opt()
+    environment_timeout: float = environment_timeout_opt()
+    max_turns: int = max_turns_opt()
+    check_tokens: bool = check_tokens_opt()
     pairs: list[str] = opt(
         [],
         "policy:baseline pairs of `models` whose paired difference is also given, beside every policy's difference "
@@ -317,6 +326,13 @@ class Gsm8kEvalConfig:
     trust_remote_code: bool = remote_code_opt()
     out: str = opt("", "output folder (empty: runs/eval-gsm8k-<timestamp>)")
     overwrite: bool = output_overwrite_opt()
+
+    def episode_options(self, environment: str) -> EpisodeOptions:
+        """The episodes of a policy given `environment` in `environments`, as an on-policy stage's options make
+        them (`OnPolicyConfig.episode_options`)."""
+        return EpisodeOptions(
+            environment, self.environment_args, self.max_turns, self.environment_timeout, self.check_tokens, self.seed
+        )
 
 
 @dataclass

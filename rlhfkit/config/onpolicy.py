@@ -9,9 +9,16 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .sections import ShardingOptions
+from .sections import EpisodeOptions, ShardingOptions
 from .training import RunConfig
-from .values import PROMPT_FORMATS_HELP, opt
+from .values import (
+    PROMPT_FORMATS_HELP,
+    check_tokens_opt,
+    environment_args_opt,
+    environment_timeout_opt,
+    max_turns_opt,
+    opt,
+)
 
 
 @dataclass
@@ -214,27 +221,23 @@ class OnPolicyConfig(RunConfig):
         "(gsm8k-calculator, hh-dialogue) or a class as module:Class or file.py:Class; max_response_length is then "
         "each episode's token budget, the policy's and the environment's tokens together (empty: single responses)",
     )
-    environment_args: dict[str, Any] = opt({}, "keyword arguments of the environment's class (e.g. {max_calls: 4})")
-    environment_timeout: float = opt(
-        600.0,
-        "seconds one call of the environment (its constructor, respond, components) may run; one still running "
-        "stops the run, naming the environment and the episode (0: no limit; docs/environments.md)",
-        minimum=0.0,
-    )
-    max_turns: int = opt(
-        16, "multi-turn episodes: the policy's turns at most (a turn ends at its EOS or a tool call)", minimum=1
-    )
-    check_tokens: bool = opt(
-        False,
-        "multi-turn episodes: check that every episode's ids equal the chat template's rendering of its "
-        "conversation, and stop at the first that does not, naming the position (chat prompts only)",
-    )
+    environment_args: dict[str, Any] = environment_args_opt()
+    environment_timeout: float = environment_timeout_opt()
+    max_turns: int = max_turns_opt()
+    check_tokens: bool = check_tokens_opt()
     sample_every: int = opt(10, "log the highest- and lowest-scored samples every N updates (0: never)")
     log_samples: int = opt(2, "samples logged at each end (highest and lowest scored)", minimum=1)
 
     @property
     def sharding_options(self) -> ShardingOptions:
         return dataclasses.replace(super().sharding_options, frozen_device=self.frozen_device)
+
+    @property
+    def episode_options(self) -> EpisodeOptions:
+        return EpisodeOptions(
+            self.environment, self.environment_args, self.max_turns, self.environment_timeout, self.check_tokens,
+            self.seed,
+        )
 
 
 @dataclass

@@ -5,6 +5,7 @@ property of the config classes in training.py and onpolicy.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -82,3 +83,16 @@ class PairSelection:
     validation_fraction: float
     seed: int
     max_pairs: int  # 0: all
+
+
+@dataclass(frozen=True)
+class EpisodeOptions:
+    """Multi-turn episodes (`environment=`, docs/environments.md): what `environments.episode_plan` builds the
+    one plan of a run's, or an evaluated policy's, episodes from."""
+
+    environment: str  # a built-in's name, module:Class, file.py:Class or python:<name>; empty: no episodes
+    arguments: dict[str, Any]  # environment_args
+    max_turns: int
+    timeout: float  # seconds one call of the environment may run (0: no limit)
+    check_tokens: bool
+    seed: int  # the run's: each episode's environment seed derives from it (`EpisodePlan.seed`)

@@ -221,6 +221,33 @@ def output_overwrite_opt() -> Any:
     )
 
 
+# the episode options an on-policy stage and `eval gsm8k` share (`EpisodeOptions`): declared once, so the
+# evaluation's episodes run under the training's limits unless a run says otherwise
+def environment_args_opt() -> Any:
+    return opt({}, "keyword arguments of the environment's class (e.g. {max_calls: 4})")
+
+
+def environment_timeout_opt() -> Any:
+    return opt(
+        600.0,
+        "seconds one call of the environment (its constructor, respond, components) may run; one still running "
+        "stops the run, naming the environment and the episode (0: no limit; docs/environments.md)",
+        minimum=0.0,
+    )
+
+
+def max_turns_opt() -> Any:
+    return opt(16, "multi-turn episodes: the policy's turns at most (a turn ends at its EOS or a tool call)", minimum=1)
+
+
+def check_tokens_opt() -> Any:
+    return opt(
+        False,
+        "multi-turn episodes: check that every episode's ids equal the chat template's rendering of its "
+        "conversation, and stop at the first that does not, naming the position (chat prompts only)",
+    )
+
+
 def pickle_opt() -> Any:
     return opt(
         False,

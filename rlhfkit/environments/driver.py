@@ -21,11 +21,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from ..errors import UserError
+from ..rollout import Episodes
 from .base import Environment, Reply, overrides
 from .calls import component_values, fault, guarded, reply_problem
 from .chat_turns import expected_episode_ids, first_mismatch
@@ -60,6 +62,15 @@ class EpisodeLimits:
     temperature: float  # the sampling temperature, at which the sampled tokens' log-probabilities are kept
     check_tokens: bool = False  # compare each episode with the chat template's rendering (`check_episode`)
     timeout: float = 0.0  # seconds a call of the environment may run (0: no limit): `environment_timeout`
+
+
+class EpisodeResults(NamedTuple):
+    """A chunk's episodes as every sampler returns its rows, and what episodes add."""
+
+    responses: torch.Tensor  # (b, width) the policy's and the environment's ids, PAD after the episode
+    lengths: torch.Tensor  # (b,)
+    has_eos: torch.Tensor  # (b,) the environment ended the episode after the policy's EOS
+    episodes: Episodes
 
 
 class EpisodeDriver:
@@ -194,9 +205,9 @@ class EpisodeDriver:
                 f"environment {type(episode.environment).__name__} inserted ids the template does not write"
             )
 
-    def results(self, width: int, device: torch.device) -> dict[str, torch.Tensor]:
-        """The chunk's episodes as (b, width) responses padded with PAD, their policy mask and sampling
-        log-probabilities, and (b,) lengths, has_eos and environment rewards; (b, E) components."""
+    def results(self, width: int, device: torch.device) -> EpisodeResults:
+        """The chunk's episodes as (b, width) responses padded with PAD, (b,) lengths and has_eos, and what
+        episodes add (`Episodes`)."""
         if self.limits.check_tokens:
             for row in range(len(self.episodes)):
                 self.check_episode(row)
@@ -211,16 +222,19 @@ class EpisodeDriver:
             logprobs[i, :n] = torch.tensor(episode.logprobs)
         names = type(self.episodes[0].environment).component_names if self.episodes else ()
         reported = [self.components(row, names) for row in range(rows)]
-        tensors = {
-            "responses": responses,
-            "policy_mask": policy_mask,
-            "sample_logprobs": logprobs,
-            "lengths": torch.tensor([len(e.ids) for e in self.episodes], dtype=torch.long),
-            "has_eos": torch.tensor([e.has_eos for e in self.episodes], dtype=torch.bool),
-            "env_rewards": torch.tensor([e.reward for e in self.episodes], dtype=torch.float32),
-            "env_components": torch.tensor(reported, dtype=torch.float32).reshape(rows, len(names)),
-        }
-        return {k: v.to(device) for k, v in tensors.items()}
+        episodes = Episodes(
+            policy_mask,
+            logprobs,
+            torch.tensor([e.reward for e in self.episodes], dtype=torch.float32),
+            torch.tensor(reported, dtype=torch.float32).reshape(rows, len(names)),
+            names,
+        )
+        return EpisodeResults(
+            responses.to(device),
+            torch.tensor([len(e.ids) for e in self.episodes], dtype=torch.long, device=device),
+            torch.tensor([e.has_eos for e in self.episodes], dtype=torch.bool, device=device),
+            episodes.map(lambda value: value.to(device)),
+        )
 
     def components(self, row: int, names: tuple[str, ...]) -> list[float]:
         """What row's environment reports at the episode's end, in the order of `names`."""

@@ -35,9 +35,8 @@ from ..config import Gsm8kEvalConfig, parse_named
 from ..data.examples import SFTExample, reward_prompt, tokenize_sft
 from ..data.gsm8k import load_gsm8k
 from ..devices import model_device
-from ..environments import Environment, EpisodeStart, check_environment
-from ..environments.calculator import ANNOTATION, Gsm8kCalculator
-from ..environments.driver import EpisodeDriver, EpisodeLimits
+from ..environments import EpisodePlan, EpisodePrompt, episode_plan
+from ..environments.calculator import ANNOTATION
 from ..errors import ConfigError
 from ..generation import (
     SamplingParams,
@@ -54,7 +53,7 @@ from ..rollout import RolloutBatch
 from ..tracking import write_jsonl
 
 RESAMPLES = 2000
-MAX_TURNS = 16  # an answer's turns with an environment: the calculator's calls and the final stretch
+TOOL_CALLS = "tool_calls"  # the component the calculator reports its answered calls under (calculator.py)
 
 
 def named_models(specs: list[str]) -> dict[str, str]:
@@ -94,8 +93,9 @@ def named_pairs(specs: list[str], models: dict[str, str]) -> list[tuple[str, str
     return pairs
 
 
-def named_environments(cfg: Gsm8kEvalConfig, models: dict[str, str]) -> dict[str, type[Environment]]:
-    """name=environment pairs, each name one of `models`' and each environment checked."""
+def named_environments(cfg: Gsm8kEvalConfig, models: dict[str, str]) -> dict[str, EpisodePlan]:
+    """The episode plan of each policy of `environments=` (name=environment, each name one of `models`'), built as
+    an on-policy stage builds its own from the same options."""
     named = parse_named(cfg.environments, "environments", "sft-calc=gsm8k-calculator")
     unknown = [name for name in named if name not in models]
     if unknown:
@@ -103,37 +103,21 @@ def named_environments(cfg: Gsm8kEvalConfig, models: dict[str, str]) -> dict[str
             f"environments= names {', '.join(unknown)}, which models= does not: give each environment to a "
             f"policy of models= ({', '.join(models)})"
         )
-    return {name: check_environment(spec, {}) for name, spec in named.items()}
-
-
-def episode_drivers(environment: type[Environment] | None, examples: list[SFTExample], tokenizer, cfg: Gsm8kEvalConfig,
-                    temperature: float, samples: int):
-    """`sample_held_out`'s `episodes_for`: row g + samples x i an episode of problem i with `environment`,
-    seeded by its row; None without an environment."""
-    if environment is None:
-        return None
-    limits = EpisodeLimits(cfg.max_response_length, MAX_TURNS, temperature)
-    prompts = [reward_prompt(e) for e in examples]
-
-    def driver(rows: list[int]) -> EpisodeDriver:
-        starts = [EpisodeStart(prompts[r // samples], examples[r // samples].record.columns, cfg.seed + r)
-                  for r in rows]
-        return EpisodeDriver([environment(s, tokenizer) for s in starts], tokenizer, limits, [s.prompt for s in starts])
-
-    return driver
+    return {name: episode_plan(cfg.episode_options(spec)) for name, spec in named.items()}
 
 
 @torch.no_grad()
 def answer(
     policy, examples: list[SFTExample], tokenizer, cfg: Gsm8kEvalConfig, temperature: float, samples: int,
-    environment: type[Environment] | None = None,
+    episodes: EpisodePlan | None = None,
 ) -> RolloutBatch:
     params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=temperature)
     label = "greedy" if temperature == 0 else f"{samples} samples at T={temperature}"
     queries = [e.query.ids for e in examples]
+    prompts = [EpisodePrompt(reward_prompt(e), e.record.columns, e.record.where) for e in examples]
     return sample_held_out(
         policy, queries, params, tokenizer, cfg.generation_batch_size, cfg.seed, f"answering ({label})", samples,
-        episode_drivers(environment, examples, tokenizer, cfg, temperature, samples),
+        episodes, prompts,
     )
 
 
@@ -172,22 +156,24 @@ def graded(batch: RolloutBatch, examples: list[SFTExample], tokenizer, samples: 
 
 
 def tool_calls(batch: RolloutBatch) -> np.ndarray:
-    """(B,) calls the calculator answered in each episode; NaN for answers sampled without a calculator."""
-    if batch.env_components is None:
+    """(B,) the tool calls answered in each episode, as its environment reports them (the calculator's
+    `tool_calls`); NaN for answers sampled without an environment or with one that does not report them."""
+    if batch.episodes is None or TOOL_CALLS not in batch.episodes.component_names:
         return np.full(batch.size, np.nan)
-    return batch.env_components[:, Gsm8kCalculator.component_names.index("tool_calls")].cpu().numpy().astype(float)
+    column = batch.episodes.component_names.index(TOOL_CALLS)
+    return batch.episodes.env_components[:, column].cpu().numpy().astype(float)
 
 
 def evaluate_policy(name: str, path: str, examples: list[SFTExample], cfg: Gsm8kEvalConfig, reference,
-                    environment: type[Environment] | None = None) -> dict[str, Any]:
+                    episodes: EpisodePlan | None = None) -> dict[str, Any]:
     policy, tokenizer = load_policy(path, cfg.trust_remote_code)
     policy.eval()
     result: dict[str, Any] = {
         "model": path,
-        "greedy": graded(answer(policy, examples, tokenizer, cfg, 0.0, 1, environment), examples, tokenizer, 1),
+        "greedy": graded(answer(policy, examples, tokenizer, cfg, 0.0, 1, episodes), examples, tokenizer, 1),
     }
     if cfg.pass_k:
-        batch = answer(policy, examples, tokenizer, cfg, cfg.temperature, cfg.pass_k, environment)
+        batch = answer(policy, examples, tokenizer, cfg, cfg.temperature, cfg.pass_k, episodes)
         result["sampled"] = graded(batch, examples, tokenizer, cfg.pass_k)
         if reference is not None:
             rows = cfg.generation_batch_size

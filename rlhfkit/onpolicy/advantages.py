@@ -222,7 +222,7 @@ def estimate_on_policy_tokens(cfg: OnPolicyConfig, rewards: torch.Tensor, batch:
     a multi-turn episode those tokens compacted into one sequence (`ops.compact_tokens`), the estimate put back
     in their columns, 0 at the environment's tokens."""
     estimate, groups = ESTIMATORS[cfg.advantage_estimator], row_groups(batch, cfg)
-    if batch.policy_mask is None:
+    if batch.episodes is None:
         return estimate(cfg, rewards, mask, batch, groups)
     compacted, columns, kept = ops.compact_tokens(rewards, trained)
     values = ops.compact_tokens(batch.values, trained)[0] if batch.values is not None else None

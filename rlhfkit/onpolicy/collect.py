@@ -34,7 +34,7 @@ from ..distributed import ONE_PROCESS, process_share
 from ..generation import TRAINING_STREAM, SampleKeys, SamplingParams, sample_responses
 from ..rollout import RolloutBatch
 from .advantages import needs_of, row_groups, shaped_scores
-from .episodes import environment_seed, episode_drivers
+from .episodes import episode_prompts
 from .scoring import OnPolicyModels, PromptTexts, model_scores, reward_components, score_rollout
 
 GREEDY_STREAM = 17  # ReMax's greedy answers draw no randomness, but keep their row keys apart anyway
@@ -96,10 +96,6 @@ def draw_rollout(setup: RolloutSetup, update: int, attempt: int, stream: PromptS
     params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.temperature,
                             decoding=cfg.decoding)
     own = [setup.prompts[i] for i in picked[share]]
-    first_row = (offset + share.start) * cfg.samples_per_prompt
-    episodes = episode_drivers(cfg, models.tokenizer, setup.texts, picked[share].tolist(),
-                               lambda row: environment_seed(cfg.seed, update, TRAINING_STREAM, first_row + row),
-                               cfg.temperature, cfg.samples_per_prompt)
     show("sampling")
     began = time.perf_counter()
     # eval mode: with activation checkpointing on, a model in train mode refuses the KV cache
@@ -107,7 +103,8 @@ def draw_rollout(setup: RolloutSetup, update: int, attempt: int, stream: PromptS
         batch = sample_responses(
             models.policy, own, params, models.tokenizer, cfg.generation_batch_size,
             SampleKeys(cfg.seed, update, TRAINING_STREAM, offset + share.start),
-            samples_per_prompt=cfg.samples_per_prompt, episodes_for=episodes)
+            samples_per_prompt=cfg.samples_per_prompt, episodes=models.episodes,
+            prompts=episode_prompts(setup.texts, picked[share].tolist()) if models.episodes is not None else ())
     batch.prompts = torch.as_tensor(picked[share], device=device).repeat_interleave(cfg.samples_per_prompt)
     if needs_of(cfg).greedy_baseline:  # its greedy answers count as generation time
         prompt_ids = batch.prompts[:: cfg.samples_per_prompt]
@@ -132,13 +129,11 @@ def greedy_baseline(setup: RolloutSetup, queries: list[list[int]], prompt_ids: t
     models, cfg, precision = setup.models, setup.cfg, setup.precision
     device = next(models.policy.parameters()).device
     params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=0.0, decoding=cfg.decoding)
-    episodes = episode_drivers(cfg, models.tokenizer, setup.texts, prompt_ids.tolist(),
-                               lambda row: environment_seed(cfg.seed, update, GREEDY_STREAM, position + row), 0.0, 1)
     with autocast(device, precision), evaluation_mode(models.policy):
         greedy = sample_responses(
             models.policy, queries, params, models.tokenizer, cfg.generation_batch_size,
-            SampleKeys(cfg.seed, update, GREEDY_STREAM, position),
-            episodes_for=episodes)
+            SampleKeys(cfg.seed, update, GREEDY_STREAM, position), episodes=models.episodes,
+            prompts=episode_prompts(setup.texts, prompt_ids.tolist()) if models.episodes is not None else ())
     greedy.prompts = prompt_ids
     # under the autocast score_rollout scores in
     with autocast(model_device(models.reward) if models.reward is not None else device, precision):
@@ -184,9 +179,7 @@ def concatenate_rows(parts: list[RolloutBatch], rows: int, pad_id: int) -> Rollo
     query_width = max(p.context_length for p in parts)
     response_width = max(p.responses.size(1) for p in parts)
     wide = [widen(p, query_width, response_width, pad_id) for p in parts]
-    fields = wide[0].tensors().keys()
-    joined = {k: torch.cat([w.tensors()[k] for w in wide])[:rows] for k in fields}
-    return dataclasses.replace(wide[0], **joined)
+    return RolloutBatch.joined(wide).select(slice(0, rows))
 
 
 def prompt_indices(num_prompts: int, count: int, seed: int, start: int) -> np.ndarray:
@@ -201,7 +194,7 @@ def prompt_indices(num_prompts: int, count: int, seed: int, start: int) -> np.nd
 
 
 QUERY_COLUMNS = ("query_ids", "query_mask")  # left padded: widened on the left
-ROW_COLUMNS = ("reward_components", "reward_failures", "env_components")  # one column per component: never widened
+ROW_COLUMNS = ("reward_components", "reward_failures")  # one column per component: never widened
 
 
 def widen(batch: RolloutBatch, query_width: int, response_width: int, pad_id: int) -> RolloutBatch:
@@ -216,7 +209,8 @@ def widen(batch: RolloutBatch, query_width: int, response_width: int, pad_id: in
         side = (missing, 0) if name in QUERY_COLUMNS else (0, missing)
         return torch.nn.functional.pad(value, side, value=filler) if missing else value
 
-    return dataclasses.replace(batch, **{k: pad(k, v) for k, v in batch.tensors().items()})
+    episodes = batch.episodes.widened(response_width) if batch.episodes is not None else None
+    return dataclasses.replace(batch, **{k: pad(k, v) for k, v in batch.tensors().items()}, episodes=episodes)
 
 
 def widen_to_all_processes(batch: RolloutBatch, accelerator, pad_id: int) -> RolloutBatch:
@@ -236,7 +230,7 @@ def gather_rollout(batch: RolloutBatch, accelerator) -> RolloutBatch:
     a single-process run."""
     if accelerator.num_processes == 1:
         return batch
-    return dataclasses.replace(batch, **{k: gather_rows(v, accelerator) for k, v in batch.tensors().items()})
+    return batch.map_tensors(lambda value: gather_rows(value, accelerator))
 
 
 def gather_rows(value: torch.Tensor, accelerator) -> torch.Tensor:

@@ -15,10 +15,10 @@ from ..config import OnPolicyConfig
 from ..data import SFTRecord, load_prompts, usable
 from ..data.examples import SFTExample, tokenize_sft, training_examples
 from ..data.split import split_by_prompt
+from ..environments import episode_plan
 from ..errors import ConfigError
 from ..eval.alarms import alarms
 from ..generation import (
-    EVALUATION_STREAM,
     SamplingParams,
     completion_texts,
     sample_held_out,
@@ -37,7 +37,7 @@ from ..rollout import RolloutBatch
 from ..rouge import mean, rouge_l
 from ..tracking import read_jsonl, read_metrics
 from ..trainers.run import autocast_precision
-from .episodes import environment_seed, episode_drivers, episode_records
+from .episodes import episode_prompts
 from .reward_sources import RowKey, row_keys
 from .scoring import OnPolicyModels, PromptTexts, model_scores, reward_components
 
@@ -87,7 +87,7 @@ def rollout_metrics(batch: RolloutBatch, kl_coef: float) -> dict[str, float]:
     if batch.values is not None:
         metrics["val/mean"] = float(ops.masked_mean(batch.values, mask))
         metrics["val/explained_variance"] = float(ops.explained_variance(batch.values, batch.returns, mask))
-    if batch.policy_mask is not None:
+    if batch.episodes is not None:
         metrics |= episode_metrics(batch)
     return metrics
 
@@ -104,8 +104,8 @@ def episode_metrics(batch: RolloutBatch) -> dict[str, float]:
         "episode/env_tokens_mean": float(inserted.sum(-1).float().mean()),
         "episode/turns_mean": float(starts.sum(-1).float().mean()),
     }
-    if batch.logprobs is not None and batch.sample_logprobs is not None and bool(policy.any()):
-        gap = (batch.logprobs - batch.sample_logprobs).abs()[policy]
+    if batch.logprobs is not None and bool(policy.any()):
+        gap = (batch.logprobs - batch.episodes.sample_logprobs).abs()[policy]
         metrics["episode/logprob_gap_max"] = float(gap.max())
     return metrics
 
@@ -138,7 +138,7 @@ def extreme_samples(
                 "response": tokenizer.decode(response, skip_special_tokens=True),
             }
         )
-        if batch.policy_mask is not None:
+        if batch.episodes is not None:
             turns = episode_turns(batch, i, tokenizer)
             rows[-1] |= {"turns": turns, "episode": transcript(turns)}
         for column, value in (extra.get(keys[i], {}) if extra else {}).items():
@@ -150,7 +150,7 @@ def episode_turns(batch: RolloutBatch, row: int, tokenizer) -> list[dict[str, An
     """Row `row`'s episode as its runs of policy and environment tokens, in order, decoded with their special
     tokens (they show where the chat template opens and closes messages)."""
     ids = batch.responses[row][batch.mask[row]].tolist()
-    sampled = batch.policy_mask[row][batch.mask[row]].tolist()
+    sampled = batch.episodes.policy_mask[row][batch.mask[row]].tolist()
     turns: list[dict[str, Any]] = []
     for token, by_policy in zip(ids, sampled, strict=True):
         who = "policy" if by_policy else "environment"
@@ -173,7 +173,9 @@ def split_posts(cfg: OnPolicyConfig, tokenizer) -> tuple[list[SFTExample], list[
         "prompts",
         f"prompt_format={cfg.prompt_format}",
     )
-    records = episode_records(cfg, records)
+    # built again here, once per run: the records are read before the models that hold the run's plan load
+    episodes = episode_plan(cfg.episode_options)
+    records = episodes.records(records) if episodes is not None else records
     train_records, val_records = split_by_prompt(
         records, lambda r: r.prompt_id, validation_size=cfg.validation_posts, seed=cfg.seed
     )
@@ -209,13 +211,10 @@ def summarise_and_score(
     )
     queries = [e.query.ids for e in examples]
     texts = PromptTexts.of(examples)
-    episodes = episode_drivers(
-        cfg, models.tokenizer, texts, list(range(len(examples))),
-        lambda row: environment_seed(cfg.seed, 0, EVALUATION_STREAM, row), cfg.eval_temperature, 1,
-    )
     batch = sample_held_out(
         policy, queries, params, models.tokenizer, cfg.generation_batch_size, cfg.seed, f"answering ({label})",
-        episodes_for=episodes,
+        episodes=models.episodes,
+        prompts=episode_prompts(texts, list(range(len(examples)))) if models.episodes is not None else (),
     )
     batch = batch.to(torch.device("cpu"))
     sources = models.reward_sources()
@@ -237,7 +236,7 @@ def summarise_and_score(
             "raw_score": number_or_none(raw[i]),
             "rouge_l": rouge[i],
         }
-        if batch.policy_mask is not None:  # an episode, for the report: turn by turn (the alarms read the text)
+        if batch.episodes is not None:  # an episode, for the report: turn by turn (the alarms read the text)
             row["episode"] = transcript(episode_turns(batch, i, models.tokenizer))
         row |= {f"reward_{name}": number_or_none(components[i, c]) for c, name in enumerate(sources.functions.names)}
         if rm_scores is not None:  # as the paper reports it: Detail 23's constant where there is no EOS

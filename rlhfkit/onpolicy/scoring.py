@@ -25,6 +25,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..config import OnPolicyConfig
 from ..devices import autocast, model_device
+from ..environments import EpisodePlan
 from ..generation import completion_texts
 from ..logprobs import response_logprobs, shared_response_logprobs
 from ..reward_models import ScalarModel
@@ -43,6 +44,7 @@ class OnPolicyModels:
     value: ScalarModel | None  # trained, when the algorithm has a critic (Detail 22: from the reward model)
     tokenizer: PreTrainedTokenizerBase
     sources: RewardSources | None = None  # reward functions and weights (None: the reward model alone)
+    episodes: EpisodePlan | None = None  # the run's multi-turn episodes (None: single responses)
 
     def reward_sources(self) -> RewardSources:
         return self.sources or RewardSources.model_only()
@@ -169,7 +171,7 @@ def reward_components(
         scores, failed = sources.function_scores(prompts, batch, completions, max_length)
         columns.append(scores)
     if sources.has_environment:
-        rewards = batch.env_rewards if batch.env_rewards is not None else torch.zeros(batch.size)
+        rewards = batch.episodes.env_rewards if batch.episodes is not None else torch.zeros(batch.size)
         columns.append(rewards.float().cpu().unsqueeze(1))
     if model_scores is not None:
         columns.append(model_scores.float().cpu().unsqueeze(1))

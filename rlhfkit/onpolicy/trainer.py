@@ -27,6 +27,7 @@ from ..checkpoint import load_training_state, save_checkpoint
 from ..config import OnPolicyConfig, check_update_split
 from ..data import PROMPTS, resolved_format
 from ..data.examples import SFTExample
+from ..environments import episode_plan
 from ..errors import ConfigError, ModelError
 from ..models import check_model_source, enable_activation_checkpointing
 from ..ops import adaptive_kl_coef
@@ -116,7 +117,9 @@ def load_models(cfg: OnPolicyConfig, checkpoint: Path | None, device: torch.devi
         check_same_tokenizer(tokenizer, reward_tok, cfg.model, f"the reward model ({cfg.reward_model})")
         reward = reward.to(frozen)
     value = trained_value_model(cfg, value_source, checkpoint, tokenizer).to(device) if options is not None else None
-    return OnPolicyModels(policy.to(device), reference.to(frozen), reward, value, tokenizer, sources)
+    return OnPolicyModels(
+        policy.to(device), reference.to(frozen), reward, value, tokenizer, sources, episode_plan(cfg.episode_options)
+    )
 
 
 def trained_value_model(cfg: OnPolicyConfig, source: str, checkpoint: Path | None, tokenizer) -> ScalarModel:
@@ -193,7 +196,7 @@ class OnPolicySteps:
         sources = self.models.reward_sources()
         metrics |= component_metrics(sources.names, batch.reward_components, batch.reward_failures)
         metrics |= sources.take_update_logs()  # what the reward functions logged (`log_metric`, `log_extra`)
-        metrics |= environment_metrics(self.cfg, batch)
+        metrics |= environment_metrics(batch)
         show("updating")
         tick = time.perf_counter()
         metrics |= update_on_rollout(
