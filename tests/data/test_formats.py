@@ -312,6 +312,7 @@ def test_detail4_tokenize_pairs_uses_the_task_budget(tokenizer):
 def test_real_hh_pair_tokenizes_with_eos_and_shared_prompt(tokenizer):
     pairs, _ = load_hh([str(data_file("hh-rlhf", "harmless-base", "test.jsonl.gz"))])
     examples, _ = tokenize_pairs(pairs[:5], tokenizer, query_limits(512, 2047), 10**6)
+    assert len(examples) == 5
     for e in examples:
         assert e.chosen[-1] == e.rejected[-1] == tokenizer.eos_token_id
         assert e.query.text.endswith(HH_ASSISTANT)

@@ -176,10 +176,9 @@ def test_detail1_comparison_metadata_is_kept(batch13):
     raw = raw_records(batch13, 40)
     records, _ = load_comparisons([str(batch13)])
     by_where = {int(r.where.rsplit(":", 1)[1]): r for r in records}
-    for number, row in enumerate(raw, start=1):
-        if number not in by_where:
-            continue
-        r = by_where[number]
+    kept = [(by_where[number], row) for number, row in enumerate(raw, start=1) if number in by_where]
+    assert len(kept) >= len(raw) // 2, f"{len(kept)} of the first {len(raw)} lines read back"
+    for r, row in kept:
         choice = row["choice"]
         assert r.chosen == row["summaries"][choice]["text"]
         assert r.rejected == row["summaries"][1 - choice]["text"]
@@ -444,7 +443,9 @@ def test_csv_file_with_multiline_posts_reports_the_starting_line(tmp_path, sft_p
 def test_real_csv_rows_start_where_reported():
     path = data_file("tldr-sft-sample", "oai1b.csv.gz")
     lines = raw_lines(path, 400)
-    for row in itertools.islice(iter_rows([str(path)]), 20):
+    rows = list(itertools.islice(iter_rows([str(path)]), 20))
+    assert len(rows) == 20
+    for row in rows:
         line = int(row.where.rsplit(":", 1)[1])
         assert lines[line - 1].startswith(row.data[""] + ',"SUBREDDIT: r/'), row.where
 
