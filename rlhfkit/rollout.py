@@ -13,7 +13,7 @@ import torch
 
 @dataclass
 class Episodes:
-    """What multi-turn episodes add to their rows (`environments.driver.EpisodeDriver.results`): B rows, R
+    """What multi-turn episodes add to their rows (rlhfkit/environments/driver.py fills it): B rows, R
     response columns, E components, named `component_names` (the environment's, logged as env/<name>)."""
 
     policy_mask: torch.Tensor  # (B, R) bool: the tokens the policy sampled, a subset of the episode's mask

@@ -251,6 +251,18 @@ def test_only_report_defines_a_report():
     assert not builders, builders
 
 
+def test_only_the_sampler_and_the_environments_name_the_episode_driver():
+    """Stages and evaluations hand the sampler an `EpisodePlan`; the driver of a chunk's episodes is built and run
+    inside sampling alone."""
+    allowed = ("environments/", "generation.py", "decoding/")
+    naming = [
+        str(path.relative_to(PACKAGE.parent))
+        for path in PACKAGE.rglob("*.py")
+        if not path.relative_to(PACKAGE).as_posix().startswith(allowed) and "EpisodeDriver" in path.read_text()
+    ]
+    assert not naming, naming
+
+
 def test_no_package_file_over_500_lines():
     long = {
         str(p.relative_to(PACKAGE.parent)): n
