@@ -1,5 +1,5 @@
 """Shared fixtures: the real SmolLM2 tokenizer, tiny random models, and ../shared/data (the helpers the
-tests share are in helpers.py)."""
+tests share are in support/)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from .helpers import first_lines, run_in_this_process
+from .support.data import first_lines
+from .support.launches import run_in_this_process
 
 # under pytest-xdist each worker takes one core's worth of threads, so that two workers do not fight over two cores
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, os.cpu_count() or 1)))
@@ -73,7 +74,7 @@ def tiny_model(tiny_model_dir):
 
 @pytest.fixture(scope="session")
 def ppo_dirs(tmp_path_factory, tiny_model_dir):
-    """The inputs of every stage's tiny runs (helpers.stage_args): a tiny policy, a reward model made
+    """The inputs of every stage's tiny runs (support.tiny.stage_args): a tiny policy, a reward model made
     from it (scalar head at seed 1), 40 real TL;DR posts and 80 real TL;DR human comparisons."""
     from rlhfkit.models import load_policy
     from rlhfkit.reward_models import ScalarModel
@@ -110,9 +111,9 @@ def one_process_run(tmp_path_factory):
 @pytest.fixture(scope="session")
 def environment_dirs(tmp_path_factory, ppo_dirs):
     """The inputs of the tiny multi-turn runs: a tiny policy that ends turns with EOS about one step in
-    fifteen (helpers.eos_prone_policy), the tiny reward model, 40 real GSM8K problems (chat prompts) and 40
+    fifteen (support.episodes.eos_prone_policy), the tiny reward model, 40 real GSM8K problems (chat prompts) and 40
     real HH-RLHF dialogues."""
-    from .helpers import eos_prone_policy
+    from .support.episodes import eos_prone_policy
 
     root = tmp_path_factory.mktemp("environments")
     policy, tokenizer = eos_prone_policy()

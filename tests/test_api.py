@@ -1,6 +1,6 @@
 """The Python API (rlhfkit.api): the same runs as the command line from in-memory data, loaded models and
 reward functions defined in Python; results read back as tables and objects; user errors raised, never
-printed (tests/helpers.one_error_line walks every bad-input case of the CLI through the API as well)."""
+printed (tests/support/mistakes.one_error_line walks every bad-input case of the CLI through the API as well)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ import rlhfkit
 from rlhfkit.api import data_file
 from rlhfkit.reward_models import load_reward_model
 
-from .helpers import PRESETS, assert_same_metrics, cli_args, free_port, stage_args
+from .support.processes import assert_same_metrics, free_port
+from .support.tiny import PRESETS, cli_args, stage_args
 
 
 def rows_of(path: Path) -> list[dict]:

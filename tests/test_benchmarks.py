@@ -208,7 +208,7 @@ def test_onpolicy_benchmark_splits_an_update_into_phases():
 def test_compare_methods_sets_runs_beside_the_sft_policy_with_intervals(ppo_dirs, tmp_path):
     from rlhfkit.cli import main as cli_main
 
-    from .helpers import cli_args, stage_args
+    from .support.tiny import cli_args, stage_args
 
     out = tmp_path / "dr-grpo"
     options = stage_args("grpo", ppo_dirs, out, samples_per_prompt=4, eval_samples=3, max_steps=1)

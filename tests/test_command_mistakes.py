@@ -13,7 +13,10 @@ import pytest
 from rlhfkit.cli import main as cli_main
 from rlhfkit.eval.judges import ApiOptions, Pair, RetryPolicy, make_judge
 
-from .helpers import ProtocolServer, cli_args, first_lines, free_port
+from .support.data import first_lines
+from .support.judge_server import ProtocolServer
+from .support.processes import free_port
+from .support.tiny import cli_args
 
 KEY = "sk-proj-REVIEWCANARY-1234567890abcdef"
 QUICK_RETRY = RetryPolicy(max_attempts=6, base_delay=0.01, max_delay=0.05)
@@ -334,7 +337,8 @@ def test_reinforce_under_fsdp2_on_two_processes_makes_the_update_of_one_unsharde
     import torch
     from safetensors.torch import load_file
 
-    from .helpers import launch, stage_args
+    from .support.launches import launch
+    from .support.tiny import stage_args
 
     # one prompt per generation chunk, as the PPO test: a chunk's random stream is then the same on one process or two
     args = {"max_steps": 2, "eos_trick": "false", "generation_batch_size": 1, "mixed_precision": "no"}

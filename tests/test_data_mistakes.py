@@ -24,7 +24,8 @@ from rlhfkit.models import load_tokenizer
 from rlhfkit.onpolicy import evaluation
 from rlhfkit.stages import resolve
 
-from .helpers import PRESETS, cli_args, one_error_line, stage_args
+from .support.mistakes import one_error_line
+from .support.tiny import PRESETS, cli_args, stage_args
 
 POST = (
     "My roommate keeps eating my food even though we agreed on separate shelves in the fridge. I labelled "

@@ -25,7 +25,8 @@ from rlhfkit.environments.driver import EpisodeDriver, EpisodeLimits
 from rlhfkit.errors import ConfigError, UserError
 from rlhfkit.preemption import Interrupted, StopSignal
 
-from .helpers import PRESETS, api_error, cli_args, one_error_line
+from .support.mistakes import api_error, one_error_line
+from .support.tiny import PRESETS, cli_args
 from .test_environment_runs import episode_args
 
 HERE = "tests.test_environment_faults"
@@ -205,13 +206,13 @@ def test_environment_args_are_checked_against_the_constructors_annotations():
         (calculator, {"max_calls": True}, "environment_args: max_calls expects an integer, got True"),
         (calculator, {"max_calls": -5}, "environment_args: max_calls is a count: give 0 or more, got -5"),
         ("hh-dialogue", {"max_human_turns": -1}, "environment_args: max_human_turns is a count: give 0 or more"),
-        ("tests.helpers:FixedTextEnv", {"text": 3}, "environment_args: text expects a string, got 3"),
+        ("tests.support.episodes:FixedTextEnv", {"text": 3}, "environment_args: text expects a string, got 3"),
     ]
     for spec, arguments, message in refused:
         with pytest.raises(ConfigError, match=re.escape(message)):
             check_environment(spec, arguments)
     assert check_environment(calculator, {"max_calls": 0}) is not None
-    assert check_environment("tests.helpers:FixedTextEnv", {"user_turns": 1, "text": "Hi."}) is not None
+    assert check_environment("tests.support.episodes:FixedTextEnv", {"user_turns": 1, "text": "Hi."}) is not None
 
 
 def fault_args(environment_dirs, out, environment: str, **extra) -> list[str]:

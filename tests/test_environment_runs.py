@@ -8,16 +8,11 @@ import pytest
 
 from rlhfkit.tracking import read_metrics
 
-from .helpers import (
-    assert_same_files,
-    assert_same_metrics,
-    launch,
-    run_in_this_process,
-    stage_args,
-    straight_and_resumed,
-)
+from .support.launches import launch, run_in_this_process
+from .support.processes import assert_same_files, assert_same_metrics, straight_and_resumed
+from .support.tiny import stage_args
 
-FIXED = "tests.helpers:FixedTextEnv"
+FIXED = "tests.support.episodes:FixedTextEnv"
 
 
 def episode_args(stage, dirs, out, **extra):

@@ -20,17 +20,17 @@ from rlhfkit.generation import SampleKeys, SamplingParams, sample_responses
 from rlhfkit.onpolicy.advantages import compute_advantages
 from rlhfkit.onpolicy.update import Optimizers, update_on_rollout
 
-from .helpers import (
+from .support.episodes import (
     CHAT_PROMPTS,
     FixedTextEnv,
-    collected,
     environment_run_models,
     eos_prone_policy,
     episode_setup,
     sample_fixed_episodes,
 )
+from .support.gradients import collected
 
-FIXED = "tests.helpers:FixedTextEnv"
+FIXED = "tests.support.episodes:FixedTextEnv"
 
 
 @pytest.fixture(scope="module")
@@ -308,7 +308,7 @@ def test_environment_options_are_checked_before_anything_loads():
     with pytest.raises(ConfigError, match="is not a subclass of rlhfkit.environments.Environment"):
         check_environment("tests.test_environments:NotAnEnvironment", {})
     with pytest.raises(ConfigError, match="environment: .*no class 'Missing'"):
-        check_environment("tests.helpers:Missing", {})
+        check_environment("tests.support.episodes:Missing", {})
     with pytest.raises(ConfigError, match="neither a built-in \\(gsm8k-calculator, hh-dialogue\\)"):
         check_environment("calculator", {})
 
@@ -345,7 +345,7 @@ def test_the_calculator_in_the_decoding_loop_feeds_its_result_then_hands_the_tur
 def test_eval_gsm8k_evaluates_a_model_with_and_without_the_calculator(tiny_model_dir, tmp_path, capsys):
     from rlhfkit.cli import main as cli_main
 
-    from .helpers import data_file
+    from .support.data import data_file
 
     out = tmp_path / "eval"
     args = ["eval", "gsm8k", f"models=base={tiny_model_dir},calc={tiny_model_dir}",

@@ -15,16 +15,11 @@ from rlhfkit.onpolicy.advantages import compute_advantages
 from rlhfkit.onpolicy.scoring import score_rollout
 from rlhfkit.stages import resolve
 
-from .helpers import (
-    PRESETS,
-    SamplingLogprobs,
-    assert_same_files,
-    assert_same_metrics,
-    collected,
-    data_file,
-    stage_args,
-    straight_and_resumed,
-)
+from .support.data import data_file
+from .support.decoding import SamplingLogprobs
+from .support.gradients import collected
+from .support.processes import assert_same_files, assert_same_metrics, straight_and_resumed
+from .support.tiny import PRESETS, stage_args
 
 
 def setup(stage, dirs, tmp_path, **extra):

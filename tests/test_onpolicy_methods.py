@@ -14,7 +14,9 @@ from rlhfkit.onpolicy import evaluation, trainer, update
 from rlhfkit.onpolicy.collect import PromptStream, prompt_indices
 from rlhfkit.stages import resolve
 
-from .helpers import cli_args, collected, stage_args, straight_and_resumed
+from .support.gradients import collected
+from .support.processes import straight_and_resumed
+from .support.tiny import cli_args, stage_args
 
 # a reward that ties within the groups of prompts of even length (every answer scores 0.5) and
 # varies with the answer's length for the others: dynamic sampling must drop exactly the former

@@ -10,7 +10,8 @@ from rlhfkit.pipeline_command import check_order
 from rlhfkit.stages import pipeline_commands, resolve
 from rlhfkit.tracking import read_metrics
 
-from .helpers import TINY, cli_args, first_lines, stage_args
+from .support.data import first_lines
+from .support.tiny import TINY, cli_args, stage_args
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import pytest
 
 from rlhfkit.cli import main as cli_main
 
-from .helpers import REPO
+from .support.data import REPO
 
 ACCURACY = {"tables": {"all": [{"policy": "base", "greedy_accuracy": 0.30}, {"policy": "grpo", "greedy_accuracy": 0.45,
                                                                            "greedy_minus_first_low": 0.08}]}}

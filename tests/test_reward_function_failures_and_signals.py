@@ -20,7 +20,8 @@ from rlhfkit.rewards import BUILTINS, RewardFunctions, required_columns
 from rlhfkit.runlock import LOCK_FILE
 from rlhfkit.stages import resolve
 
-from .helpers import PRESETS, child_env, cli_args, rlhfkit_command, stage_args
+from .support.processes import child_env, rlhfkit_command
+from .support.tiny import PRESETS, cli_args, stage_args
 
 REWARD_FUNCTIONS = '''
 import os, signal, sys, time

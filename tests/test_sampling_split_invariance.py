@@ -16,9 +16,10 @@ import torch.multiprocessing as mp
 from rlhfkit import generation
 from rlhfkit.ops import sample_rows
 
-from .helpers import free_port, rollout_setup, sampled_rollout, sampled_rollout_worker
+from .support.gradients import rollout_setup, sampled_rollout, sampled_rollout_worker
+from .support.processes import free_port
 
-FIXED = "tests.helpers:FixedTextEnv"
+FIXED = "tests.support.episodes:FixedTextEnv"
 GROUPED = {"total_batch_size": 16, "samples_per_prompt": 4, "micro_batch_size": 8, "forward_batch_size": 8}
 EPISODES = {
     "prompt_format": "gsm8k",

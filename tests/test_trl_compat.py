@@ -18,7 +18,7 @@ from rlhfkit.rewards import (
 )
 from rlhfkit.rollout import RolloutBatch
 
-from .helpers import TINY
+from .support.tiny import TINY
 
 
 # TRL's documentation, GRPO Trainer, "Using a custom reward function", Example 2: Reward completions with a

@@ -9,7 +9,9 @@ import yaml
 from rlhfkit.cli import main
 from rlhfkit.trainers import run as run_services
 
-from ..helpers import assert_same_files, cli_args, run_in_this_process, stage_args
+from ..support.launches import run_in_this_process
+from ..support.processes import assert_same_files
+from ..support.tiny import cli_args, stage_args
 
 
 def test_a_run_records_what_each_auto_option_resolved_to_in_its_folder_and_report(ppo_dirs, tmp_path):

@@ -13,7 +13,7 @@ import pytest
 from rlhfkit.cli import main
 from rlhfkit.data.analyze import run_analysis
 
-from ..helpers import data_file
+from ..support.data import data_file
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TLDR = "SUBREDDIT: r/{subreddit}\n\nTITLE: {title}\n\nPOST: {post}\n\nTL;DR:"

@@ -23,7 +23,7 @@ from rlhfkit.data.formats import (
 from rlhfkit.data.hh import load_hh, split_dialogue
 from rlhfkit.data.tldr import Comparison, SFTRecord, load_sft
 
-from ..helpers import data_file
+from ..support.data import data_file
 
 
 def n_tokens(tokenizer, text: str) -> int:

@@ -16,7 +16,7 @@ from rlhfkit.data.hh import human_turns, load_hh, split_dialogue
 from rlhfkit.data.records import DataFormatError, SkipLog, expand_paths, iter_rows
 from rlhfkit.data.tldr import load_comparisons, load_sft
 
-from ..helpers import data_file, write_sft_csv
+from ..support.data import data_file, write_sft_csv
 
 HH_SUBSETS = ["harmless-base", "helpful-base", "helpful-online", "helpful-rejection-sampled"]
 

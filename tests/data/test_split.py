@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
 from rlhfkit.data.split import split_by_prompt
 from rlhfkit.data.tldr import load_comparisons
 
-from ..helpers import data_file
+from ..support.data import data_file
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +86,18 @@ def test_exactly_one_of_size_and_fraction(pairs):
         split_by_prompt(pairs, key)
     with pytest.raises(ValueError, match="exactly one"):
         split_by_prompt(pairs, key, validation_size=1, validation_fraction=0.1)
+
+
+
+def test_the_split_line_counts_the_prompts_the_tokenization_line_then_keeps_or_skips(ppo_dirs, tokenizer):
+    """Cosmetic: with queries too long for max_query_length, the split's training count is the tokenization's kept
+    plus skipped, not already the kept count."""
+    from rlhfkit.config import GRPOConfig
+    from rlhfkit.onpolicy.evaluation import split_posts
+
+    cfg = GRPOConfig(data=[str(ppo_dirs["posts"])], validation_posts=2, max_query_length=64)
+    train, held_out, notes = split_posts(cfg, tokenizer)
+    split = re.search(r"split by prompt \(seed \d+\): (\d+) training prompts, (\d+) held-out prompts", "\n".join(notes))
+    kept, skipped = map(int, re.search(r"training kept (\d+) prompts, skipped (\d+)", "\n".join(notes)).groups())
+    assert skipped > 0 and kept == len(train)
+    assert (int(split[1]), int(split[2])) == (kept + skipped, 2)

@@ -10,7 +10,7 @@ import sys
 from rlhfkit import api, cli
 from rlhfkit.launch import inside_launcher, launch_command
 
-from ..helpers import launcher_env
+from ..support.processes import launcher_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAUNCHER_VARS = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "ACCELERATE_PROCESS_ID", "MASTER_ADDR", "MASTER_PORT")

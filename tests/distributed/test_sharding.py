@@ -8,6 +8,8 @@ with an RNG keyed by its position in the update, so both layouts sample the same
 is the order of floating-point sums (micro-batches holding other rows, gradients reduce-scattered
 instead of accumulated in one process), within 1e-5 for weights trained at learning rate 1e-3."""
 
+from __future__ import annotations
+
 import json
 import re
 from pathlib import Path
@@ -18,15 +20,10 @@ from safetensors.torch import load_file
 
 from rlhfkit.cli import main as cli_main
 
-from ..helpers import (
-    assert_same_files,
-    assert_same_metrics,
-    cli_args,
-    launch,
-    launched_killed_and_resumed,
-    launched_straight_and_resumed,
-    stage_args,
-)
+from ..support.launches import launch, launched_killed_and_resumed, launched_straight_and_resumed
+from ..support.mistakes import one_error_line
+from ..support.processes import assert_same_files, assert_same_metrics
+from ..support.tiny import cli_args, command, stage_args
 
 EXACT = {"mixed_precision": "no"}  # bf16 rounds differently for other batch shapes
 
@@ -212,3 +209,11 @@ def test_zero_without_deepspeed_installed_names_the_extra_to_install(monkeypatch
     monkeypatch.setattr(sharding, "deepspeed_installed", lambda: False)
     with pytest.raises(ConfigError, match=r"sharding=zero2 needs DeepSpeed: pip install 'rlhfkit\[deepspeed\]'"):
         sharding.check_sharding(resolve("sft", None, None, {"sharding": "zero2"}).sharding_options)
+
+
+
+def test_sharding_on_one_process_is_refused_rather_than_recorded(ppo_dirs, tmp_path, capsys):
+    out = tmp_path / "run"
+    line = one_error_line(command("sft", ppo_dirs, out, sharding="fsdp2"), capsys)
+    assert "sharding=fsdp2 splits the models across processes and this run has one: add --num-processes N" in line, line
+    assert not out.exists()

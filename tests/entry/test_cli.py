@@ -5,7 +5,7 @@ import subprocess
 
 from rlhfkit.cli import main
 
-from ..helpers import child_env, rlhfkit_command
+from ..support.processes import child_env, rlhfkit_command
 
 
 def test_help_read_through_a_pipe_that_closes_early_ends_quietly():

@@ -23,7 +23,7 @@ from rlhfkit.presets import ABOUT
 from rlhfkit.reward_models import ScalarModel
 from rlhfkit.stages import STAGES
 
-from ..helpers import REPO, data_file
+from ..support.data import REPO, data_file
 
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 

@@ -7,7 +7,7 @@ from rlhfkit.data.tldr import load_sft
 from rlhfkit.eval import alarms
 from rlhfkit.report.caveats import alarm_caveat
 
-from ..helpers import data_file
+from ..support.data import data_file
 
 QUESTIONS = ["What should I do?", "Any advice?", "What do I do?"]
 

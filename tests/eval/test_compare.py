@@ -1,5 +1,7 @@
 """`rlhfkit eval`: policies compared through their samples; reward-hacking alarms."""
 
+from __future__ import annotations
+
 import gzip
 import json
 
@@ -8,7 +10,9 @@ import pytest
 from rlhfkit.cli import main as cli_main
 from rlhfkit.eval import alarms
 
-from ..helpers import ProtocolServer, data_file
+from ..support.data import data_file
+from ..support.judge_server import ProtocolServer
+from ..support.mistakes import one_error_line
 
 
 def test_alarm_measures_hand_values():
@@ -170,3 +174,21 @@ def test_prompt_suite_answers_are_compared_by_category(tiny_model_dir, tmp_path)
         and result["by_category"]["sycophancy"]["rm_score"] is not None
     )
     assert "rouge_l" not in result and "length_ratio" not in result["alarms"]
+
+
+
+@pytest.mark.parametrize(
+    "text, line_number",
+    [
+        ("prompt_id,text\np1,hello\n", 1),
+        ("just some notes\n", 1),
+        ('{"prompt_id": "p", "query": "q", "reference": "r", "text": "t"}\nnot json\n', 2),
+    ],
+)
+def test_eval_samples_that_are_not_json_lines_name_the_file_and_line(tmp_path, capsys, text, line_number):
+    samples = tmp_path / "samples.csv"
+    samples.write_text(text)
+    out = tmp_path / "eval"
+    line = one_error_line(["eval", f"samples=sft={samples}", f"out={out}"], capsys)
+    assert f"{samples}:{line_number}: not JSON lines" in line and "rlhfkit generate" in line, line
+    assert not out.exists()

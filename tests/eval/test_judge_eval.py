@@ -9,7 +9,9 @@ from rlhfkit.data.tldr import Comparison
 from rlhfkit.eval import judge_eval
 from rlhfkit.eval.judges import Verdict
 
-from ..helpers import ProtocolServer, cli_args, first_lines
+from ..support.data import first_lines
+from ..support.judge_server import ProtocolServer
+from ..support.tiny import cli_args
 
 
 def verdict(winner: str, swapped: bool) -> Verdict:

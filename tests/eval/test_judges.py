@@ -20,7 +20,7 @@ from rlhfkit.eval.judges import ApiOptions, Pair, RetryPolicy, load_template, ma
 from rlhfkit.eval.judges.api import retry_after_seconds
 from rlhfkit.eval.judges.core import Shown, VerdictCache, is_swapped, parse_preference, show
 
-from ..helpers import JUDGE_TIMEOUT, ProtocolServer
+from ..support.judge_server import JUDGE_TIMEOUT, ProtocolServer
 
 OPENAI_KEY = "sk-LEAKCANARY-openai-7f3a9c0d1e2b"
 ANTHROPIC_KEY = "sk-ant-LEAKCANARY-anthropic-5d8e2f1a"

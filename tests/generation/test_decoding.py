@@ -12,7 +12,7 @@ from rlhfkit.decoding import DECODING, buckets
 from rlhfkit.generation import SamplingParams, generate
 from rlhfkit.ops import truncate_after_eos
 
-from ..helpers import HostSyncDetector, SamplingLogprobs, staggered_eos_model
+from ..support.decoding import HostSyncDetector, SamplingLogprobs, staggered_eos_model
 
 NEW_TOKENS = 10  # the last row of staggered_eos_model never emits EOS within this many
 

@@ -5,7 +5,7 @@ from rlhfkit.data.collate import left_pad_queries
 from rlhfkit.generation import SamplingParams, generate, generate_texts
 from rlhfkit.logprobs import response_logprobs
 
-from ..helpers import SamplingLogprobs
+from ..support.decoding import SamplingLogprobs
 
 
 def encode(tokenizer, text):

@@ -14,7 +14,7 @@ from rlhfkit.errors import ModelError
 from rlhfkit.models import load_policy
 from rlhfkit.stages import resolve
 
-from ..helpers import data_file
+from ..support.data import data_file
 
 
 def pickled_copy(tiny_model_dir, folder, weights_name: str = "pytorch_model.bin"):

@@ -12,7 +12,7 @@ from rlhfkit.data.examples import query_limits, tokenize_pairs
 from rlhfkit.data.formats import encode_completion, encode_query
 from rlhfkit.reward_models import ScalarModel
 
-from ..helpers import data_file
+from ..support.data import data_file
 
 FIELDS = {
     "subreddit": "test",

@@ -31,17 +31,17 @@ from rlhfkit.reward_models import ScalarModel
 from rlhfkit.shared_rows import OBSTACLE_CHECKED, pack_groups, shared_rows_obstacle
 from rlhfkit.tracking import read_metrics
 
-from ..helpers import (
+from ..support.gradients import (
     assert_same_gradient,
-    free_port,
     k1_reuse_worker,
     k1_update,
     one_update_gradient,
-    run_in_this_process,
     split_invariance_worker,
-    stage_args,
     synthetic_rollout,
 )
+from ..support.launches import run_in_this_process
+from ..support.processes import free_port
+from ..support.tiny import stage_args
 
 TOLERANCE = {"atol": 1e-5, "rtol": 1e-5}
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ..helpers import REPO, child_env
+from ..support.data import REPO
+from ..support.processes import child_env
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,8 @@ import pytest
 
 from rlhfkit.cli import main as cli_main
 
-from ..helpers import cli_args, first_lines, stage_args
+from ..support.data import first_lines
+from ..support.tiny import cli_args, stage_args
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -144,7 +144,7 @@ def trl_run(tiny_model_dir, tmp_path, monkeypatch, functions, rows, **options):
     import rlhfkit
     from rlhfkit.models import load_policy
 
-    from ..helpers import TINY
+    from ..support.tiny import TINY
 
     monkeypatch.setenv("RLHFKIT_CACHE", str(tmp_path / "cache"))
     model, tokenizer = load_policy(str(tiny_model_dir))
@@ -224,7 +224,7 @@ def flaky(completions, **kwargs):
 def test_a_function_failing_on_a_tenth_of_rows_is_skipped_counted_and_the_run_ends_well(ppo_dirs, tmp_path, capsys):
     from rlhfkit.cli import main as cli_main
 
-    from ..helpers import PRESETS, cli_args, stage_args
+    from ..support.tiny import PRESETS, cli_args, stage_args
 
     (tmp_path / "grader.py").write_text(FLAKY)
     out = tmp_path / "run"
@@ -260,7 +260,7 @@ def test_the_old_stop_option_is_refused_with_its_replacement(ppo_dirs, tmp_path)
     from rlhfkit.onpolicy.reward_sources import RewardSources
     from rlhfkit.stages import resolve
 
-    from ..helpers import PRESETS, stage_args
+    from ..support.tiny import PRESETS, stage_args
 
     cfg = resolve("grpo", PRESETS["grpo"], None, stage_args("grpo", ppo_dirs, tmp_path, stop_on_reward_error="true"))
     with pytest.raises(ConfigError, match="stop_on_reward_error=true was replaced by reward_errors=stop"):

@@ -5,7 +5,7 @@ Each trainer's run is killed four times, each kill in the run the previous one l
 after a random step, inside the next checkpoint's write, between that checkpoint's publication and the
 `latest` pointer, and after the last step, during the final save and evaluation. Resumed after each kill,
 it must end bit-identical to a run never interrupted. The runs are children forked from a warm process
-(helpers.ForkedRun): real processes that a SIGKILL kills, without the seconds of importing torch each time.
+(support.processes.ForkedRun): real processes that a SIGKILL kills, without the seconds of importing torch each time.
 
 Marked `faults` (about 2 minutes on a 2-core CPU): `pytest -m faults`; CI runs it after the default suite.
 """
@@ -19,16 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from ..helpers import (
-    PRESETS,
-    assert_same_files,
-    assert_same_metrics,
-    child_env,
-    cli_args,
-    run_forked,
-    stage_args,
-    start_forked,
-)
+from ..support.processes import assert_same_files, assert_same_metrics, child_env, run_forked, start_forked
+from ..support.tiny import PRESETS, cli_args, stage_args
 
 pytestmark = pytest.mark.faults
 

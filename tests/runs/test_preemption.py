@@ -17,18 +17,9 @@ import pytest
 from rlhfkit.preemption import StopSignal, resume_command
 from rlhfkit.runlock import LOCK_FILE
 
-from ..helpers import (
-    PRESETS,
-    assert_same_files,
-    assert_same_metrics,
-    child_env,
-    cli_args,
-    launched,
-    process_of_rank,
-    rlhfkit_command,
-    stage_args,
-    wait_for_step,
-)
+from ..support.launches import launched, process_of_rank, wait_for_step
+from ..support.processes import assert_same_files, assert_same_metrics, child_env, rlhfkit_command
+from ..support.tiny import PRESETS, cli_args, stage_args
 
 SFT_STEPS = 6
 STOPPED = re.compile(

@@ -1,19 +1,24 @@
 """One run per folder: a run directory in use is refused, naming its process; a lock
 left by a process that is gone is taken over; the lock goes when its process exits."""
 
+import errno
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
+from rlhfkit import runlock
 from rlhfkit.cli import main as cli_main
 from rlhfkit.errors import RunLockedError
-from rlhfkit.runlock import LOCK_FILE, holder_record, lock_run_dir
+from rlhfkit.runlock import LOCK_FILE, holder_record, lock_run_dir, release_run_dir
 
-from ..helpers import child_env, cli_args, rlhfkit_command, stage_args
+from ..support.processes import child_env, rlhfkit_command
+from ..support.tiny import cli_args, stage_args
 
 
 @pytest.fixture
@@ -107,3 +112,61 @@ def test_the_lock_is_released_when_its_process_fails_or_is_terminated(tmp_path, 
             proc.stdin.flush()
         assert proc.wait(timeout=60) == (143 if end == "sigterm" else 1)
     assert not (tmp_path / LOCK_FILE).exists()
+
+
+# ---------------------------------------------------------------- a lock left by a crash
+
+
+def write_lock_bytes(folder, data: bytes, age: float = 60.0):
+    path = folder / LOCK_FILE
+    path.write_bytes(data)
+    then = time.time() - age
+    os.utime(path, (then, then))
+    return path
+
+
+@pytest.mark.parametrize("data", [b"", b'{"pid": 12', b'["not", "a", "lock"]'], ids=["empty", "cut", "not-a-record"])
+def test_an_empty_or_unreadable_lock_left_by_a_crash_is_taken_over(tmp_path, data, capsys):
+    path = write_lock_bytes(tmp_path, data)
+    lock_run_dir(tmp_path)
+    assert json.loads(path.read_text())["pid"] == os.getpid()
+    [warning] = capsys.readouterr().err.strip().splitlines()
+    assert warning == (
+        f"rlhfkit: warning: {path} was left by a process that died while writing it (it is empty or "
+        "unreadable); taking the folder over"
+    )
+    release_run_dir(tmp_path)
+
+
+def test_a_lock_still_being_written_is_not_taken_over(tmp_path):
+    """Where a lock cannot be linked into place whole (no hard links), its record follows its creation."""
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        path = write_lock_bytes(tmp_path, b"", age=0)
+        writer = threading.Timer(0.3, lambda: path.write_text(json.dumps(holder_record(sleeper.pid))))
+        writer.start()
+        with pytest.raises(RunLockedError, match=f"in use by process {sleeper.pid}"):
+            lock_run_dir(tmp_path)
+        writer.join()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_stale_lock_another_process_took_over_meanwhile_is_left_to_it(tmp_path):
+    stale = json.dumps(holder_record(os.getpid()) | {"pid": 1, "process_start": -1}).encode()
+    taken = (json.dumps(holder_record(os.getpid())) + "\n").encode()
+    path = write_lock_bytes(tmp_path, taken)  # what the other process put there after it removed the stale one
+    runlock.remove_stale(path, stale)
+    assert path.read_bytes() == taken and os.listdir(tmp_path) == [LOCK_FILE]
+
+
+def test_without_hard_links_the_lock_is_created_in_place(tmp_path, monkeypatch):
+    def no_links(*_args):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    lock_run_dir(tmp_path)
+    assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
+    assert os.listdir(tmp_path) == [LOCK_FILE]
+    release_run_dir(tmp_path)

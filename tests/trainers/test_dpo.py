@@ -24,10 +24,8 @@ from rlhfkit.scoring import collate_pairs
 from rlhfkit.stages import resolve
 from rlhfkit.trainers import dpo
 
-from ..helpers import (
-    launch,
-    stage_args,
-)
+from ..support.launches import launch
+from ..support.tiny import stage_args
 
 
 def pairs_for(cfg, tokenizer):

@@ -14,7 +14,8 @@ from rlhfkit.reward_models import ScalarModel, linear_head, load_reward_model
 from rlhfkit.stages import resolve
 from rlhfkit.trainers import reward
 
-from ..helpers import cli_args, first_lines, stage_args
+from ..support.data import first_lines
+from ..support.tiny import cli_args, stage_args
 
 
 @pytest.fixture

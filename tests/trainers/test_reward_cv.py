@@ -11,7 +11,8 @@ from rlhfkit.data.split import prompt_folds
 from rlhfkit.errors import ConfigError
 from rlhfkit.trainers import reward_cv
 
-from ..helpers import cli_args, data_file, stage_args
+from ..support.data import data_file
+from ..support.tiny import cli_args, stage_args
 
 DATA = data_file("summarize-from-feedback-comparisons", "batch18.jsonl.gz")
 

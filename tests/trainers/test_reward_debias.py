@@ -22,7 +22,8 @@ from rlhfkit.scoring import collate_packed_pairs, collate_pairs, pair_scores, sc
 from rlhfkit.tiny_models import tiny_policy
 from rlhfkit.trainers import reward
 
-from ..helpers import cli_args, data_file, stage_args
+from ..support.data import data_file
+from ..support.tiny import cli_args, stage_args
 
 COMPARISONS = ("summarize-from-feedback-comparisons", "batch18.jsonl.gz")
 

@@ -7,7 +7,8 @@ from transformers import get_scheduler
 from rlhfkit.schedules import lr_schedule
 from rlhfkit.tracking import read_metrics
 
-from ..helpers import run_in_this_process, stage_args
+from ..support.launches import run_in_this_process
+from ..support.tiny import stage_args
 
 TRANSFORMERS_NAME = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}
 

@@ -11,12 +11,9 @@ from rlhfkit.stages import resolve
 from rlhfkit.tracking import read_metrics
 from rlhfkit.trainers import sft
 
-from ..helpers import (
-    cli_args,
-    launch,
-    sft_losses_on_fixed_batch,
-    stage_args,
-)
+from ..support.launches import launch
+from ..support.processes import sft_losses_on_fixed_batch
+from ..support.tiny import cli_args, stage_args
 
 
 def test_collate_counts_response_tokens_including_eos(tokenizer, ppo_dirs):

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from rlhfkit.data import load_comparisons, load_hh, load_pairs, load_sft
 from rlhfkit.data.records import DataFormatError
 
-from .helpers import data_file, write_sft_csv
+from ..support.data import data_file, write_sft_csv
 
 SOURCES = {
     "tldr-sft": ("tldr-sft-sample", "tldr_sft_sample.jsonl.gz"),
