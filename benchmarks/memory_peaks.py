@@ -337,7 +337,7 @@ def on_policy_steps(folder: Path, opts: dict, rng) -> None:
     from rlhfkit.generation import SampleKeys, SamplingParams, sample_responses
     from rlhfkit.onpolicy.advantages import compute_advantages
     from rlhfkit.onpolicy.scoring import OnPolicyModels, score_rollout
-    from rlhfkit.onpolicy.update import build_optimizers, update_on_rollout
+    from rlhfkit.onpolicy.update import UpdatePlan, build_optimizers, update_on_rollout
 
     policy = policy_model(folder, opts)
     vocab = policy.config.vocab_size
@@ -368,6 +368,7 @@ def on_policy_steps(folder: Path, opts: dict, rng) -> None:
     )
     optimizers = build_optimizers(models, cfg, 2)
     precision, group = cfg.mixed_precision, cfg.samples_per_prompt
+    plan = UpdatePlan.of(models, cfg, precision)
     params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.temperature)
     for update in range(2):
         queries = rows_of(rng, cfg.total_batch_size // group, cfg.max_query_length, vocab)
@@ -383,15 +384,15 @@ def on_policy_steps(folder: Path, opts: dict, rng) -> None:
                 samples_per_prompt=group,
             )
             policy.train()
-        batch = compute_advantages(score_rollout(models, batch, cfg, precision), cfg, cfg.kl_coef)
+        batch = score_rollout(models, batch, plan.scoring, precision)
+        batch = compute_advantages(batch, cfg, cfg.kl_coef, plan.old_logprobs)
         update_on_rollout(
-            models,
-            optimizers,
-            batch.select(slice(0, 2 * cfg.micro_batch_size)),
-            cfg,
-            update + 1,
-            precision,
-            cfg.kl_coef,
+            models=models,
+            optimizers=optimizers,
+            batch=batch.select(slice(0, 2 * cfg.micro_batch_size)),
+            plan=plan,
+            update=update + 1,
+            kl_coef=cfg.kl_coef,
         )
         optimizers.advance_schedules()
 

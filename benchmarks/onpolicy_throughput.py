@@ -135,16 +135,19 @@ def main() -> None:
     queries = args.batch // cfg.samples_per_prompt
     prompts = torch.randint(100, len(models.tokenizer) - 1, (queries, args.query_length), generator=generator).tolist()
     precision = "bf16" if args.bf16 else "no"
-    setup = RolloutSetup(models, prompts, cfg, precision)
+    plan = update.UpdatePlan.of(models, cfg, precision)
+    setup = RolloutSetup(models, prompts, cfg, plan.scoring, precision)
     rows = []
     for index in range(args.warmup + args.updates):
         timings: dict[str, float] = {}
         began = time.perf_counter()
         phase_peak(device)
-        batch = compute_advantages(collect(setup, index, timings), cfg, cfg.kl_coef)
+        batch = compute_advantages(collect(setup, index, timings), cfg, cfg.kl_coef, plan.old_logprobs)
         timings["collect_peak_bytes"] = phase_peak(device)
         tick = time.perf_counter()
-        metrics = update.update_on_rollout(models, optimizers, batch, cfg, index + 1, precision, cfg.kl_coef)
+        metrics = update.update_on_rollout(
+            models=models, optimizers=optimizers, batch=batch, plan=plan, update=index + 1, kl_coef=cfg.kl_coef
+        ).metrics
         if device.type == "cuda":
             torch.cuda.synchronize()
         timings["update_peak_bytes"] = phase_peak(device)
@@ -179,7 +182,7 @@ def main() -> None:
                 "decoding": args.decoding,
                 "shared_prefix": args.shared_prefix,
                 "shared_rows_used": bool(metrics["perf/shared_prefix"]),
-                "old_logprobs_from_update": batch.logprobs is None,
+                "old_logprobs_from_update": plan.old_logprobs == "update",
                 "collect_peak_memory_bytes": int(max(r["collect_peak_bytes"] for r in rows)),
                 "update_peak_memory_bytes": int(max(r["update_peak_bytes"] for r in rows)),
                 "episodes_per_s": round(args.batch / median("total"), 3),

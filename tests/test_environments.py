@@ -18,7 +18,7 @@ from rlhfkit.environments.driver import EpisodeDriver, EpisodeLimits
 from rlhfkit.errors import ConfigError, UserError
 from rlhfkit.generation import SampleKeys, SamplingParams, sample_responses
 from rlhfkit.onpolicy.advantages import compute_advantages
-from rlhfkit.onpolicy.update import Optimizers, update_on_rollout
+from rlhfkit.onpolicy.update import Optimizers
 
 from .support.episodes import (
     CHAT_PROMPTS,
@@ -28,7 +28,7 @@ from .support.episodes import (
     episode_setup,
     sample_fixed_episodes,
 )
-from .support.gradients import collected
+from .support.gradients import collected, run_update
 
 FIXED = "tests.support.episodes:FixedTextEnv"
 
@@ -172,7 +172,7 @@ def test_at_step_0_the_sampled_logprobs_are_recomputed_the_ratio_is_1_and_the_kl
         assert float(getattr(batch, name)[inserted].abs().max()) == 0.0, name
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     model.train()
-    metrics = update_on_rollout(models, Optimizers(optimizer, None, None, None), batch, cfg, 1, "no", cfg.kl_coef)
+    metrics = run_update(models, Optimizers(optimizer, None, None, None), batch, cfg).metrics
     model.eval()
     assert metrics["val/ratio"] == pytest.approx(1.0, abs=1e-6)
     assert metrics["val/ratio_var"] == pytest.approx(0.0, abs=1e-9)
@@ -183,7 +183,7 @@ def update_gradient(model, models, batch, cfg) -> dict[str, torch.Tensor]:
     before = {k: v.detach().clone() for k, v in model.named_parameters()}
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     model.train()
-    update_on_rollout(models, Optimizers(optimizer, None, None, None), batch, cfg, 1, "no", cfg.kl_coef)
+    run_update(models, Optimizers(optimizer, None, None, None), batch, cfg)
     model.eval()
     change = {k: before[k] - v.detach() for k, v in model.named_parameters()}
     with torch.no_grad():

@@ -27,7 +27,7 @@ from rlhfkit.onpolicy.scoring import policy_logprobs
 from rlhfkit.reward_models import ScalarModel
 from rlhfkit.stages import resolve
 
-from .support.gradients import collected
+from .support.gradients import collected, run_update
 from .support.processes import assert_same_files, assert_same_metrics, straight_and_resumed
 from .support.tiny import cli_args, stage_args
 
@@ -138,9 +138,7 @@ def test_ppo_with_lora_has_kl_exactly_zero_and_ratio_exactly_one_against_the_ada
     before = {name: p.detach().clone() for m in (models.policy, models.value) for name, p in m.named_parameters()}
     batch = collected(models, prompts, cfg, 0, cfg.kl_coef)
     assert torch.equal(batch.logprobs, batch.ref_logprobs) and torch.equal(batch.kl, torch.zeros_like(batch.kl))
-    metrics = update.update_on_rollout(
-        models, update.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef
-    )
+    metrics = run_update(models, update.build_optimizers(models, cfg, 2), batch, cfg).metrics
     assert metrics["val/ratio"] == 1.0 and metrics["policy/clipfrac_avg"] == 0 and metrics["policy/approxkl_avg"] == 0
     after = {name: p.detach() for m in (models.policy, models.value) for name, p in m.named_parameters()}
     changed = {name for name in before if not torch.equal(before[name], after[name])}

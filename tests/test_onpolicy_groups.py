@@ -12,12 +12,12 @@ from rlhfkit.errors import ConfigError
 from rlhfkit.generation import SampleKeys, sample_responses
 from rlhfkit.onpolicy import evaluation, trainer, update
 from rlhfkit.onpolicy.advantages import compute_advantages
-from rlhfkit.onpolicy.scoring import score_rollout
+from rlhfkit.onpolicy.scoring import ScoringPlan, score_rollout
 from rlhfkit.stages import resolve
 
 from .support.data import data_file
 from .support.decoding import SamplingLogprobs
-from .support.gradients import collected
+from .support.gradients import collected, run_update
 from .support.processes import assert_same_files, assert_same_metrics, straight_and_resumed
 from .support.tiny import PRESETS, stage_args
 
@@ -78,6 +78,7 @@ def test_rows_come_in_groups_of_the_same_prompt(ppo_dirs, tmp_path):
 @pytest.mark.parametrize("stage", ["grpo", "rloo"])
 def test_equal_scores_in_a_group_give_zero_advantages_and_no_update(stage, ppo_dirs, tmp_path):
     cfg, models, prompts = setup(stage, ppo_dirs, tmp_path, kl_coef=0.0)
+    scoring = ScoringPlan.of(models, cfg)
     batch = score_rollout(
         models,
         sample_responses(
@@ -89,15 +90,15 @@ def test_equal_scores_in_a_group_give_zero_advantages_and_no_update(stage, ppo_d
             SampleKeys(1),
             samples_per_prompt=4,
         ),
-        cfg,
+        scoring,
         "no",
     )
     batch.raw_scores = torch.tensor([0.3] * 4 + [-2.0] * 4)
     batch.has_eos = torch.ones(8, dtype=torch.bool)
-    batch = compute_advantages(batch, cfg, cfg.kl_coef)
+    batch = compute_advantages(batch, cfg, cfg.kl_coef, scoring.old_logprobs)
     assert batch.advantages.abs().max() == 0
     before = {k: v.clone() for k, v in models.policy.state_dict().items()}
-    update.update_on_rollout(models, update.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef)
+    run_update(models, update.build_optimizers(models, cfg, 2), batch, cfg)
     assert all(torch.equal(v, before[k]) for k, v in models.policy.state_dict().items())
 
 
@@ -110,11 +111,9 @@ def test_kl_as_a_loss_term_is_zero_at_step_0_and_pulls_towards_the_reference(ppo
     score_only = torch.zeros_like(batch.rewards)
     score_only[torch.arange(batch.size), last] = batch.scores
     torch.testing.assert_close(batch.rewards, score_only)  # no KL penalty inside the reward
-    metrics = update.update_on_rollout(
-        models, update.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef
-    )
+    metrics = run_update(models, update.build_optimizers(models, cfg, 2), batch, cfg).metrics
     assert metrics["loss/kl_avg"] > 0  # the second epoch saw a moved policy
-    first_epoch_only = update.update_on_rollout(*reset(models, cfg, prompts, update_epochs=1), "no", cfg.kl_coef)
+    first_epoch_only = run_update(*reset(models, cfg, prompts, update_epochs=1)).metrics
     assert first_epoch_only["loss/kl_avg"] == 0  # k3 of identical policies
 
 
@@ -124,7 +123,7 @@ def reset(models, cfg, prompts, **changes):
     cfg = dataclasses.replace(cfg, **changes)
     models.policy.load_state_dict(models.reference.state_dict())
     batch = collected(models, prompts, cfg, 0, cfg.kl_coef)
-    return models, update.build_optimizers(models, cfg, 2), batch, cfg, 1
+    return models, update.build_optimizers(models, cfg, 2), batch, cfg
 
 
 def test_clipping_can_be_turned_off(ppo_dirs, tmp_path):
@@ -132,9 +131,7 @@ def test_clipping_can_be_turned_off(ppo_dirs, tmp_path):
         "grpo", ppo_dirs, tmp_path, clip_range=0.0, update_epochs=3, learning_rate=3e-2, eos_trick=False
     )
     batch = collected(models, prompts, cfg, 0, cfg.kl_coef)
-    metrics = update.update_on_rollout(
-        models, update.build_optimizers(models, cfg, 2), batch, cfg, 1, "no", cfg.kl_coef
-    )
+    metrics = run_update(models, update.build_optimizers(models, cfg, 2), batch, cfg).metrics
     assert metrics["policy/clipfrac_avg"] == 0 and metrics["val/ratio_var"] > 0
 
 

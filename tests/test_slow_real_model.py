@@ -14,7 +14,7 @@ from rlhfkit.scoring import collate_scored
 from rlhfkit.trainers import sft
 
 from .support.data import data_file
-from .support.gradients import collected
+from .support.gradients import collected, run_update
 from .support.processes import sft_losses_on_fixed_batch
 
 pytestmark = pytest.mark.slow
@@ -75,7 +75,5 @@ def test_real_model_ppo_starts_with_kl_zero_and_ratio_one(real_examples):
     examples, _ = tokenize_sft(real_examples, tok, 128, 53)
     batch = collected(models, [e.query.ids for e in examples], cfg, 0, cfg.kl_coef)
     assert torch.equal(batch.kl, torch.zeros_like(batch.kl))
-    metrics = update.update_on_rollout(
-        models, update.build_optimizers(models, cfg, 1), batch, cfg, 1, "no", cfg.kl_coef
-    )
+    metrics = run_update(models, update.build_optimizers(models, cfg, 1), batch, cfg).metrics
     assert metrics["val/ratio"] == 1.0 and metrics["policy/approxkl_avg"] == 0

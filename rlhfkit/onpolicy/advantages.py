@@ -33,7 +33,7 @@ from .. import ops
 from ..config import GRPOConfig, OnPolicyConfig, PPOConfig, ReinforceConfig, RLOOConfig
 from ..errors import ConfigError
 from ..rollout import RolloutBatch
-from .scoring import scored_rows
+from .scoring import OldLogprobs, scored_rows
 
 EstimatorFunction = Callable[[Any, torch.Tensor, torch.Tensor, RolloutBatch, torch.Tensor],
                              tuple[torch.Tensor, torch.Tensor]]
@@ -199,21 +199,21 @@ def shaped_scores(cfg: OnPolicyConfig, raw: torch.Tensor, lengths: torch.Tensor,
     return scores + overlong.to(scores.device)
 
 
-def row_groups(batch: RolloutBatch, cfg: OnPolicyConfig) -> torch.Tensor:
+def row_groups(batch: RolloutBatch, group: int) -> torch.Tensor:
     """(B,) the group of each row: rows come in groups of samples_per_prompt (sample_responses)."""
-    return torch.arange(batch.size, device=batch.mask.device) // cfg.samples_per_prompt
+    return torch.arange(batch.size, device=batch.mask.device) // group
 
 
-def per_token_kl(batch: RolloutBatch, cfg: OnPolicyConfig) -> torch.Tensor:
+def per_token_kl(batch: RolloutBatch, estimator: str) -> torch.Tensor:
     """(B, R) the KL estimate of each response token to the reference, 0 after EOS and at an episode's
     environment tokens."""
-    return ops.kl_penalty(batch.logprobs, batch.ref_logprobs, cfg.kl_estimator) * batch.trained_mask
+    return ops.kl_penalty(batch.logprobs, batch.ref_logprobs, estimator) * batch.trained_mask
 
 
-def with_old_logprobs(batch: RolloutBatch, logprobs: torch.Tensor, cfg: OnPolicyConfig) -> RolloutBatch:
+def with_old_logprobs(batch: RolloutBatch, logprobs: torch.Tensor, kl_estimator: str) -> RolloutBatch:
     """The rollout with the old policy's log-probabilities the update's forward gave, and the KL from them."""
     batch = dataclasses.replace(batch, logprobs=logprobs * batch.trained_mask)
-    return dataclasses.replace(batch, kl=per_token_kl(batch, cfg))
+    return dataclasses.replace(batch, kl=per_token_kl(batch, kl_estimator))
 
 
 def estimate_on_policy_tokens(cfg: OnPolicyConfig, rewards: torch.Tensor, batch: RolloutBatch, mask: torch.Tensor,
@@ -221,7 +221,7 @@ def estimate_on_policy_tokens(cfg: OnPolicyConfig, rewards: torch.Tensor, batch:
     """(advantages, returns) by the configured estimator over the policy's tokens (`trained`, within `mask`): in
     a multi-turn episode those tokens compacted into one sequence (`ops.compact_tokens`), the estimate put back
     in their columns, 0 at the environment's tokens."""
-    estimate, groups = ESTIMATORS[cfg.advantage_estimator], row_groups(batch, cfg)
+    estimate, groups = ESTIMATORS[cfg.advantage_estimator], row_groups(batch, cfg.samples_per_prompt)
     if batch.episodes is None:
         return estimate(cfg, rewards, mask, batch, groups)
     compacted, columns, kept = ops.compact_tokens(rewards, trained)
@@ -231,18 +231,20 @@ def estimate_on_policy_tokens(cfg: OnPolicyConfig, rewards: torch.Tensor, batch:
     return (ops.expand_tokens(advantages, columns, kept, width), ops.expand_tokens(returns, columns, kept, width))
 
 
-def compute_advantages(batch: RolloutBatch, cfg: OnPolicyConfig, kl_coef: float) -> RolloutBatch:
+def compute_advantages(batch: RolloutBatch, cfg: OnPolicyConfig, kl_coef: float,
+                       old_logprobs: OldLogprobs = "scoring") -> RolloutBatch:
     """Scores -> per-token rewards (equation 3) -> advantages and returns by the configured estimator,
     on the whole update's rollout. With kl_placement=loss the rewards carry the score alone and the KL
     enters the update's loss. In multi-turn episodes only the policy's tokens are rewarded and estimated
     (`estimate_on_policy_tokens`); the score sits on the episode's last token, which is the policy's. A
-    row without a score (`scored_rows`) keeps the score NaN and is masked out of everything else."""
+    row without a score (`scored_rows`) keeps the score NaN and is masked out of everything else. Where
+    the update's forward gives the old log-probabilities (`old_logprobs="update"`), the rollout has none
+    yet: the rewards carry no KL, which that source guarantees they would not (`ScoringPlan.of`), and
+    `with_old_logprobs` adds the KL after the update."""
     scored = scored_rows(batch)
     mask, trained = batch.mask & scored.unsqueeze(1), batch.trained_mask & scored.unsqueeze(1)
     scores = shaped_scores(cfg, batch.raw_scores, batch.lengths, batch.has_eos).where(scored, torch.nan)
-    # without old log-probabilities (the update's forward gives them: `reuses_update_forward`) the
-    # rewards carry no KL, which that case guarantees they would not; `with_old_logprobs` adds it later
-    kl = per_token_kl(batch, cfg) if batch.logprobs is not None else None
+    kl = per_token_kl(batch, cfg.kl_estimator) if old_logprobs == "scoring" else None
     reward_kl = kl if kl is not None else torch.zeros_like(batch.ref_logprobs)
     beta = kl_coef if cfg.kl_placement == "reward" else 0.0
     rewards, _ = ops.rlhf_rewards(scores.nan_to_num(), reward_kl, mask, beta)

@@ -35,7 +35,7 @@ from ..generation import TRAINING_STREAM, SampleKeys, SamplingParams, sample_res
 from ..rollout import RolloutBatch
 from .advantages import needs_of, row_groups, shaped_scores
 from .episodes import episode_prompts
-from .scoring import OnPolicyModels, PromptTexts, model_scores, reward_components, score_rollout
+from .scoring import OnPolicyModels, PromptTexts, ScoringPlan, model_scores, reward_components, score_rollout
 
 GREEDY_STREAM = 17  # ReMax's greedy answers draw no randomness, but keep their row keys apart anyway
 
@@ -55,11 +55,13 @@ def prompts_per_update(cfg: OnPolicyConfig) -> int:
 @dataclass(frozen=True)
 class RolloutSetup:
     """What every update's rollout is collected from, fixed for the run: the models, the prompts and
-    what reward functions read about them, the config, the precision and the processes."""
+    what reward functions read about them, the config, how the rollout is scored, the precision and the
+    processes."""
 
     models: OnPolicyModels
     prompts: list[list[int]]
     cfg: OnPolicyConfig
+    scoring: ScoringPlan
     precision: str
     accelerator: Any = ONE_PROCESS
     texts: PromptTexts | None = None
@@ -114,7 +116,7 @@ def draw_rollout(setup: RolloutSetup, update: int, attempt: int, stream: PromptS
     show("scoring")
     began = time.perf_counter()
     batch = widen_to_all_processes(batch, accelerator, models.tokenizer.pad_token_id)
-    batch = gather_rollout(score_rollout(models, batch, cfg, setup.precision, setup.texts), accelerator)
+    batch = gather_rollout(score_rollout(models, batch, setup.scoring, setup.precision, setup.texts), accelerator)
     timings["scoring"] += time.perf_counter() - began
     # on the whole batch: every process alike
     models.reward_sources().check_update(batch, update + 1, accelerator)
@@ -147,7 +149,7 @@ def informative_groups(batch: RolloutBatch, cfg: OnPolicyConfig) -> torch.Tensor
     """(B,) True for the rows of groups whose shaped scores spread by more than
     dynamic_sampling_min_spread."""
     scores = shaped_scores(cfg, batch.raw_scores, batch.lengths, batch.has_eos)
-    return ops.group_spread(scores, row_groups(batch, cfg)) > cfg.dynamic_sampling_min_spread
+    return ops.group_spread(scores, row_groups(batch, cfg.samples_per_prompt)) > cfg.dynamic_sampling_min_spread
 
 
 def dynamic_sample(draw, cfg: OnPolicyConfig, counts: dict[str, float], pad_id: int) -> RolloutBatch:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -69,15 +70,6 @@ def shares_prefix(model: torch.nn.Module | None, cfg: OnPolicyConfig, rows_per_p
     if obstacle is not None:
         fall_back(model, obstacle)
     return obstacle is None
-
-
-def reuses_update_forward(cfg: OnPolicyConfig) -> bool:
-    """Whether the old policy's log-probabilities can come from the update's own forward instead of a
-    pass of their own at scoring (TRL does this): only when every row's first update forward runs
-    before any optimizer step (one epoch, one minibatch), and nothing before the update needs them
-    (the KL enters the loss, or has no weight in the reward)."""
-    kl_free_rewards = cfg.kl_placement == "loss" or (cfg.kl_coef == 0 and not cfg.adaptive_kl)
-    return cfg.reuse_update_forward and cfg.update_epochs == 1 and cfg.num_minibatches == 1 and kl_free_rewards
 
 
 def whole_groups(rows: int, group: int) -> int:
@@ -139,6 +131,41 @@ class RowLayout:
         return shared if getattr(self, model) else None
 
 
+OldLogprobs = Literal["scoring", "update"]
+
+
+@dataclass(frozen=True)
+class ScoringPlan:
+    """How scoring reads every rollout of a run, decided once (`ScoringPlan.of`, part of the trainer's
+    `update.UpdatePlan`)."""
+
+    rows: int  # rows per forward pass: forward_batch_size in whole groups
+    group: int  # samples_per_prompt: a prompt's rows, consecutive
+    temperature: float  # the sampling temperature, which every log-probability is taken at
+    max_response_length: int  # what reward functions are told a response may reach
+    layout: RowLayout  # which models' passes read shared rows
+    # where the old policy's log-probabilities come from: a policy pass of their own here ("scoring"),
+    # or the update's first forward ("update", reuse_update_forward, as TRL does)
+    old_logprobs: OldLogprobs
+
+    @classmethod
+    def of(cls, models: OnPolicyModels, cfg: OnPolicyConfig) -> ScoringPlan:
+        """The update's forward gives the old log-probabilities only where they are those a pass here would
+        give: every row's first update forward runs before any optimizer step (one epoch, one minibatch),
+        and nothing before the update needs them (the KL enters the loss, or has no weight in the reward)."""
+        rows = whole_groups(cfg.forward_batch_size, cfg.samples_per_prompt)
+        kl_free_rewards = cfg.kl_placement == "loss" or (cfg.kl_coef == 0 and not cfg.adaptive_kl)
+        one_pass = cfg.update_epochs == 1 and cfg.num_minibatches == 1
+        return cls(
+            rows,
+            cfg.samples_per_prompt,
+            cfg.temperature,
+            cfg.max_response_length,
+            RowLayout.of(models, cfg, rows, "forward_batch_size"),
+            "update" if cfg.reuse_update_forward and one_pass and kl_free_rewards else "scoring",
+        )
+
+
 def model_scores(models: OnPolicyModels, batch, cfg: OnPolicyConfig) -> torch.Tensor | None:
     """(B,) the reward model's scores of a sampled batch, or None without a reward model."""
     if models.reward is None:
@@ -191,26 +218,23 @@ def scored_rows(batch: RolloutBatch) -> torch.Tensor:
 
 @torch.no_grad()
 def score_rollout(
-    models: OnPolicyModels, batch: RolloutBatch, cfg: OnPolicyConfig, precision: str, prompts: PromptTexts | None = None
+    models: OnPolicyModels, batch: RolloutBatch, plan: ScoringPlan, precision: str, prompts: PromptTexts | None = None
 ) -> RolloutBatch:
     """Fill in the sampling-time log-probabilities, reference log-probabilities, values and scores,
-    `forward_batch_size` rows at a time (whole groups, each group's query read once where the models
-    allow: `RowLayout`). The old log-probabilities come from the same forward function the update
-    uses, so before any update the PPO ratio is exactly 1; where the update's own forward can give
-    them (`reuses_update_forward`), they are left to it. Reward functions read the texts and columns
-    of `prompts`, which `batch.prompts` index."""
+    `plan.rows` rows at a time (whole groups, each group's query read once where the models allow:
+    `plan.layout`). The old log-probabilities come from the same forward function the update uses, so
+    before any update the PPO ratio is exactly 1; where the plan takes them from the update's own
+    forward (`plan.old_logprobs == "update"`), they are left to it. Reward functions read the texts and
+    columns of `prompts`, which `batch.prompts` index."""
     device = batch.responses.device
     frozen = model_device(models.reference)
-    step = whole_groups(cfg.forward_batch_size, cfg.samples_per_prompt)
-    layout = RowLayout.of(models, cfg, step, "forward_batch_size")
-    parts: dict[str, list[torch.Tensor]] = defaultdict(list)
-    old_policy_pass = not reuses_update_forward(cfg)
-    for start in range(0, batch.size, step):
-        part = batch.select(slice(start, start + step))
-        shared = pack_rollout(part, cfg.samples_per_prompt) if layout else None
+    layout, parts = plan.layout, defaultdict(list)
+    for start in range(0, batch.size, plan.rows):
+        part = batch.select(slice(start, start + plan.rows))
+        shared = pack_rollout(part, plan.group) if layout else None
         with autocast(device, precision):
-            if old_policy_pass:
-                logprobs, _ = policy_logprobs(models.policy, part, cfg.temperature, layout.rows_for("policy", shared))
+            if plan.old_logprobs == "scoring":
+                logprobs, _ = policy_logprobs(models.policy, part, plan.temperature, layout.rows_for("policy", shared))
                 parts["logprobs"].append(logprobs)
             if models.value is not None:
                 parts["values"].append(value_estimates(models.value, part, layout.rows_for("value", shared)).float())
@@ -218,7 +242,7 @@ def score_rollout(
             remote = part.to(frozen)  # the reference and reward models share the frozen device
             remote_shared = shared.to(frozen) if shared is not None else None
             reference, _ = policy_logprobs(
-                models.reference, remote, cfg.temperature, layout.rows_for("reference", remote_shared)
+                models.reference, remote, plan.temperature, layout.rows_for("reference", remote_shared)
             )
             parts["ref_logprobs"].append(reference.to(device))
             if models.reward is not None:
@@ -226,7 +250,7 @@ def score_rollout(
                 parts["model_scores"].append(scores.float().to(device))
     filled = {k: torch.cat(v) for k, v in parts.items()}
     scores = filled.pop("model_scores", None)
-    components, failed = reward_components(models, batch, scores, prompts, cfg.max_response_length)
+    components, failed = reward_components(models, batch, scores, prompts, plan.max_response_length)
     sources = models.reward_sources()
     if len(sources.functions):  # a training rollout: what the functions logged is the update's
         sources.keep_logs()

@@ -57,8 +57,8 @@ from .evaluation import (
     summarise_and_score,
     write_onpolicy_report,
 )
-from .scoring import OnPolicyModels, PromptTexts, RewardSources, RowLayout, component_metrics
-from .update import Optimizers, build_optimizers, update_on_rollout
+from .scoring import OnPolicyModels, PromptTexts, RewardSources, component_metrics
+from .update import Optimizers, UpdatePlan, build_optimizers, update_on_rollout
 
 
 def require_folder(path: str, key: str, what: str) -> None:
@@ -145,13 +145,6 @@ def prepare_for_training(models: OnPolicyModels, cfg: OnPolicyConfig) -> None:
                 enable_activation_checkpointing(trained)
 
 
-def planned_updates(cfg: OnPolicyConfig, processes: int = 1) -> int:
-    """Updates in the run, after checking that an update's batch splits on the processes the run has,
-    as the config was checked (`config.check_update_split`)."""
-    check_update_split(cfg, processes)
-    return cfg.max_steps or cfg.total_episodes // cfg.total_batch_size
-
-
 @dataclass
 class OnPolicySteps:
     """An on-policy stage's updates, as the loop driver runs them."""
@@ -159,16 +152,13 @@ class OnPolicySteps:
     algorithm: Algorithm
     cfg: OnPolicyConfig
     run_dir: Path
-    accelerator: Any
-    models: OnPolicyModels
+    setup: RolloutSetup  # the models, prompts and their texts, scoring, precision and processes
+    plan: UpdatePlan
     optimizers: Optimizers
-    prompts: list[list[int]]
     held_out: list[SFTExample]  # prompts never trained on, summarised by the evaluations
     total: int
     kl_coef: float
-    precision: str
     sharded: dict[str, ShardedRun] = dataclasses.field(default_factory=dict)  # "policy", "value": sharding=fsdp2
-    texts: PromptTexts | None = None  # what reward functions read about each prompt
     stream: PromptStream = dataclasses.field(default_factory=PromptStream)  # how far the prompt stream has been read
     unit: str = "update"
     comparison: tuple[dict[str, float], list[dict]] = ({}, [])  # the final evaluation's metrics and rows
@@ -177,8 +167,13 @@ class OnPolicySteps:
     def name(self) -> str:
         return self.algorithm.name
 
-    def rollout_setup(self) -> RolloutSetup:
-        return RolloutSetup(self.models, self.prompts, self.cfg, self.precision, self.accelerator, self.texts)
+    @property
+    def models(self) -> OnPolicyModels:
+        return self.setup.models
+
+    @property
+    def accelerator(self) -> Any:
+        return self.setup.accelerator
 
     def step(self, index: int, show: Show) -> dict[str, float]:
         """One update: collect (sample and score) the rollout, its advantages, the update on it."""
@@ -187,26 +182,26 @@ class OnPolicySteps:
         metrics: dict[str, float] = {}
         drawn = self.stream.position
         try:
-            batch = collect(self.rollout_setup(), index, timings, show, self.stream, metrics)
-        except Interrupted:  # in a reward function: the update is dropped, so its checkpoint must not count its draws
+            batch = collect(self.setup, index, timings, show, self.stream, metrics)
+        except Interrupted:
+            # in a reward function: the update is dropped, so its checkpoint must not count its draws
             self.stream.position = drawn
             raise
-        batch = compute_advantages(batch, self.cfg, self.kl_coef)
-        old_logprobs = torch.zeros_like(batch.ref_logprobs) if batch.logprobs is None else None
+        batch = compute_advantages(batch, self.cfg, self.kl_coef, self.plan.old_logprobs)
         sources = self.models.reward_sources()
         metrics |= component_metrics(sources.names, batch.reward_components, batch.reward_failures)
         metrics |= sources.take_update_logs()  # what the reward functions logged (`log_metric`, `log_extra`)
         metrics |= environment_metrics(batch)
         show("updating")
         tick = time.perf_counter()
-        metrics |= update_on_rollout(
-            self.models, self.optimizers, batch, self.cfg, index + 1, self.precision, self.kl_coef, self.accelerator,
-            old_logprobs,
+        result = update_on_rollout(
+            models=self.models, optimizers=self.optimizers, batch=batch, plan=self.plan, update=index + 1,
+            kl_coef=self.kl_coef, accelerator=self.accelerator,
         )
         timings["update"] = time.perf_counter() - tick
-        if old_logprobs is not None:  # the update's own forward gave them (`reuses_update_forward`)
-            batch = with_old_logprobs(batch, old_logprobs, self.cfg)
-        metrics |= rollout_metrics(batch, self.kl_coef)
+        if self.plan.old_logprobs == "update":
+            batch = with_old_logprobs(batch, result.old_logprobs, self.plan.kl_estimator)
+        metrics |= result.metrics | rollout_metrics(batch, self.kl_coef)
         metrics["train/lr"] = self.optimizers.policy_schedule.get_last_lr()[0]
         self.optimizers.advance_schedules()
         if self.cfg.adaptive_kl:  # from the whole batch's KL: every process moves the coefficient alike
@@ -214,15 +209,7 @@ class OnPolicySteps:
                 self.kl_coef, metrics["objective/kl"], self.cfg.kl_target, self.cfg.kl_horizon, batch.size
             )
         done = index + 1
-        elapsed = time.perf_counter() - began
-        metrics |= {f"perf/{k}_s": v for k, v in timings.items()}
-        metrics |= {
-            "perf/update_total_s": elapsed,
-            # the whole batch's tokens over this process's sampling time: the processes sample side by side
-            "perf/generated_tokens_per_s": float(batch.lengths.sum()) / timings["generation"],
-            "perf/episodes_per_s": batch.size / elapsed,
-            "episodes": done * self.cfg.total_batch_size,
-        }
+        metrics |= speeds(timings, time.perf_counter() - began, batch) | {"episodes": done * self.cfg.total_batch_size}
         logs_samples = self.cfg.sample_every and (done == 1 or done % self.cfg.sample_every == 0 or done == self.total)
         if logs_samples and self.accelerator.is_main_process:
             append_jsonl(
@@ -253,13 +240,7 @@ class OnPolicySteps:
     def save(self, done: int) -> None:
         self.accelerator.wait_for_everyone()
         trained = self.trained_models()
-        optimizer, extra_states = optimizer_states(self.optimizers, self.sharded)
-        if self.sharded:  # full state dicts, gathered by every process
-            optimizer = SavedState(optimizer.state_dict())
-            extra_states = {
-                k: SavedState(v.state_dict()) if isinstance(v, ShardedOptimizerState) else v
-                for k, v in extra_states.items()
-            }
+        optimizer, extra_states = saved_optimizer_states(self.optimizers, self.sharded)
         if self.accelerator.is_main_process:
             state = {
                 "episodes": done * self.cfg.total_batch_size,
@@ -309,6 +290,16 @@ class OnPolicySteps:
         }
 
 
+def speeds(timings: dict[str, float], elapsed: float, batch) -> dict[str, float]:
+    """An update's phase times and speeds."""
+    return {f"perf/{k}_s": v for k, v in timings.items()} | {
+        "perf/update_total_s": elapsed,
+        # the whole batch's tokens over this process's sampling time: the processes sample side by side
+        "perf/generated_tokens_per_s": float(batch.lengths.sum()) / timings["generation"],
+        "perf/episodes_per_s": batch.size / elapsed,
+    }
+
+
 def optimizer_states(optimizers: Optimizers, sharded: dict[str, ShardedRun]) -> tuple[Any, dict[str, Any]]:
     """The policy optimizer and the other training states as checkpoints hold them; a sharded
     optimizer as its full, name-keyed state (reading or writing it is a collective)."""
@@ -322,29 +313,55 @@ def optimizer_states(optimizers: Optimizers, sharded: dict[str, ShardedRun]) -> 
     return sharded["policy"].optimizer_state(), extra
 
 
+def saved_optimizer_states(optimizers: Optimizers, sharded: dict[str, ShardedRun]) -> tuple[Any, dict[str, Any]]:
+    """`optimizer_states` as a checkpoint writes them: a sharded run's as full state dicts, gathered by
+    every process."""
+    optimizer, extra = optimizer_states(optimizers, sharded)
+    if not sharded:
+        return optimizer, extra
+    full = {k: SavedState(v.state_dict()) if isinstance(v, ShardedOptimizerState) else v for k, v in extra.items()}
+    return SavedState(optimizer.state_dict()), full
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What a start decides once, before any model loads: the processes and the updates of the run."""
+
+    accelerator: Any
+    updates: int
+
+    @classmethod
+    def of(cls, cfg: OnPolicyConfig) -> Launch:
+        """Fails when an update's batch does not split on the launch's processes, as the config was
+        checked (`config.check_update_split`)."""
+        accelerator = accelerator_for(cfg)
+        check_update_split(cfg, accelerator.num_processes)
+        return cls(accelerator, cfg.max_steps or cfg.total_episodes // cfg.total_batch_size)
+
+
 def train_on_policy(
     models: OnPolicyModels,
     prompts: list[list[int]],
     cfg: OnPolicyConfig,
     run_dir: Path,
+    *,
+    launch: Launch,
+    plan: UpdatePlan,
     checkpoint: Path | None = None,
     held_out: list[SFTExample] | None = None,
-    accelerator=None,
     texts: PromptTexts | None = None,
 ) -> OnPolicySteps:
-    """Run every update of `cfg`'s algorithm on `models` (resuming from `checkpoint`), with the final
-    checkpoint and model folders; `held_out` prompts are summarised by the evaluations, reward
+    """Run every update of `cfg`'s algorithm on `models` as `plan` says (resuming from `checkpoint`), with
+    the final checkpoint and model folders; `held_out` prompts are summarised by the evaluations, reward
     functions read `texts` of `prompts`. Returns the stage, whose `comparison` holds the final evaluation."""
-    algorithm = algorithm_of(cfg)
-    accelerator = accelerator or accelerator_for(cfg)
-    num_updates = planned_updates(cfg, accelerator.num_processes)
+    algorithm, accelerator = algorithm_of(cfg), launch.accelerator
     prepare_for_training(models, cfg)
     copies = (
         shard_on_policy(models, accelerator.device, accelerator.is_main_process)
         if cfg.sharding_options.splits_models(accelerator.num_processes)
         else {}
     )
-    optimizers = build_optimizers(models, cfg, num_updates)
+    optimizers = build_optimizers(models, cfg, launch.updates)
     sharded = {
         name: ShardedRun(model, optimizer, copies[name])
         for name, model, optimizer in (
@@ -360,26 +377,22 @@ def train_on_policy(
         optimizer, extra_states = optimizer_states(optimizers, sharded)
         state = load_training_state(checkpoint, optimizer, optimizers.policy_schedule, extra_states)
         start, kl_coef = state["step"], state["kl_coef"]
-        drawn = state.get(
-            "prompts_drawn", start * prompts_per_update(cfg)
-        )  # checkpoints before dynamic sampling drew one per update
+        # without dynamic sampling every update reads one draw: all a checkpoint without the count can have read
+        drawn = state.get("prompts_drawn", start * prompts_per_update(cfg))
     if accelerator.is_main_process:
         drop_rows_after(run_dir / SAMPLES_FILE, start)
     steps = OnPolicySteps(
-        algorithm,
-        cfg,
-        run_dir,
-        accelerator,
-        models,
-        optimizers,
-        prompts,
-        held_out or [],
-        num_updates,
-        kl_coef,
-        autocast_precision(cfg),
-        sharded,
-        texts,
-        PromptStream(drawn),
+        algorithm=algorithm,
+        cfg=cfg,
+        run_dir=run_dir,
+        setup=RolloutSetup(models, prompts, cfg, plan.scoring, plan.precision, accelerator, texts),
+        plan=plan,
+        optimizers=optimizers,
+        held_out=held_out or [],
+        total=launch.updates,
+        kl_coef=kl_coef,
+        sharded=sharded,
+        stream=PromptStream(drawn),
     )
     run_loop(
         steps, cfg, run_dir, start, accelerator, resume_command(algorithm.name, run_dir, accelerator.num_processes)
@@ -387,17 +400,16 @@ def train_on_policy(
     return steps
 
 
-def model_settings(models: OnPolicyModels, cfg: OnPolicyConfig) -> dict[str, Any]:
+def model_settings(models: OnPolicyModels, plan: UpdatePlan) -> dict[str, Any]:
     """What the models resolved to, for resolved.yaml: each one's attention kernel and, for grouped
     methods, whether its scoring passes read shared rows (shared_prefix=auto falls back per model)."""
     named = {"policy": models.policy, "reference": models.reference, "value": models.value, "reward": models.reward}
     settings: dict[str, Any] = {
         "attention": {name: attention_implementation(m) for name, m in named.items() if m is not None}
     }
-    if cfg.samples_per_prompt > 1:
-        layout = RowLayout.of(models, cfg, cfg.forward_batch_size, "forward_batch_size")
+    if plan.scoring.group > 1:
         settings["shared_prefix"] = {
-            name: "on" if getattr(layout, name) else "off" for name, m in named.items() if m is not None
+            name: "on" if getattr(plan.scoring.layout, name) else "off" for name, m in named.items() if m is not None
         }
     return settings
 
@@ -406,8 +418,8 @@ def run(cfg: OnPolicyConfig) -> int:
     """Load, train (resuming when asked), evaluate on held-out prompts, report."""
     name = algorithm_of(cfg).name
     cfg, run_dir, checkpoint = start_run(cfg, name)
-    accelerator = accelerator_for(cfg)
-    planned_updates(cfg, accelerator.num_processes)  # a batch that does not split fails before any model loads
+    launch = Launch.of(cfg)  # a batch that does not split fails before any model loads
+    accelerator = launch.accelerator
     # sharded models load on the host and move to the device one shard at a time
     models = load_models(
         cfg,
@@ -416,7 +428,8 @@ def run(cfg: OnPolicyConfig) -> int:
     )
     train, held_out, notes = split_posts(cfg, models.tokenizer)
     prompt_format = resolved_format(PROMPTS, cfg.prompt_format, cfg.data, cfg.hf_split, cfg.fields)
-    record_settings(run_dir, {"prompt_format": prompt_format} | model_settings(models, cfg))
+    plan = UpdatePlan.of(models, cfg, autocast_precision(cfg))
+    record_settings(run_dir, {"prompt_format": prompt_format} | model_settings(models, plan))
     models.reward_sources().check_prompts(PromptTexts.of(train + held_out[: cfg.eval_samples]))
     if accelerator.is_main_process:
         print("\n".join(notes))
@@ -425,10 +438,11 @@ def run(cfg: OnPolicyConfig) -> int:
         [e.query.ids for e in train],
         cfg,
         run_dir,
-        checkpoint,
-        held_out[: cfg.eval_samples],
-        accelerator,
-        PromptTexts.of(train),
+        launch=launch,
+        plan=plan,
+        checkpoint=checkpoint,
+        held_out=held_out[: cfg.eval_samples],
+        texts=PromptTexts.of(train),
     )
     if not accelerator.is_main_process:
         return 0

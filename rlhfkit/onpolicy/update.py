@@ -34,11 +34,12 @@ from ..shared_rows import SharedRows
 from ..trainers.run import build_optimizer, check_finite
 from .algorithms import ValueOptions, algorithm_of
 from .scoring import (
+    OldLogprobs,
     OnPolicyModels,
     RowLayout,
+    ScoringPlan,
     pack_rollout,
     policy_logprobs,
-    reuses_update_forward,
     scored_rows,
     value_estimates,
 )
@@ -169,17 +170,88 @@ class Objective:
         return aggregate(per_token, mask, self.aggregation, normaliser, self.constant)
 
 
+@dataclass(frozen=True)
+class Minibatches:
+    """The update's shape: `epochs` passes over the rollout (Table 7's K), each in `count` minibatches (N)
+    of whole groups of `group` rows, each run in micro-batches of `micro_batch_size` rows."""
+
+    epochs: int
+    count: int
+    micro_batch_size: int
+    group: int
+
+
+@dataclass(frozen=True)
+class UpdatePlan:
+    """The on-policy update as the run decides it once (`UpdatePlan.of`, in the trainer): what it
+    minimises, the value model's options, how scoring and the update's micro-batches read shared rows,
+    the update's shape, and where the old policy's log-probabilities come from (`old_logprobs`)."""
+
+    objective: Objective
+    value: ValueOptions | None  # None: the algorithm trains no value model
+    scoring: ScoringPlan  # how each rollout is scored, the old log-probabilities' source among it
+    layout: RowLayout  # which models' micro-batch passes read shared rows
+    minibatches: Minibatches
+    temperature: float
+    kl_placement: str  # "loss": kl_coef x KL is a term of the loss; "reward": the rewards carry it
+    kl_estimator: str
+    entropy_coef: float
+    max_grad_norm: float
+    seed: int  # each update's minibatch order derives from it
+    precision: str  # the autocast of the update's forwards
+
+    @property
+    def old_logprobs(self) -> OldLogprobs:
+        return self.scoring.old_logprobs
+
+    @classmethod
+    def of(cls, models: OnPolicyModels, cfg: OnPolicyConfig, precision: str) -> UpdatePlan:
+        algorithm = algorithm_of(cfg)
+        return cls(
+            objective=Objective.of(cfg),
+            value=algorithm.value(cfg) if algorithm.value else None,
+            scoring=ScoringPlan.of(models, cfg),
+            layout=RowLayout.of(models, cfg, cfg.micro_batch_size, "micro_batch_size"),
+            minibatches=Minibatches(
+                cfg.update_epochs, cfg.num_minibatches, cfg.micro_batch_size, cfg.samples_per_prompt
+            ),
+            temperature=cfg.temperature,
+            kl_placement=cfg.kl_placement,
+            kl_estimator=cfg.kl_estimator,
+            entropy_coef=cfg.entropy_coef,
+            max_grad_norm=cfg.max_grad_norm,
+            seed=cfg.seed,
+            precision=precision,
+        )
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    metrics: dict[str, float]
+    # (B, R) with plan.old_logprobs == "update", the old log-probabilities the update's first forward
+    # gave, every row on every process; None when scoring gave them
+    old_logprobs: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class UpdateStep:
+    """What changes from one update to the next: its number (1-based, naming it in errors) and the KL
+    coefficient (the adaptive controller moves it)."""
+
+    number: int
+    kl_coef: float
+
+
 def update_on_rollout(
+    *,
     models: OnPolicyModels,
     optimizers: Optimizers,
     batch: RolloutBatch,
-    cfg: OnPolicyConfig,
+    plan: UpdatePlan,
     update: int,
-    precision: str,
     kl_coef: float,
     accelerator=ONE_PROCESS,
-    old_logprobs: torch.Tensor | None = None,
-) -> dict[str, float]:
+) -> UpdateResult:
     """K epochs (Table 7: 4) over the whole update's rollout `batch` in N minibatches (Table 7: 1), one
     optimizer step per minibatch; this process runs the micro-batches of its own rows of each
     minibatch. The loss: the policy loss, plus kl_coef x KL to the reference (kl_placement=loss), minus
@@ -187,57 +259,44 @@ def update_on_rollout(
     vf_coef x value loss (PPO; a mean over the minibatch's tokens). Every normaliser is counted over
     the whole minibatch before it is split, so each micro-batch's loss is its exact share.
 
-    A rollout scored without the old policy's log-probabilities (`reuses_update_forward`) takes them
-    from the update's own forward, detached; given `old_logprobs` (B, R), they are written there for
-    every row, on every process."""
-    algorithm = algorithm_of(cfg)
-    objective = Objective.of(cfg)
+    Where the plan takes the old policy's log-probabilities from the update's own forward
+    (`plan.old_logprobs == "update"`), they are detached from it and returned (`UpdateResult`)."""
+    from_this_forward = plan.old_logprobs == "update"
+    if (batch.logprobs is None) != from_this_forward:
+        given = "without" if batch.logprobs is None else "with"
+        raise ValueError(f"a rollout {given} old log-probabilities, where the plan takes them from "
+                         f"{plan.old_logprobs}")
+    shape, step = plan.minibatches, UpdateStep(update, kl_coef)
     device = batch.responses.device
-    rng = np.random.default_rng([cfg.seed, update, 11])
-    minibatch = batch.size // cfg.num_minibatches
-    units, tokens = objective.units(batch), learned_mask(batch).sum(-1).float()
-    value_options = algorithm.value(cfg) if algorithm.value else None
+    rng = np.random.default_rng([plan.seed, update, 11])
+    minibatch = batch.size // shape.count
+    units, tokens = plan.objective.units(batch), learned_mask(batch).sum(-1).float()
     stats = Averages()
     grad_norms = Averages()
     lockstep = bool(fsdp_modules(models.policy))
-    group = cfg.samples_per_prompt
-    layout = RowLayout.of(models, cfg, cfg.micro_batch_size, "micro_batch_size")
-    reused = first_forward_buffer(batch, cfg)
-    for _ in range(cfg.update_epochs):
-        order = group_order(rng, batch.size, group)
+    # this process's rows of the old log-probabilities, zeros at the other processes' rows
+    first_forward = torch.zeros(batch.mask.shape, dtype=torch.float32, device=device) if from_this_forward else None
+    for _ in range(shape.epochs):
+        order = group_order(rng, batch.size, shape.group)
         for start in range(0, batch.size, minibatch):
             rows = order[start : start + minibatch]
             normalisers = Normalisers(float(units[rows].sum()), float(tokens[rows].sum()))
-            plan = micro_batch_plan(rows, batch.size, cfg.micro_batch_size, accelerator, lockstep, group)
-            for own, counts in plan:
+            passes = micro_batch_plan(rows, batch.size, shape.micro_batch_size, accelerator, lockstep, shape.group)
+            for own, counts in passes:
                 picked = torch.as_tensor(own, device=device)
+                rows_of = batch.select(picked)
+                # the group-packed rows, built once for the models whose passes read them
+                shared = pack_rollout(rows_of, shape.group) if plan.layout.policy or plan.layout.value else None
                 share = normalisers.share(units[picked], tokens[picked]) if counts else None
-                micro = batch.select(picked)
-                shared = pack_rollout(micro, group) if layout.policy or layout.value else None  # the models it runs
-                passes = MicroPasses(layout, shared, reused is not None)
-                logprobs = micro_loss(
-                    models, micro, cfg, objective, value_options, precision, kl_coef, update, share, normalisers,
-                    stats, passes,
-                )
-                if reused is not None and counts:
-                    reused[picked] = logprobs
-            for key, norm in optimizers.step(models, cfg.max_grad_norm, update, accelerator).items():
+                logprobs = micro_loss(models, MicroBatch(rows_of, shared, share), plan, step, normalisers, stats)
+                if first_forward is not None and counts:
+                    first_forward[picked] = logprobs
+            for key, norm in optimizers.step(models, plan.max_grad_norm, update, accelerator).items():
                 grad_norms.add(key, norm, 1.0)
-    if reused is not None and old_logprobs is not None:
-        old_logprobs.copy_(reduce_rows(reused, accelerator))
     means = stats.means(accelerator) | grad_norms.means()
     means["val/ratio_var"] = max(0.0, means.pop("ratio_squared") - means["val/ratio"] ** 2)
-    means["perf/shared_prefix"] = float(layout.policy)
-    return means
-
-
-def first_forward_buffer(batch: RolloutBatch, cfg: OnPolicyConfig) -> torch.Tensor | None:
-    """(B, R) zeros to collect the old log-probabilities in, when the rollout has none; else None."""
-    if batch.logprobs is not None:
-        return None
-    if not reuses_update_forward(cfg):
-        raise ValueError("a rollout without old log-probabilities, where the update's forward cannot give them")
-    return torch.zeros(batch.mask.shape, dtype=torch.float32, device=batch.mask.device)
+    means["perf/shared_prefix"] = float(plan.layout.policy)
+    return UpdateResult(means, reduce_rows(first_forward, accelerator) if first_forward is not None else None)
 
 
 def reduce_rows(rows: torch.Tensor, accelerator) -> torch.Tensor:
@@ -247,20 +306,21 @@ def reduce_rows(rows: torch.Tensor, accelerator) -> torch.Tensor:
 
 def group_order(rng: np.random.Generator, size: int, group: int) -> np.ndarray:
     """The rows of a rollout in a random order of whole groups (a group's rows stay together, in their
-    order), so that no minibatch or micro-batch splits a prompt's samples. For one sample per prompt,
-    the row permutation of before."""
+    order), so that no minibatch or micro-batch splits a prompt's samples. With one sample per prompt
+    it is `rng.permutation(size)` itself, a plain permutation of the rows."""
     groups = rng.permutation(size // group)
     return (groups[:, None] * group + np.arange(group)).ravel()
 
 
 @dataclass(frozen=True)
-class MicroPasses:
-    """How a micro-batch's forwards read it: which models read `shared` rows, and whether the old
-    log-probabilities are this forward's own (`reuses_update_forward`)."""
+class MicroBatch:
+    """One micro-batch of a minibatch as this process runs it."""
 
-    layout: RowLayout
-    shared: SharedRows | None
-    old_from_this_forward: bool
+    rows: RolloutBatch
+    shared: SharedRows | None  # its groups packed, for the models whose passes read shared rows
+    # (policy, value) weights in the logged means; None: a lockstep pass whose rows belong to another
+    # micro-batch, which adds nothing
+    share: tuple[float, float] | None
 
 
 @dataclass(frozen=True)
@@ -297,65 +357,59 @@ def micro_batch_plan(
 
 def micro_loss(
     models: OnPolicyModels,
-    micro: RolloutBatch,
-    cfg: OnPolicyConfig,
-    objective: Objective,
-    value_options: ValueOptions | None,
-    precision: str,
-    kl_coef: float,
-    update: int,
-    share: tuple[float, float] | None,
+    micro: MicroBatch,
+    plan: UpdatePlan,
+    step: UpdateStep,
     normalisers: Normalisers,
     stats: Averages,
-    passes: MicroPasses,
 ) -> torch.Tensor:
-    """Forward and backward of one micro-batch: its exact share of the minibatch's loss. `share`: its
-    weights in the logged means (None: a lockstep pass whose rows belong to another micro-batch, which
-    adds nothing). Returns the old log-probabilities it used, (b, R)."""
-    counts = share is not None
-    loss_mask = objective.loss_mask(micro) if counts else torch.zeros_like(micro.trained_mask)
-    trained = micro.trained_mask  # environment tokens are context, never trained on
-    with autocast(micro.responses.device, precision):
-        shared = passes.layout.rows_for("policy", passes.shared)
-        logprobs, entropy = policy_logprobs(models.policy, micro, cfg.temperature, shared)
-        if passes.old_from_this_forward:  # ratio 1 exactly: the K = 1 update's gradient at the sampling policy
-            micro = dataclasses.replace(micro, logprobs=logprobs.detach() * trained)
+    """Forward and backward of one micro-batch: its exact share of the minibatch's loss, its statistics
+    added to `stats` with its `share` of the logged means. Returns the old log-probabilities it used, (b, R)."""
+    counts = micro.share is not None
+    rows, objective, value_options = micro.rows, plan.objective, plan.value
+    loss_mask = objective.loss_mask(rows) if counts else torch.zeros_like(rows.trained_mask)
+    trained = rows.trained_mask  # environment tokens are context, never trained on
+    with autocast(rows.responses.device, plan.precision):
+        logprobs, entropy = policy_logprobs(
+            models.policy, rows, plan.temperature, plan.layout.rows_for("policy", micro.shared)
+        )
+        if plan.old_logprobs == "update":  # ratio 1 exactly: the K = 1 update's gradient at the sampling policy
+            rows = dataclasses.replace(rows, logprobs=logprobs.detach() * trained)
         policy = POLICY_LOSSES[objective.policy_loss](
-            logprobs, micro.logprobs, micro.advantages, trained, objective.clip, objective.dual_clip
+            logprobs, rows.logprobs, rows.advantages, trained, objective.clip, objective.dual_clip
         )
         terms = {"loss/policy": objective.aggregate(policy.per_token, loss_mask, normalisers.units)}
-        if cfg.kl_placement == "loss":
-            terms["loss/kl"] = kl_coef * objective.aggregate(
-                ops.kl_loss(logprobs, micro.logprobs, micro.ref_logprobs, cfg.kl_estimator),
+        if plan.kl_placement == "loss":
+            terms["loss/kl"] = step.kl_coef * objective.aggregate(
+                ops.kl_loss(logprobs, rows.logprobs, rows.ref_logprobs, plan.kl_estimator),
                 loss_mask,
                 normalisers.units,
             )
-        if cfg.entropy_coef:
-            terms["loss/entropy"] = -cfg.entropy_coef * objective.aggregate(entropy, loss_mask, normalisers.units)
+        if plan.entropy_coef:
+            terms["loss/entropy"] = -plan.entropy_coef * objective.aggregate(entropy, loss_mask, normalisers.units)
         if value_options is not None:
-            new_values = value_estimates(models.value, micro, passes.layout.rows_for("value", passes.shared)).float()
-            learned = learned_mask(micro)
+            new_values = value_estimates(models.value, rows, plan.layout.rows_for("value", micro.shared)).float()
+            learned = learned_mask(rows)
             value_loss, value_clipfrac = ops.ppo_value_loss(
-                new_values, micro.values, micro.returns, learned, value_options.clip_range or None
+                new_values, rows.values, rows.returns, learned, value_options.clip_range or None
             )
-            value_tokens = (
-                float(learned.sum()) if counts else 0.0
-            )  # value_loss is a mean over this micro-batch's tokens
+            # value_loss is a mean over this micro-batch's tokens: weighted by them, the minibatch's mean
+            value_tokens = float(learned.sum()) if counts else 0.0
             terms["loss/value"] = value_options.coef * value_loss * value_tokens / max(normalisers.tokens, 1e-8)
     loss = sum(terms.values())
-    check_finite(update, "loss", loss.detach())
+    check_finite(step.number, "loss", loss.detach())
     loss.backward()
     if not counts:
-        return micro.logprobs
-    weight, value_weight = share
-    ratio = torch.exp(logprobs.detach() - micro.logprobs)
+        return rows.logprobs
+    weight, value_weight = micro.share
+    ratio = torch.exp(logprobs.detach() - rows.logprobs)
     if value_options is not None:
         stats.add("loss/value_avg", value_loss.detach(), value_weight)
         stats.add("val/clipfrac_avg", value_clipfrac, value_weight)
     if "loss/kl" in terms:
         stats.add(
             "loss/kl_avg",
-            ops.masked_mean(ops.kl_penalty(logprobs.detach(), micro.ref_logprobs, cfg.kl_estimator), trained),
+            ops.masked_mean(ops.kl_penalty(logprobs.detach(), rows.ref_logprobs, plan.kl_estimator), trained),
             value_weight,
         )
     # the policy loss as a mean per unit of this micro-batch: summed with its weights, the minibatch's loss
@@ -365,4 +419,4 @@ def micro_loss(
     stats.add("policy/entropy_avg", ops.masked_mean(entropy.detach(), trained), value_weight)
     stats.add("val/ratio", ops.masked_mean(ratio, trained), value_weight)
     stats.add("ratio_squared", ops.masked_mean(ratio**2, trained), value_weight)
-    return micro.logprobs
+    return rows.logprobs

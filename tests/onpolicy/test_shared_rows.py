@@ -301,6 +301,27 @@ def test_k1_reuse_on_two_gloo_processes_makes_one_processs_update_and_gives_ever
     torch.testing.assert_close(old, logprobs, atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize("reuse", [True, False])
+def test_an_update_refuses_a_rollout_whose_old_logprobs_disagree_with_its_plan(tiny_model_dir, reuse):
+    """The run's plan says where the old log-probabilities come from, never whether a rollout has them:
+    a rollout with them where the update's forward gives them, or without them where scoring does, is
+    refused before any forward."""
+    from rlhfkit.onpolicy.update import Optimizers, UpdatePlan, update_on_rollout
+
+    policy, tokenizer, batch = policy_and_rollout(tiny_model_dir)
+    models = OnPolicyModels(policy, policy, None, None, tokenizer)
+    cfg = dataclasses.replace(GRPOConfig(), update_epochs=1, micro_batch_size=4, max_response_length=6,
+                              reuse_update_forward=reuse)
+    plan = UpdatePlan.of(models, cfg, "no")
+    assert plan.old_logprobs == ("update" if reuse else "scoring")
+    optimizers = Optimizers(torch.optim.SGD(policy.parameters(), lr=1.0), None, None, None)
+    before = {k: v.detach().clone() for k, v in policy.named_parameters()}
+    disagreeing = batch if reuse else dataclasses.replace(batch, logprobs=None)
+    with pytest.raises(ValueError, match="the plan takes them from"):
+        update_on_rollout(models=models, optimizers=optimizers, batch=disagreeing, plan=plan, update=1, kl_coef=0.1)
+    assert all(torch.equal(v, before[k]) for k, v in policy.named_parameters())
+
+
 @pytest.mark.parametrize(
     "options, reuses",
     [
@@ -315,14 +336,16 @@ def test_k1_reuse_on_two_gloo_processes_makes_one_processs_update_and_gives_ever
 def test_scoring_leaves_the_old_logprobs_to_the_update_only_where_they_would_be_the_same(
     tiny_model_dir, options, reuses
 ):
-    from rlhfkit.onpolicy.scoring import score_rollout
+    from rlhfkit.onpolicy.scoring import ScoringPlan, score_rollout
 
     policy, tokenizer, batch = policy_and_rollout(tiny_model_dir)
     scalar = ScalarModel.from_policy(policy).eval()
     models = OnPolicyModels(policy, policy, scalar, None, tokenizer)
     cfg = dataclasses.replace(GRPOConfig(), forward_batch_size=4, max_response_length=6, **options)
+    plan = ScoringPlan.of(models, cfg)
+    assert plan.old_logprobs == ("update" if reuses else "scoring")
     bare = dataclasses.replace(batch, logprobs=None, ref_logprobs=None, advantages=None)
-    scored = score_rollout(models, bare, cfg, "no")
+    scored = score_rollout(models, bare, plan, "no")
     assert (scored.logprobs is None) == reuses and scored.ref_logprobs is not None
 
 

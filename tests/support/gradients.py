@@ -41,9 +41,23 @@ def collected(models, prompts: list[list[int]], cfg, update: int, kl_coef: float
     without autocast; dynamic sampling's tallies go to `counts`."""
     from rlhfkit.onpolicy.advantages import compute_advantages
     from rlhfkit.onpolicy.collect import RolloutSetup, collect
+    from rlhfkit.onpolicy.scoring import ScoringPlan
 
-    batch = collect(RolloutSetup(models, prompts, cfg, "no", texts=texts), update, {}, stream=stream, counts=counts)
-    return compute_advantages(batch, cfg, kl_coef)
+    scoring = ScoringPlan.of(models, cfg)
+    setup = RolloutSetup(models, prompts, cfg, scoring, "no", texts=texts)
+    batch = collect(setup, update, {}, stream=stream, counts=counts)
+    return compute_advantages(batch, cfg, kl_coef, scoring.old_logprobs)
+
+
+def run_update(models, optimizers, batch, cfg, accelerator=None, update: int = 1):
+    """`update_on_rollout` on `batch` as the trainer runs it, under `cfg`'s plan in fp32: its `UpdateResult`."""
+    from rlhfkit.distributed import ONE_PROCESS
+    from rlhfkit.onpolicy.update import UpdatePlan, update_on_rollout
+
+    return update_on_rollout(
+        models=models, optimizers=optimizers, batch=batch, plan=UpdatePlan.of(models, cfg, "no"), update=update,
+        kl_coef=cfg.kl_coef, accelerator=accelerator or ONE_PROCESS,
+    )
 
 
 def synthetic_rollout(policy, pad_id: int, temperature: float, seed: int = 0, group: int = 2):
@@ -85,12 +99,13 @@ def one_update_gradient(
     import dataclasses
 
     from rlhfkit.config import GRPOConfig
-    from rlhfkit.distributed import ONE_PROCESS
     from rlhfkit.models import load_policy
     from rlhfkit.onpolicy.scoring import OnPolicyModels
-    from rlhfkit.onpolicy.update import Optimizers, update_on_rollout
+    from rlhfkit.onpolicy.update import Optimizers
 
-    defaults = {"num_minibatches": 1, "update_epochs": 1, "kl_coef": 0.1, "kl_placement": "loss", "entropy_coef": 0.01}
+    # the rollout's own old log-probabilities, a little off the policy's: none from the update's forward
+    defaults = {"num_minibatches": 1, "update_epochs": 1, "kl_coef": 0.1, "kl_placement": "loss", "entropy_coef": 0.01,
+                "reuse_update_forward": False}
     cfg = dataclasses.replace(
         GRPOConfig(), **(defaults | options), micro_batch_size=micro_batch_size, max_response_length=6
     )
@@ -109,7 +124,7 @@ def one_update_gradient(
     before = {k: v.detach().clone() for k, v in policy.named_parameters() if v.requires_grad}
     optimizers = Optimizers(torch.optim.SGD(policy.parameters(), lr=1.0), None, None, None)
     models = OnPolicyModels(policy, policy, None, None, tokenizer)
-    update_on_rollout(models, optimizers, batch, cfg, 1, "no", cfg.kl_coef, accelerator or ONE_PROCESS)
+    run_update(models, optimizers, batch, cfg, accelerator)
     return {k: before[k] - v.detach() for k, v in policy.named_parameters() if k in before}
 
 
@@ -120,31 +135,27 @@ def k1_update(model_dir: Path, reuse: bool, options: dict[str, Any] | None = Non
     import dataclasses
 
     from rlhfkit.config import GRPOConfig
-    from rlhfkit.distributed import ONE_PROCESS
     from rlhfkit.models import load_policy
     from rlhfkit.onpolicy.scoring import OnPolicyModels, policy_logprobs
-    from rlhfkit.onpolicy.update import Optimizers, update_on_rollout
+    from rlhfkit.onpolicy.update import Optimizers
 
     cfg = dataclasses.replace(
         GRPOConfig(), update_epochs=1, num_minibatches=1, micro_batch_size=4, kl_coef=0.1, max_response_length=6,
-        **(options or {}),
+        reuse_update_forward=reuse, **(options or {}),
     )
     policy, tokenizer = load_policy(str(model_dir))
     policy.train()
     batch = synthetic_rollout(policy, tokenizer.pad_token_id, cfg.temperature, group=cfg.samples_per_prompt)
     with torch.no_grad():
         batch.logprobs = policy_logprobs(policy, batch, cfg.temperature)[0] * batch.mask
-    old = torch.zeros_like(batch.logprobs) if reuse else None
     if reuse:
         batch.logprobs = None
     before = {k: v.detach().clone() for k, v in policy.named_parameters()}
     optimizers = Optimizers(torch.optim.SGD(policy.parameters(), lr=1.0), None, None, None)
     models = OnPolicyModels(policy, policy, None, None, tokenizer)
-    metrics = update_on_rollout(
-        models, optimizers, batch, cfg, 1, "no", cfg.kl_coef, accelerator or ONE_PROCESS, old_logprobs=old
-    )
+    result = run_update(models, optimizers, batch, cfg, accelerator)
     gradient = {k: before[k] - v.detach() for k, v in policy.named_parameters()}
-    return gradient, metrics, old if reuse else batch.logprobs
+    return gradient, result.metrics, result.old_logprobs if reuse else batch.logprobs
 
 
 def k1_reuse_worker(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
@@ -201,9 +212,11 @@ def sampled_rollout(setup, update: int = 0, accelerator=None):
     `rollout_setup`'s run, in fp32."""
     from rlhfkit.distributed import ONE_PROCESS
     from rlhfkit.onpolicy.collect import RolloutSetup, collect
+    from rlhfkit.onpolicy.scoring import ScoringPlan
 
     cfg, models, prompts, texts = setup
-    return collect(RolloutSetup(models, prompts, cfg, "no", accelerator or ONE_PROCESS, texts), update, {})
+    scoring = ScoringPlan.of(models, cfg)
+    return collect(RolloutSetup(models, prompts, cfg, scoring, "no", accelerator or ONE_PROCESS, texts), update, {})
 
 
 def sampled_rollout_worker(rank: int, world: int, port: int, cases: list, out: str) -> None:
