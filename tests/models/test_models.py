@@ -21,6 +21,8 @@ from rlhfkit.models import (
 from rlhfkit.tiny_models import tiny_config, tiny_policy
 from rlhfkit.vocab import ensure_pad_token, match_vocab
 
+from ..support.mistakes import tokenizer_of
+
 
 @pytest.fixture(scope="module")
 def raw_tokenizer_dir():
@@ -101,18 +103,6 @@ def test_match_vocab_leaves_a_big_enough_model_alone(tokenizer):
     before = model.get_input_embeddings().weight.clone()
     match_vocab(model, tokenizer)
     assert torch.equal(model.get_input_embeddings().weight, before)
-
-
-def tokenizer_of(tokens: int):
-    """A word-level tokenizer of `tokens` tokens, the last one its EOS: another model's small vocabulary."""
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import Whitespace
-    from transformers import PreTrainedTokenizerFast
-
-    words = Tokenizer(WordLevel({f"w{i}": i for i in range(tokens - 1)} | {"</s>": tokens - 1}, unk_token="w0"))
-    words.pre_tokenizer = Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=words, eos_token="</s>")
 
 
 def test_a_tokenizer_far_smaller_than_the_embeddings_is_refused_naming_both_sizes(tokenizer, tmp_path):

@@ -1,10 +1,12 @@
-"""Multi-turn episodes: a fixed-text environment, an EOS-prone policy, sampled episodes."""
+"""Multi-turn episodes: a fixed-text environment, an EOS-prone policy, sampled episodes, a tiny run's options."""
 
 from __future__ import annotations
 
 import torch
 
 from rlhfkit.environments import Environment, Reply
+
+from .tiny import stage_args
 
 
 class FixedTextEnv(Environment):
@@ -103,3 +105,23 @@ def environment_run_models(model, tokenizer, cfg):
     return OnPolicyModels(
         model, reference, None, None, tokenizer, RewardSources.from_config(cfg), episode_plan(cfg.episode_options)
     )
+
+
+FIXED = "tests.support.episodes:FixedTextEnv"
+
+
+def episode_args(stage, dirs, out, **extra):
+    """A tiny `stage` run on GSM8K's chat prompts with the fixed-text environment (a user turn, an inline
+    insertion every 6 sampled tokens), its token check on, every update's samples logged."""
+    inputs = {"policy": dirs["policy"], "rm": dirs["rm"], "posts": dirs["gsm8k"]}
+    options = {
+        "prompt_format": "gsm8k",
+        "environment": FIXED,
+        "environment_args": {"user_turns": 1, "pause_every": 6},
+        "check_tokens": "true",
+        "max_response_length": 64,
+        "max_query_length": 256,
+        "sample_every": 1,
+        "mixed_precision": "no",
+    }
+    return stage_args(stage, inputs, out, **(options | extra))

@@ -1,4 +1,5 @@
-"""A user's mistake through the command line and the Python API: one line, exit code 2, the same message."""
+"""A user's mistake through the command line and the Python API: one line, exit code 2, the same message; another
+model's small tokenizer."""
 
 from __future__ import annotations
 
@@ -53,3 +54,23 @@ def files_of(folder: Path) -> dict[str, tuple[bytes, int]]:
     """Every file under `folder` (the lock aside) with its bytes and modification time."""
     return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(folder.rglob("*"))
             if p.is_file() and p.name != ".rlhfkit.lock"}
+
+
+
+def refusal_line(err: str) -> str:
+    """The one `rlhfkit: error:` line of a refused command's stderr, which holds no traceback."""
+    lines = [line for line in err.splitlines() if line.startswith("rlhfkit: error: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    return lines[0]
+
+
+def tokenizer_of(tokens: int):
+    """A word-level tokenizer of `tokens` tokens, the last one its EOS: another model's small vocabulary."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from transformers import PreTrainedTokenizerFast
+
+    words = Tokenizer(WordLevel({f"w{i}": i for i in range(tokens - 1)} | {"</s>": tokens - 1}, unk_token="w0"))
+    words.pre_tokenizer = Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=words, eos_token="</s>")

@@ -1,8 +1,8 @@
-"""Review 2026-11c, cases 5.1, 5.3, 5.4, 5.5, EE07, EE19 and EE20: an environment that raises, ends the process,
-hangs past environment_timeout, returns what is not a Reply, inserts ids outside the vocabulary, replies where the
-token rules do not allow it or ends with a NaN reward stops the run in one line naming it and the episode (exit 2,
-a UserError from Python, no folder left); a stop signal ends a hanging call at once and the run checkpoints the
-update before; environment_args values are checked against the constructor's annotations before anything loads."""
+"""An environment that raises, ends the process, hangs past environment_timeout, returns what is not a Reply,
+inserts ids outside the vocabulary, replies where the token rules do not allow it or ends with a NaN reward stops
+the run in one line naming it and the episode (exit 2, a UserError from Python, no folder left); a stop signal ends
+a hanging call at once and the run checkpoints the update before; environment_args values are checked against the
+constructor's annotations before anything loads."""
 
 from __future__ import annotations
 
@@ -25,11 +25,11 @@ from rlhfkit.environments.driver import EpisodeDriver, EpisodeLimits
 from rlhfkit.errors import ConfigError, UserError
 from rlhfkit.preemption import Interrupted, StopSignal
 
-from .support.mistakes import api_error, one_error_line
-from .support.tiny import PRESETS, cli_args
-from .test_environment_runs import episode_args
+from ..support.episodes import episode_args
+from ..support.mistakes import api_error, one_error_line
+from ..support.tiny import PRESETS, cli_args
 
-HERE = "tests.test_environment_faults"
+HERE = "tests.environments.test_environment_faults"
 LABEL = "5 (problems.jsonl:3)"
 
 
@@ -82,7 +82,7 @@ class MessageAfterPause(Environment):
         return True
 
     def respond(self, turn_ids, turn_text, ended_by_eos):
-        return self.message("user", "And then?")  # EE07: a new message inside the policy's turn
+        return self.message("user", "And then?")  # a new message inside the policy's turn
 
 
 class InlineAfterEos(Environment):
@@ -154,7 +154,7 @@ def test_an_environment_fault_is_one_line_naming_the_environment_and_the_episode
 
 
 def test_a_message_after_a_pause_is_refused_as_the_token_rules_say(tokenizer):
-    """EE07: the docs keep a new message for after the policy's EOS; inside a turn it would be inserted unseen."""
+    """The docs keep a new message for after the policy's EOS; inside a turn it would be inserted unseen."""
     token = tokenizer.encode(" so", add_special_tokens=False)[0]
     with pytest.raises(UserError, match="answered a pause inside the policy's turn with a new message: after the"):
         driven(tokenizer, MessageAfterPause, token)
@@ -186,7 +186,7 @@ def test_a_call_past_environment_timeout_stops_the_run_in_one_line(tokenizer):
 
 
 def test_a_stop_signal_ends_a_hanging_environment_call_at_once(tokenizer):
-    """5.1: inside a step (a StopSignal that may drop it) SIGINT raises Interrupted in the hanging call, as it does in
+    """Inside a step (a StopSignal that may drop it) SIGINT raises Interrupted in the hanging call, as it does in
     a reward function's; the training loop then checkpoints the update before (next test)."""
     timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
     started = time.monotonic()
@@ -198,7 +198,7 @@ def test_a_stop_signal_ends_a_hanging_environment_call_at_once(tokenizer):
 
 
 def test_environment_args_are_checked_against_the_constructors_annotations():
-    """5.5, EE19, EE20: a wrong type or a negative count fails before anything loads, not at the first call."""
+    """A wrong type or a negative count fails before anything loads, not at the first call."""
     calculator = "gsm8k-calculator"
     refused = [
         (calculator, {"max_calls": "lots"}, "environment_args: max_calls expects an integer, got 'lots'"),
@@ -270,7 +270,7 @@ def test_environment_args_of_the_wrong_type_stop_the_run_before_anything_loads(e
 def test_sigterm_inside_a_hanging_environment_checkpoints_the_update_before_and_resumes(
     environment_dirs, tmp_path, capsys, monkeypatch
 ):
-    """5.1: the run prints the resume line and exits 143 within seconds; the resumed run ends as one never stopped."""
+    """The run prints the resume line and exits 143 within seconds; the resumed run ends as one never stopped."""
     straight, out = tmp_path / "straight", tmp_path / "run"
     assert cli_main(fault_args(environment_dirs, straight, f"{HERE}:SignalsOnEpisode", max_steps=2)) == 0
     monkeypatch.setattr(SignalsOnEpisode, "built", 0)

@@ -6,7 +6,7 @@ import torch
 from rlhfkit.eval.gsm8k import sequence_logprobs_of
 from rlhfkit.logprobs import response_logprobs
 
-from .support.episodes import eos_prone_policy, sample_fixed_episodes
+from ..support.episodes import eos_prone_policy, sample_fixed_episodes
 
 
 def test_inserted_tokens_do_not_count_in_an_answers_log_probability():

@@ -12,8 +12,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from .support.data import DATA, REPO
-from .support.processes import assert_same_metrics
+from ..support.data import DATA, REPO
+from ..support.processes import assert_same_metrics
 
 EXAMPLES = REPO / "examples"
 STEPS = {"sft": 6, "rm": 2, "ppo": 2, "grpo": 2}  # each stage's max_steps in the example at EXAMPLE_SIZE=tiny

@@ -21,9 +21,9 @@ from rlhfkit.onpolicy import evaluation
 from rlhfkit.stages import STAGES, resolve
 from rlhfkit.trainers import dpo, reward, sft
 
-from .support.data import data_file
-from .support.launches import run_in_this_process
-from .support.tiny import PRESETS, cli_args, stage_args
+from ..support.data import data_file
+from ..support.launches import run_in_this_process
+from ..support.tiny import PRESETS, cli_args, stage_args
 
 FORMS = ["standard", "conversational"]
 

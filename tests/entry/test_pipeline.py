@@ -1,6 +1,8 @@
-"""`rlhfkit pipeline`: stages wired in order, finished stages skipped, interrupted ones resumed."""
+"""`rlhfkit pipeline`: stages wired in order, finished stages skipped, interrupted ones resumed; an eval stage
+alone answers the posts the sft mapping holds out; the help shows each stage's mapping."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -10,8 +12,9 @@ from rlhfkit.pipeline_command import check_order
 from rlhfkit.stages import pipeline_commands, resolve
 from rlhfkit.tracking import read_metrics
 
-from .support.data import first_lines
-from .support.tiny import TINY, cli_args, stage_args
+from ..support.data import first_lines
+from ..support.mistakes import refusal_line
+from ..support.tiny import TINY, cli_args, stage_args
 
 
 @pytest.fixture(scope="module")
@@ -207,3 +210,49 @@ def test_stage_options_merge_into_the_preset_and_reject_non_mappings():
     assert cfg.ppo["max_steps"] == 5 and cfg.ppo["preset"] == "tldr-ppo" and cfg.ppo["learning_rate"] == 2e-5
     with pytest.raises(ConfigError, match="ppo must be a mapping"):
         resolve("pipeline", None, None, {"ppo": "[1, 2]"})
+
+
+def pipeline_eval_args(ppo_dirs, out: Path, **extra) -> list[str]:
+    return cli_args(
+        {
+            "model": ppo_dirs["policy"],
+            "sft_data": ppo_dirs["posts"],
+            "comparisons": ppo_dirs["pairs"],
+            "stages": "eval",
+            "judge": "",
+            "output_dir": out,
+        }
+        | extra
+    )
+
+
+def test_pipeline_eval_alone_names_the_stage_and_the_options_that_choose_its_posts(ppo_dirs, tmp_path, capsys):
+    assert cli_main(["pipeline", *pipeline_eval_args(ppo_dirs, tmp_path / "q", sft={"validation_posts": 4})]) == 2
+    line = refusal_line(capsys.readouterr().err)
+    assert "pipeline stage eval: eval_posts=16 is more than the 4 posts the sft stage holds out" in line
+    assert not (tmp_path / "q").exists()  # refused before any stage ran
+
+
+def test_pipeline_eval_alone_answers_eval_posts_of_the_posts_the_sft_mapping_holds_out(ppo_dirs, tmp_path):
+    out = tmp_path / "p"
+    args = pipeline_eval_args(
+        ppo_dirs, out, eval_posts=3, sft={"validation_posts": 5, "max_query_length": 128, "max_response_length": 4}
+    )
+    assert cli_main(["pipeline", *args]) == 0
+    samples = [json.loads(line) for line in (out / "eval" / "base_samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 3 and json.loads((out / "eval" / "eval.json").read_text())["prompts"] == 3
+    (out / "eval" / "done.json").unlink()  # an interrupted eval stage runs again over its own folder
+    assert cli_main(["pipeline", *args]) == 0
+
+
+def test_pipeline_help_shows_each_stage_mapping_with_its_own_preset_and_eval_without_one(capsys):
+    from rlhfkit.config import PipelineConfig, field_info
+
+    assert cli_main(["pipeline", "--help"]) == 0
+    out = capsys.readouterr().out
+    for name, default, *_ in field_info(PipelineConfig):
+        if isinstance(default, dict) and "preset" in default:
+            assert f"e.g. '{{max_steps: 4, preset: {default['preset']}}}'" in out, name
+    eval_help = next(line for line in out.splitlines() if line.startswith("  eval "))
+    assert "preset" not in eval_help.replace("no preset", "") and "max_prompts" in eval_help
+    assert out.count("preset: tldr-sft}") == 1

@@ -1,14 +1,14 @@
 """Module boundaries (docs/architecture.md): no import cycle, dependencies point downwards only, nothing
 below the stage layer receives a stage config, the house is at most 13 floors tall, and no package file
-outgrows 500 lines. Read from the import statements themselves (top level or inside a function), so a
-boundary cannot be crossed silently by a late import."""
+outgrows 500 lines; no test module imports another. Read from the import statements themselves (top level or
+inside a function), so a boundary cannot be crossed silently by a late import."""
 
 import ast
 from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "rlhfkit"
+PACKAGE = Path(__file__).resolve().parents[2] / "rlhfkit"
 MAX_LINES = 500
 # each top-level file or folder of the package one unit, one floor above the highest unit it imports
 MAX_FLOORS = 13
@@ -322,3 +322,38 @@ def test_the_house_is_at_most_max_floors_tall():
     chains = floors(package_graph())
     longest = max(chains.values(), key=len)
     assert len(longest) <= MAX_FLOORS, f"{len(longest)} floors, at most {MAX_FLOORS}: " + " -> ".join(longest)
+
+
+TESTS = PACKAGE.parent / "tests"
+
+
+def imported_test_modules(path: Path, root: Path = PACKAGE.parent) -> list[str]:
+    """The modules of tests/ that the file at `path` (under `root`) imports other than tests/support/ and
+    conftest.py (the package `tests` itself aside: `from .. import support` names it)."""
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return [
+        f"{path.relative_to(root)}:{line} imports {module}"
+        for line, module in imports_of(path.read_text(), parts[:-1])
+        if within(module, "tests") and module != "tests"
+        and not within(module, "tests.support") and not within(module, "tests.conftest")
+    ]
+
+
+def test_a_test_module_importing_another_is_found(tmp_path):
+    planted = tmp_path / "tests" / "entry" / "test_api.py"
+    planted.parent.mkdir(parents=True)
+    planted.write_text("from ..support.tiny import stage_args\nfrom .. import conftest\n\n"
+                       "def f():\n    from ..models.test_models import tokenizer_of\n")
+    assert imported_test_modules(planted, tmp_path) == [
+        "tests/entry/test_api.py:5 imports tests.models.test_models",
+        "tests/entry/test_api.py:5 imports tests.models.test_models.tokenizer_of",
+    ]
+
+
+def test_no_test_module_imports_another():
+    """Tests share code through tests/support/ and conftest.py only: a test module imported by another ties the
+    two modules' places and names together, and one module's helpers become everyone's."""
+    files = sorted(TESTS.rglob("*.py"))
+    assert len(files) > 100
+    found = [crossing for path in files for crossing in imported_test_modules(path)]
+    assert not found, "\n".join(found)

@@ -16,7 +16,7 @@ import pytest
 from rlhfkit.environments import arithmetic
 from rlhfkit.environments.arithmetic import MAX_CHARACTERS, Refused, calculate, evaluate, format_number
 
-from .support.data import data_file
+from ..support.data import data_file
 
 # ---------------------------------------------------------------- what it computes
 

@@ -18,9 +18,9 @@ from rlhfkit.reward_models import ScalarModel, load_reward_model
 from rlhfkit.rewards import RewardFunctions, answer_format, extract_answer, gsm8k_exact_match, length_penalty
 from rlhfkit.stages import resolve
 
-from .support.data import data_file
-from .support.gradients import collected
-from .support.tiny import PRESETS, stage_args
+from ..support.data import data_file
+from ..support.gradients import collected
+from ..support.tiny import PRESETS, stage_args
 
 GSM8K_TEST = data_file("gsm8k", "test.jsonl.gz")
 

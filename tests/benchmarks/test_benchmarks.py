@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 # the scripts, not the library: in the slow suite, which CI runs (pytest -m slow)
 pytestmark = pytest.mark.slow
 
@@ -208,7 +208,7 @@ def test_onpolicy_benchmark_splits_an_update_into_phases():
 def test_compare_methods_sets_runs_beside_the_sft_policy_with_intervals(ppo_dirs, tmp_path):
     from rlhfkit.cli import main as cli_main
 
-    from .support.tiny import cli_args, stage_args
+    from ..support.tiny import cli_args, stage_args
 
     out = tmp_path / "dr-grpo"
     options = stage_args("grpo", ppo_dirs, out, samples_per_prompt=4, eval_samples=3, max_steps=1)

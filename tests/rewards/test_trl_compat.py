@@ -1,4 +1,4 @@
-"""Reward functions written for TRL run unchanged (issue 36): called by keyword as TRL's GRPOTrainer and
+"""Reward functions written for TRL run unchanged: called by keyword as TRL's GRPOTrainer and
 RLOOTrainer call them, with `completion_ids`, the columns a function names required by name, and, after
 conversational prompts, the prompt's messages and each completion as one assistant message."""
 
@@ -18,7 +18,7 @@ from rlhfkit.rewards import (
 )
 from rlhfkit.rollout import RolloutBatch
 
-from .support.tiny import TINY
+from ..support.tiny import TINY
 
 
 # TRL's documentation, GRPO Trainer, "Using a custom reward function", Example 2: Reward completions with a

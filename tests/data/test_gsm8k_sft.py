@@ -14,9 +14,9 @@ from rlhfkit.data.gsm8k import CALCULATOR, FINAL_MARK, final_number, sft_solutio
 from rlhfkit.rewards import answer_format, gsm8k_exact_match, is_correct
 from rlhfkit.trainers import sft
 
-from .support.data import data_file, first_lines
-from .support.mistakes import one_error_line
-from .support.tiny import cli_args, stage_args
+from ..support.data import data_file, first_lines
+from ..support.mistakes import one_error_line
+from ..support.tiny import cli_args, stage_args
 
 # the first training problem of GSM8K, as upstream writes its solution and as SFT trains on it
 NATALIA = (

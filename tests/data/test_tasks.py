@@ -100,7 +100,7 @@ def make_task_error(out, capsys) -> str:
 
 
 def test_an_out_that_cannot_be_a_folder_is_one_line_and_a_file_there_is_kept(tmp_path, capsys, monkeypatch):
-    """Review 2026-11c, 5.6: a file, a path through a file, a folder that refuses to be made."""
+    """A file, a path through a file, a folder that refuses to be made."""
     existing = tmp_path / "existing.txt"
     existing.write_text("precious\n")
     assert make_task_error(existing, capsys) == (

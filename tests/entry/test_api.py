@@ -21,8 +21,9 @@ import rlhfkit
 from rlhfkit.api import data_file
 from rlhfkit.reward_models import load_reward_model
 
-from .support.processes import assert_same_metrics, free_port
-from .support.tiny import PRESETS, cli_args, stage_args
+from ..support.mistakes import tokenizer_of
+from ..support.processes import assert_same_metrics, free_port
+from ..support.tiny import PRESETS, cli_args, stage_args
 
 
 def rows_of(path: Path) -> list[dict]:
@@ -235,8 +236,6 @@ def test_ctrl_c_in_a_reward_function_raises_keyboard_interrupt_with_a_python_res
 
 def test_a_model_object_with_another_models_small_tokenizer_is_refused_naming_both_sizes(ppo_dirs, tmp_path):
     """PM02: a 160-token tokenizer on the 49,153-row policy trained silently."""
-    from .test_models import tokenizer_of
-
     model = AutoModelForCausalLM.from_pretrained(ppo_dirs["policy"])
     rows = model.get_input_embeddings().num_embeddings
     refusal = rf"its tokenizer has 160 tokens but the model's embeddings have {rows} rows"

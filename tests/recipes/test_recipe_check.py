@@ -9,7 +9,7 @@ import pytest
 
 from rlhfkit.cli import main as cli_main
 
-from .support.data import REPO
+from ..support.data import REPO
 
 ACCURACY = {"tables": {"all": [{"policy": "base", "greedy_accuracy": 0.30}, {"policy": "grpo", "greedy_accuracy": 0.45,
                                                                            "greedy_minus_first_low": 0.08}]}}
@@ -84,14 +84,13 @@ SHAPES = [  # (expected.json's text, the line after "expected=<path>")
 
 @pytest.mark.parametrize(("text", "problem"), SHAPES)
 def test_an_expected_json_that_is_malformed_or_of_another_shape_is_one_line_naming_it(tmp_path, capsys, text, problem):
-    """Review 2026-11c, 5.7."""
     path = tmp_path / "expected.json"
     path.write_text(text)
     assert check_error(capsys, f"expected={path}").startswith(f"rlhfkit: error: expected={path}{problem}")
 
 
 def test_a_root_that_does_not_exist_is_one_line_not_a_table_of_missing_numbers(recipe, tmp_path, capsys):
-    """Review 2026-11c, RC08: root= or the variant's own root."""
+    """root= or the variant's own root."""
     folder, root = recipe
     line = check_error(capsys, f"expected={folder}", "variant=short", f"root={tmp_path / 'nowhere'}")
     assert line.startswith(f"rlhfkit: error: root={tmp_path / 'nowhere'}: no such folder; run the recipe's commands")
@@ -101,8 +100,10 @@ def test_a_root_that_does_not_exist_is_one_line_not_a_table_of_missing_numbers(r
 
 
 def test_every_recipe_states_each_number_with_a_band_around_its_measured_value():
-    """Over the recipes that have their expected numbers yet (a recipe in progress has none)."""
-    for expected in sorted((REPO / "recipes").glob("*/expected.json")):
+    """Over the recipes that have their expected numbers yet (a recipe in progress has none), at least one."""
+    found = sorted((REPO / "recipes").glob("*/expected.json"))
+    assert found, f"no recipes/*/expected.json under {REPO}"
+    for expected in found:
         for name, variant in json.loads(expected.read_text())["variants"].items():
             assert variant["root"] and variant["numbers"], (expected, name)
             for entry in variant["numbers"]:

@@ -14,7 +14,7 @@ pytestmark = (
     pytest.mark.slow
 )  # about a minute: CI runs it with `pytest -m slow`; the default run stays under 15 minutes
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "compare_trl.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "compare_trl.py"
 TRAINERS = ["sft", "rm", "dpo", "grpo", "rloo", "ppo"]
 TINY = {
     "model": "tiny",

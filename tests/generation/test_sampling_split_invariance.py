@@ -16,8 +16,8 @@ import torch.multiprocessing as mp
 from rlhfkit import generation
 from rlhfkit.ops import sample_rows
 
-from .support.gradients import rollout_setup, sampled_rollout, sampled_rollout_worker
-from .support.processes import free_port
+from ..support.gradients import rollout_setup, sampled_rollout, sampled_rollout_worker
+from ..support.processes import free_port
 
 FIXED = "tests.support.episodes:FixedTextEnv"
 GROUPED = {"total_batch_size": 16, "samples_per_prompt": 4, "micro_batch_size": 8, "forward_batch_size": 8}

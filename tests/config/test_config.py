@@ -323,7 +323,7 @@ def test_resolved_config_round_trips_through_to_yaml(tmp_path, stage, preset):
 
 
 def test_both_shells_refuse_a_preset_with_a_config_file_in_the_same_words(tmp_path, capsys):
-    from .support.mistakes import one_error_line
+    from ..support.mistakes import one_error_line
 
     line = one_error_line(["sft", "--preset", "tldr-sft", "--config", str(tmp_path / "x.yaml")], capsys)
     assert "give a preset or a config file, not both" in line
@@ -332,7 +332,7 @@ def test_both_shells_refuse_a_preset_with_a_config_file_in_the_same_words(tmp_pa
 def test_eval_task_gsm8k_is_refused_naming_the_gsm8k_command(capsys):
     """GSM8K left `rlhfkit eval` for `rlhfkit eval gsm8k`: the old form is one line naming the new command, in
     both shells, not an unknown key with a guess."""
-    from .support.mistakes import one_error_line
+    from ..support.mistakes import one_error_line
 
     line = one_error_line(["eval", "task=gsm8k", "data=problems.jsonl"], capsys)
     assert "`rlhfkit eval gsm8k" in line and "unknown key" not in line

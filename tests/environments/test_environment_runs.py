@@ -8,28 +8,10 @@ import pytest
 
 from rlhfkit.tracking import read_metrics
 
-from .support.launches import launch, run_in_this_process
-from .support.processes import assert_same_files, assert_same_metrics, straight_and_resumed
-from .support.tiny import stage_args
-
-FIXED = "tests.support.episodes:FixedTextEnv"
-
-
-def episode_args(stage, dirs, out, **extra):
-    """A tiny `stage` run on GSM8K's chat prompts with the fixed-text environment (a user turn, an inline
-    insertion every 6 sampled tokens), its token check on, every update's samples logged."""
-    inputs = {"policy": dirs["policy"], "rm": dirs["rm"], "posts": dirs["gsm8k"]}
-    options = {
-        "prompt_format": "gsm8k",
-        "environment": FIXED,
-        "environment_args": {"user_turns": 1, "pause_every": 6},
-        "check_tokens": "true",
-        "max_response_length": 64,
-        "max_query_length": 256,
-        "sample_every": 1,
-        "mixed_precision": "no",
-    }
-    return stage_args(stage, inputs, out, **(options | extra))
+from ..support.episodes import episode_args
+from ..support.launches import launch, run_in_this_process
+from ..support.processes import assert_same_files, assert_same_metrics, straight_and_resumed
+from ..support.tiny import stage_args
 
 
 def rows_of(path):

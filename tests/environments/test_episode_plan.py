@@ -8,8 +8,8 @@ from rlhfkit.environments.calculator import Gsm8kCalculator
 from rlhfkit.eval.gsm8k import answer, named_environments, named_models, select_problems
 from rlhfkit.generation import EVALUATION_STREAM
 
-from .support.data import data_file
-from .support.episodes import eos_prone_policy
+from ..support.data import data_file
+from ..support.episodes import eos_prone_policy
 
 OPTIONS = {"environment_args": {"max_calls": 3}, "max_turns": 5, "environment_timeout": 9.0, "check_tokens": True,
            "seed": 4}
@@ -47,7 +47,7 @@ def test_an_evaluated_episode_is_seeded_by_the_plans_rule_on_the_evaluation_stre
     model, tokenizer = eos_prone_policy()
     cfg = Gsm8kEvalConfig(data=[str(data_file("gsm8k", "test.jsonl.gz"))], max_prompts=3, max_response_length=8,
                           generation_batch_size=2, **OPTIONS | {"check_tokens": False})
-    plan = episode_plan(cfg.episode_options("tests.test_episode_plan:SeedsSeen"))
+    plan = episode_plan(cfg.episode_options("tests.environments.test_episode_plan:SeedsSeen"))
     monkeypatch.setattr(SeedsSeen, "seeds", [])
     batch = answer(model, select_problems(cfg, tokenizer), tokenizer, cfg, 0.7, 2, plan)
     assert batch.episodes is not None and batch.size == 6

@@ -9,8 +9,8 @@ from rlhfkit.data.examples import fitted_completion, query_limits, tokenize_pair
 from rlhfkit.data.formats import encode_completion
 from rlhfkit.data.tldr import SFTRecord
 
-from .support.data import first_lines
-from .support.tiny import cli_args, stage_args
+from ..support.data import first_lines
+from ..support.tiny import cli_args, stage_args
 
 LONG = " ".join(f"word{i}" for i in range(60))
 
