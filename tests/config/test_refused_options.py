@@ -1,11 +1,14 @@
-"""Options refused before anything loads: no steps and no epochs, a batch that does not divide. One line,
+"""Options refused before anything loads: no steps and no epochs, a batch that does not divide, a validation
+fraction outside [0, 1). One line,
 exit code 2, nothing written."""
 
 from __future__ import annotations
 
 import pytest
 
-from ..support.mistakes import one_error_line
+from rlhfkit.cli import main as cli_main
+
+from ..support.mistakes import one_error_line, refusal_line
 from ..support.tiny import command
 
 
@@ -46,3 +49,25 @@ def test_a_batch_that_does_not_divide_fails_before_any_data_is_read(
     line = one_error_line(command(stage, ppo_dirs, out, data=tmp_path / "never-read.jsonl", **options), capsys)
     assert expected in line, line
     assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["rm", "rm-eval"])
+@pytest.mark.parametrize("value", ["1.5", "1", "-0.1"])
+def test_a_validation_fraction_outside_0_to_1_is_refused_naming_the_option_and_its_range(
+    command, value, tmp_path, capsys
+):
+    assert (
+        cli_main(
+            [
+                command,
+                "model=never-loaded",
+                "data=never-read",
+                f"validation_fraction={value}",
+                f"{'output_dir' if command == 'rm' else 'out'}={tmp_path / 'out'}",
+            ]
+        )
+        == 2
+    )
+    line = refusal_line(capsys.readouterr().err)
+    assert f"validation_fraction={float(value)} is out of range; it must be >= 0 and below 1" in line
+    assert not (tmp_path / "out").exists()

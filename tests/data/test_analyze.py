@@ -1,4 +1,5 @@
-"""`rlhfkit data analyze` on small real slices, every number checked against an independent recount."""
+"""`rlhfkit data analyze` on small real slices, every number checked against an independent recount; the generic
+formats detected and printed, or named when none fits."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from rlhfkit.cli import main
 from rlhfkit.data.analyze import run_analysis
 
 from ..support.data import data_file
+from ..support.mistakes import refusal_line
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TLDR = "SUBREDDIT: r/{subreddit}\n\nTITLE: {title}\n\nPOST: {post}\n\nTL;DR:"
@@ -246,3 +248,63 @@ def test_cli_data_analyze_prints_the_skip_summary(hh_slice, tmp_path, capsys):
 def test_cli_data_analyze_needs_a_path(capsys):
     assert main(["data", "analyze", "--dataset", "hh"]) == 2
     assert "needs --path" in capsys.readouterr().err
+
+
+CHAT = [{"role": "user", "content": "What colour is the sky?"}]
+
+
+GENERIC = [  # (records, the line `data format:` starts with, what they are read as)
+    (
+        [{"prompt": "The sky is", "chosen": " blue.", "rejected": " green."}],
+        "preference, explicit prompt, standard",
+        "comparison",
+    ),
+    (
+        [{"chosen": "Q: sky? A: blue.", "rejected": "Q: sky? A: green."}],
+        "preference, implicit prompt, standard",
+        "comparison",
+    ),
+    ([{"prompt": "The sky is", "completion": " blue."}], "prompt-completion, standard", "SFT"),
+    (
+        [{"prompt": CHAT, "completion": [{"role": "assistant", "content": "Blue."}]}],
+        "prompt-completion, conversational",
+        "SFT",
+    ),
+    ([{"text": "The sky is blue."}], "language-modeling, standard", "SFT"),
+    ([{"prompt": "The sky is"}], "prompt-only, standard", "prompt"),
+    ([{"prompt": CHAT, "answer": "blue"}], "prompt-only, conversational", "prompt"),
+    ([{"question": "1 + 1?", "answer": "1 + 1 = 2\n#### 2"}], "gsm8k", "SFT"),  # SFT's first, as tldr-sft
+]
+
+
+@pytest.mark.parametrize("records, detected, read_as", GENERIC, ids=[g[1] for g in GENERIC])
+def test_data_analyze_detects_and_prints_every_generic_format(
+    records, detected, read_as, tiny_model_dir, tmp_path, capsys
+):
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records * 3))
+    out = tmp_path / "analysis"
+    assert main(["data", "analyze", "--path", str(data), "--out", str(out), "--model", str(tiny_model_dir)]) == 0
+    printed = capsys.readouterr().out
+    assert f"data format: {detected}" in printed and "kept 3 records, skipped none" in printed
+    result = json.loads((out / "analysis.json").read_text())
+    assert result["dataset"] == "auto" and result["read_as"] == f"{read_as} data" and result["records"]["kept"] == 3
+
+
+def test_data_analyze_names_the_formats_it_knows_when_none_fits(tiny_model_dir, tmp_path, capsys):
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"title": "no format has only this"}\n')
+    assert (
+        main(
+            ["data", "analyze", "--path", str(data), "--out", str(tmp_path / "out"), "--model", str(tiny_model_dir)]
+        )
+        == 2
+    )
+    line = refusal_line(capsys.readouterr().err)
+    assert f"{data}:1: no data format has the columns title" in line and "prompt-only (prompt)" in line
+    assert line.count("tldr-sft (") == 1
+
+
+def test_data_analyze_help_lists_auto(capsys):
+    assert main(["data", "analyze", "--help"]) == 0
+    assert "default: auto" in capsys.readouterr().out

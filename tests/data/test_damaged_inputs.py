@@ -338,3 +338,21 @@ def test_cli_exits_2_with_one_line_for_a_file_that_is_not_gzip(tmp_path, capsys)
     err = capsys.readouterr().err
     assert code == 2
     assert err.count("\n") == 1 and err.startswith(f"rlhfkit: error: {path}: not readable as gzip"), err
+
+
+@pytest.mark.parametrize("name", ["posts.jsonl", "posts.jsonl.gz", "posts.json"])
+def test_a_byte_that_is_not_utf8_is_named_by_its_line_and_offset(ppo_dirs, tmp_path, name):
+    lines = ppo_dirs["posts"].read_bytes().split(b"\n")[:6]
+    if name.endswith(".json"):  # a JSON array, one record a line
+        lines = [b"[" + lines[0] + b","] + [line + b"," for line in lines[1:-1]] + [lines[-1] + b"]"]
+    lines[3] = lines[3].replace(b"the", b"th\xff\xfe", 1)
+    raw = b"\n".join(lines)
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(raw) if name.endswith(".gz") else raw)
+    offset = raw.index(b"\xff")
+    with pytest.raises(DataFormatError) as raised:
+        load_sft([str(path)])
+    assert (
+        str(raised.value)
+        == f"{path}:4: not UTF-8 text (invalid start byte 0xff at byte {offset} of the file); convert it to UTF-8"
+    )

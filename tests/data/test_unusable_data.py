@@ -1,5 +1,6 @@
 """Data with nothing to train on: every record skipped, or none at all. Training, evaluation and `data analyze`
-each say why in one line with exit code 2, before anything is written."""
+each say why in one line with exit code 2, before anything is written; no examples left after
+tokenization names the reason and the length option to raise."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import pytest
 
 from ..support.data import write_rows
 from ..support.mistakes import one_error_line
-from ..support.tiny import command, stage_args
+from ..support.tiny import cli_args, command, stage_args
 
 PLAIN_PAIRS = [
     {"chosen": f"\n\nHuman: A good question {i}?", "rejected": f"\n\nHuman: A bad one {i}?"} for i in range(6)
-]  # HH-RLHF dialogues without an assistant turn (pairs in another format fail naming it: test_data_mistakes.py)
+]  # HH-RLHF dialogues without an assistant turn (pairs in another format fail naming it: test_format_options.py)
 STARS = [{"subreddit": "a", "title": "t", "post": "*", "summary": "s"} for _ in range(6)]  # posts with no text
 
 
@@ -106,3 +107,32 @@ def test_an_empty_data_is_refused_before_anything_is_written(ppo_dirs, tmp_path,
     with pytest.raises(ConfigError, match=f"^{re.escape(expected)}$"):
         getattr(rlhfkit, stage)(**stage_args(stage, ppo_dirs, out, max_steps=1, data=[]))
     assert not out.exists()
+
+
+NOTHING_LEFT = [  # (stage, options that let no example in, what is left, the reason, the option to raise)
+    ("sft", {"max_response_length": 4}, "training examples", "response_too_long", "max_response_length"),
+    ("rm", {"max_response_length": 2}, "training pairs", "response_too_long", "max_response_length"),
+    (
+        "dpo",
+        {"max_query_length": 24},
+        "training pairs",
+        "query_too_long",
+        "max_query_length",
+    ),  # the template alone is 23
+    ("grpo", {"max_query_length": 24}, "training prompts", "query_too_long", "max_query_length"),
+]
+
+
+@pytest.mark.parametrize(
+    ("stage", "options", "what", "reason", "option"), NOTHING_LEFT, ids=[c[0] for c in NOTHING_LEFT]
+)
+def test_no_examples_left_names_the_reason_and_the_option_to_raise(
+    ppo_dirs, tmp_path, capsys, stage, options, what, reason, option
+):
+    args = stage_args(stage, ppo_dirs, tmp_path / "run", max_steps=1, **options)
+    line = one_error_line([stage, *cli_args(args)], capsys)
+    assert re.fullmatch(
+        rf"rlhfkit: error: no {what} left to train on \(kept 0 {what}, skipped (\d+): {reason}: \1 \(e\.g\. .+\)\); "
+        rf"raise {option}",
+        line,
+    ), line

@@ -1,7 +1,7 @@
 """Sharded training: FSDP2 over 2 CPU processes and gloo trains SFT, RM, DPO, PPO, GRPO and RLOO
 like one unsharded process, holds about half the parameters per process, checkpoints full weights and
-a full optimizer state, and resumes bit-identically after a SIGKILL; choices that cannot run are
-refused in one line.
+a full optimizer state, and resumes bit-identically after a SIGKILL; every training stage accepts fsdp2;
+choices that cannot run are refused in one line.
 
 The on-policy comparison follows test_onpolicy_distributed: one prompt per generation chunk, each
 with an RNG keyed by its position in the update, so both layouts sample the same tokens; what differs
@@ -217,3 +217,44 @@ def test_sharding_on_one_process_is_refused_rather_than_recorded(ppo_dirs, tmp_p
     line = one_error_line(command("sft", ppo_dirs, out, sharding="fsdp2"), capsys)
     assert "sharding=fsdp2 splits the models across processes and this run has one: add --num-processes N" in line, line
     assert not out.exists()
+
+
+def sharded_stages() -> list[str]:
+    """The training commands of the stage registry: those whose runs take a `sharding` option."""
+    from rlhfkit.config import RunConfig
+    from rlhfkit.stages import STAGES
+
+    return [name for name, stage in STAGES.items() if stage.config and issubclass(stage.config, RunConfig)]
+
+
+def test_every_stage_with_a_sharding_option_accepts_fsdp2_and_on_policy_ones_refuse_zero_naming_fsdp2(monkeypatch):
+    from rlhfkit.onpolicy.algorithms import ALGORITHMS
+    from rlhfkit.sharding import check_sharding
+    from rlhfkit.stages import resolve
+
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as under --num-processes 2
+    assert "reinforce" in sharded_stages()
+    for stage in sharded_stages():
+        check_sharding(resolve(stage, None, None, {"sharding": "fsdp2"}).sharding_options)
+    for stage in ALGORITHMS:
+        with pytest.raises(Exception, match=f"for {stage} use sharding=fsdp2"):
+            check_sharding(resolve(stage, None, None, {"sharding": "zero2"}).sharding_options)
+
+
+@pytest.mark.slow
+def test_reinforce_under_fsdp2_on_two_processes_makes_the_update_of_one_unsharded_process(ppo_dirs, tmp_path):
+    # one prompt per generation chunk, as the PPO test: a chunk's random stream is then the same on one process or two
+    args = {"max_steps": 2, "eos_trick": "false", "generation_batch_size": 1, "mixed_precision": "no"}
+    one, two = tmp_path / "one", tmp_path / "two"
+    for out, processes, extra in ((one, 1, {}), (two, 2, {"sharding": "fsdp2"})):
+        done = launch("reinforce", stage_args("reinforce", ppo_dirs, out, **args, **extra), processes)
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert "sharding: fsdp2 over 2 processes" in done.stdout
+    a, b = load_file(one / "model" / "model.safetensors"), load_file(two / "model" / "model.safetensors")
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], atol=1e-5, rtol=1e-4, msg=key)
+    rows = [[json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] for run in (one, two)]
+    for left, right in zip(*rows, strict=True):
+        for key in ("objective/scores", "objective/kl", "loss/policy_avg", "policy/grad_norm"):
+            assert right.get(key) == pytest.approx(left.get(key), rel=1e-4, abs=1e-5), key

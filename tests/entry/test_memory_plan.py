@@ -21,6 +21,8 @@ from rlhfkit.model_shape import SHIPPED, read_shape
 from rlhfkit.onpolicy.algorithms import ALGORITHMS
 from rlhfkit.stages import STAGES, resolve
 
+from ..support.mistakes import refusal_line
+
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA, PYTHIA_1B = "meta-llama/Llama-3.2-1B", "EleutherAI/pythia-1b-deduped"
 SFT = PlannedStage(SFTConfig, value_model=False)
@@ -243,3 +245,58 @@ def test_the_estimate_is_within_25_percent_of_a_measured_peak():
     row = json.loads(done.stdout.strip().splitlines()[-1])
     assert row["measured_bytes"] > 50 * 2**20  # a real measurement: weights, gradients, AdamW state and activations
     assert abs(row["relative_error"]) <= 0.25, row
+
+
+LLAMA_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "vocab_size": 1000,
+}
+
+
+@pytest.mark.parametrize(
+    "change, fragment",
+    [
+        (
+            {
+                "hidden_size": 0,
+                "intermediate_size": 0,
+                "num_hidden_layers": 0,
+                "num_attention_heads": 0,
+                "vocab_size": 0,
+            },
+            "hidden_size=0 must be a whole number above 0",
+        ),
+        ({"hidden_size": -64}, "hidden_size=-64 must be a whole number above 0"),
+        ({"num_attention_heads": 2.5}, "num_attention_heads=2.5 must be a whole number above 0"),
+        ({"num_key_value_heads": 0}, "num_key_value_heads=0 must be a whole number above 0"),
+        ({"vocab_size": None}, "has no vocab_size"),
+        ({"model_type": "nonsense"}, "model_type='nonsense' is not a transformers model type"),
+    ],
+)
+def test_plan_refuses_a_config_json_with_a_bad_size_naming_the_file_and_the_field(change, fragment, tmp_path, capsys):
+    values = {k: v for k, v in (LLAMA_CONFIG | change).items() if v is not None}
+    (tmp_path / "config.json").write_text(json.dumps(values))
+    for model, where in (
+        (tmp_path / "config.json", f"model={tmp_path / 'config.json'}"),
+        (tmp_path, f"model={tmp_path} (its config.json)"),
+    ):
+        assert cli.main(["plan", f"model={model}", "stage=sft"]) == 2
+        line = refusal_line(capsys.readouterr().err)
+        assert where in line and fragment in line, line
+
+
+def test_plan_reads_the_sizes_under_an_architectures_own_names(tmp_path):
+    from transformers import GPT2Config
+
+    GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=100).save_pretrained(tmp_path)
+    assert read_shape(str(tmp_path)).hidden == 64
+    (tmp_path / "config.json").write_text(
+        json.dumps(json.loads((tmp_path / "config.json").read_text()) | {"n_embd": 0})
+    )
+    with pytest.raises(Exception, match="n_embd=0 must be a whole number above 0"):
+        read_shape(str(tmp_path))

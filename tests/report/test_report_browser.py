@@ -1,4 +1,4 @@
-"""Every kind of report.html opened in headless Chromium (issues 9 and 24): the quick-start pipeline,
+"""Every kind of report.html opened in headless Chromium: the quick-start pipeline,
 SFT, RM, PPO, eval, judge-eval and multi-run reports, each screenshotted full-page; every image
 loads and is shown at no less than 60% of its drawn width at 1400 px (so a panel stays readable),
 no cell reads None, inf or nan, every report has its caveats section, long cells start collapsed.

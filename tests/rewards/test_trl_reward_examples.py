@@ -1,4 +1,4 @@
-"""Issue 49 item 4: TRL's reward-function contract. Every reward-function example of TRL's GRPO documentation
+"""TRL's reward-function contract. Every reward-function example of TRL's GRPO documentation
 (docs/source/grpo_trainer.md, "Using a custom reward function", Examples 1 to 6, huggingface/trl at f2cd577),
 copied verbatim, runs unchanged through `rlhfkit.grpo`; None rows, async functions, TRL's `log_extra` and
 `log_metric` hooks, and `reward_errors=skip` on a grader that fails on 10% of its rows."""

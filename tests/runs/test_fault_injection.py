@@ -98,7 +98,7 @@ def inputs(ppo_dirs, pad_is_eos_policy, trainer):
     """The tiny inputs; the on-policy trainers start from a model without a distinct PAD (the embedded SmolLM2
     as shipped, any hub model used directly), to which each load adds [PAD]: its row must be the same in the
     policy, the reference and on every reload, so that the KL of update 1 is exactly 0 and every resume is
-    bit-identical (review case 1)."""
+    bit-identical."""
     return ppo_dirs | {"policy": pad_is_eos_policy} if trainer in ON_POLICY else ppo_dirs
 
 

@@ -1,6 +1,8 @@
 """Preemption: SIGTERM / SIGINT during training finish the step, write a checkpoint,
-print how to resume and exit 143 / 130; resuming ends exactly where an uninterrupted run does."""
+print how to resume and exit 143 / 130; resuming ends exactly where an uninterrupted run does. A signal inside
+a reward function, in the final evaluation or in DPO's reference pass stops the run as well."""
 
+import hashlib
 import json
 import os
 import re
@@ -14,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from rlhfkit.preemption import StopSignal, resume_command
+from rlhfkit.cli import main as cli_main
+from rlhfkit.preemption import Interrupted, StopSignal, interruptible, resume_command
 from rlhfkit.runlock import LOCK_FILE
 
 from ..support.launches import launched, process_of_rank, wait_for_step
 from ..support.processes import assert_same_files, assert_same_metrics, child_env, rlhfkit_command
-from ..support.tiny import PRESETS, cli_args, stage_args
+from ..support.tiny import PRESETS, cli_args, preset_command, stage_args
 
 SFT_STEPS = 6
 STOPPED = re.compile(
@@ -145,3 +148,131 @@ def test_resume_command_names_the_stage_and_its_processes_or_repeats_the_pipelin
     assert resume_command("dpo", tmp_path, processes=4) == f"rlhfkit dpo resume={tmp_path} --num-processes 4"
     monkeypatch.setattr(sys, "argv", ["rlhfkit", "pipeline", "--preset", "quickstart", "output_dir=runs/p"])
     assert resume_command("rm", tmp_path / "rm") == "rlhfkit pipeline --preset quickstart output_dir=runs/p"
+
+
+SIGNALLING_FUNCTION = '''
+import os, signal, time
+CALLS = []
+def signals_on_call(prompts, completions, **columns):
+    """Sends the signal in os.environ["SIGNAL_ON_CALL"] ("SIGTERM:2": on its 2nd call) to its own process,
+    then hangs."""
+    CALLS.append(1)
+    name, _, call = os.environ.get("SIGNAL_ON_CALL", "").partition(":")
+    if name and len(CALLS) == int(call):
+        os.kill(os.getpid(), getattr(signal, name))
+        time.sleep(60)
+    return [float(len(c)) for c in completions]
+'''
+
+
+@pytest.fixture
+def signalling_file(tmp_path):
+    path = tmp_path / "rf.py"
+    path.write_text(SIGNALLING_FUNCTION)
+    return path
+
+
+def test_interruptible_raises_at_once_inside_a_step_and_nowhere_else():
+    with StopSignal() as stop, pytest.raises(Interrupted), interruptible():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # a hanging call: the handler raises in it
+    assert stop.signum == signal.SIGTERM
+    with StopSignal() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)
+        with pytest.raises(Interrupted), interruptible():  # a stop asked for before the call: the call never starts
+            pytest.fail("called after the stop")
+    with StopSignal(droppable=False) as stop, interruptible():  # several processes: recorded, as anywhere in a step
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)
+    assert stop.signum == signal.SIGTERM
+
+
+@pytest.mark.faults  # a signal, a checkpoint and a resume: the fault-injection suite
+def test_sigterm_inside_a_reward_function_checkpoints_the_update_before_and_resumes_bit_identical(
+    ppo_dirs, signalling_file, tmp_path, capsys, monkeypatch
+):
+    options = {"reward_model": "", "reward_functions": f"{signalling_file}:signals_on_call", "max_steps": 2}
+    straight, out = tmp_path / "straight", tmp_path / "run"
+    assert cli_main(preset_command("grpo", ppo_dirs, straight, **options)) == 0
+    monkeypatch.setenv("SIGNAL_ON_CALL", "SIGTERM:2")  # in update 2's reward call, which then hangs
+    with pytest.raises(SystemExit) as stopped:
+        cli_main(preset_command("grpo", ppo_dirs, out, **options))
+    err = capsys.readouterr().err
+    assert stopped.value.code == 143 and "Traceback" not in err
+    assert (
+        stop_line(err)
+        == f"rlhfkit: stopped by SIGTERM after update 1; checkpoint written to {out / 'checkpoints'}; resume with: "
+        f"rlhfkit grpo resume={out}"
+    )
+    assert json.loads((out / "checkpoints" / "latest").read_text())["step"] == 1
+
+    monkeypatch.delenv("SIGNAL_ON_CALL")
+    assert cli_main(["grpo", f"resume={out}"]) == 0
+    assert sha256(out / "model" / "model.safetensors") == sha256(straight / "model" / "model.safetensors")
+    assert metrics_without_timings(out) == metrics_without_timings(straight)
+
+
+@pytest.mark.faults  # a run and its resume with an evaluation each: over 10 s
+def test_sigint_in_the_final_evaluation_names_the_final_checkpoint_and_resuming_finishes(
+    ppo_dirs, signalling_file, tmp_path, capsys, monkeypatch
+):
+    out = tmp_path / "run"
+    monkeypatch.setenv("SIGNAL_ON_CALL", "SIGINT:3")  # update 1, the SFT policy's answers, then the trained policy's
+    with pytest.raises(SystemExit) as stopped:
+        cli_main(preset_command("grpo", ppo_dirs, out, reward_functions=f"{signalling_file}:signals_on_call",
+                               eval_samples=2))
+    err = capsys.readouterr().err
+    assert stopped.value.code == 130 and "Traceback" not in err
+    assert (
+        stop_line(err)
+        == f"rlhfkit: stopped by SIGINT after update 1; checkpoint written to {out / 'checkpoints'}; resume with: "
+        f"rlhfkit grpo resume={out}"
+    )
+    assert not (out / "eval.json").exists()
+    monkeypatch.delenv("SIGNAL_ON_CALL")
+    assert cli_main(["grpo", f"resume={out}"]) == 0
+    assert json.loads((out / "eval.json").read_text())["eval/posts"] == 2
+
+
+@pytest.mark.faults  # a signal and a second run: the fault-injection suite
+def test_sigterm_in_dpo_reference_pass_says_how_to_start_again_which_finishes(ppo_dirs, tmp_path, capsys, monkeypatch):
+    from rlhfkit.trainers import dpo
+
+    original = dpo.pair_logprobs_all
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+        return original(*args, **kwargs)
+
+    out = tmp_path / "run"
+    monkeypatch.setattr(dpo, "pair_logprobs_all", signalled)
+    with pytest.raises(SystemExit) as stopped:
+        cli_main(["dpo", "--preset", PRESETS["dpo"], *cli_args(stage_args("dpo", ppo_dirs, out, max_steps=1))])
+    err = capsys.readouterr().err
+    restart = f"rlhfkit dpo --config {out / 'config.yaml'}"
+    assert stopped.value.code == 143 and "Traceback" not in err
+    assert (
+        stop_line(err)
+        == f"rlhfkit: stopped by SIGTERM before the run's first checkpoint; start it again with: {restart}"
+    )
+    monkeypatch.setattr(dpo, "pair_logprobs_all", original)
+    assert cli_main(restart.split()[1:]) == 0
+    assert (out / "model" / "model.safetensors").is_file()
+
+
+def stop_line(err: str) -> str:
+    """The one line saying how the run stopped: at the start of a line, or after the `\\r` of a progress bar
+    cleared from the screen."""
+    [line] = [part for line in err.splitlines() for part in line.split("\r") if part.startswith("rlhfkit: stopped by ")]
+    return line
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def metrics_without_timings(run: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in row.items() if not k.startswith("perf/")} for row in rows]

@@ -97,3 +97,8 @@ def flow_yaml(mapping: dict) -> str:
 def command(stage: str, inputs: dict, out: Path, **extra) -> list[str]:
     """`rlhfkit STAGE` on the tiny options, one step unless `extra` sets max_steps."""
     return [stage, *cli_args(stage_args(stage, inputs, out, **{"max_steps": 1} | extra))]
+
+
+def preset_command(stage: str, inputs: dict, out: Path, **extra) -> list[str]:
+    """`command` under the stage's preset (PRESETS): `rlhfkit STAGE --preset NAME key=value ...`."""
+    return [stage, "--preset", PRESETS[stage], *command(stage, inputs, out, **extra)[1:]]
