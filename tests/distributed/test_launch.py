@@ -7,7 +7,8 @@ import os
 import subprocess
 import sys
 
-from rlhfkit import api, cli
+from rlhfkit import cli
+from rlhfkit import command as command_path
 from rlhfkit.launch import inside_launcher, launch_command
 
 from ..support.processes import launcher_env
@@ -70,7 +71,7 @@ def test_cli_relaunches_without_the_launcher_flag(monkeypatch):
     for var in LAUNCHER_VARS:
         monkeypatch.delenv(var, raising=False)
     calls = []
-    monkeypatch.setattr(api, "relaunch", lambda argv, n: calls.append((argv, n)) or 0)
+    monkeypatch.setattr(command_path, "relaunch", lambda argv, n: calls.append((argv, n)) or 0)  # what the CLI calls
     assert cli.main(["sft", "--num-processes", "2", "seed=4"]) == 0
     assert cli.main(["rm", "--num_processes=4", "--head", "mean-mlp"]) == 0
     assert calls == [(["sft", "seed=4"], 2), (["rm", "--head", "mean-mlp"], 4)]
@@ -80,12 +81,14 @@ def test_cli_checks_the_config_before_launching_and_refuses_single_process_comma
     for var in LAUNCHER_VARS:
         monkeypatch.delenv(var, raising=False)
     calls = []
-    monkeypatch.setattr(api, "relaunch", lambda argv, n: calls.append((argv, n)) or 0)
+    monkeypatch.setattr(command_path, "relaunch", lambda argv, n: calls.append((argv, n)) or 0)  # what the CLI calls
     assert cli.main(["sft", "--num-processes", "2", "lrate=1"]) == 2
     assert "unknown key 'lrate'" in capsys.readouterr().err
     assert cli.main(["data", "analyze", "--num_processes=4", "--dataset", "hh"]) == 2
     assert "runs in one process" in capsys.readouterr().err
     assert calls == []
+    assert cli.main(["sft", "--num-processes", "2", "seed=4"]) == 0  # a checked command is launched through it
+    assert calls == [(["sft", "seed=4"], 2)]
 
 
 def test_inside_launcher_detection(monkeypatch):
