@@ -211,7 +211,7 @@ class PipelineConfig:
     )
 
     def options_of(self, stage: str) -> dict[str, Any]:
-        """The options given to `stage` (the field named after it; tests/test_pipeline.py checks that every
+        """The options given to `stage` (the field named after it; tests/entry/test_pipeline.py checks that every
         stage the pipeline can run has one)."""
         return dict(getattr(self, stage))
 

@@ -27,7 +27,7 @@ Results print as an integer when integral, else rounded half away from zero to 4
 trailing zeros trimmed ("0.2", "3.3333").
 
 Reproduction on GSM8K's training split (7,473 solutions, 23,716 annotations ``<<lhs=rhs>>``, measured
-by tests/test_arithmetic.py): 23,714 left-hand sides evaluate; the 2 refused use floor division
+by tests/environments/test_arithmetic.py): 23,714 left-hand sides evaluate; the 2 refused use floor division
 (``560//10``, ``180//3``), which stays refused (``//`` truncates silently; plain ``/`` covers both).
 All 23,714 equal ``Fraction(rhs)`` exactly: the writers never rounded. ``format_number`` reproduces the
 written rhs for 23,047 of 23,716 (97.18%); the 667 misses are all the same value in other text: 589
