@@ -1,4 +1,4 @@
-"""On-policy runs of different methods side by side on their held-out prompts (issue 25): per run, the
+"""On-policy runs of different methods side by side on their held-out prompts: per run, the
 trained policy's mean RM score with a 95% bootstrap interval over prompts, its paired difference from
 the SFT policy on the same prompts (the trivial baseline: training changed nothing) with its
 interval, the share of prompts where it outscores SFT (beside 0.5), length, EOS rate, ROUGE-L, the

@@ -1,5 +1,5 @@
 """Generation in fp32 beside generation under bf16 autocast, on the tiny model and SmolLM2-135M, as
-one JSON line per model and precision mode (issue 24).
+one JSON line per model and precision mode.
 
     python benchmarks/generation_precision.py --frozen                     # tiny and smollm2-135m: ~2 min on 2 quiet
     CPU cores
@@ -10,13 +10,13 @@ Modes, each run the way the trainers run generation (`rlhfkit.generation.generat
 `devices.autocast(device, precision)`, as the on-policy rollouts do):
 
 - `fp32`: `mixed_precision=no`.
-- `bf16_before`: bf16 autocast as generation ran it before issue 24, the preallocated KV cache held
+- `bf16_recast`: bf16 autocast with the bf16 cache switched off, the preallocated KV cache held
   in fp32: autocast then casts every layer's whole cache to bf16 at every decoded token.
 - `bf16`: bf16 autocast as it runs now, the cache held in bf16 (`decoding.eager.cache_dtype`).
-- `bf16_frozen_before`, `bf16_frozen` (`--frozen`): the same two with weights that do not require
+- `bf16_frozen_recast`, `bf16_frozen` (`--frozen`): the same two with weights that do not require
   grad (LoRA's base weights, a reference). Autocast keeps its bf16 copy of a weight only for weights
-  that require grad, so before issue 24 these were cast again at every forward; now `generate` has
-  autocast keep them too (`decoding.eager.frozen_weights_cast_once`).
+  that require grad, so with the cast-once switched off too (`bf16_frozen_recast`) these are cast again at
+  every forward; `generate` has autocast keep them (`decoding.eager.frozen_weights_cast_once`).
 
 Queries are real TL;DR posts (the SFT sample in ../shared/data) cut to `--query-length` tokens and
 left-padded, the longest first. Decoding is greedy and ignores EOS, so every mode decodes exactly
@@ -47,14 +47,14 @@ from benchmark_common import best_device, machine_fields
 from generation import DEFAULT_DATA, load, tldr_queries
 from torch.utils._python_dispatch import TorchDispatchMode
 
-MODES = {  # name: (precision, generation as before issue 24, frozen weights)
+MODES = {  # name: (precision, bf16 cache and frozen-weight cast-once switched off, frozen weights)
     "fp32": ("no", False, False),
-    "bf16_before": ("bf16", True, False),
+    "bf16_recast": ("bf16", True, False),
     "bf16": ("bf16", False, False),
-    "bf16_frozen_before": ("bf16", True, True),
+    "bf16_frozen_recast": ("bf16", True, True),
     "bf16_frozen": ("bf16", False, True),
 }
-FROZEN = ("bf16_frozen_before", "bf16_frozen")
+FROZEN = ("bf16_frozen_recast", "bf16_frozen")
 
 
 def cpu_model() -> str:
@@ -68,14 +68,14 @@ def cpu_model() -> str:
 @contextlib.contextmanager
 def mode_of(model: torch.nn.Module, name: str, device: torch.device):
     """The model and process as mode `name` runs generation: eval mode, autocast, frozen weights, and
-    before issue 24 an fp32 cache and no cast cache for frozen weights."""
+    for the recast modes an fp32 cache and no cast cache for frozen weights."""
     from rlhfkit.decoding import eager
     from rlhfkit.devices import autocast, evaluation_mode
 
-    precision, before, frozen = MODES[name]
+    precision, recast, frozen = MODES[name]
     current = eager.cache_dtype, eager.frozen_weights_cast_once
     trainable = [p for p in model.parameters() if p.requires_grad]
-    if before:
+    if recast:
         eager.cache_dtype = lambda keys, values: torch.promote_types(keys.dtype, values.dtype)
         eager.frozen_weights_cast_once = lambda model, device: contextlib.nullcontext()
     if frozen:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 26's GPU measurements (docs/performance.md, "On a CUDA GPU"), sized for the device tool's lent
+# The CUDA-graph decoding GPU measurements (docs/performance.md, "On a CUDA GPU"), sized for the device tool's lent
 # H100: each part fits one 10-minute command and writes its JSON lines to $OUT.
 #
 #   here, once:   bash benchmarks/gpu_suite.sh wheels     # what the GPU image lacks: .whl/ and .gpu/

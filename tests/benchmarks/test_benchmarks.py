@@ -78,7 +78,7 @@ def test_generation_benchmark_builds_the_seeds_shapes_with_random_weights():
     )
 
 
-def test_generation_precision_benchmark_times_fp32_and_bf16_autocast_before_and_after_issue_24():
+def test_generation_precision_benchmark_times_fp32_and_bf16_autocast_with_and_without_the_bf16_cache():
     rows = run_benchmark(
         "generation_precision.py",
         "--models",
@@ -96,20 +96,20 @@ def test_generation_precision_benchmark_times_fp32_and_bf16_autocast_before_and_
         "--frozen",
     )
     modes = {row["mode"]: row for row in rows}
-    assert list(modes) == ["fp32", "bf16_before", "bf16", "bf16_frozen_before", "bf16_frozen"]
+    assert list(modes) == ["fp32", "bf16_recast", "bf16", "bf16_frozen_recast", "bf16_frozen"]
     assert (
         all(row["s"] > 0 and row["decode_s"] > 0 and row["ratio_to_fp32"] > 0 for row in rows)
         and modes["fp32"]["ratio_to_fp32"] == 1
     )
-    # bf16 now: the same tokens and log-probabilities as before, without casting the cache or a frozen weight at each
-    # token
-    assert modes["bf16"]["identical_to"] == modes["bf16_frozen"]["identical_to"] == "bf16_before"
+    # bf16: the same tokens and log-probabilities as with the bf16 cache and the cast-once switched off, without
+    # casting the cache or a frozen weight at each token
+    assert modes["bf16"]["identical_to"] == modes["bf16_frozen"]["identical_to"] == "bf16_recast"
     assert (
-        modes["bf16_before"]["cache_casts"] > 0
+        modes["bf16_recast"]["cache_casts"] > 0
         and modes["bf16"]["cache_casts"] == modes["bf16_frozen"]["cache_casts"] == 0
     )
     assert (
-        modes["bf16_frozen_before"]["weight_casts"]
+        modes["bf16_frozen_recast"]["weight_casts"]
         > modes["bf16_frozen"]["weight_casts"]
         == modes["bf16"]["weight_casts"]
         > 0
