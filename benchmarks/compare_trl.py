@@ -136,11 +136,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--micro-batch", type=int, default=4, help="on-policy rows per forward/backward")
     parser.add_argument("--update-epochs", type=int, default=4, help="K passes over each rollout (Table 7)")
     parser.add_argument(
-        "--before-after",
+        "--unshared",
         action="store_true",
-        help="grpo, rloo: also run ours as before issue 38 (shared_prefix off, no K=1 reuse) in the same alternation",
+        help="grpo, rloo: also run ours with shared-prefix rows and K=1 reuse switched off (shared_prefix=off, "
+        "reuse_update_forward=false) in the same alternation",
     )
-    parser.add_argument("--worker", choices=["prepare", "ours", "before", "trl"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=["prepare", "ours", "unshared", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--trainer", choices=TRAINERS, help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--out-dir", help=argparse.SUPPRESS)
@@ -264,15 +265,16 @@ def ratios(row: dict) -> dict:
     }
 
 
-def before_after(row: dict, with_trl: bool) -> dict:
-    """After / before: seconds per update and scoring seconds (below 1: faster), and before / TRL."""
+def shared_over_unshared(row: dict, with_trl: bool) -> dict:
+    """Ours / ours unshared: seconds per update and scoring seconds (below 1: shared rows and K=1 reuse are faster),
+    and unshared / TRL."""
     out = {
-        "after_over_before_s_per_step": round(row["ours_s_per_step"] / row["before_s_per_step"], 3),
-        "after_over_before_scoring_s": round(row["ours_scoring_s"] / row["before_scoring_s"], 3),
-        "after_over_before_peak_rss": round(row["ours_peak_rss_bytes"] / row["before_peak_rss_bytes"], 3),
+        "ours_over_unshared_s_per_step": round(row["ours_s_per_step"] / row["unshared_s_per_step"], 3),
+        "ours_over_unshared_scoring_s": round(row["ours_scoring_s"] / row["unshared_scoring_s"], 3),
+        "ours_over_unshared_peak_rss": round(row["ours_peak_rss_bytes"] / row["unshared_peak_rss_bytes"], 3),
     }
     if with_trl:
-        out["before_s_per_step_ratio"] = round(row["before_s_per_step"] / row["trl_s_per_step"], 3)
+        out["unshared_s_per_step_ratio"] = round(row["unshared_s_per_step"] / row["trl_s_per_step"], 3)
     return out
 
 
@@ -302,13 +304,14 @@ def shape_fields(args: argparse.Namespace, trainer: str) -> dict:
     }
 
 
-BEFORE = {"shared_prefix": "off", "reuse_update_forward": False}  # what issue 38 added, switched off
+# the `unshared` side: ours with shared-prefix rows and K = 1 reuse of the update's forward switched off
+UNSHARED = {"shared_prefix": "off", "reuse_update_forward": False}
 
 
 def compare(args: argparse.Namespace, trainer: str, model_dir: Path, scratch: Path) -> dict:
     sides = ("ours", "trl") if trainer in PAIRED else ("ours",)
-    if args.before_after and trainer in ("grpo", "rloo"):
-        sides = ("before", *sides)
+    if args.unshared and trainer in ("grpo", "rloo"):
+        sides = ("unshared", *sides)
     runs: dict[str, list[dict]] = {side: [] for side in sides}
     for repeat in range(args.repeats):
         for side in sides:  # alternate, so slow drift of the machine hits both sides alike
@@ -335,8 +338,8 @@ def compare(args: argparse.Namespace, trainer: str, model_dir: Path, scratch: Pa
         row |= side_summary(runs[side], args.warmup, side)
     if trainer not in ON_POLICY:
         row |= utilisation(row, sides, model_dir, row["row_length"])
-    if "before" in runs:
-        row |= before_after(row, "trl" in runs)
+    if "unshared" in runs:
+        row |= shared_over_unshared(row, "trl" in runs)
     if "trl" in runs:
         row |= ratios(row) | {
             "trl_version": runs["trl"][0]["trl_version"],
@@ -418,9 +421,9 @@ def on_policy_prompts(args: argparse.Namespace, trainer: str, tokenizer) -> list
     return word_rows(tokenizer, (args.warmup + args.steps) * args.episodes // group, args.query_length, seed=4)
 
 
-def our_config(args: argparse.Namespace, trainer: str, run_dir: Path, before: bool = False):
+def our_config(args: argparse.Namespace, trainer: str, run_dir: Path, unshared: bool = False):
     """Our preset for the stage with the benchmark's shapes; TRL reads its hyperparameters from here too.
-    `before`: issue 38's shared rows and K = 1 reuse switched off."""
+    `unshared`: shared-prefix rows and K = 1 reuse switched off (UNSHARED)."""
     from rlhfkit.stages import resolve
 
     common = {
@@ -461,7 +464,7 @@ def our_config(args: argparse.Namespace, trainer: str, run_dir: Path, before: bo
             "reward_model": "unused",
             "sample_every": 0,
         }
-        | (BEFORE if before else {}),
+        | (UNSHARED if unshared else {}),
     )
 
 
@@ -504,10 +507,10 @@ def our_stage(args: argparse.Namespace, trainer: str, cfg, run_dir: Path):
     ), [reference]
 
 
-def run_ours(args: argparse.Namespace, trainer: str, run_dir: Path, before: bool = False) -> dict:
+def run_ours(args: argparse.Namespace, trainer: str, run_dir: Path, unshared: bool = False) -> dict:
     from rlhfkit.tracking import read_metrics
 
-    cfg = our_config(args, trainer, run_dir, before)
+    cfg = our_config(args, trainer, run_dir, unshared)
     if trainer in ON_POLICY:
         return run_ours_on_policy(args, trainer, cfg, run_dir)
     from rlhfkit.trainers.supervised import train
@@ -760,7 +763,7 @@ def run_worker(args: argparse.Namespace) -> None:
     if args.worker == "trl":
         result = run_trl(args, args.trainer, run_dir)
     else:
-        result = run_ours(args, args.trainer, run_dir, before=args.worker == "before")
+        result = run_ours(args, args.trainer, run_dir, unshared=args.worker == "unshared")
     machine = machine_fields(torch.device("cpu"))
     result |= {"peak_rss_bytes": machine["peak_memory_bytes"], "machine": machine}
     (Path(args.out_dir) / "result.json").write_text(json.dumps(result))

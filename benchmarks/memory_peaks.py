@@ -1,4 +1,4 @@
-"""Measured peak memory of rlhfkit's training steps beside `rlhfkit plan`'s estimate (issue 22): one
+"""Measured peak memory of rlhfkit's training steps beside `rlhfkit plan`'s estimate (docs/memory.md): one
 JSON line per configuration with the estimate, the measured peak and the relative error.
 
     python benchmarks/memory_peaks.py                    # every configuration (about 10 minutes on 2 CPU cores)

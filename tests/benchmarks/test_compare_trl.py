@@ -41,7 +41,7 @@ PHASES = ["generation_s", "scoring_s", "update_s", "generated_tokens_per_s"]
 def test_every_trainer_prints_one_comparison_line_with_both_sides_and_their_ratios():
     options = [f"--{key}={value}" for key, value in TINY.items()]
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), f"--trainers={','.join(TRAINERS)}", "--before-after", *options],
+        [sys.executable, str(SCRIPT), f"--trainers={','.join(TRAINERS)}", "--unshared", *options],
         capture_output=True,
         text=True,
         timeout=900,
@@ -64,10 +64,10 @@ def test_every_trainer_prints_one_comparison_line_with_both_sides_and_their_rati
             assert row["matmul_peak_gflops"] > 0 and row["ours_mfu"] > 0 and row["trl_mfu"] > 0, trainer
     for trainer in ("grpo", "rloo"):  # full-length responses on both sides: 2 prompts x 2 samples x (24 + 8)
         assert rows[trainer]["trl_tokens_per_step"] == 4 * (24 + 8)
-        # --before-after: ours without shared rows and K = 1 reuse, in the same alternation
-        assert rows[trainer]["before_s_per_step"] > 0 and rows[trainer]["after_over_before_scoring_s"] > 0
-        assert rows[trainer]["before_tokens_per_step"] == rows[trainer]["ours_tokens_per_step"]
-    assert not any(key.startswith("before_") for key in rows["sft"])  # only grouped trainers have a before
+        # --unshared: ours without shared rows and K = 1 reuse, in the same alternation
+        assert rows[trainer]["unshared_s_per_step"] > 0 and rows[trainer]["ours_over_unshared_scoring_s"] > 0
+        assert rows[trainer]["unshared_tokens_per_step"] == rows[trainer]["ours_tokens_per_step"]
+    assert not any(key.startswith("unshared_") for key in rows["sft"])  # only grouped trainers have that side
     assert rows["sft"]["trl_settings"]["loss_type"] == "chunked_nll"
     assert "trl_s_per_step" not in rows["ppo"] and "no PPO trainer" in rows["ppo"]["trl"]
     assert all(rows["ppo"][f"ours_{phase}"] > 0 for phase in PHASES)
