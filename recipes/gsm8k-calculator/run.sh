@@ -6,7 +6,7 @@
 # Usage: recipes/gsm8k-calculator/run.sh [full] [key=value ...]
 #   full: 200 SFT steps of 16 solutions, 16 GRPO updates of 4 problems x 8 answers, 300 test problems. There is no
 #   short variant: 6 SFT steps teach no annotation (measured: none in 16 answers), so a short run would show nothing
-#   of the calculator, whose mechanics the tests hold (tests/test_environments.py).
+#   of the calculator, whose mechanics the tests hold (tests/environments/test_environments.py).
 #   key=value after the variant go to both trainers (learning_rate=0 switches learning off).
 # Run it from the repository root with ../shared beside it; ROOT=<folder> writes elsewhere.
 set -euo pipefail

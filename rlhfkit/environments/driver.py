@@ -6,7 +6,7 @@ environments do: a resumed run and a run split across processes sample the same 
 queued environment ids takes the next of them instead, unmarked in the policy mask. Nothing is re-encoded
 and the KV cache simply continues: the episode is exactly the ids the model read.
 
-Rules a test holds each to (tests/test_environments.py):
+Rules a test holds each to (tests/environments/test_environments.py):
 - the last token of an episode is the policy's: a reply that does not fit the token budget is not
   inserted, and the episode ends there, truncated (`has_eos` false), as TRL rolls back overlong tool results;
 - an episode ends when its environment says done, or truncated at the token budget or after `max_turns`

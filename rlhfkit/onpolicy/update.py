@@ -10,7 +10,7 @@ The maths lives in `ops` and `policy_losses`. Each minibatch is drawn from the w
 minibatch, each micro-batch's loss divided by the normaliser of the whole minibatch (its tokens or
 its sequences), and the gradients are summed across processes before the optimizer step. The update
 is therefore the one a single process would make on the same rollout in one pass, up to
-floating-point summation order (tests/test_onpolicy_split_invariance.py).
+floating-point summation order (tests/onpolicy/test_split_invariance.py).
 """
 
 from __future__ import annotations

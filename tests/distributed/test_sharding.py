@@ -3,7 +3,7 @@ like one unsharded process, holds about half the parameters per process, checkpo
 a full optimizer state, and resumes bit-identically after a SIGKILL; every training stage accepts fsdp2;
 choices that cannot run are refused in one line.
 
-The on-policy comparison follows test_onpolicy_distributed: one prompt per generation chunk, each
+The on-policy comparison follows tests/onpolicy/test_distributed.py: one prompt per generation chunk, each
 with an RNG keyed by its position in the update, so both layouts sample the same tokens; what differs
 is the order of floating-point sums (micro-batches holding other rows, gradients reduce-scattered
 instead of accumulated in one process), within 1e-5 for weights trained at learning rate 1e-3."""

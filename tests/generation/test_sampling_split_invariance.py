@@ -102,7 +102,7 @@ def test_the_old_per_chunk_rng_gives_other_samples_for_other_chunk_sizes(ppo_dir
                             rollout_at(stage, ppo_dirs, options, tmp_path, one), "one RNG per chunk")
 
 
-@pytest.mark.slow  # the default run's 2-process runs (tests/test_onpolicy_distributed.py) sample two prompts a chunk
+@pytest.mark.slow  # the default run's 2-process runs (tests/onpolicy/test_distributed.py) sample two prompts a chunk
 def test_two_gloo_processes_sample_what_one_process_samples(ppo_dirs, environment_dirs, tmp_path):
     """Each process samples its half of the prompts in chunks of two groups; one process the whole batch
     at once: every method."""

@@ -34,7 +34,7 @@ WEIGHTS = {"ppo": ["model/model.safetensors", "value/model.safetensors", "value/
 def first_kill_step(trainer: str) -> int:
     """The step after which the first kill comes, drawn per trainer from a seeded generator so that a
     failure can be replayed. At least 2: a run killed before its first checkpoint has nothing to resume
-    and is started again (tests/test_checkpoint_integrity.py covers that case); at most STEPS - 2, so
+    and is started again (tests/runs/test_checkpoint_integrity.py covers that case); at most STEPS - 2, so
     that the two checkpoint faults after it still find a step to fault before the last one."""
     return random.Random(f"{trainer}-12").randint(2, STEPS - 2)
 

@@ -57,7 +57,7 @@ def straight_sft(ppo_dirs, tmp_path_factory):
 
 
 # a signal, a checkpoint and a resume in child processes: the fault-injection suite; the default run keeps
-# tests/test_onpolicy_distributed.py's SIGTERM to one of two processes
+# tests/onpolicy/test_distributed.py's SIGTERM to one of two processes
 @pytest.mark.faults
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_signal_during_sft_checkpoints_exits_and_resumes_bit_identical(ppo_dirs, straight_sft, tmp_path, signum, code):
@@ -79,7 +79,7 @@ def test_signal_during_sft_checkpoints_exits_and_resumes_bit_identical(ppo_dirs,
     assert_same_metrics(straight_sft, out, SFT_STEPS)
 
 
-@pytest.mark.faults  # a signal to a launched process; tests/test_onpolicy_distributed.py keeps one in the default run
+@pytest.mark.faults  # a signal to a launched process; tests/onpolicy/test_distributed.py keeps one in the default run
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the launched processes through /proc")
 def test_sigterm_to_one_of_two_processes_stops_both_after_the_same_step(ppo_dirs, tmp_path):
     out, log = tmp_path / "run", tmp_path / "run.log"

@@ -78,7 +78,7 @@ def test_a_dpo_step_with_the_policy_equal_to_the_reference_gives_log2_and_zero_r
 # the DPO family beside dpo, each with the options it needs
 NEW_LOSS_TYPES = pytest.mark.parametrize(
     ("loss_type", "options"),
-    # IPO in the default run; cDPO and SimPO, whose losses tests/test_preference_ops.py checks by hand, with -m slow
+    # IPO in the default run; cDPO and SimPO, whose losses tests/ops/test_preference_ops.py checks by hand, with -m slow
     [
         ("ipo", {}),
         pytest.param("cdpo", {"label_smoothing": 0.1}, marks=pytest.mark.slow),

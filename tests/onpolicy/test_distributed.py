@@ -22,9 +22,9 @@ import torch
 
 from rlhfkit.launch import ProcessStatus, launch_outcome
 
-from .support.launches import launch, launched, launched_straight_and_resumed, process_of_rank, wait_for_step
-from .support.processes import assert_same_files, assert_same_metrics
-from .support.tiny import stage_args
+from ..support.launches import launch, launched, launched_straight_and_resumed, process_of_rank, wait_for_step
+from ..support.processes import assert_same_files, assert_same_metrics
+from ..support.tiny import stage_args
 
 UPDATES = 3
 WEIGHTS = {

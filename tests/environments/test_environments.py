@@ -20,7 +20,7 @@ from rlhfkit.generation import SampleKeys, SamplingParams, sample_responses
 from rlhfkit.onpolicy.advantages import compute_advantages
 from rlhfkit.onpolicy.update import Optimizers
 
-from .support.episodes import (
+from ..support.episodes import (
     CHAT_PROMPTS,
     FixedTextEnv,
     environment_run_models,
@@ -28,7 +28,7 @@ from .support.episodes import (
     episode_setup,
     sample_fixed_episodes,
 )
-from .support.gradients import collected, run_update
+from ..support.gradients import collected, run_update
 
 FIXED = "tests.support.episodes:FixedTextEnv"
 
@@ -306,7 +306,7 @@ def test_environment_options_are_checked_before_anything_loads():
     with pytest.raises(ConfigError, match=r"environment_args=\{'max_cals': 3\}: Gsm8kCalculator does not take them"):
         check_environment("gsm8k-calculator", {"max_cals": 3})
     with pytest.raises(ConfigError, match="is not a subclass of rlhfkit.environments.Environment"):
-        check_environment("tests.test_environments:NotAnEnvironment", {})
+        check_environment("tests.environments.test_environments:NotAnEnvironment", {})
     with pytest.raises(ConfigError, match="environment: .*no class 'Missing'"):
         check_environment("tests.support.episodes:Missing", {})
     with pytest.raises(ConfigError, match="neither a built-in \\(gsm8k-calculator, hh-dialogue\\)"):
@@ -345,7 +345,7 @@ def test_the_calculator_in_the_decoding_loop_feeds_its_result_then_hands_the_tur
 def test_eval_gsm8k_evaluates_a_model_with_and_without_the_calculator(tiny_model_dir, tmp_path, capsys):
     from rlhfkit.cli import main as cli_main
 
-    from .support.data import data_file
+    from ..support.data import data_file
 
     out = tmp_path / "eval"
     args = ["eval", "gsm8k", f"models=base={tiny_model_dir},calc={tiny_model_dir}",

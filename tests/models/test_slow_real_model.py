@@ -13,9 +13,9 @@ from rlhfkit.reward_models import ScalarModel
 from rlhfkit.scoring import collate_scored
 from rlhfkit.trainers import sft
 
-from .support.data import data_file
-from .support.gradients import collected, run_update
-from .support.processes import sft_losses_on_fixed_batch
+from ..support.data import data_file
+from ..support.gradients import collected, run_update
+from ..support.processes import sft_losses_on_fixed_batch
 
 pytestmark = pytest.mark.slow
 

@@ -15,11 +15,11 @@ from rlhfkit.onpolicy.advantages import compute_advantages
 from rlhfkit.onpolicy.scoring import ScoringPlan, score_rollout
 from rlhfkit.stages import resolve
 
-from .support.data import data_file
-from .support.decoding import SamplingLogprobs
-from .support.gradients import collected, run_update
-from .support.processes import assert_same_files, assert_same_metrics, straight_and_resumed
-from .support.tiny import PRESETS, stage_args
+from ..support.data import data_file
+from ..support.decoding import SamplingLogprobs
+from ..support.gradients import collected, run_update
+from ..support.processes import assert_same_files, assert_same_metrics, straight_and_resumed
+from ..support.tiny import PRESETS, stage_args
 
 
 def setup(stage, dirs, tmp_path, **extra):

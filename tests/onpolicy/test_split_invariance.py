@@ -13,8 +13,8 @@ import torch.multiprocessing as mp
 
 from rlhfkit.policy_losses import AGGREGATIONS, POLICY_LOSSES
 
-from .support.gradients import assert_same_gradient, one_update_gradient, split_invariance_worker
-from .support.processes import free_port
+from ..support.gradients import assert_same_gradient, one_update_gradient, split_invariance_worker
+from ..support.processes import free_port
 
 CASES = [{"loss_aggregation": mode, "policy_loss": loss} for mode in AGGREGATIONS for loss in POLICY_LOSSES] + [
     # DAPO's objective: clip-higher, overlong filtering; PPO's dual clip

@@ -27,9 +27,9 @@ from rlhfkit.onpolicy.scoring import policy_logprobs
 from rlhfkit.reward_models import ScalarModel
 from rlhfkit.stages import resolve
 
-from .support.gradients import collected, run_update
-from .support.processes import assert_same_files, assert_same_metrics, straight_and_resumed
-from .support.tiny import cli_args, stage_args
+from ..support.gradients import collected, run_update
+from ..support.processes import assert_same_files, assert_same_metrics, straight_and_resumed
+from ..support.tiny import cli_args, stage_args
 
 LORA = {"lora_rank": 4, "lora_alpha": 8}
 

@@ -19,9 +19,9 @@ from rlhfkit.reward_models import ScalarModel
 from rlhfkit.rollout import RolloutBatch
 from rlhfkit.stages import resolve
 
-from .support.decoding import SamplingLogprobs
-from .support.gradients import collected, run_update
-from .support.tiny import stage_args
+from ..support.decoding import SamplingLogprobs
+from ..support.gradients import collected, run_update
+from ..support.tiny import stage_args
 
 
 def setup(dirs, tmp_path, **extra):

@@ -17,7 +17,7 @@ from rlhfkit.onpolicy.update import Objective
 from rlhfkit.rollout import RolloutBatch
 from rlhfkit.stages import STAGES, resolve
 
-from .support.tiny import cli_args, stage_args
+from ..support.tiny import cli_args, stage_args
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))

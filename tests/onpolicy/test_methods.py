@@ -14,9 +14,9 @@ from rlhfkit.onpolicy import evaluation, trainer, update
 from rlhfkit.onpolicy.collect import PromptStream, prompt_indices
 from rlhfkit.stages import resolve
 
-from .support.gradients import collected
-from .support.processes import straight_and_resumed
-from .support.tiny import cli_args, stage_args
+from ..support.gradients import collected
+from ..support.processes import straight_and_resumed
+from ..support.tiny import cli_args, stage_args
 
 # a reward that ties within the groups of prompts of even length (every answer scores 0.5) and
 # varies with the answer's length for the others: dynamic sampling must drop exactly the former
@@ -122,9 +122,8 @@ def test_remax_baseline_is_the_greedy_answers_score(ppo_dirs, tmp_path):
     cfg, models, train = setup(
         "reinforce", "tldr-reinforce-pp", ppo_dirs, tmp_path, advantage_estimator="remax", kl_coef=0.0
     )
-    cfg = dataclasses.replace(
-        cfg, temperature=0.0
-    )  # a run is refused this no-op (test_reward_function_failures_and_signals): its update is not
+    # a run refuses this no-op (tests/onpolicy/test_greedy_sampling.py); the collection is what is checked here
+    cfg = dataclasses.replace(cfg, temperature=0.0)
     batch = collected(models, [e.query.ids for e in train], cfg, 0, cfg.kl_coef)
     torch.testing.assert_close(batch.baseline_scores, batch.scores)
     assert float(batch.advantages.abs().max()) < 1e-5
