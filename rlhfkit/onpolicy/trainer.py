@@ -47,16 +47,8 @@ from .advantages import compute_advantages, with_old_logprobs
 from .algorithms import Algorithm, algorithm_of
 from .collect import PromptStream, RolloutSetup, collect, prompts_per_update
 from .episodes import environment_metrics
-from .evaluation import (
-    SAMPLES_FILE,
-    compare_policies,
-    extreme_samples,
-    policy_summary,
-    rollout_metrics,
-    split_posts,
-    summarise_and_score,
-    write_onpolicy_report,
-)
+from .evaluation import compare_policies, policy_summary, split_posts, summarise_and_score, write_onpolicy_report
+from .rollout_stats import SAMPLES_FILE, extreme_samples, rollout_metrics
 from .scoring import OnPolicyModels, PromptTexts, RewardSources, component_metrics
 from .update import Optimizers, UpdatePlan, build_optimizers, update_on_rollout
 

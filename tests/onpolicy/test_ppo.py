@@ -11,7 +11,7 @@ from rlhfkit import generation, ops
 from rlhfkit.cli import main as cli_main
 from rlhfkit.data.collate import left_pad_queries
 from rlhfkit.logprobs import response_logprobs
-from rlhfkit.onpolicy import evaluation, trainer, update
+from rlhfkit.onpolicy import evaluation, rollout_stats, trainer, update
 from rlhfkit.onpolicy.advantages import compute_advantages
 from rlhfkit.onpolicy.collect import prompt_indices
 from rlhfkit.onpolicy.scoring import ScoringPlan, policy_logprobs, score_rollout
@@ -129,7 +129,7 @@ def test_detail23_score_lands_on_the_eos_index_and_missing_eos_scores_minus_one(
         batch.raw_scores[2].item(),
         batch.raw_scores[3].item(),
     ]
-    metrics = evaluation.rollout_metrics(batch, 0.05)
+    metrics = rollout_stats.rollout_metrics(batch, 0.05)
     assert metrics["objective/scores_with_eos"] == pytest.approx(float(batch.raw_scores[[0, 2, 3]].mean()))
     assert metrics["response/eos_rate"] == 0.75
     score_part = batch.rewards + cfg.kl_coef * batch.kl
@@ -157,7 +157,7 @@ def test_everything_after_eos_is_masked_in_every_loss_and_metric(ppo_dirs, tmp_p
     clean, dirty = (compute_advantages(b, cfg, 0.05) for b in (clean, dirty))
     for key in ("rewards", "advantages", "returns", "kl"):
         torch.testing.assert_close(getattr(dirty, key), getattr(clean, key), msg=key)
-    assert evaluation.rollout_metrics(dirty, 0.05) == evaluation.rollout_metrics(clean, 0.05)
+    assert rollout_stats.rollout_metrics(dirty, 0.05) == rollout_stats.rollout_metrics(clean, 0.05)
     dirty.advantages = dirty.advantages.masked_fill(after_eos, 1e3)
     dirty.returns = dirty.returns.masked_fill(after_eos, -1e3)
     results = []
