@@ -290,10 +290,16 @@ class EvalConfig(JudgeConfig):
 
 @dataclass
 class Gsm8kEvalConfig:
-    """`rlhfkit eval gsm8k`: policies' accuracy on GSM8K problems (rlhfkit/eval/gsm8k.py)."""
+    """`rlhfkit eval gsm8k`: policies' accuracy on a verifiable task's problems, GSM8K's by default
+    (rlhfkit/eval/gsm8k.py)."""
 
     data: list[str] = opt([], "problems (files or hub id), e.g. ../shared/data/gsm8k/test.jsonl.gz")
     hf_split: str = opt("test", "split to read when `data` is a hub id")
+    task: str = opt(
+        "gsm8k",
+        "the task of `data`'s problems, declared in rlhfkit/eval/tasks.py with how its problems are read and an "
+        "answer graded (gsm8k: GSM8K's problems and those `data make-task` writes)",
+    )
     models: list[str] = opt([], "name=model of each policy evaluated, the first the baseline")
     environments: list[str] = opt(
         [],

@@ -1,13 +1,14 @@
-"""`rlhfkit eval gsm8k`: accuracy of policies on GSM8K problems, whose answers are verifiable numbers, with or
-without the calculator environment.
+"""`rlhfkit eval gsm8k`: accuracy of policies on a verifiable task's problems, with or without an environment: GSM8K
+(and the problems `data make-task` writes), or any task `task=` names of those eval/tasks.py declares, which says
+how its problems are read and an answer graded.
 
 Per policy, on the same problems in file order (the first `max_prompts`):
-- greedy pass@1: one greedy answer per problem, its final number compared with the reference
-  (`rewards.is_correct`);
+- greedy pass@1: one greedy answer per problem, graded against the reference by the task (GSM8K: its final number,
+  `rewards.is_correct`);
 - with `pass_k=k`: k sampled answers per problem at `temperature`: the mean accuracy of a sample
   (sampled pass@1) and pass@k, the share of problems with at least one correct answer among k (the
   base model's pass@k is best-of-k with a perfect verifier: what RL's extra samples could at most buy);
-- the share of answers in the format the prompt asks for (`rewards.answer_format`), response length,
+- the share of answers in the format the prompt asks for (GSM8K: `rewards.answer_format`), response length,
   the EOS rate and, with `reference_model=`, the KL of the sampled answers to the reference
   (sum over tokens of log pi - log pi_ref, at the sampling temperature, averaged over answers);
 - the share of answers that write a calculator annotation `<<48/2=24>>`, and for a policy given an
@@ -17,8 +18,9 @@ Per policy, on the same problems in file order (the first `max_prompts`):
 Every accuracy has a 95% percentile-bootstrap interval over problems, and every policy after the
 first its paired difference from the first, with the interval of the per-problem differences
 (`pairs=sft-calc:sft` adds the paired difference of any two, and the problems only one of them got
-right). The same table is given for the easy subset: problems whose reference solution has at most `easy_steps`
-calculator annotations (a rule fixed before any result is seen).
+right). Where the problems count their calculator steps (GSM8K's do), the same table is given for the easy subset:
+problems whose reference solution has at most `easy_steps` calculator annotations (a rule fixed before any result is
+seen).
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ import torch
 
 from ..config import Gsm8kEvalConfig, parse_named
 from ..data.examples import SFTExample, reward_prompt, tokenize_sft
-from ..data.gsm8k import load_gsm8k
 from ..devices import model_device
 from ..environments import EpisodePlan, EpisodePrompt, episode_plan
 from ..environments.calculator import ANNOTATION
@@ -48,9 +49,9 @@ from ..logprobs import response_logprobs
 from ..models import load_policy
 from ..report.caveats import fell_caveat, few_prompts_caveat
 from ..report.report import Report, with_intervals
-from ..rewards import answer_format, is_correct, mentions_answer
 from ..rollout import RolloutBatch
 from ..tracking import write_jsonl
+from .tasks import Grader, Task, task_named
 
 RESAMPLES = 2000
 TOOL_CALLS = "tool_calls"  # the component the calculator reports its answered calls under (calculator.py)
@@ -135,24 +136,28 @@ def sequence_logprobs_of(model, batch: RolloutBatch, temperature: float, rows: i
     return torch.cat(sums)
 
 
-def graded(batch: RolloutBatch, examples: list[SFTExample], tokenizer, samples: int) -> dict[str, np.ndarray]:
-    """Per answer: correct, in format, tokens, EOS; arrays of shape (problems, samples)."""
+def graded(
+    batch: RolloutBatch, examples: list[SFTExample], tokenizer, samples: int, task: Task
+) -> dict[str, np.ndarray]:
+    """Per answer, as `task` grades it: correct, in format, mentioning the answer; and tokens, EOS; arrays of shape
+    (problems, samples)."""
     texts = completion_texts(batch, tokenizer)
     answers = [e.record.columns["answer"] for e in examples for _ in range(samples)]
     shape = (len(examples), samples)
     return {
         "texts": np.array(texts, dtype=object).reshape(shape),
-        "correct": np.array([is_correct(t, a) for t, a in zip(texts, answers, strict=True)], dtype=np.float64).reshape(
-            shape
-        ),
-        "format": np.array(answer_format([], texts), dtype=np.float64).reshape(shape),
-        "mentioned": np.array([mentions_answer(t, a) for t, a in zip(texts, answers, strict=True)], dtype=np.float64)
-        .reshape(shape),
+        "correct": each_answer(task.grade, texts, answers).reshape(shape),
+        "format": np.array([task.in_format(t) for t in texts], dtype=np.float64).reshape(shape),
+        "mentioned": each_answer(task.mentions, texts, answers).reshape(shape),
         "tokens": batch.lengths.cpu().numpy().astype(np.float64).reshape(shape),
         "eos": batch.has_eos.cpu().numpy().astype(np.float64).reshape(shape),
         "annotated": np.array([bool(ANNOTATION.search(t)) for t in texts], dtype=np.float64).reshape(shape),
         "tool_calls": tool_calls(batch).reshape(shape),
     }
+
+
+def each_answer(grade: Grader, texts: list[str], references: list) -> np.ndarray:
+    return np.array([grade(t, a) for t, a in zip(texts, references, strict=True)], dtype=np.float64)
 
 
 def tool_calls(batch: RolloutBatch) -> np.ndarray:
@@ -164,17 +169,17 @@ def tool_calls(batch: RolloutBatch) -> np.ndarray:
     return batch.episodes.env_components[:, column].cpu().numpy().astype(float)
 
 
-def evaluate_policy(name: str, path: str, examples: list[SFTExample], cfg: Gsm8kEvalConfig, reference,
+def evaluate_policy(name: str, path: str, examples: list[SFTExample], cfg: Gsm8kEvalConfig, task: Task, reference,
                     episodes: EpisodePlan | None = None) -> dict[str, Any]:
     policy, tokenizer = load_policy(path, cfg.trust_remote_code)
     policy.eval()
     result: dict[str, Any] = {
         "model": path,
-        "greedy": graded(answer(policy, examples, tokenizer, cfg, 0.0, 1, episodes), examples, tokenizer, 1),
+        "greedy": graded(answer(policy, examples, tokenizer, cfg, 0.0, 1, episodes), examples, tokenizer, 1, task),
     }
     if cfg.pass_k:
         batch = answer(policy, examples, tokenizer, cfg, cfg.temperature, cfg.pass_k, episodes)
-        result["sampled"] = graded(batch, examples, tokenizer, cfg.pass_k)
+        result["sampled"] = graded(batch, examples, tokenizer, cfg.pass_k, task)
         if reference is not None:
             rows = cfg.generation_batch_size
             kl = sequence_logprobs_of(policy, batch, cfg.temperature, rows) - sequence_logprobs_of(
@@ -264,7 +269,7 @@ def named_interval(values: np.ndarray, seed: int) -> dict[str, float]:
 
 
 def select_problems(cfg: Gsm8kEvalConfig, tokenizer) -> list[SFTExample]:
-    records, log = load_gsm8k(cfg.data, cfg.hf_split)
+    records, log = task_named(cfg.task).read(cfg.data, cfg.hf_split)
     if cfg.max_prompts:
         records = records[: cfg.max_prompts]
     examples, tokenized = tokenize_sft(records, tokenizer, cfg.max_query_length, 10**9)
@@ -273,11 +278,12 @@ def select_problems(cfg: Gsm8kEvalConfig, tokenizer) -> list[SFTExample]:
         f"{len(examples)}"
     )
     if not examples:
-        raise ConfigError(f"no GSM8K problems in {', '.join(cfg.data)} ({log.summary('problems')})")
+        raise ConfigError(f"no {cfg.task} problems in {', '.join(cfg.data)} ({log.summary('problems')})")
     return examples
 
 
 def run(cfg: Gsm8kEvalConfig) -> int:
+    task = task_named(cfg.task)
     named = named_models(cfg.models)
     pairs = named_pairs(cfg.pairs, named)
     if not cfg.data:
@@ -289,18 +295,14 @@ def run(cfg: Gsm8kEvalConfig) -> int:
     )
     first_tokenizer = load_policy(next(iter(named.values())), cfg.trust_remote_code)[1]
     examples = select_problems(cfg, first_tokenizer)
-    steps = np.array([e.record.columns["calculator_steps"] for e in examples])
     environments = named_environments(cfg, named)
     results = {
-        name: evaluate_policy(name, path, examples, cfg, reference, environments.get(name))
+        name: evaluate_policy(name, path, examples, cfg, task, reference, environments.get(name))
         for name, path in named.items()
     }
-    subsets = {
-        "all": np.ones(len(examples), dtype=bool),
-        f"easy (<= {cfg.easy_steps} calculator steps)": steps <= cfg.easy_steps,
-    }
+    subsets = problem_subsets(examples, cfg.easy_steps)
     tables = {label: summary_table(results, mask, cfg.seed) for label, mask in subsets.items()}
-    written = {"problems": len(examples), "tables": tables}
+    written = {"task": cfg.task, "problems": len(examples), "tables": tables}
     if pairs:
         written["pairs"] = {label: pair_table(results, pairs, mask, cfg.seed) for label, mask in subsets.items()}
     out = Path(cfg.out) if cfg.out else Path("runs") / f"eval-gsm8k-{datetime.now():%Y%m%d-%H%M%S}"
@@ -313,11 +315,22 @@ def run(cfg: Gsm8kEvalConfig) -> int:
     return 0
 
 
+def problem_subsets(examples: list[SFTExample], easy_steps: int) -> dict[str, np.ndarray]:
+    """All problems, and where every problem counts its calculator steps (GSM8K's and make-task's do) the easy
+    ones."""
+    subsets = {"all": np.ones(len(examples), dtype=bool)}
+    steps = [e.record.columns.get("calculator_steps") for e in examples]
+    if None not in steps:
+        subsets[f"easy (<= {easy_steps} calculator steps)"] = np.array(steps) <= easy_steps
+    return subsets
+
+
 def write_accuracy_report(out: Path, written: dict[str, Any], cfg: Gsm8kEvalConfig) -> Path:
     """Each policy's greedy accuracy beside the first policy's on the same problems, with the paired difference,
     and the paired difference of each of `pairs=`."""
     report = Report(
-        "GSM8K accuracy", {"folder": str(out), "policies": ", ".join(cfg.models), "data": ", ".join(cfg.data)}
+        f"Accuracy on {cfg.task}",
+        {"folder": str(out), "policies": ", ".join(cfg.models), "data": ", ".join(cfg.data)},
     )
     tables = written["tables"]
     everything = next(iter(tables.values()))
@@ -370,12 +383,9 @@ def write_accuracy_report(out: Path, written: dict[str, Any], cfg: Gsm8kEvalConf
 def answer_rows(examples: list[SFTExample], results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for i, e in enumerate(examples):
-        row = {
-            "prompt_id": e.record.prompt_id,
-            "where": e.record.where,
-            "answer": e.record.columns["answer"],
-            "calculator_steps": e.record.columns["calculator_steps"],
-        }
+        row = {"prompt_id": e.record.prompt_id, "where": e.record.where, "answer": e.record.columns["answer"]}
+        if "calculator_steps" in e.record.columns:
+            row["calculator_steps"] = e.record.columns["calculator_steps"]
         for name, result in results.items():
             row |= {name: result["greedy"]["texts"][i, 0], f"{name}_correct": bool(result["greedy"]["correct"][i, 0])}
             if "sampled" in result:
