@@ -526,13 +526,12 @@ def run_ours_on_policy(args: argparse.Namespace, trainer: str, cfg, run_dir: Pat
     import torch
     from onpolicy_throughput import build
 
-    from rlhfkit.onpolicy.trainer import Launch, train_on_policy
-    from rlhfkit.onpolicy.update import UpdatePlan
+    from rlhfkit.onpolicy.trainer import Launch, train_on_policy, update_plan
     from rlhfkit.tracking import read_metrics
     from rlhfkit.trainers.run import autocast_precision
 
     models = build(cfg.model, torch.device("cpu"), with_value=trainer == "ppo")
-    plan = UpdatePlan.of(models, cfg, autocast_precision(cfg))
+    plan = update_plan(models, cfg, autocast_precision(cfg))
     prompts = on_policy_prompts(args, trainer, models.tokenizer)
     train_on_policy(models, prompts, cfg, run_dir, launch=Launch.of(cfg), plan=plan)
     rows = read_metrics(run_dir)

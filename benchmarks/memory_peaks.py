@@ -337,7 +337,8 @@ def on_policy_steps(folder: Path, opts: dict, rng) -> None:
     from rlhfkit.generation import SampleKeys, SamplingParams, sample_responses
     from rlhfkit.onpolicy.advantages import compute_advantages
     from rlhfkit.onpolicy.scoring import OnPolicyModels, score_rollout
-    from rlhfkit.onpolicy.update import UpdatePlan, build_optimizers, update_on_rollout
+    from rlhfkit.onpolicy.trainer import build_optimizers, update_plan
+    from rlhfkit.onpolicy.update import update_on_rollout
 
     policy = policy_model(folder, opts)
     vocab = policy.config.vocab_size
@@ -368,7 +369,7 @@ def on_policy_steps(folder: Path, opts: dict, rng) -> None:
     )
     optimizers = build_optimizers(models, cfg, 2)
     precision, group = cfg.mixed_precision, cfg.samples_per_prompt
-    plan = UpdatePlan.of(models, cfg, precision)
+    plan = update_plan(models, cfg, precision)
     params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.temperature)
     for update in range(2):
         queries = rows_of(rng, cfg.total_batch_size // group, cfg.max_query_length, vocab)
@@ -385,7 +386,7 @@ def on_policy_steps(folder: Path, opts: dict, rng) -> None:
             )
             policy.train()
         batch = score_rollout(models, batch, plan.scoring, precision)
-        batch = compute_advantages(batch, cfg, cfg.kl_coef, plan.old_logprobs)
+        batch = compute_advantages(batch, cfg.advantage_options, cfg.kl_coef, plan.old_logprobs)
         update_on_rollout(
             models=models,
             optimizers=optimizers,

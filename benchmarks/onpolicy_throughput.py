@@ -130,19 +130,20 @@ def main() -> None:
         },
     )
     trainer.prepare_for_training(models, cfg)
-    optimizers = update.build_optimizers(models, cfg, args.warmup + args.updates)
+    optimizers = trainer.build_optimizers(models, cfg, args.warmup + args.updates)
     generator = torch.Generator().manual_seed(0)
     queries = args.batch // cfg.samples_per_prompt
     prompts = torch.randint(100, len(models.tokenizer) - 1, (queries, args.query_length), generator=generator).tolist()
     precision = "bf16" if args.bf16 else "no"
-    plan = update.UpdatePlan.of(models, cfg, precision)
-    setup = RolloutSetup(models, prompts, cfg, plan.scoring, precision)
+    plan = trainer.update_plan(models, cfg, precision)
+    setup = RolloutSetup(models, prompts, cfg.rollout_options, plan.scoring, precision)
     rows = []
     for index in range(args.warmup + args.updates):
         timings: dict[str, float] = {}
         began = time.perf_counter()
         phase_peak(device)
-        batch = compute_advantages(collect(setup, index, timings), cfg, cfg.kl_coef, plan.old_logprobs)
+        collected = collect(setup, index, timings)
+        batch = compute_advantages(collected, cfg.advantage_options, cfg.kl_coef, plan.old_logprobs)
         timings["collect_peak_bytes"] = phase_peak(device)
         tick = time.perf_counter()
         metrics = update.update_on_rollout(

@@ -202,19 +202,16 @@ def eos_trick(scores: torch.Tensor, has_eos: torch.Tensor, missing_eos_score: fl
     return torch.where(has_eos, scores, torch.full_like(scores, missing_eos_score))
 
 
-def rlhf_rewards(
-    scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, kl_coef: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Equation 3 per token: (rewards, non-score rewards), both (B, T).
+def rlhf_rewards(scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, kl_coef: float) -> torch.Tensor:
+    """Equation 3 per token: (B, T) rewards.
 
-    Every valid token is rewarded -kl_coef * KL; the sequence score (B,) is added at the row's last
-    valid token, the EOS itself (or the last sampled token when there is none), not one past it.
+    Every valid token is rewarded -kl_coef * KL (the non-score reward); the sequence score (B,) is added at the
+    row's last valid token, the EOS itself (or the last sampled token when there is none), not one past it.
     """
-    non_score = -kl_coef * kl * mask.to(kl.dtype)
+    rewards = -kl_coef * kl * mask.to(kl.dtype)
     last = mask.long().sum(-1).clamp(min=1) - 1
-    rewards = non_score.clone()
     rewards[torch.arange(rewards.size(0), device=rewards.device), last] += scores.to(rewards.dtype)
-    return rewards, non_score
+    return rewards
 
 
 def gae(

@@ -291,7 +291,10 @@ def check_with_registry(name: str, cfg: Any) -> None:
             check_estimator,  # the estimators import torch: only an on-policy stage pays
         )
 
-        check_estimator(cfg)
+        check_estimator(
+            type(cfg), estimator=cfg.advantage_estimator, samples_per_prompt=cfg.samples_per_prompt,
+            dynamic_sampling=cfg.dynamic_sampling, temperature=cfg.temperature,
+        )
 
 
 def resolve(

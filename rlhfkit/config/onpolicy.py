@@ -9,7 +9,16 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .sections import EpisodeOptions, ShardingOptions
+from .sections import (
+    AdvantageOptions,
+    EpisodeOptions,
+    PromptSplit,
+    RewardOptions,
+    RewardShaping,
+    RolloutOptions,
+    ShardingOptions,
+    ValueOptions,
+)
 from .training import RunConfig
 from .values import (
     PROMPT_FORMATS_HELP,
@@ -239,6 +248,49 @@ class OnPolicyConfig(RunConfig):
             self.seed,
         )
 
+    @property
+    def reward_shaping(self) -> RewardShaping:
+        return RewardShaping(
+            self.reward_length_penalty, self.eos_trick, self.missing_eos_score, self.max_response_length,
+            self.overlong_buffer, self.overlong_penalty,
+        )
+
+    @property
+    def advantage_options(self) -> AdvantageOptions:
+        return AdvantageOptions(
+            self.advantage_estimator, self.samples_per_prompt, self.kl_estimator, self.kl_placement,
+            self.whiten_rewards, self.whiten_advantages, self.gamma, self.lam, False, self.reward_shaping,
+        )
+
+    @property
+    def rollout_options(self) -> RolloutOptions:
+        return RolloutOptions(
+            self.seed, self.samples_per_prompt, self.total_batch_size // self.samples_per_prompt,
+            self.advantage_estimator, self.max_response_length, self.temperature, self.eval_temperature,
+            self.decoding, self.generation_batch_size, self.forward_batch_size, self.dynamic_sampling,
+            self.dynamic_sampling_min_spread, self.dynamic_sampling_max_draws, self.reward_shaping,
+        )
+
+    @property
+    def reward_options(self) -> RewardOptions:
+        return RewardOptions(
+            self.reward_functions, self.reward_weights, self.reward_model, self.environment, self.environment_args,
+            self.reward_errors, self.reward_error_score, self.reward_timeout, self.max_reward_error_fraction,
+            self.stop_on_reward_error, self.eos_trick,
+        )
+
+    @property
+    def prompt_split(self) -> PromptSplit:
+        return PromptSplit(
+            self.data, self.prompt_format, self.hf_split, self.fields, self.max_query_length, self.validation_posts,
+            self.seed, self.episode_options,
+        )
+
+    @property
+    def value_options(self) -> ValueOptions | None:
+        """The critic's options; None for an algorithm without one."""
+        return None
+
 
 @dataclass
 class PPOConfig(OnPolicyConfig):
@@ -251,6 +303,10 @@ class PPOConfig(OnPolicyConfig):
     value_model: str = opt("", "value model folder (empty: initialise it from the reward model)", "Detail 22")
     vf_coef: float = opt(0.1, "value loss coefficient c1", "Table 7")
     value_clip_range: float = opt(0.2, "value clipping epsilon (0: no value loss clipping)", "Table 7")
+
+    @property
+    def value_options(self) -> ValueOptions:
+        return ValueOptions(self.value_model, self.vf_coef, self.value_clip_range)
 
 
 @dataclass
@@ -280,6 +336,10 @@ class GRPOConfig(OnPolicyConfig):
         "normalisers are "
         "counted over the whole minibatch, so the split into micro-batches and processes never changes the update",
     )
+
+    @property
+    def advantage_options(self) -> AdvantageOptions:
+        return dataclasses.replace(super().advantage_options, scale_rewards=self.scale_rewards)
 
 
 @dataclass

@@ -96,3 +96,96 @@ class EpisodeOptions:
     timeout: float  # seconds one call of the environment may run (0: no limit)
     check_tokens: bool
     seed: int  # the run's: each episode's environment seed derives from it (`EpisodePlan.seed`)
+
+
+@dataclass(frozen=True)
+class ValueOptions:
+    """The value model (critic) of an algorithm that trains one."""
+
+    source: str  # folder it starts from (empty: the reward model, Detail 22)
+    coef: float  # weight of its loss beside the policy loss (Table 7: c1)
+    clip_range: float  # value-loss clipping epsilon (0: none)
+
+
+@dataclass(frozen=True)
+class RewardShaping:
+    """What the advantages see of a raw score: the length penalty, the EOS trick (Detail 23) and DAPO's
+    overlong punishment (`onpolicy.advantages.shaped_scores`)."""
+
+    length_penalty: float  # reward_length_penalty
+    eos_trick: bool
+    missing_eos_score: float
+    max_response_length: int
+    overlong_buffer: int
+    overlong_penalty: float
+
+
+@dataclass(frozen=True)
+class AdvantageOptions:
+    """The phase between scoring and the update (onpolicy/advantages.py): the per-token rewards, the
+    estimator and what the built-in estimators read (a registered estimator receives this section)."""
+
+    estimator: str  # advantage_estimator
+    samples_per_prompt: int  # the size of the groups a group estimator compares
+    kl_estimator: str
+    kl_placement: str
+    whiten_rewards: bool
+    whiten_advantages: bool
+    gamma: float
+    lam: float
+    scale_rewards: bool  # GRPO's estimator divides by the group's std: GRPO's option, false elsewhere
+    shaping: RewardShaping
+
+
+@dataclass(frozen=True)
+class RolloutOptions:
+    """How an update's rollout is drawn, sampled and scored (onpolicy/collect.py), and the held-out answers of
+    the evaluations (onpolicy/evaluation.py)."""
+
+    seed: int
+    samples_per_prompt: int
+    prompts_per_update: int  # total_batch_size / samples_per_prompt
+    advantage_estimator: str  # its needs decide whether greedy baselines are sampled
+    max_response_length: int
+    temperature: float
+    eval_temperature: float
+    decoding: str
+    generation_batch_size: int
+    forward_batch_size: int
+    dynamic_sampling: bool
+    dynamic_sampling_min_spread: float
+    dynamic_sampling_max_draws: int
+    shaping: RewardShaping
+
+
+@dataclass(frozen=True)
+class RewardOptions:
+    """Where an on-policy stage's rewards come from and what a reward that fails does
+    (onpolicy/reward_sources.py)."""
+
+    functions: list[str]  # reward_functions
+    weights: list[float]  # reward_weights
+    reward_model: str
+    environment: str
+    environment_args: dict[str, Any]
+    errors: str  # reward_errors
+    error_score: float  # reward_error_score
+    timeout: float  # reward_timeout
+    max_error_fraction: float  # max_reward_error_fraction
+    stop_on_error: bool  # stop_on_reward_error, refused with the name of its replacement
+    eos_trick: bool
+
+
+@dataclass(frozen=True)
+class PromptSplit:
+    """An on-policy stage's prompts and how they split into training and held-out prompts
+    (onpolicy/evaluation.split_posts)."""
+
+    data: list[str]
+    prompt_format: str
+    hf_split: str
+    fields: FieldNames
+    max_query_length: int
+    validation_posts: int
+    seed: int
+    episodes: EpisodeOptions  # an environment's records may be rewritten before the split

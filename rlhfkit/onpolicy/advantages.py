@@ -11,9 +11,10 @@ Each estimator is declared where it is defined, with what it needs beyond the re
 a stage whose config is a `reads` class (or a subclass) may name it; collection samples the greedy
 baselines an estimator declares, and `check_estimator` refuses, as the config resolves, a name no
 estimator of that stage has and a config that cannot give its estimator the groups it compares. An
-estimator is `(cfg, rewards, mask, batch, groups) -> (advantages, returns)`, reading what else it needs
-from the rollout `batch` (PPO's `values`, ReMax's `baseline_scores`); `groups` holds each row's group
-id (the rows of one prompt's samples are consecutive and share one id). The maths lives in `ops`.
+estimator is `(options, rewards, mask, batch, groups) -> (advantages, returns)`: `options` is the stage's
+`config.AdvantageOptions` (gamma, lam, scale_rewards, ...); what else it needs it reads from the rollout
+`batch` (PPO's `values`, ReMax's `baseline_scores`); `groups` holds each row's group id (the rows of one
+prompt's samples are consecutive and share one id). The maths lives in `ops`.
 
 A row without a score (`scoring.scored_rows`: no reward scored it, or a function failed on it under
 reward_errors=skip) is dropped: its `mask` is empty, so it has no reward, advantage or return, and it takes no
@@ -25,17 +26,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from .. import ops
-from ..config import GRPOConfig, OnPolicyConfig, PPOConfig, ReinforceConfig, RLOOConfig
+from ..config import AdvantageOptions, GRPOConfig, OnPolicyConfig, PPOConfig, ReinforceConfig, RewardShaping, RLOOConfig
 from ..errors import ConfigError
 from ..rollout import RolloutBatch
 from .scoring import OldLogprobs, scored_rows
 
-EstimatorFunction = Callable[[Any, torch.Tensor, torch.Tensor, RolloutBatch, torch.Tensor],
+EstimatorFunction = Callable[[AdvantageOptions, torch.Tensor, torch.Tensor, RolloutBatch, torch.Tensor],
                              tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -54,11 +54,11 @@ class Estimator:
     name: str
     function: EstimatorFunction
     needs: EstimatorNeeds
-    reads: type  # the config class whose options it reads: stages whose config is one may use it
+    reads: type  # the config class of the stages that may name it (a subclass's too)
 
-    def __call__(self, cfg: OnPolicyConfig, rewards: torch.Tensor, mask: torch.Tensor, batch: RolloutBatch,
+    def __call__(self, options: AdvantageOptions, rewards: torch.Tensor, mask: torch.Tensor, batch: RolloutBatch,
                  groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.function(cfg, rewards, mask, batch, groups)
+        return self.function(options, rewards, mask, batch, groups)
 
 
 ESTIMATORS: dict[str, Estimator] = {}
@@ -67,7 +67,7 @@ ESTIMATORS: dict[str, Estimator] = {}
 def estimator(name: str, *, reads: type = OnPolicyConfig, needs_groups: bool = False,
               needs_greedy_baseline: bool = False) -> Callable[[EstimatorFunction], EstimatorFunction]:
     """Register the decorated function in `ESTIMATORS` as `advantage_estimator=name`, with the config
-    class it reads (every on-policy stage's, unless it reads one algorithm's options) and its needs."""
+    class of the stages that may name it (every on-policy stage's, unless it is one algorithm's) and its needs."""
     def register(function: EstimatorFunction) -> EstimatorFunction:
         ESTIMATORS[name] = Estimator(name, function, EstimatorNeeds(needs_groups, needs_greedy_baseline), reads)
         return function
@@ -76,9 +76,9 @@ def estimator(name: str, *, reads: type = OnPolicyConfig, needs_groups: bool = F
 
 
 @estimator("gae", reads=PPOConfig)
-def gae_advantages(cfg: PPOConfig, rewards, mask, batch, _groups):
+def gae_advantages(options: AdvantageOptions, rewards, mask, batch, _groups):
     """PPO: GAE over the per-token rewards with the value model (Table 7: gamma 1, lambda 0.95)."""
-    return ops.gae(rewards, batch.values, mask, cfg.gamma, cfg.lam)
+    return ops.gae(rewards, batch.values, mask, options.gamma, options.lam)
 
 
 def scored_groups(scores: torch.Tensor, groups: torch.Tensor, scored: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -112,28 +112,28 @@ def leave_one_out_over_scored(scores, groups, scored) -> torch.Tensor:
 
 
 @estimator("grpo", reads=GRPOConfig, needs_groups=True)
-def grpo_advantages(cfg: GRPOConfig, rewards, mask, batch, groups):
+def grpo_advantages(options: AdvantageOptions, rewards, mask, batch, groups):
     """GRPO: the sequence reward minus its group's mean, over the group's std unless scale_rewards=false."""
-    relative = group_relative_over_scored(rewards.sum(-1), groups, scored_rows(batch), cfg.scale_rewards)
+    relative = group_relative_over_scored(rewards.sum(-1), groups, scored_rows(batch), options.scale_rewards)
     return ops.sequence_advantages(relative, mask)
 
 
 @estimator("rloo", reads=RLOOConfig, needs_groups=True)
-def rloo_advantages(_cfg: RLOOConfig, rewards, mask, batch, groups):
+def rloo_advantages(_options: AdvantageOptions, rewards, mask, batch, groups):
     """RLOO: the sequence reward minus the mean reward of the other samples of its prompt."""
     return ops.sequence_advantages(leave_one_out_over_scored(rewards.sum(-1), groups, scored_rows(batch)), mask)
 
 
 @estimator("reinforce-pp", reads=ReinforceConfig)
-def reinforce_pp_advantages(cfg: ReinforceConfig, rewards, mask, _batch, _groups):
+def reinforce_pp_advantages(options: AdvantageOptions, rewards, mask, _batch, _groups):
     """REINFORCE++: each token's return (its reward and every later one's), whitened over the whole
     batch's tokens."""
-    returns = ops.returns_to_go(rewards, mask, cfg.gamma)
+    returns = ops.returns_to_go(rewards, mask, options.gamma)
     return ops.masked_whiten(returns, mask), returns
 
 
 @estimator("reinforce-pp-baseline", reads=ReinforceConfig, needs_groups=True)
-def reinforce_pp_baseline_advantages(_cfg: ReinforceConfig, rewards, mask, batch, groups):
+def reinforce_pp_baseline_advantages(_options: AdvantageOptions, rewards, mask, batch, groups):
     """REINFORCE++-baseline: the sequence reward minus its group's mean, whitened over the whole
     batch's tokens."""
     relative = group_relative_over_scored(rewards.sum(-1), groups, scored_rows(batch), scale_by_std=False)
@@ -142,16 +142,16 @@ def reinforce_pp_baseline_advantages(_cfg: ReinforceConfig, rewards, mask, batch
 
 
 @estimator("remax", reads=ReinforceConfig, needs_greedy_baseline=True)
-def remax_advantages(cfg: ReinforceConfig, rewards, mask, batch, _groups):
+def remax_advantages(options: AdvantageOptions, rewards, mask, batch, _groups):
     """ReMax: each token's return minus the score of its prompt's greedy response (NaN, unscored, only where
     `mask` is empty)."""
-    returns = ops.returns_to_go(rewards, mask, cfg.gamma)
+    returns = ops.returns_to_go(rewards, mask, options.gamma)
     return (returns - batch.baseline_scores.nan_to_num().unsqueeze(1)) * mask, returns
 
 
-def needs_of(cfg: OnPolicyConfig) -> EstimatorNeeds:
-    """The needs of the estimator `cfg` names."""
-    return ESTIMATORS[cfg.advantage_estimator].needs
+def needs_of(estimator: str) -> EstimatorNeeds:
+    """The needs of the estimator `advantage_estimator=estimator` names."""
+    return ESTIMATORS[estimator].needs
 
 
 def estimators_for(config: type) -> list[str]:
@@ -159,44 +159,48 @@ def estimators_for(config: type) -> list[str]:
     return [name for name, declared in ESTIMATORS.items() if issubclass(config, declared.reads)]
 
 
-def check_estimator(cfg: OnPolicyConfig) -> None:
-    """Refuse, before anything loads, an estimator this stage does not have, and a config that cannot
-    give its estimator what it needs: a group estimator (and dynamic sampling, which compares a group's
-    samples too) needs 2 or more samples per prompt, and it, like a greedy baseline, learns nothing
-    from greedy samples, all alike."""
-    accepted = estimators_for(type(cfg))
-    if cfg.advantage_estimator not in accepted:
-        raise ConfigError(f"advantage_estimator={cfg.advantage_estimator!r} is not accepted; choose one of: "
-                          f"{', '.join(accepted)}")
-    needs = needs_of(cfg)
-    for needs_groups, what in ((cfg.dynamic_sampling, "dynamic_sampling=true"),
-                               (needs.groups, f"advantage_estimator={cfg.advantage_estimator}")):
-        if needs_groups and cfg.samples_per_prompt < 2:
+def check_estimator(config: type, *, estimator: str, samples_per_prompt: int, dynamic_sampling: bool,
+                    temperature: float) -> None:
+    """Refuse, as the config of a stage whose config class is `config` resolves, an estimator this stage does not
+    have, and options that cannot give the estimator what it needs: a group estimator (and dynamic sampling,
+    which compares a group's samples too) needs 2 or more samples per prompt, and it, like a greedy baseline,
+    learns nothing from greedy samples, all alike."""
+    accepted = estimators_for(config)
+    if estimator not in accepted:
+        raise ConfigError(f"advantage_estimator={estimator!r} is not accepted; choose one of: {', '.join(accepted)}")
+    needs = needs_of(estimator)
+    for needs_groups, what in ((dynamic_sampling, "dynamic_sampling=true"),
+                               (needs.groups, f"advantage_estimator={estimator}")):
+        if needs_groups and samples_per_prompt < 2:
             raise ConfigError(f"{what} compares the samples of a prompt: set samples_per_prompt to 2 or more")
-    if cfg.temperature > 0:
+    if temperature > 0:
         return
     if needs.greedy_baseline:
-        alike = f"each response is its own greedy baseline (advantage_estimator={cfg.advantage_estimator})"
-    elif cfg.dynamic_sampling or needs.groups:
-        compared = ("dynamic_sampling=true drops every group" if cfg.dynamic_sampling
-                    else f"advantage_estimator={cfg.advantage_estimator} compares them")
-        alike = (f"the samples_per_prompt={cfg.samples_per_prompt} responses to a prompt are identical "
-                 f"({compared})")
+        alike = f"each response is its own greedy baseline (advantage_estimator={estimator})"
+    elif dynamic_sampling or needs.groups:
+        compared = ("dynamic_sampling=true drops every group" if dynamic_sampling
+                    else f"advantage_estimator={estimator} compares them")
+        alike = f"the samples_per_prompt={samples_per_prompt} responses to a prompt are identical ({compared})"
     else:
         return
-    raise ConfigError(f"temperature={cfg.temperature:g} samples greedily: {alike}, so every advantage is 0 "
+    raise ConfigError(f"temperature={temperature:g} samples greedily: {alike}, so every advantage is 0 "
                       "and the run learns nothing; set temperature above 0 (e.g. 0.7)")
 
 
-def shaped_scores(cfg: OnPolicyConfig, raw: torch.Tensor, lengths: torch.Tensor,
+def shaped_scores(shaping: RewardShaping, raw: torch.Tensor, lengths: torch.Tensor,
                   has_eos: torch.Tensor) -> torch.Tensor:
     """(B,) what the advantages see of each response: its raw score minus the length penalty, the EOS
     trick (Detail 23), plus DAPO's overlong punishment."""
-    scores = ops.length_penalised_scores(raw, lengths, cfg.reward_length_penalty)
-    scores = ops.eos_trick(scores, has_eos, cfg.missing_eos_score) if cfg.eos_trick else scores
-    overlong = ops.overlong_penalty(lengths, cfg.max_response_length, cfg.overlong_buffer,
-                                    cfg.overlong_penalty)
+    scores = ops.length_penalised_scores(raw, lengths, shaping.length_penalty)
+    scores = with_eos_trick(scores, has_eos, shaping)
+    overlong = ops.overlong_penalty(lengths, shaping.max_response_length, shaping.overlong_buffer,
+                                    shaping.overlong_penalty)
     return scores + overlong.to(scores.device)
+
+
+def with_eos_trick(scores: torch.Tensor, has_eos: torch.Tensor, shaping: RewardShaping) -> torch.Tensor:
+    """Detail 23 as configured: `missing_eos_score` for responses without an EOS, when eos_trick is on."""
+    return ops.eos_trick(scores, has_eos, shaping.missing_eos_score) if shaping.eos_trick else scores
 
 
 def row_groups(batch: RolloutBatch, group: int) -> torch.Tensor:
@@ -216,22 +220,22 @@ def with_old_logprobs(batch: RolloutBatch, logprobs: torch.Tensor, kl_estimator:
     return dataclasses.replace(batch, kl=per_token_kl(batch, kl_estimator))
 
 
-def estimate_on_policy_tokens(cfg: OnPolicyConfig, rewards: torch.Tensor, batch: RolloutBatch, mask: torch.Tensor,
+def estimate_on_policy_tokens(options: AdvantageOptions, rewards: torch.Tensor, batch: RolloutBatch, mask: torch.Tensor,
                               trained: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages, returns) by the configured estimator over the policy's tokens (`trained`, within `mask`): in
     a multi-turn episode those tokens compacted into one sequence (`ops.compact_tokens`), the estimate put back
     in their columns, 0 at the environment's tokens."""
-    estimate, groups = ESTIMATORS[cfg.advantage_estimator], row_groups(batch, cfg.samples_per_prompt)
+    estimate, groups = ESTIMATORS[options.estimator], row_groups(batch, options.samples_per_prompt)
     if batch.episodes is None:
-        return estimate(cfg, rewards, mask, batch, groups)
+        return estimate(options, rewards, mask, batch, groups)
     compacted, columns, kept = ops.compact_tokens(rewards, trained)
     values = ops.compact_tokens(batch.values, trained)[0] if batch.values is not None else None
-    advantages, returns = estimate(cfg, compacted, kept, dataclasses.replace(batch, values=values), groups)
+    advantages, returns = estimate(options, compacted, kept, dataclasses.replace(batch, values=values), groups)
     width = rewards.size(1)
     return (ops.expand_tokens(advantages, columns, kept, width), ops.expand_tokens(returns, columns, kept, width))
 
 
-def compute_advantages(batch: RolloutBatch, cfg: OnPolicyConfig, kl_coef: float,
+def compute_advantages(batch: RolloutBatch, options: AdvantageOptions, kl_coef: float,
                        old_logprobs: OldLogprobs = "scoring") -> RolloutBatch:
     """Scores -> per-token rewards (equation 3) -> advantages and returns by the configured estimator,
     on the whole update's rollout. With kl_placement=loss the rewards carry the score alone and the KL
@@ -243,15 +247,15 @@ def compute_advantages(batch: RolloutBatch, cfg: OnPolicyConfig, kl_coef: float,
     `with_old_logprobs` adds the KL after the update."""
     scored = scored_rows(batch)
     mask, trained = batch.mask & scored.unsqueeze(1), batch.trained_mask & scored.unsqueeze(1)
-    scores = shaped_scores(cfg, batch.raw_scores, batch.lengths, batch.has_eos).where(scored, torch.nan)
-    kl = per_token_kl(batch, cfg.kl_estimator) if old_logprobs == "scoring" else None
+    scores = shaped_scores(options.shaping, batch.raw_scores, batch.lengths, batch.has_eos).where(scored, torch.nan)
+    kl = per_token_kl(batch, options.kl_estimator) if old_logprobs == "scoring" else None
     reward_kl = kl if kl is not None else torch.zeros_like(batch.ref_logprobs)
-    beta = kl_coef if cfg.kl_placement == "reward" else 0.0
-    rewards, _ = ops.rlhf_rewards(scores.nan_to_num(), reward_kl, mask, beta)
-    if cfg.whiten_rewards:  # Detail 24
+    beta = kl_coef if options.kl_placement == "reward" else 0.0
+    rewards = ops.rlhf_rewards(scores.nan_to_num(), reward_kl, mask, beta)
+    if options.whiten_rewards:  # Detail 24
         rewards = ops.masked_whiten(rewards, trained, shift_mean=False)
-    advantages, returns = estimate_on_policy_tokens(cfg, rewards, batch, mask, trained)
-    if cfg.whiten_advantages:  # Detail 25
+    advantages, returns = estimate_on_policy_tokens(options, rewards, batch, mask, trained)
+    if options.whiten_advantages:  # Detail 25
         advantages = ops.masked_whiten(advantages, trained)
     return dataclasses.replace(batch, scores=scores, kl=kl, rewards=rewards, advantages=advantages,
                                returns=returns)

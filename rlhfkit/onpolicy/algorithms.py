@@ -14,21 +14,10 @@ function declared with `@advantages.estimator(name, needs...)`, its name in the 
 
 from __future__ import annotations
 
-import typing
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ..config import GRPOConfig, OnPolicyConfig, PPOConfig, ReinforceConfig, RLOOConfig
-
-
-@dataclass(frozen=True)
-class ValueOptions:
-    """The value model (critic) of an algorithm that trains one."""
-
-    source: str  # folder it starts from (empty: the reward model, Detail 22)
-    coef: float  # weight of its loss beside the policy loss (Table 7: c1)
-    clip_range: float  # value-loss clipping epsilon (0: none)
 
 
 @dataclass(frozen=True)
@@ -37,15 +26,7 @@ class Algorithm:
     config: type[OnPolicyConfig]
     presets: tuple[str, ...]  # shipped presets with published settings, TL;DR first
     about: str
-    value: Callable[[typing.Any], ValueOptions] | None = None  # reads the critic's options from the config
-
-    @property
-    def needs_value_model(self) -> bool:
-        return self.value is not None
-
-
-def ppo_value_options(cfg: PPOConfig) -> ValueOptions:
-    return ValueOptions(cfg.value_model, cfg.vf_coef, cfg.value_clip_range)
+    needs_value_model: bool = False  # trains a critic, whose options its config gives (`value_options`)
 
 
 ALGORITHMS: dict[str, Algorithm] = {
@@ -56,7 +37,7 @@ ALGORITHMS: dict[str, Algorithm] = {
             PPOConfig,
             ("tldr-ppo", "hh-ppo"),
             "PPO from the SFT policy against the reward model (Section 7, Details 20-25, Table 7)",
-            value=ppo_value_options,
+            needs_value_model=True,
         ),
         Algorithm(
             "grpo",
@@ -91,9 +72,9 @@ ALGORITHMS: dict[str, Algorithm] = {
 }
 
 
-def algorithm_of(cfg: OnPolicyConfig) -> Algorithm:
-    """The declaration whose config class `cfg` is (a PPO config runs PPO, never another algorithm)."""
-    return next(a for a in ALGORITHMS.values() if type(cfg) is a.config)
+def algorithm_of(config: type[OnPolicyConfig]) -> Algorithm:
+    """The declaration whose config class is `config` (a PPO config runs PPO, never another algorithm)."""
+    return next(a for a in ALGORITHMS.values() if config is a.config)
 
 
 @dataclass(frozen=True)

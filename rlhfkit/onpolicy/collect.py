@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from .. import ops
-from ..config import OnPolicyConfig
+from ..config import RolloutOptions
 from ..devices import autocast, evaluation_mode, model_device
 from ..distributed import ONE_PROCESS, process_share
 from ..generation import TRAINING_STREAM, SampleKeys, SamplingParams, sample_responses
@@ -48,19 +48,14 @@ class PromptStream:
     position: int = 0
 
 
-def prompts_per_update(cfg: OnPolicyConfig) -> int:
-    return cfg.total_batch_size // cfg.samples_per_prompt
-
-
 @dataclass(frozen=True)
 class RolloutSetup:
     """What every update's rollout is collected from, fixed for the run: the models, the prompts and
-    what reward functions read about them, the config, how the rollout is scored, the precision and the
-    processes."""
+    what reward functions read about them, how it is sampled and scored, the precision and the processes."""
 
     models: OnPolicyModels
     prompts: list[list[int]]
-    cfg: OnPolicyConfig
+    options: RolloutOptions
     scoring: ScoringPlan
     precision: str
     accelerator: Any = ONE_PROCESS
@@ -72,46 +67,46 @@ def collect(setup: RolloutSetup, update: int, timings: dict[str, float], show=la
     """Sample and score update `update` (0-based) from `stream` (None: the update's own place in it,
     update x prompts per update), gathered into the whole update's rollout; `show(phase)` reports
     progress, `timings` gets each phase's seconds. Dynamic sampling's tallies go to `counts`."""
-    cfg = setup.cfg
-    stream = stream if stream is not None else PromptStream(update * prompts_per_update(cfg))
+    options = setup.options
+    stream = stream if stream is not None else PromptStream(update * options.prompts_per_update)
     timings["generation"] = timings["scoring"] = 0.0
 
     def draw(attempt: int) -> RolloutBatch:
         return draw_rollout(setup, update, attempt, stream, timings, show)
 
-    if cfg.dynamic_sampling:
+    if options.dynamic_sampling:
         tallies = counts if counts is not None else {}
-        return dynamic_sample(draw, cfg, tallies, setup.models.tokenizer.pad_token_id)
+        return dynamic_sample(draw, options, tallies, setup.models.tokenizer.pad_token_id)
     return draw(0)
 
 
 def draw_rollout(setup: RolloutSetup, update: int, attempt: int, stream: PromptStream,
                  timings: dict[str, float], show) -> RolloutBatch:
     """The next draw of the stream, sampled by every process for its share and gathered, scored."""
-    models, cfg, accelerator = setup.models, setup.cfg, setup.accelerator
+    models, options, accelerator = setup.models, setup.options, setup.accelerator
     device = next(models.policy.parameters()).device
-    per_update = prompts_per_update(cfg)
-    picked = prompt_indices(len(setup.prompts), per_update, cfg.seed, stream.position)
+    per_update = options.prompts_per_update
+    picked = prompt_indices(len(setup.prompts), per_update, options.seed, stream.position)
     stream.position += per_update
     share = process_share(per_update, accelerator.process_index, accelerator.num_processes)
     offset = attempt * per_update  # the row RNGs of a refill are keyed past those of the earlier draws
-    params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.temperature,
-                            decoding=cfg.decoding)
+    params = SamplingParams(max_new_tokens=options.max_response_length, temperature=options.temperature,
+                            decoding=options.decoding)
     own = [setup.prompts[i] for i in picked[share]]
     show("sampling")
     began = time.perf_counter()
     # eval mode: with activation checkpointing on, a model in train mode refuses the KV cache
     with autocast(device, setup.precision), evaluation_mode(models.policy):
         batch = sample_responses(
-            models.policy, own, params, models.tokenizer, cfg.generation_batch_size,
-            SampleKeys(cfg.seed, update, TRAINING_STREAM, offset + share.start),
-            samples_per_prompt=cfg.samples_per_prompt, episodes=models.episodes,
+            models.policy, own, params, models.tokenizer, options.generation_batch_size,
+            SampleKeys(options.seed, update, TRAINING_STREAM, offset + share.start),
+            samples_per_prompt=options.samples_per_prompt, episodes=models.episodes,
             prompts=episode_prompts(setup.texts, picked[share].tolist()) if models.episodes is not None else ())
-    batch.prompts = torch.as_tensor(picked[share], device=device).repeat_interleave(cfg.samples_per_prompt)
-    if needs_of(cfg).greedy_baseline:  # its greedy answers count as generation time
-        prompt_ids = batch.prompts[:: cfg.samples_per_prompt]
+    batch.prompts = torch.as_tensor(picked[share], device=device).repeat_interleave(options.samples_per_prompt)
+    if needs_of(options.advantage_estimator).greedy_baseline:  # its greedy answers count as generation time
+        prompt_ids = batch.prompts[:: options.samples_per_prompt]
         baseline = greedy_baseline(setup, own, prompt_ids, update, offset + share.start)
-        batch.baseline_scores = baseline.repeat_interleave(cfg.samples_per_prompt)
+        batch.baseline_scores = baseline.repeat_interleave(options.samples_per_prompt)
     timings["generation"] += time.perf_counter() - began
     show("scoring")
     began = time.perf_counter()
@@ -128,42 +123,43 @@ def greedy_baseline(setup: RolloutSetup, queries: list[list[int]], prompt_ids: t
                     position: int) -> torch.Tensor:
     """ReMax (Li et al. 2023): (P,) the shaped score of each prompt's greedy answer, from the same
     reward model and functions as the sampled answers."""
-    models, cfg, precision = setup.models, setup.cfg, setup.precision
+    models, options, precision = setup.models, setup.options, setup.precision
     device = next(models.policy.parameters()).device
-    params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=0.0, decoding=cfg.decoding)
+    params = SamplingParams(max_new_tokens=options.max_response_length, temperature=0.0, decoding=options.decoding)
     with autocast(device, precision), evaluation_mode(models.policy):
         greedy = sample_responses(
-            models.policy, queries, params, models.tokenizer, cfg.generation_batch_size,
-            SampleKeys(cfg.seed, update, GREEDY_STREAM, position), episodes=models.episodes,
+            models.policy, queries, params, models.tokenizer, options.generation_batch_size,
+            SampleKeys(options.seed, update, GREEDY_STREAM, position), episodes=models.episodes,
             prompts=episode_prompts(setup.texts, prompt_ids.tolist()) if models.episodes is not None else ())
     greedy.prompts = prompt_ids
     # under the autocast score_rollout scores in
     with autocast(model_device(models.reward) if models.reward is not None else device, precision):
-        scores = model_scores(models, greedy, cfg)
-    components, failed = reward_components(models, greedy, scores, setup.texts, cfg.max_response_length)
+        scores = model_scores(models, greedy, options.forward_batch_size)
+    components, failed = reward_components(models, greedy, scores, setup.texts, options.max_response_length)
     raw = models.reward_sources().combine(components, failed)
-    return shaped_scores(cfg, raw, greedy.lengths, greedy.has_eos)
+    return shaped_scores(options.shaping, raw, greedy.lengths, greedy.has_eos)
 
 
-def informative_groups(batch: RolloutBatch, cfg: OnPolicyConfig) -> torch.Tensor:
+def informative_groups(batch: RolloutBatch, options: RolloutOptions) -> torch.Tensor:
     """(B,) True for the rows of groups whose shaped scores spread by more than
     dynamic_sampling_min_spread."""
-    scores = shaped_scores(cfg, batch.raw_scores, batch.lengths, batch.has_eos)
-    return ops.group_spread(scores, row_groups(batch, cfg.samples_per_prompt)) > cfg.dynamic_sampling_min_spread
+    scores = shaped_scores(options.shaping, batch.raw_scores, batch.lengths, batch.has_eos)
+    spread = ops.group_spread(scores, row_groups(batch, options.samples_per_prompt))
+    return spread > options.dynamic_sampling_min_spread
 
 
-def dynamic_sample(draw, cfg: OnPolicyConfig, counts: dict[str, float], pad_id: int) -> RolloutBatch:
+def dynamic_sample(draw, options: RolloutOptions, counts: dict[str, float], pad_id: int) -> RolloutBatch:
     """DAPO's dynamic sampling: draws until the update holds prompts-per-update informative groups, or
     dynamic_sampling_max_draws draws; short of that, the update is filled with dropped groups (which
     add nothing to the gradient), so its shape never changes. Tallies the groups in `counts`."""
-    group, wanted = cfg.samples_per_prompt, prompts_per_update(cfg)
+    group, wanted = options.samples_per_prompt, options.prompts_per_update
     kept: list[RolloutBatch] = []
     dropped: list[RolloutBatch] = []
     kept_groups = dropped_groups = draws = 0
-    while kept_groups < wanted and draws < cfg.dynamic_sampling_max_draws:
+    while kept_groups < wanted and draws < options.dynamic_sampling_max_draws:
         batch = draw(draws)
         draws += 1
-        keep = informative_groups(batch, cfg)
+        keep = informative_groups(batch, options)
         kept.append(batch.select(keep))
         dropped.append(batch.select(~keep))
         kept_groups += int(keep.sum()) // group

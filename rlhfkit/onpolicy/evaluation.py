@@ -5,12 +5,12 @@ in rollout_stats.py."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .. import ops
-from ..config import OnPolicyConfig
+from ..config import PromptSplit, RewardOptions, RolloutOptions
 from ..data import SFTRecord, load_prompts, usable
 from ..data.examples import SFTExample, tokenize_sft, training_examples
 from ..data.split import split_by_prompt
@@ -34,7 +34,7 @@ from ..report.caveats import (
 from ..report.report import Report, config_text, trained_amount, training_summary
 from ..rouge import mean, rouge_l
 from ..tracking import read_jsonl, read_metrics
-from ..trainers.run import autocast_precision
+from .advantages import with_eos_trick
 from .episodes import episode_prompts
 from .rollout_stats import SAMPLE_KEYS, SAMPLES_FILE, episode_turns, transcript
 from .scoring import OnPolicyModels, PromptTexts, model_scores, reward_components
@@ -55,36 +55,37 @@ UPDATE_CURVES = [
 PERF_CURVES = ["perf/generation_s", "perf/scoring_s", "perf/update_s", "perf/generated_tokens_per_s"]
 
 
-def split_posts(cfg: OnPolicyConfig, tokenizer) -> tuple[list[SFTExample], list[SFTExample], list[str]]:
+def split_posts(split: PromptSplit, tokenizer) -> tuple[list[SFTExample], list[SFTExample], list[str]]:
     """(prompts to train on, held-out prompts to evaluate on, notes): the post split of `rlhfkit sft`."""
     records, log = usable(
-        load_prompts(cfg.prompt_format, cfg.data, cfg.hf_split, cfg.fields),
-        cfg.data,
+        load_prompts(split.prompt_format, split.data, split.hf_split, split.fields),
+        split.data,
         "prompts",
-        f"prompt_format={cfg.prompt_format}",
+        f"prompt_format={split.prompt_format}",
     )
     # built again here, once per run: the records are read before the models that hold the run's plan load
-    episodes = episode_plan(cfg.episode_options)
+    episodes = episode_plan(split.episodes)
     records = episodes.records(records) if episodes is not None else records
     train_records, val_records = split_by_prompt(
-        records, lambda r: r.prompt_id, validation_size=cfg.validation_posts, seed=cfg.seed
+        records, lambda r: r.prompt_id, validation_size=split.validation_posts, seed=split.seed
     )
+    length = split.max_query_length
     train, train_log = training_examples(
-        tokenize_sft(train_records, tokenizer, cfg.max_query_length, 10**9), cfg.max_query_length, "training prompts"
+        tokenize_sft(train_records, tokenizer, length, 10**9), length, "training prompts"
     )
-    held_out, held_out_log = tokenize_sft(val_records, tokenizer, cfg.max_query_length, 10**9)
+    held_out, held_out_log = tokenize_sft(val_records, tokenizer, length, 10**9)
     notes = [
         f"loaded: {log.summary('prompts')}",
-        f"split by prompt (seed {cfg.seed}): {len(train_records)} training prompts, {len(val_records)} held-out "
+        f"split by prompt (seed {split.seed}): {len(train_records)} training prompts, {len(val_records)} held-out "
         "prompts, before their queries are tokenized",
         f"query tokenization: training {train_log.summary('prompts')}; held-out {held_out_log.summary('prompts')}",
-        f"queries truncated at a paragraph or turn to {cfg.max_query_length} tokens (Detail 2): "
+        f"queries truncated at a paragraph or turn to {length} tokens (Detail 2): "
         f"{sum(e.query.truncated for e in train)}",
     ]
     if not train:
         raise ConfigError(
-            f"no training prompts left in {', '.join(cfg.data)} after holding out "
-            f"validation_posts={cfg.validation_posts} "
+            f"no training prompts left in {', '.join(split.data)} after holding out "
+            f"validation_posts={split.validation_posts} "
             f"(loaded: {log.summary('prompts')})"
         )
     return train, held_out, notes
@@ -92,28 +93,28 @@ def split_posts(cfg: OnPolicyConfig, tokenizer) -> tuple[list[SFTExample], list[
 
 @torch.no_grad()
 def summarise_and_score(
-    policy, models: OnPolicyModels, examples: list[SFTExample], cfg: OnPolicyConfig, label: str
+    policy, models: OnPolicyModels, examples: list[SFTExample], options: RolloutOptions, label: str
 ) -> list[dict]:
     """Responses to `examples` by `policy` with the score it is trained on (EOS trick applied), each
     reward component, length, EOS and ROUGE-L against the reference completions."""
     params = SamplingParams(
-        max_new_tokens=cfg.max_response_length, temperature=cfg.eval_temperature, decoding=cfg.decoding
+        max_new_tokens=options.max_response_length, temperature=options.eval_temperature, decoding=options.decoding
     )
     queries = [e.query.ids for e in examples]
     texts = PromptTexts.of(examples)
     batch = sample_held_out(
-        policy, queries, params, models.tokenizer, cfg.generation_batch_size, cfg.seed, f"answering ({label})",
+        policy, queries, params, models.tokenizer, options.generation_batch_size, options.seed, f"answering ({label})",
         episodes=models.episodes,
         prompts=episode_prompts(texts, list(range(len(examples)))) if models.episodes is not None else (),
     )
     batch = batch.to(torch.device("cpu"))
     sources = models.reward_sources()
     components, failed = reward_components(
-        models, batch, model_scores(models, batch, cfg), texts, cfg.max_response_length
+        models, batch, model_scores(models, batch, options.forward_batch_size), texts, options.max_response_length
     )
     raw = sources.combine(components, failed)
-    scores = with_configured_eos_trick(raw, batch.has_eos, cfg).where(~raw.isnan(), raw)  # unscored stays so
-    rm_scores = with_configured_eos_trick(components[:, -1], batch.has_eos, cfg) if sources.has_model else None
+    scores = with_eos_trick(raw, batch.has_eos, options.shaping).where(~raw.isnan(), raw)  # unscored stays so
+    rm_scores = with_eos_trick(components[:, -1], batch.has_eos, options.shaping) if sources.has_model else None
     texts = [text.strip() for text in completion_texts(batch, models.tokenizer)]
     rouge = rouge_l(texts, [e.record.summary.strip() for e in examples])
     rows = []
@@ -138,11 +139,6 @@ def summarise_and_score(
 def number_or_none(value: torch.Tensor) -> float | None:
     """A held-out row's score or component; None where nothing scored it (a function returned None)."""
     return None if bool(value.isnan()) else float(value)
-
-
-def with_configured_eos_trick(scores: torch.Tensor, has_eos: torch.Tensor, cfg: OnPolicyConfig) -> torch.Tensor:
-    """Detail 23 when the run applies it: `missing_eos_score` where the response has no EOS."""
-    return ops.eos_trick(scores, has_eos, cfg.missing_eos_score) if cfg.eos_trick else scores
 
 
 def prompt_body(record: SFTRecord) -> str:
@@ -175,11 +171,11 @@ def policy_summary(rows: list[dict], who: str) -> dict[str, float]:
 
 
 def compare_policies(
-    models: OnPolicyModels, examples: list[SFTExample], cfg: OnPolicyConfig, name: str
+    models: OnPolicyModels, examples: list[SFTExample], options: RolloutOptions, name: str
 ) -> tuple[dict, list[dict]]:
     """SFT (the frozen reference) and the trained policy on the same held-out posts."""
-    sft_rows = summarise_and_score(models.reference, models, examples, cfg, "SFT policy")
-    new_rows = summarise_and_score(models.policy, models, examples, cfg, f"{name} policy")
+    sft_rows = summarise_and_score(models.reference, models, examples, options, "SFT policy")
+    new_rows = summarise_and_score(models.policy, models, examples, options, f"{name} policy")
     metrics = {"eval/posts": len(examples)} | policy_summary(sft_rows, "sft") | policy_summary(new_rows, name)
     compared = [(n["score"], s["score"]) for n, s in zip(new_rows, sft_rows, strict=True)]
     beats = [float(n > s) for n, s in compared if n is not None and s is not None]  # where both were scored
@@ -220,12 +216,13 @@ LOGPROB_GAP_ALARM = 1e-3  # fp32: decoding steps and one forward pass agree to a
 REFUSED_ALARM = 0.5  # tool calls refused per call answered
 
 
-def episode_caveat(history: list[dict], cfg: OnPolicyConfig) -> str:
+def episode_caveat(history: list[dict], precision: str) -> str:
     """Multi-turn runs: a flag when the update did not start from the log-probabilities the episodes were sampled
-    with (fp32 runs), or when the environment refused more of the policy's tool calls than it answered."""
+    with (fp32 runs: `precision` "no"), or when the environment refused more of the policy's tool calls than it
+    answered."""
     flags = []
     gaps = metric_series(history, "episode/logprob_gap_max")[1]
-    if gaps and autocast_precision(cfg) == "no" and max(gaps) > LOGPROB_GAP_ALARM:
+    if gaps and precision == "no" and max(gaps) > LOGPROB_GAP_ALARM:
         flags.append(f"a sampled token's log-probability moved by up to {max(gaps):.2g} before the update (fp32: "
                      "expected below 1e-3); the environment's ids may not be what the model read")
     calls, refused = (sum(metric_series(history, f"env/tool_{k}")[1]) for k in ("calls", "refused"))
@@ -235,26 +232,38 @@ def episode_caveat(history: list[dict], cfg: OnPolicyConfig) -> str:
     return "; ".join(flags)
 
 
+@dataclass(frozen=True)
+class ReportedRun:
+    """What an on-policy run's report says of it beside its metrics and samples."""
+
+    name: str  # the stage
+    model: str  # the policy it started from
+    total_batch_size: int  # episodes per update
+    precision: str  # the autocast it trained in ("no": fp32)
+    rewards: RewardOptions
+
+
 def write_onpolicy_report(
-    run_dir: Path, cfg: OnPolicyConfig, name: str, notes: list[str], metrics: dict[str, float], rows: list[dict]
+    run_dir: Path, run: ReportedRun, notes: list[str], metrics: dict[str, float], rows: list[dict]
 ) -> Path:
-    history = read_metrics(run_dir)
+    history, name, rewards = read_metrics(run_dir), run.name, run.rewards
     report = Report(
         f"{name.upper()} run {run_dir.name}",
-        training_summary(run_dir, cfg.model, notes, history, cfg.total_batch_size, "episodes"),
+        training_summary(run_dir, run.model, notes, history, run.total_batch_size, "episodes"),
         config=config_text(run_dir),
     )
-    report.caveat(budget_caveat(name, trained_amount(history, cfg.total_batch_size)))
-    if cfg.reward_model:
-        report.caveat(reward_model_caveat_of(Path(cfg.reward_model)))
+    report.caveat(budget_caveat(name, trained_amount(history, run.total_batch_size)))
+    if rewards.reward_model:
+        report.caveat(reward_model_caveat_of(Path(rewards.reward_model)))
     held_out_numbers(report, name, metrics)
     for who in ("sft", name):
         report.caveat(alarm_caveat(f"the {who} policy's held-out samples", held_out_alarms(rows, who)))
-    report.caveat(episode_caveat(history, cfg))
-    functions_alone = bool(cfg.reward_functions) and not cfg.reward_model
-    report.caveat(eos_trick_caveat(metric_series(history, "response/eos_rate")[1], cfg.eos_trick and functions_alone))
+    report.caveat(episode_caveat(history, run.precision))
+    functions_alone = bool(rewards.functions) and not rewards.reward_model
+    eos_rates = metric_series(history, "response/eos_rate")[1]
+    report.caveat(eos_trick_caveat(eos_rates, rewards.eos_trick and functions_alone))
     reward_function_numbers(report, history)
-    score = "RM score" if cfg.reward_model and not cfg.reward_functions else "score"
+    score = "RM score" if rewards.reward_model and not rewards.functions else "score"
     for key, label in (("objective/scores", score), ("response/eos_rate", "EOS rate")):
         values = metric_series(history, key)[1]
         if values:
@@ -279,7 +288,7 @@ def write_onpolicy_report(
     ]
     for title, keys, file, short in plots:
         report.figure(title, plot_curves(history, keys, run_dir / "plots" / file, f"{name.upper()} {short}"))
-    answers = ["sft_episode", f"{name}_episode"] if cfg.environment else ["sft", name]
+    answers = ["sft_episode", f"{name}_episode"] if rewards.environment else ["sft", name]
     columns = ["post", "reference", *answers, "sft_score", f"{name}_score", "sft_tokens", f"{name}_tokens"]
     report.sample_table("Held-out samples", rows[:10], columns)
     samples_path = run_dir / SAMPLES_FILE
@@ -291,7 +300,7 @@ def write_onpolicy_report(
         report.sample_table(
             f"Highest- and lowest-scored training samples (update {last})",
             shown,
-            ["rank", "score", "kl", "advantage", "length", "has_eos", "episode" if cfg.environment else "response",
+            ["rank", "score", "kl", "advantage", "length", "has_eos", "episode" if rewards.environment else "response",
              *extra],
         )
     return report.write(run_dir)

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..config import OnPolicyConfig
+from ..config import RewardOptions
 from ..data.examples import SFTExample, reward_prompt
 from ..environments import check_environment
 from ..errors import ConfigError, warn
@@ -126,24 +126,23 @@ class RewardSources:
     last_call: tuple[list[RowKey], RowLogs] = field(default_factory=lambda: ([], RowLogs(0)))
 
     @classmethod
-    def from_config(cls, cfg: OnPolicyConfig) -> RewardSources:
-        environment = check_environment(cfg.environment, cfg.environment_args)
+    def of(cls, options: RewardOptions) -> RewardSources:
+        """The run's reward functions, environment and reward model, refusing options that cannot work."""
+        environment = check_environment(options.environment, options.environment_args)
         has_environment = environment is not None and environment.has_reward
-        if not cfg.reward_functions and not cfg.reward_model and not has_environment:
+        if not options.functions and not options.reward_model and not has_environment:
             raise ConfigError(
                 "nothing to optimise: give reward_model= (a reward model folder) and/or "
                 "reward_functions= "
                 "(e.g. gsm8k,format; see rlhfkit/rewards.py)"
             )
-        if cfg.stop_on_reward_error:
+        if options.stop_on_error:
             raise ConfigError("stop_on_reward_error=true was replaced by reward_errors=stop: set that instead")
-        functions = RewardFunctions.from_specs(
-            cfg.reward_functions, cfg.reward_errors, cfg.reward_error_score, cfg.reward_timeout
-        )
-        sources = cls(functions, bool(cfg.reward_model), [], has_environment=has_environment,
-                      max_error_fraction=cfg.max_reward_error_fraction, eos_trick=cfg.eos_trick)
+        functions = RewardFunctions.from_specs(options.functions, options.errors, options.error_score, options.timeout)
+        sources = cls(functions, bool(options.reward_model), [], has_environment=has_environment,
+                      max_error_fraction=options.max_error_fraction, eos_trick=options.eos_trick)
         count = len(sources.names)
-        sources.weights = list(cfg.reward_weights) or [1.0] * count
+        sources.weights = list(options.weights) or [1.0] * count
         if len(sources.weights) != count:
             raise ConfigError(
                 f"reward_weights has {len(sources.weights)} values for {count} rewards ({', '.join(sources.names)}): "

@@ -118,3 +118,13 @@ def episode_turns(batch: RolloutBatch, row: int, tokenizer) -> list[dict[str, An
 def transcript(turns: list[dict[str, Any]]) -> str:
     """The turns one per paragraph, each headed by whose tokens they are: the report's episode column."""
     return "\n".join(f"[{t['who']}, {t['tokens']} tokens] {t['text']}" for t in turns)
+
+
+def speeds(timings: dict[str, float], elapsed: float, batch) -> dict[str, float]:
+    """An update's phase times and speeds."""
+    return {f"perf/{k}_s": v for k, v in timings.items()} | {
+        "perf/update_total_s": elapsed,
+        # the whole batch's tokens over this process's sampling time: the processes sample side by side
+        "perf/generated_tokens_per_s": float(batch.lengths.sum()) / timings["generation"],
+        "perf/episodes_per_s": batch.size / elapsed,
+    }

@@ -24,7 +24,6 @@ from typing import Literal
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from ..config import OnPolicyConfig
 from ..devices import autocast, model_device
 from ..environments import EpisodePlan
 from ..generation import completion_texts
@@ -57,12 +56,12 @@ class OnPolicyModels:
         return [m for m in (self.reference, self.reward) if m is not None]
 
 
-def shares_prefix(model: torch.nn.Module | None, cfg: OnPolicyConfig, rows_per_pass: int, option: str) -> bool:
-    """Whether `model`'s passes over `rows_per_pass` rollout rows read each group's query once (shared
+def shares_prefix(model: torch.nn.Module | None, shared_prefix: str, group: int, rows_per_pass: int,
+                  option: str) -> bool:
+    """Whether `model`'s passes over `rows_per_pass` rollout rows read each `group` rows' query once (shared
     rows, `rlhfkit/shared_rows.py`): for grouped methods, unless shared_prefix=off, the passes would
     split a group, or the model cannot take the rows' mask (the reason logged once)."""
-    group = cfg.samples_per_prompt
-    if model is None or group == 1 or cfg.shared_prefix == "off":
+    if model is None or group == 1 or shared_prefix == "off":
         return False
     obstacle = shared_rows_obstacle(model)
     if obstacle is None and rows_per_pass % group:
@@ -116,12 +115,13 @@ class RowLayout:
     reward: bool
 
     @classmethod
-    def of(cls, models: OnPolicyModels, cfg: OnPolicyConfig, rows_per_pass: int, option: str) -> RowLayout:
+    def of(cls, models: OnPolicyModels, shared_prefix: str, group: int, rows_per_pass: int, option: str) -> RowLayout:
+        """`shared_prefix=` decided for each model's passes over `rows_per_pass` rows (`option` names them)."""
         reward = models.reward if isinstance(models.reward, ScalarModel) else None  # an implicit reward reads pairs
-        return cls(
-            *(shares_prefix(m, cfg, rows_per_pass, option) for m in (models.policy, models.reference, models.value)),
-            shares_prefix(reward, cfg, rows_per_pass, option),
-        )
+        return cls(*(
+            shares_prefix(m, shared_prefix, group, rows_per_pass, option)
+            for m in (models.policy, models.reference, models.value, reward)
+        ))
 
     def __bool__(self) -> bool:
         return self.policy or self.reference or self.value or self.reward
@@ -136,7 +136,7 @@ OldLogprobs = Literal["scoring", "update"]
 
 @dataclass(frozen=True)
 class ScoringPlan:
-    """How scoring reads every rollout of a run, decided once (`ScoringPlan.of`, part of the trainer's
+    """How scoring reads every rollout of a run, decided once (`trainer.scoring_plan`, part of the trainer's
     `update.UpdatePlan`)."""
 
     rows: int  # rows per forward pass: forward_batch_size in whole groups
@@ -148,30 +148,14 @@ class ScoringPlan:
     # or the update's first forward ("update", reuse_update_forward, as TRL does)
     old_logprobs: OldLogprobs
 
-    @classmethod
-    def of(cls, models: OnPolicyModels, cfg: OnPolicyConfig) -> ScoringPlan:
-        """The update's forward gives the old log-probabilities only where they are those a pass here would
-        give: every row's first update forward runs before any optimizer step (one epoch, one minibatch),
-        and nothing before the update needs them (the KL enters the loss, or has no weight in the reward)."""
-        rows = whole_groups(cfg.forward_batch_size, cfg.samples_per_prompt)
-        kl_free_rewards = cfg.kl_placement == "loss" or (cfg.kl_coef == 0 and not cfg.adaptive_kl)
-        one_pass = cfg.update_epochs == 1 and cfg.num_minibatches == 1
-        return cls(
-            rows,
-            cfg.samples_per_prompt,
-            cfg.temperature,
-            cfg.max_response_length,
-            RowLayout.of(models, cfg, rows, "forward_batch_size"),
-            "update" if cfg.reuse_update_forward and one_pass and kl_free_rewards else "scoring",
-        )
 
-
-def model_scores(models: OnPolicyModels, batch, cfg: OnPolicyConfig) -> torch.Tensor | None:
-    """(B,) the reward model's scores of a sampled batch, or None without a reward model."""
+def model_scores(models: OnPolicyModels, batch, rows_per_pass: int) -> torch.Tensor | None:
+    """(B,) the reward model's scores of a sampled batch, `rows_per_pass` rows a pass (forward_batch_size), or
+    None without a reward model."""
     if models.reward is None:
         return None
     scored = batch.to(model_device(models.reward))
-    step = cfg.forward_batch_size
+    step = rows_per_pass
     return torch.cat(
         [
             reward_scores(models.reward, scored.select(slice(i, i + step))).float().cpu()

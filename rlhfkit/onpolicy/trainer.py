@@ -28,58 +28,55 @@ from ..config import OnPolicyConfig, check_update_split
 from ..data import PROMPTS, resolved_format
 from ..data.examples import SFTExample
 from ..environments import episode_plan
-from ..errors import ConfigError, ModelError
-from ..models import check_model_source, enable_activation_checkpointing
+from ..errors import ConfigError
+from ..models import enable_activation_checkpointing
 from ..ops import adaptive_kl_coef
+from ..policy_losses import ClipRange
 from ..preemption import Interrupted, resume_command
 from ..reward_models import ScalarModel, load_reward_model
-from ..sharding import SavedState, ShardedOptimizerState, ShardedRun, shard_on_policy
+from ..sharding import ShardedRun, shard_on_policy
 from ..tracking import append_jsonl, drop_rows_after, write_jsonl
 from ..trainers.loop import Show, run_loop
 from ..trainers.run import (
     accelerator_for,
     attention_implementation,
     autocast_precision,
+    build_optimizer,
     record_settings,
     start_run,
 )
 from .advantages import compute_advantages, with_old_logprobs
 from .algorithms import Algorithm, algorithm_of
-from .collect import PromptStream, RolloutSetup, collect, prompts_per_update
+from .collect import PromptStream, RolloutSetup, collect
 from .episodes import environment_metrics
-from .evaluation import compare_policies, policy_summary, split_posts, summarise_and_score, write_onpolicy_report
-from .rollout_stats import SAMPLES_FILE, extreme_samples, rollout_metrics
-from .scoring import OnPolicyModels, PromptTexts, RewardSources, component_metrics
-from .update import Optimizers, UpdatePlan, build_optimizers, update_on_rollout
-
-
-def require_folder(path: str, key: str, what: str) -> None:
-    """Fail at start, naming the key, when a model is not given or is a local folder that cannot load."""
-    if not path:
-        raise ConfigError(f"{key} is required: {what}")
-    check_model_source(path, key)
-
-
-def check_same_tokenizer(policy_tok, other_tok, policy_path: str, other_path: str) -> None:
-    if policy_tok.get_vocab() != other_tok.get_vocab() or (policy_tok.pad_token_id, policy_tok.eos_token_id) != (
-        other_tok.pad_token_id, other_tok.eos_token_id):
-        raise ModelError(f"the policy ({policy_path}) and {other_path} have different tokenizers; the reward and value "
-                         "models must read the policy's tokens: train the reward model from this SFT model")
-
-
-def load_value_model(source: str, tokenizer, policy_path: str, trust_remote_code: bool) -> ScalarModel:
-    """A value model from a reward model: rlhfkit's own or a sequence classifier trained elsewhere."""
-    require_folder(
-        source, "value_model", "give the model/ folder written by `rlhfkit rm`, or a sequence-classification model"
-    )
-    value, value_tok = load_reward_model(source, trust_remote_code)
-    if value.head_type != "eos-linear":
-        raise ModelError(
-            f"value_model={source} has a {value.head_type} head; a value model needs a per-token "
-            "(eos-linear) head: give value_model= an eos-linear reward model"
-        )
-    check_same_tokenizer(tokenizer, value_tok, policy_path, f"the value model ({source})")
-    return value
+from .evaluation import (
+    ReportedRun,
+    compare_policies,
+    policy_summary,
+    split_posts,
+    summarise_and_score,
+    write_onpolicy_report,
+)
+from .loading import check_same_tokenizer, load_value_model, require_folder
+from .rollout_stats import SAMPLES_FILE, extreme_samples, rollout_metrics, speeds
+from .scoring import (
+    OnPolicyModels,
+    PromptTexts,
+    RewardSources,
+    RowLayout,
+    ScoringPlan,
+    component_metrics,
+    whole_groups,
+)
+from .update import (
+    Minibatches,
+    Objective,
+    Optimizers,
+    UpdatePlan,
+    optimizer_states,
+    saved_optimizer_states,
+    update_on_rollout,
+)
 
 
 def load_models(cfg: OnPolicyConfig, checkpoint: Path | None, device: torch.device) -> OnPolicyModels:
@@ -87,13 +84,13 @@ def load_models(cfg: OnPolicyConfig, checkpoint: Path | None, device: torch.devi
     reward model when one is given, the reward functions, and the value model when the algorithm has
     one (Detail 22: from the reward model unless value_model is given)."""
     require_folder(cfg.model, "model", "give the SFT policy (the model/ folder written by `rlhfkit sft`)")
-    sources = RewardSources.from_config(cfg)
-    options = algorithm_of(cfg).value
-    value_source = options(cfg).source or cfg.reward_model if options is not None else ""
+    sources = RewardSources.of(cfg.reward_options)
+    options = cfg.value_options
+    value_source = options.source or cfg.reward_model if options is not None else ""
     if options is not None and not value_source:
         raise ConfigError(
-            f"{algorithm_of(cfg).name} trains a value model, which starts from the reward model (Detail 22): give "
-            "reward_model= or value_model="
+            f"{algorithm_of(type(cfg)).name} trains a value model, which starts from the reward model (Detail 22): "
+            "give reward_model= or value_model="
         )
     frozen = torch.device(cfg.frozen_device) if cfg.frozen_device else device
     policy, tokenizer = trained_policy(cfg.model_source, cfg.lora, checkpoint)
@@ -179,7 +176,7 @@ class OnPolicySteps:
             # in a reward function: the update is dropped, so its checkpoint must not count its draws
             self.stream.position = drawn
             raise
-        batch = compute_advantages(batch, self.cfg, self.kl_coef, self.plan.old_logprobs)
+        batch = compute_advantages(batch, self.cfg.advantage_options, self.kl_coef, self.plan.old_logprobs)
         sources = self.models.reward_sources()
         metrics |= component_metrics(sources.names, batch.reward_components, batch.reward_failures)
         metrics |= sources.take_update_logs()  # what the reward functions logged (`log_metric`, `log_extra`)
@@ -219,7 +216,9 @@ class OnPolicySteps:
         """Held-out prompts summarised by the current policy."""
         if not self.evaluates_here():
             return {}
-        rows = summarise_and_score(self.models.policy, self.models, self.held_out, self.cfg, f"update {done}")
+        rows = summarise_and_score(
+            self.models.policy, self.models, self.held_out, self.cfg.rollout_options, f"update {done}"
+        )
         return policy_summary(rows, "policy") if self.accelerator.is_main_process else {}
 
     def trained_models(self) -> dict[str, torch.nn.Module]:
@@ -263,7 +262,7 @@ class OnPolicySteps:
                 save_final_model(model, self.models.tokenizer, self.run_dir, "model" if name == "policy" else name)
         if not self.evaluates_here():
             return {}
-        self.comparison = compare_policies(self.models, self.held_out, self.cfg, self.name)
+        self.comparison = compare_policies(self.models, self.held_out, self.cfg.rollout_options, self.name)
         if not (self.cfg.eval_every and self.accelerator.is_main_process):
             return {}
         metrics = self.comparison[0]
@@ -282,37 +281,64 @@ class OnPolicySteps:
         }
 
 
-def speeds(timings: dict[str, float], elapsed: float, batch) -> dict[str, float]:
-    """An update's phase times and speeds."""
-    return {f"perf/{k}_s": v for k, v in timings.items()} | {
-        "perf/update_total_s": elapsed,
-        # the whole batch's tokens over this process's sampling time: the processes sample side by side
-        "perf/generated_tokens_per_s": float(batch.lengths.sum()) / timings["generation"],
-        "perf/episodes_per_s": batch.size / elapsed,
-    }
-
-
-def optimizer_states(optimizers: Optimizers, sharded: dict[str, ShardedRun]) -> tuple[Any, dict[str, Any]]:
-    """The policy optimizer and the other training states as checkpoints hold them; a sharded
-    optimizer as its full, name-keyed state (reading or writing it is a collective)."""
-    if not sharded:
-        return optimizers.policy, optimizers.named_extra_states()
-    extra = (
-        {"value_optimizer": sharded["value"].optimizer_state(), "value_scheduler": optimizers.value_schedule}
-        if "value" in sharded
-        else {}
+def build_optimizers(models: OnPolicyModels, cfg: OnPolicyConfig, num_updates: int) -> Optimizers:
+    """AdamW (Table 7: eps 1e-5) for the policy and, when there is one, the value model, each with the
+    learning-rate schedule stepped once per update (Table 7: linear decay to 0 over the run)."""
+    policy_opt, policy_sched = build_optimizer(models.policy, cfg, num_updates)
+    value_opt, value_sched = (
+        build_optimizer(models.value, cfg, num_updates) if models.value is not None else (None, None)
     )
-    return sharded["policy"].optimizer_state(), extra
+    return Optimizers(policy_opt, policy_sched, value_opt, value_sched)
 
 
-def saved_optimizer_states(optimizers: Optimizers, sharded: dict[str, ShardedRun]) -> tuple[Any, dict[str, Any]]:
-    """`optimizer_states` as a checkpoint writes them: a sharded run's as full state dicts, gathered by
-    every process."""
-    optimizer, extra = optimizer_states(optimizers, sharded)
-    if not sharded:
-        return optimizer, extra
-    full = {k: SavedState(v.state_dict()) if isinstance(v, ShardedOptimizerState) else v for k, v in extra.items()}
-    return SavedState(optimizer.state_dict()), full
+def objective_of(cfg: OnPolicyConfig) -> Objective:
+    """What the update minimises, as the config's options say."""
+    return Objective(
+        cfg.policy_loss,
+        ClipRange.of(cfg.clip_range, cfg.clip_range_high),
+        cfg.dual_clip,
+        cfg.loss_aggregation,
+        cfg.loss_normaliser or float(cfg.max_response_length),
+        cfg.mask_truncated,
+    )
+
+
+def scoring_plan(models: OnPolicyModels, cfg: OnPolicyConfig) -> ScoringPlan:
+    """How scoring reads every rollout. The update's forward gives the old log-probabilities only where they
+    are those a scoring pass would give: every row's first update forward runs before any optimizer step (one
+    epoch, one minibatch), and nothing before the update needs them (the KL enters the loss, or has no weight
+    in the reward)."""
+    rows = whole_groups(cfg.forward_batch_size, cfg.samples_per_prompt)
+    kl_free_rewards = cfg.kl_placement == "loss" or (cfg.kl_coef == 0 and not cfg.adaptive_kl)
+    one_pass = cfg.update_epochs == 1 and cfg.num_minibatches == 1
+    return ScoringPlan(
+        rows,
+        cfg.samples_per_prompt,
+        cfg.temperature,
+        cfg.max_response_length,
+        RowLayout.of(models, cfg.shared_prefix, cfg.samples_per_prompt, rows, "forward_batch_size"),
+        "update" if cfg.reuse_update_forward and one_pass and kl_free_rewards else "scoring",
+    )
+
+
+def update_plan(models: OnPolicyModels, cfg: OnPolicyConfig, precision: str) -> UpdatePlan:
+    """The on-policy update as the run decides it once, from the config: the layers below see the plan alone."""
+    return UpdatePlan(
+        objective=objective_of(cfg),
+        value=cfg.value_options,
+        scoring=scoring_plan(models, cfg),
+        layout=RowLayout.of(
+            models, cfg.shared_prefix, cfg.samples_per_prompt, cfg.micro_batch_size, "micro_batch_size"
+        ),
+        minibatches=Minibatches(cfg.update_epochs, cfg.num_minibatches, cfg.micro_batch_size, cfg.samples_per_prompt),
+        temperature=cfg.temperature,
+        kl_placement=cfg.kl_placement,
+        kl_estimator=cfg.kl_estimator,
+        entropy_coef=cfg.entropy_coef,
+        max_grad_norm=cfg.max_grad_norm,
+        seed=cfg.seed,
+        precision=precision,
+    )
 
 
 @dataclass(frozen=True)
@@ -346,7 +372,7 @@ def train_on_policy(
     """Run every update of `cfg`'s algorithm on `models` as `plan` says (resuming from `checkpoint`), with
     the final checkpoint and model folders; `held_out` prompts are summarised by the evaluations, reward
     functions read `texts` of `prompts`. Returns the stage, whose `comparison` holds the final evaluation."""
-    algorithm, accelerator = algorithm_of(cfg), launch.accelerator
+    algorithm, accelerator = algorithm_of(type(cfg)), launch.accelerator
     prepare_for_training(models, cfg)
     copies = (
         shard_on_policy(models, accelerator.device, accelerator.is_main_process)
@@ -370,14 +396,14 @@ def train_on_policy(
         state = load_training_state(checkpoint, optimizer, optimizers.policy_schedule, extra_states)
         start, kl_coef = state["step"], state["kl_coef"]
         # without dynamic sampling every update reads one draw: all a checkpoint without the count can have read
-        drawn = state.get("prompts_drawn", start * prompts_per_update(cfg))
+        drawn = state.get("prompts_drawn", start * cfg.rollout_options.prompts_per_update)
     if accelerator.is_main_process:
         drop_rows_after(run_dir / SAMPLES_FILE, start)
     steps = OnPolicySteps(
         algorithm=algorithm,
         cfg=cfg,
         run_dir=run_dir,
-        setup=RolloutSetup(models, prompts, cfg, plan.scoring, plan.precision, accelerator, texts),
+        setup=RolloutSetup(models, prompts, cfg.rollout_options, plan.scoring, plan.precision, accelerator, texts),
         plan=plan,
         optimizers=optimizers,
         held_out=held_out or [],
@@ -408,7 +434,7 @@ def model_settings(models: OnPolicyModels, plan: UpdatePlan) -> dict[str, Any]:
 
 def run(cfg: OnPolicyConfig) -> int:
     """Load, train (resuming when asked), evaluate on held-out prompts, report."""
-    name = algorithm_of(cfg).name
+    name = algorithm_of(type(cfg)).name
     cfg, run_dir, checkpoint = start_run(cfg, name)
     launch = Launch.of(cfg)  # a batch that does not split fails before any model loads
     accelerator = launch.accelerator
@@ -418,9 +444,9 @@ def run(cfg: OnPolicyConfig) -> int:
         checkpoint,
         torch.device("cpu") if cfg.sharding_options.splits_models(accelerator.num_processes) else accelerator.device,
     )
-    train, held_out, notes = split_posts(cfg, models.tokenizer)
+    train, held_out, notes = split_posts(cfg.prompt_split, models.tokenizer)
     prompt_format = resolved_format(PROMPTS, cfg.prompt_format, cfg.data, cfg.hf_split, cfg.fields)
-    plan = UpdatePlan.of(models, cfg, autocast_precision(cfg))
+    plan = update_plan(models, cfg, autocast_precision(cfg))
     record_settings(run_dir, {"prompt_format": prompt_format} | model_settings(models, plan))
     models.reward_sources().check_prompts(PromptTexts.of(train + held_out[: cfg.eval_samples]))
     if accelerator.is_main_process:
@@ -441,7 +467,8 @@ def run(cfg: OnPolicyConfig) -> int:
     metrics, rows = steps.comparison
     write_jsonl(run_dir / "eval_samples.jsonl", rows)
     (run_dir / "eval.json").write_text(json.dumps(metrics, indent=2))
-    report = write_onpolicy_report(run_dir, cfg, name, notes, metrics, rows)
+    reported = ReportedRun(name, cfg.model, cfg.total_batch_size, plan.precision, cfg.reward_options)
+    report = write_onpolicy_report(run_dir, reported, notes, metrics, rows)
     print(json.dumps(metrics | {"updates": steps.total}, indent=2))
     print(f"model: {run_dir / 'model'}\nreport: {report}")
     return 0

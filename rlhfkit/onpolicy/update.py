@@ -24,15 +24,14 @@ import numpy as np
 import torch
 
 from .. import ops
-from ..config import OnPolicyConfig
+from ..config import ValueOptions
 from ..devices import autocast
 from ..distributed import ONE_PROCESS, process_share
 from ..policy_losses import POLICY_LOSSES, ClipRange, aggregate, loss_units
 from ..rollout import RolloutBatch
-from ..sharding import fsdp_modules, full_number
+from ..sharding import SavedState, ShardedOptimizerState, ShardedRun, fsdp_modules, full_number
 from ..shared_rows import SharedRows
-from ..trainers.run import build_optimizer, check_finite
-from .algorithms import ValueOptions, algorithm_of
+from ..trainers.run import check_finite
 from .scoring import (
     OldLogprobs,
     OnPolicyModels,
@@ -97,14 +96,27 @@ class Optimizers:
                 schedule.step()
 
 
-def build_optimizers(models: OnPolicyModels, cfg: OnPolicyConfig, num_updates: int) -> Optimizers:
-    """AdamW (Table 7: eps 1e-5) for the policy and, when there is one, the value model, each with the
-    learning-rate schedule stepped once per update (Table 7: linear decay to 0 over the run)."""
-    policy_opt, policy_sched = build_optimizer(models.policy, cfg, num_updates)
-    value_opt, value_sched = (
-        build_optimizer(models.value, cfg, num_updates) if models.value is not None else (None, None)
+def optimizer_states(optimizers: Optimizers, sharded: dict[str, ShardedRun]) -> tuple[Any, dict[str, Any]]:
+    """The policy optimizer and the other training states as checkpoints hold them; a sharded
+    optimizer as its full, name-keyed state (reading or writing it is a collective)."""
+    if not sharded:
+        return optimizers.policy, optimizers.named_extra_states()
+    extra = (
+        {"value_optimizer": sharded["value"].optimizer_state(), "value_scheduler": optimizers.value_schedule}
+        if "value" in sharded
+        else {}
     )
-    return Optimizers(policy_opt, policy_sched, value_opt, value_sched)
+    return sharded["policy"].optimizer_state(), extra
+
+
+def saved_optimizer_states(optimizers: Optimizers, sharded: dict[str, ShardedRun]) -> tuple[Any, dict[str, Any]]:
+    """`optimizer_states` as a checkpoint writes them: a sharded run's as full state dicts, gathered by
+    every process."""
+    optimizer, extra = optimizer_states(optimizers, sharded)
+    if not sharded:
+        return optimizer, extra
+    full = {k: SavedState(v.state_dict()) if isinstance(v, ShardedOptimizerState) else v for k, v in extra.items()}
+    return SavedState(optimizer.state_dict()), full
 
 
 class Averages:
@@ -144,17 +156,6 @@ class Objective:
     constant: float  # seq-mean-token-sum-norm's divisor
     mask_truncated: bool
 
-    @classmethod
-    def of(cls, cfg: OnPolicyConfig) -> Objective:
-        return cls(
-            cfg.policy_loss,
-            ClipRange.of(cfg.clip_range, cfg.clip_range_high),
-            cfg.dual_clip,
-            cfg.loss_aggregation,
-            cfg.loss_normaliser or float(cfg.max_response_length),
-            cfg.mask_truncated,
-        )
-
     def loss_mask(self, batch: RolloutBatch) -> torch.Tensor:
         """(B, R) the tokens whose losses count: every token the policy sampled (not an environment's) in a
         row with a score (`learned_mask`), or with mask_truncated (DAPO's overlong filtering) none of a
@@ -183,7 +184,7 @@ class Minibatches:
 
 @dataclass(frozen=True)
 class UpdatePlan:
-    """The on-policy update as the run decides it once (`UpdatePlan.of`, in the trainer): what it
+    """The on-policy update as the run decides it once (`trainer.update_plan`): what it
     minimises, the value model's options, how scoring and the update's micro-batches read shared rows,
     the update's shape, and where the old policy's log-probabilities come from (`old_logprobs`)."""
 
@@ -203,26 +204,6 @@ class UpdatePlan:
     @property
     def old_logprobs(self) -> OldLogprobs:
         return self.scoring.old_logprobs
-
-    @classmethod
-    def of(cls, models: OnPolicyModels, cfg: OnPolicyConfig, precision: str) -> UpdatePlan:
-        algorithm = algorithm_of(cfg)
-        return cls(
-            objective=Objective.of(cfg),
-            value=algorithm.value(cfg) if algorithm.value else None,
-            scoring=ScoringPlan.of(models, cfg),
-            layout=RowLayout.of(models, cfg, cfg.micro_batch_size, "micro_batch_size"),
-            minibatches=Minibatches(
-                cfg.update_epochs, cfg.num_minibatches, cfg.micro_batch_size, cfg.samples_per_prompt
-            ),
-            temperature=cfg.temperature,
-            kl_placement=cfg.kl_placement,
-            kl_estimator=cfg.kl_estimator,
-            entropy_coef=cfg.entropy_coef,
-            max_grad_norm=cfg.max_grad_norm,
-            seed=cfg.seed,
-            precision=precision,
-        )
 
 
 @dataclass(frozen=True)

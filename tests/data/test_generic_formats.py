@@ -217,7 +217,7 @@ def test_prompt_only_feeds_generate_and_the_on_policy_stages(form, posts, ppo_di
         None,
         stage_args("grpo", ppo_dirs, tmp_path / "run", data=str(data), prompt_format="auto"),
     )
-    train, held_out, _ = evaluation.split_posts(cfg, tokenizer_of(ppo_dirs))
+    train, held_out, _ = evaluation.split_posts(cfg.prompt_split, tokenizer_of(ppo_dirs))
     assert len(held_out) == 8 and {e.record.task for e in train} == {"text" if form == "standard" else "chat"}
     assert all(
         e.record.columns == {"topic": "reddit"} for e in train

@@ -142,7 +142,7 @@ def test_prompt_only_data_cut_to_16_tokens_keeps_each_prompts_end_and_warns_once
         "grpo", ppo_dirs, tmp_path / "run", data=str(data), prompt_format="prompt-only", max_query_length=16
     )
     cfg = resolve("grpo", PRESETS["grpo"], None, options)
-    train, held_out, notes = evaluation.split_posts(cfg, policy_tokenizer)
+    train, held_out, notes = evaluation.split_posts(cfg.prompt_split, policy_tokenizer)
     assert len(train) + len(held_out) == len(posts)  # nothing lost: every prompt kept some of its text
     for example in train + held_out:
         content = example.query.text.removesuffix("\nTL;DR:")

@@ -96,7 +96,7 @@ def test_the_split_line_counts_the_prompts_the_tokenization_line_then_keeps_or_s
     from rlhfkit.onpolicy.evaluation import split_posts
 
     cfg = GRPOConfig(data=[str(ppo_dirs["posts"])], validation_posts=2, max_query_length=64)
-    train, held_out, notes = split_posts(cfg, tokenizer)
+    train, held_out, notes = split_posts(cfg.prompt_split, tokenizer)
     split = re.search(r"split by prompt \(seed \d+\): (\d+) training prompts, (\d+) held-out prompts", "\n".join(notes))
     kept, skipped = map(int, re.search(r"training kept (\d+) prompts, skipped (\d+)", "\n".join(notes)).groups())
     assert skipped > 0 and kept == len(train)

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from rlhfkit import config
+
 PACKAGE = Path(__file__).resolve().parents[2] / "rlhfkit"
 MAX_LINES = 500
 # each top-level file or folder of the package one unit, one floor above the highest unit it imports
@@ -62,7 +64,7 @@ STAGE_LAYER = (
     "memory_plan.py",
     "config",
     "trainers",
-    "onpolicy",
+    "onpolicy/trainer.py",  # the on-policy stage: the rest of onpolicy/ receives the plans and sections it builds
     "data/analyze.py",
     "data/make_task.py",
     "eval/compare.py",
@@ -221,45 +223,99 @@ def test_only_the_entry_points_import_the_stage_registry():
     assert not importers, importers
 
 
-def below_the_stage_layer(path: Path) -> bool:
-    relative = path.relative_to(PACKAGE).as_posix()
+def package_sources() -> dict[str, str]:
+    """Each package file's source, by its path inside the package (`onpolicy/trainer.py`)."""
+    return {path.relative_to(PACKAGE).as_posix(): path.read_text() for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def below_the_stage_layer(relative: str) -> bool:
     return not any(relative == part or relative.startswith(part + "/") for part in STAGE_LAYER)
 
 
-def test_nothing_below_the_stage_layer_receives_a_stage_config():
-    """Below the stages a function gets a typed section (LoraOptions, ShardingOptions, ...), never `cfg`."""
-    takers = [
-        f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name}"
-        for path in PACKAGE.rglob("*.py")
-        if below_the_stage_layer(path)
-        for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-        and any(arg.arg == "cfg" for arg in node.args.args + node.args.kwonlyargs)
+STAGE_CONFIGS = {name for name in config.__all__ if name.endswith("Config")}  # OnPolicyConfig, SFTConfig, ...
+
+
+def holds_a_stage_config(annotation: ast.expr | None) -> bool:
+    """Whether an annotation names a stage config as the value held: `OnPolicyConfig`, `GRPOConfig | None`;
+    `type[OnPolicyConfig]` is a class to compare with, which holds no option."""
+    if annotation is None:
+        return False
+    if isinstance(annotation, ast.Subscript) and ast.unparse(annotation.value) == "type":
+        return False
+    if isinstance(annotation, ast.Name):
+        return annotation.id in STAGE_CONFIGS
+    return any(holds_a_stage_config(child) for child in ast.iter_child_nodes(annotation))
+
+
+def stage_config_takers(sources: dict[str, str]) -> list[str]:
+    """`path:line name` of every function below the stage layer that takes `cfg` or a stage config, and of every
+    field or variable there that holds one."""
+    found = []
+    for path, source in sources.items():
+        if not below_the_stage_layer(path):
+            continue
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                arguments = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+                if any(a.arg == "cfg" or holds_a_stage_config(a.annotation) for a in arguments):
+                    found.append(f"{path}:{node.lineno} {node.name}")
+            elif isinstance(node, ast.AnnAssign) and holds_a_stage_config(node.annotation):
+                found.append(f"{path}:{node.lineno} {ast.unparse(node.target)}")
+    return found
+
+
+def report_builders(sources: dict[str, str]) -> list[str]:
+    """`path:line` of every class named Report outside report/."""
+    return [
+        f"{path}:{node.lineno}"
+        for path, source in sources.items()
+        if path.split("/")[0] != "report"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ClassDef) and node.name == "Report"
     ]
+
+
+def episode_driver_namers(sources: dict[str, str]) -> list[str]:
+    """The files that name `EpisodeDriver` outside the environments, the sampler and the decoding steps."""
+    allowed = ("environments/", "generation.py", "decoding/")
+    return [path for path, source in sources.items() if not path.startswith(allowed) and "EpisodeDriver" in source]
+
+
+def test_each_placement_guard_finds_a_planted_violation():
+    planted = {
+        "onpolicy/trainer.py": "def run(cfg):\n    pass\n",  # the stage: takes its config
+        "onpolicy/collect.py": "def draw(cfg, update):\n    pass\n",
+        "onpolicy/scoring.py": "class Setup:\n    options: OnPolicyConfig | None\n",
+        "onpolicy/update.py": "def plan(options: RolloutOptions, sampling: GRPOConfig):\n    pass\n",
+        "onpolicy/algorithms.py": "def algorithm_of(config: type[OnPolicyConfig]):\n    pass\n",  # a class
+        "eval/winrate.py": "from ..environments.driver import EpisodeDriver\n\nclass Report:\n    pass\n",
+        "report/report.py": "class Report:\n    pass\n",
+        "decoding/eager.py": "from ..environments import EpisodeDriver\n",
+    }
+    assert stage_config_takers(planted) == [
+        "onpolicy/collect.py:1 draw", "onpolicy/scoring.py:2 options", "onpolicy/update.py:1 plan"
+    ]
+    assert report_builders(planted) == ["eval/winrate.py:3"]
+    assert episode_driver_namers(planted) == ["eval/winrate.py"]
+
+
+def test_nothing_below_the_stage_layer_receives_a_stage_config():
+    """Below the stages a function gets a typed section (LoraOptions, RolloutOptions, ...) or a plan built from
+    the config (UpdatePlan), never `cfg`; in onpolicy/ only the trainer, which builds them, holds the config."""
+    takers = stage_config_takers(package_sources())
     assert not takers, "\n".join(takers)
 
 
 def test_only_report_defines_a_report():
     """Every stage and command writes its report.html through `report.report.Report`: no second builder."""
-    builders = [
-        f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
-        for path in PACKAGE.rglob("*.py")
-        if path.relative_to(PACKAGE).parts[0] != "report"
-        for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.ClassDef) and node.name == "Report"
-    ]
+    builders = report_builders(package_sources())
     assert not builders, builders
 
 
 def test_only_the_sampler_and_the_environments_name_the_episode_driver():
     """Stages and evaluations hand the sampler an `EpisodePlan`; the driver of a chunk's episodes is built and run
     inside sampling alone."""
-    allowed = ("environments/", "generation.py", "decoding/")
-    naming = [
-        str(path.relative_to(PACKAGE.parent))
-        for path in PACKAGE.rglob("*.py")
-        if not path.relative_to(PACKAGE).as_posix().startswith(allowed) and "EpisodeDriver" in path.read_text()
-    ]
+    naming = episode_driver_namers(package_sources())
     assert not naming, naming
 
 

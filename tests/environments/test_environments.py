@@ -256,7 +256,7 @@ def test_ppo_and_reinforce_advantages_and_returns_sit_on_the_policys_tokens_only
     inserted = batch.mask & ~batch.trained_mask
     values = torch.randn(batch.mask.shape, generator=torch.Generator().manual_seed(1)) * batch.trained_mask
     for other in (PPOConfig(whiten_rewards=True), ReinforceConfig(advantage_estimator="reinforce-pp", gamma=0.9)):
-        done = compute_advantages(dataclasses.replace(batch, values=values), other, cfg.kl_coef)
+        done = compute_advantages(dataclasses.replace(batch, values=values), other.advantage_options, cfg.kl_coef)
         assert float(done.advantages[inserted].abs().max()) == 0 and float(done.returns[inserted].abs().max()) == 0
         assert float(done.advantages[done.trained_mask].abs().max()) > 0
 
@@ -316,11 +316,12 @@ def test_environment_options_are_checked_before_anything_loads():
 def test_an_environment_only_reward_needs_neither_reward_model_nor_functions():
     from rlhfkit.onpolicy.scoring import RewardSources
 
-    sources = RewardSources.from_config(environment_config(reward_functions=["format"], reward_weights=[0.5, 2.0]))
+    weighted = environment_config(reward_functions=["format"], reward_weights=[0.5, 2.0])
+    sources = RewardSources.of(weighted.reward_options)
     assert sources.names == ["format", "environment"] and sources.weights == [0.5, 2.0]
     with pytest.raises(ConfigError, match=r"reward_weights has 1 values for 2 rewards \(format, environment\)"):
-        RewardSources.from_config(environment_config(reward_functions=["format"], reward_weights=[1.0]))
-    assert RewardSources.from_config(environment_config()).names == ["environment"]
+        RewardSources.of(environment_config(reward_functions=["format"], reward_weights=[1.0]).reward_options)
+    assert RewardSources.of(environment_config().reward_options).names == ["environment"]
     assert issubclass(FixedTextEnv, Environment)
 
 
@@ -365,10 +366,9 @@ def test_eval_gsm8k_evaluates_a_model_with_and_without_the_calculator(tiny_model
 def test_the_report_flags_a_logprob_gap_and_refused_tool_calls():
     from rlhfkit.onpolicy.evaluation import episode_caveat
 
-    fp32 = environment_config(mixed_precision="no")
     quiet = [{"episode/logprob_gap_max": 2e-5, "env/tool_calls": 2.0, "env/tool_refused": 0.5}]
-    assert episode_caveat(quiet, fp32) == ""
+    assert episode_caveat(quiet, "no") == ""
     loud = [{"episode/logprob_gap_max": 0.2, "env/tool_calls": 1.0, "env/tool_refused": 3.0}]
-    caveat = episode_caveat(loud, fp32)
+    caveat = episode_caveat(loud, "no")
     assert "moved by up to 0.2" in caveat and "refused 3 tool calls for each one it answered" in caveat
-    assert "moved" not in episode_caveat(loud, environment_config(mixed_precision="bf16"))
+    assert "moved" not in episode_caveat(loud, "bf16")

@@ -22,7 +22,7 @@ from rlhfkit.cli import main as cli_main
 from rlhfkit.errors import ConfigError
 from rlhfkit.logprobs import response_logprobs
 from rlhfkit.models import load_policy
-from rlhfkit.onpolicy import evaluation, trainer, update
+from rlhfkit.onpolicy import evaluation, trainer
 from rlhfkit.onpolicy.scoring import policy_logprobs
 from rlhfkit.reward_models import ScalarModel
 from rlhfkit.stages import resolve
@@ -132,13 +132,13 @@ def test_ppo_with_lora_has_kl_exactly_zero_and_ratio_exactly_one_against_the_ada
     models = trainer.load_models(cfg, None, torch.device("cpu"))
     assert isinstance(models.reference, AdapterDisabled) and models.reference.inner is models.policy  # no second copy
     assert is_adapted(models.value)
-    train, _, _ = evaluation.split_posts(cfg, models.tokenizer)
+    train, _, _ = evaluation.split_posts(cfg.prompt_split, models.tokenizer)
     trainer.prepare_for_training(models, cfg)
     prompts = [e.query.ids for e in train]
     before = {name: p.detach().clone() for m in (models.policy, models.value) for name, p in m.named_parameters()}
     batch = collected(models, prompts, cfg, 0, cfg.kl_coef)
     assert torch.equal(batch.logprobs, batch.ref_logprobs) and torch.equal(batch.kl, torch.zeros_like(batch.kl))
-    metrics = run_update(models, update.build_optimizers(models, cfg, 2), batch, cfg).metrics
+    metrics = run_update(models, trainer.build_optimizers(models, cfg, 2), batch, cfg).metrics
     assert metrics["val/ratio"] == 1.0 and metrics["policy/clipfrac_avg"] == 0 and metrics["policy/approxkl_avg"] == 0
     after = {name: p.detach() for m in (models.policy, models.value) for name, p in m.named_parameters()}
     changed = {name for name in before if not torch.equal(before[name], after[name])}

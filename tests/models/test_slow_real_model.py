@@ -55,7 +55,7 @@ def test_real_reward_model_left_and_right_padding_agree(real_examples):
 
 def test_real_model_ppo_starts_with_kl_zero_and_ratio_one(real_examples):
     """The PPO invariants at real scale: four SmolLM2-135M models, real posts, one update."""
-    from rlhfkit.onpolicy import trainer, update
+    from rlhfkit.onpolicy import trainer
     from rlhfkit.onpolicy.scoring import OnPolicyModels
     from rlhfkit.stages import resolve
 
@@ -75,5 +75,5 @@ def test_real_model_ppo_starts_with_kl_zero_and_ratio_one(real_examples):
     examples, _ = tokenize_sft(real_examples, tok, 128, 53)
     batch = collected(models, [e.query.ids for e in examples], cfg, 0, cfg.kl_coef)
     assert torch.equal(batch.kl, torch.zeros_like(batch.kl))
-    metrics = run_update(models, update.build_optimizers(models, cfg, 1), batch, cfg).metrics
+    metrics = run_update(models, trainer.build_optimizers(models, cfg, 1), batch, cfg).metrics
     assert metrics["val/ratio"] == 1.0 and metrics["policy/approxkl_avg"] == 0

@@ -11,11 +11,11 @@ from rlhfkit.cli import main as cli_main
 from rlhfkit.config import PPOConfig
 from rlhfkit.errors import ConfigError
 from rlhfkit.onpolicy import advantages
-from rlhfkit.onpolicy.advantages import ESTIMATORS, EstimatorNeeds, check_estimator, estimators_for
+from rlhfkit.onpolicy.advantages import ESTIMATORS, EstimatorNeeds, estimators_for
 from rlhfkit.onpolicy.algorithms import ALGORITHMS, METHODS, algorithm_of
-from rlhfkit.onpolicy.update import Objective
+from rlhfkit.onpolicy.trainer import objective_of
 from rlhfkit.rollout import RolloutBatch
-from rlhfkit.stages import STAGES, resolve
+from rlhfkit.stages import STAGES, check_with_registry, resolve
 
 from ..support.tiny import cli_args, stage_args
 
@@ -32,7 +32,7 @@ def test_each_declaration_is_a_multi_process_command_whose_presets_build_its_con
     )
     for preset in algorithm.presets:
         cfg = resolve(name, preset, None, {})
-        assert algorithm_of(cfg) is algorithm and cfg.advantage_estimator in estimators_for(algorithm.config)
+        assert algorithm_of(type(cfg)) is algorithm and cfg.advantage_estimator in estimators_for(algorithm.config)
 
 
 def test_each_stage_takes_the_estimators_declared_for_its_config_and_refuses_others_naming_them():
@@ -49,7 +49,7 @@ def test_each_stage_takes_the_estimators_declared_for_its_config_and_refuses_oth
 def test_only_ppo_declares_a_value_model_and_reads_its_options_from_its_own_config():
     assert [name for name, a in ALGORITHMS.items() if a.needs_value_model] == ["ppo"]
     cfg = dataclasses.replace(PPOConfig(), value_model="v", vf_coef=0.3, value_clip_range=0.0)
-    options = ALGORITHMS["ppo"].value(cfg)
+    options = cfg.value_options
     assert (options.source, options.coef, options.clip_range) == ("v", 0.3, 0.0)
 
 
@@ -125,10 +125,10 @@ GREEDY = "so every advantage is 0 and the run learns nothing; set temperature ab
 def test_a_config_that_cannot_give_its_estimator_what_it_needs_is_refused(stage, options, message):
     cfg = dataclasses.replace(resolve(stage, None, None, {}), **options)
     if message is None:
-        check_estimator(cfg)
+        check_with_registry(stage, cfg)
     else:
         with pytest.raises(ConfigError) as refused:
-            check_estimator(cfg)
+            check_with_registry(stage, cfg)
         assert str(refused.value) == message
 
 
@@ -136,7 +136,7 @@ def test_an_estimator_declared_elsewhere_with_the_decorator_is_registered_checke
     monkeypatch.setattr(advantages, "ESTIMATORS", dict(ESTIMATORS))  # the shipped registry stays as it was
 
     @advantages.estimator("best-of-group", needs_groups=True)
-    def best_of_group(_cfg, rewards, mask, _batch, groups):
+    def best_of_group(_options, rewards, mask, _batch, groups):
         """1 for each token of its group's best response, else 0."""
         totals = rewards.sum(-1)
         best = torch.stack([totals[groups == g].max() for g in groups.tolist()])
@@ -158,10 +158,10 @@ def test_an_estimator_declared_elsewhere_with_the_decorator_is_registered_checke
     )
     grpo = resolve("grpo", None, None, {})
     cfg = dataclasses.replace(grpo, advantage_estimator="best-of-group", samples_per_prompt=2, whiten_advantages=False)
-    out = advantages.compute_advantages(batch, cfg, 0.0)
+    out = advantages.compute_advantages(batch, cfg.advantage_options, 0.0)
     assert out.advantages.tolist() == [[0, 0, 0], [1, 1, 1], [1, 0, 0], [0, 0, 0]]
     with pytest.raises(ConfigError, match="advantage_estimator=best-of-group compares the samples of a prompt"):
-        check_estimator(dataclasses.replace(cfg, samples_per_prompt=1))
+        check_with_registry("grpo", dataclasses.replace(cfg, samples_per_prompt=1))
     assert "best-of-group" not in ESTIMATORS
 
 
@@ -171,7 +171,7 @@ def test_an_estimator_registered_in_a_test_runs_through_rlhfkit_grpo(monkeypatch
     called = []
 
     @advantages.estimator("toy-mean-baseline", needs_groups=True)
-    def toy_mean_baseline(_cfg, rewards, mask, _batch, groups):
+    def toy_mean_baseline(_options, rewards, mask, _batch, groups):
         """The sequence reward minus the batch's mean, unscaled: a baseline that ignores the groups."""
         called.append(groups.numel())
         totals = rewards.sum(-1)
@@ -191,11 +191,11 @@ def test_the_objective_counts_tokens_or_sequences_and_drops_truncated_rows_when_
     mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0]], dtype=torch.bool)
     batch = RolloutBatch(None, None, None, torch.zeros(3, 3), mask, torch.tensor([True, True, False]))
     ppo, grpo = resolve("ppo", None, None, {}), resolve("grpo", None, None, {})
-    assert Objective.of(ppo).units(batch).tolist() == [3.0, 1.0, 2.0]  # token-mean: each row's tokens
-    assert Objective.of(grpo).units(batch).tolist() == [1.0, 1.0, 1.0]  # GRPO's sequence mean: one each
+    assert objective_of(ppo).units(batch).tolist() == [3.0, 1.0, 2.0]  # token-mean: each row's tokens
+    assert objective_of(grpo).units(batch).tolist() == [1.0, 1.0, 1.0]  # GRPO's sequence mean: one each
     dapo = resolve("grpo", "tldr-dapo", None, {})
-    assert Objective.of(dapo).units(batch).tolist() == [3.0, 1.0, 0.0]  # the row cut without EOS takes no part
-    assert Objective.of(resolve("grpo", "tldr-dr-grpo", None, {})).constant == 53.0  # max_response_length
+    assert objective_of(dapo).units(batch).tolist() == [3.0, 1.0, 0.0]  # the row cut without EOS takes no part
+    assert objective_of(resolve("grpo", "tldr-dr-grpo", None, {})).constant == 53.0  # max_response_length
 
 
 @pytest.mark.parametrize("method", METHODS, ids=lambda m: m.name)

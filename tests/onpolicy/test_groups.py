@@ -10,9 +10,9 @@ from rlhfkit.cli import main as cli_main
 from rlhfkit.data.collate import left_pad_queries
 from rlhfkit.errors import ConfigError
 from rlhfkit.generation import SampleKeys, sample_responses
-from rlhfkit.onpolicy import evaluation, trainer, update
+from rlhfkit.onpolicy import evaluation, trainer
 from rlhfkit.onpolicy.advantages import compute_advantages
-from rlhfkit.onpolicy.scoring import ScoringPlan, score_rollout
+from rlhfkit.onpolicy.scoring import score_rollout
 from rlhfkit.stages import resolve
 
 from ..support.data import data_file
@@ -25,7 +25,7 @@ from ..support.tiny import PRESETS, stage_args
 def setup(stage, dirs, tmp_path, **extra):
     cfg = resolve(stage, PRESETS[stage], None, stage_args(stage, dirs, tmp_path / "run", **extra))
     models = trainer.load_models(cfg, None, torch.device("cpu"))
-    train, _, _ = evaluation.split_posts(cfg, models.tokenizer)
+    train, _, _ = evaluation.split_posts(cfg.prompt_split, models.tokenizer)
     trainer.prepare_for_training(models, cfg)
     return cfg, models, [e.query.ids for e in train]
 
@@ -78,7 +78,7 @@ def test_rows_come_in_groups_of_the_same_prompt(ppo_dirs, tmp_path):
 @pytest.mark.parametrize("stage", ["grpo", "rloo"])
 def test_equal_scores_in_a_group_give_zero_advantages_and_no_update(stage, ppo_dirs, tmp_path):
     cfg, models, prompts = setup(stage, ppo_dirs, tmp_path, kl_coef=0.0)
-    scoring = ScoringPlan.of(models, cfg)
+    scoring = trainer.scoring_plan(models, cfg)
     batch = score_rollout(
         models,
         sample_responses(
@@ -95,10 +95,10 @@ def test_equal_scores_in_a_group_give_zero_advantages_and_no_update(stage, ppo_d
     )
     batch.raw_scores = torch.tensor([0.3] * 4 + [-2.0] * 4)
     batch.has_eos = torch.ones(8, dtype=torch.bool)
-    batch = compute_advantages(batch, cfg, cfg.kl_coef, scoring.old_logprobs)
+    batch = compute_advantages(batch, cfg.advantage_options, cfg.kl_coef, scoring.old_logprobs)
     assert batch.advantages.abs().max() == 0
     before = {k: v.clone() for k, v in models.policy.state_dict().items()}
-    run_update(models, update.build_optimizers(models, cfg, 2), batch, cfg)
+    run_update(models, trainer.build_optimizers(models, cfg, 2), batch, cfg)
     assert all(torch.equal(v, before[k]) for k, v in models.policy.state_dict().items())
 
 
@@ -111,7 +111,7 @@ def test_kl_as_a_loss_term_is_zero_at_step_0_and_pulls_towards_the_reference(ppo
     score_only = torch.zeros_like(batch.rewards)
     score_only[torch.arange(batch.size), last] = batch.scores
     torch.testing.assert_close(batch.rewards, score_only)  # no KL penalty inside the reward
-    metrics = run_update(models, update.build_optimizers(models, cfg, 2), batch, cfg).metrics
+    metrics = run_update(models, trainer.build_optimizers(models, cfg, 2), batch, cfg).metrics
     assert metrics["loss/kl_avg"] > 0  # the second epoch saw a moved policy
     first_epoch_only = run_update(*reset(models, cfg, prompts, update_epochs=1)).metrics
     assert first_epoch_only["loss/kl_avg"] == 0  # k3 of identical policies
@@ -123,7 +123,7 @@ def reset(models, cfg, prompts, **changes):
     cfg = dataclasses.replace(cfg, **changes)
     models.policy.load_state_dict(models.reference.state_dict())
     batch = collected(models, prompts, cfg, 0, cfg.kl_coef)
-    return models, update.build_optimizers(models, cfg, 2), batch, cfg
+    return models, trainer.build_optimizers(models, cfg, 2), batch, cfg
 
 
 def test_clipping_can_be_turned_off(ppo_dirs, tmp_path):
@@ -131,7 +131,7 @@ def test_clipping_can_be_turned_off(ppo_dirs, tmp_path):
         "grpo", ppo_dirs, tmp_path, clip_range=0.0, update_epochs=3, learning_rate=3e-2, eos_trick=False
     )
     batch = collected(models, prompts, cfg, 0, cfg.kl_coef)
-    metrics = run_update(models, update.build_optimizers(models, cfg, 2), batch, cfg).metrics
+    metrics = run_update(models, trainer.build_optimizers(models, cfg, 2), batch, cfg).metrics
     assert metrics["policy/clipfrac_avg"] == 0 and metrics["val/ratio_var"] > 0
 
 
@@ -192,7 +192,8 @@ def test_hh_dialogues_serve_as_prompts(ppo_dirs, tmp_path):
         None,
         stage_args("grpo", ppo_dirs, tmp_path, data=str(hh), prompt_format="hh", validation_posts=10),
     )
-    train, held_out, notes = evaluation.split_posts(cfg, trainer.load_models(cfg, None, torch.device("cpu")).tokenizer)
+    tokenizer = trainer.load_models(cfg, None, torch.device("cpu")).tokenizer
+    train, held_out, notes = evaluation.split_posts(cfg.prompt_split, tokenizer)
     assert len(train) > 100 and len(held_out) == 10
     assert {e.record.task for e in train} == {"hh"} and "Human:" in evaluation.prompt_body(train[0].record)
     assert len({e.record.prompt_id for e in train}) == len(train)  # one prompt per distinct dialogue

@@ -10,7 +10,7 @@ import torch
 
 from rlhfkit.cli import main as cli_main
 from rlhfkit.errors import ConfigError
-from rlhfkit.onpolicy import evaluation, trainer, update
+from rlhfkit.onpolicy import evaluation, trainer
 from rlhfkit.onpolicy.collect import PromptStream, prompt_indices
 from rlhfkit.stages import resolve
 
@@ -29,7 +29,7 @@ def half_tied(prompts, completions, **columns):
 def setup(stage, preset, dirs, tmp_path, **extra):
     cfg = resolve(stage, preset, None, stage_args(stage, dirs, tmp_path / "run", **extra))
     models = trainer.load_models(cfg, None, torch.device("cpu"))
-    train, _, _ = evaluation.split_posts(cfg, models.tokenizer)
+    train, _, _ = evaluation.split_posts(cfg.prompt_split, models.tokenizer)
     trainer.prepare_for_training(models, cfg)
     return cfg, models, train
 
@@ -112,7 +112,7 @@ def test_overlong_punishment_reaches_the_scores_and_filtering_drops_truncated_ro
     batch = collected(models, [e.query.ids for e in train], cfg, 0, cfg.kl_coef)
     excess = (batch.lengths.float() - (cfg.max_response_length - 4)).clamp(min=0)
     torch.testing.assert_close(batch.scores, batch.raw_scores - torch.clamp(excess / 4, max=1.0))
-    objective = update.Objective.of(cfg)
+    objective = trainer.objective_of(cfg)
     assert bool((objective.loss_mask(batch).any(1) == batch.has_eos).all())
 
 

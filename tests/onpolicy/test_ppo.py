@@ -11,10 +11,10 @@ from rlhfkit import generation, ops
 from rlhfkit.cli import main as cli_main
 from rlhfkit.data.collate import left_pad_queries
 from rlhfkit.logprobs import response_logprobs
-from rlhfkit.onpolicy import evaluation, rollout_stats, trainer, update
+from rlhfkit.onpolicy import evaluation, rollout_stats, trainer
 from rlhfkit.onpolicy.advantages import compute_advantages
 from rlhfkit.onpolicy.collect import prompt_indices
-from rlhfkit.onpolicy.scoring import ScoringPlan, policy_logprobs, score_rollout
+from rlhfkit.onpolicy.scoring import policy_logprobs, score_rollout
 from rlhfkit.reward_models import ScalarModel
 from rlhfkit.rollout import RolloutBatch
 from rlhfkit.stages import resolve
@@ -27,7 +27,7 @@ from ..support.tiny import stage_args
 def setup(dirs, tmp_path, **extra):
     cfg = resolve("ppo", "tldr-ppo", None, stage_args("ppo", dirs, tmp_path / "run", **extra))
     models = trainer.load_models(cfg, None, torch.device("cpu"))
-    train, _, _ = evaluation.split_posts(cfg, models.tokenizer)
+    train, _, _ = evaluation.split_posts(cfg.prompt_split, models.tokenizer)
     trainer.prepare_for_training(models, cfg)
     return cfg, models, [e.query.ids for e in train]
 
@@ -48,7 +48,7 @@ def scripted_batch(models, cfg, prompts, eos_at: list[int | None], width: int = 
     batch = RolloutBatch(
         torch.arange(len(eos_at)), padded["input_ids"], padded["attention_mask"], responses, mask, has_eos
     )
-    return score_rollout(models, batch, ScoringPlan.of(models, cfg), "no")
+    return score_rollout(models, batch, trainer.scoring_plan(models, cfg), "no")
 
 
 def test_kl_is_exactly_zero_and_the_ratio_exactly_one_before_any_update(ppo_dirs, tmp_path):
@@ -61,7 +61,7 @@ def test_kl_is_exactly_zero_and_the_ratio_exactly_one_before_any_update(ppo_dirs
     micro = batch.select(rows)
     new, _ = policy_logprobs(models.policy, micro, cfg.temperature)
     assert torch.equal(torch.exp(new - micro.logprobs)[micro.mask], torch.ones(int(micro.mask.sum())))
-    metrics = run_update(models, update.build_optimizers(models, cfg, 2), batch, cfg).metrics
+    metrics = run_update(models, trainer.build_optimizers(models, cfg, 2), batch, cfg).metrics
     assert metrics["val/ratio"] == 1.0 and metrics["policy/clipfrac_avg"] == 0 and metrics["policy/approxkl_avg"] == 0
 
 
@@ -69,7 +69,7 @@ def test_kl_moves_after_an_update_and_the_reference_stays_frozen(ppo_dirs, tmp_p
     cfg, models, prompts = setup(ppo_dirs, tmp_path, update_epochs=1)
     reference_before = {k: v.clone() for k, v in models.reference.state_dict().items()}
     batch = collected(models, prompts, cfg, 0, cfg.kl_coef)
-    run_update(models, update.build_optimizers(models, cfg, 2), batch, cfg)
+    run_update(models, trainer.build_optimizers(models, cfg, 2), batch, cfg)
     after = collected(models, prompts, cfg, 1, cfg.kl_coef)
     assert after.kl.abs().sum() > 0 and not torch.equal(after.logprobs, after.ref_logprobs)
     assert all(torch.equal(v, reference_before[k]) for k, v in models.reference.state_dict().items())
@@ -99,7 +99,7 @@ def test_gradient_checkpointing_samples_the_same_and_updates_alike(ppo_dirs, tmp
     for checkpointing in (False, True):
         cfg, models, prompts = setup(ppo_dirs, tmp_path, update_epochs=1, gradient_checkpointing=checkpointing)
         batch = collected(models, prompts, cfg, 0, cfg.kl_coef)
-        run_update(models, update.build_optimizers(models, cfg, 2), batch, cfg)
+        run_update(models, trainer.build_optimizers(models, cfg, 2), batch, cfg)
         results.append((batch.responses, models.policy.state_dict()))
     assert torch.equal(results[0][0], results[1][0])
     for key in results[0][1]:
@@ -122,7 +122,7 @@ def test_sampling_never_emits_pad(tiny_model):
 def test_detail23_score_lands_on_the_eos_index_and_missing_eos_scores_minus_one(ppo_dirs, tmp_path):
     cfg, models, prompts = setup(ppo_dirs, tmp_path)
     eos_at = [2, None, 0, 5]
-    batch = compute_advantages(scripted_batch(models, cfg, prompts, eos_at), cfg, kl_coef=0.05)
+    batch = compute_advantages(scripted_batch(models, cfg, prompts, eos_at), cfg.advantage_options, kl_coef=0.05)
     assert batch.scores.tolist() == [
         batch.raw_scores[0].item(),
         -1.0,
@@ -154,7 +154,7 @@ def test_everything_after_eos_is_masked_in_every_loss_and_metric(ppo_dirs, tmp_p
     after_eos = ~clean.mask
     for key in ("logprobs", "ref_logprobs", "values"):
         setattr(dirty, key, getattr(clean, key).masked_fill(after_eos, 1e3))
-    clean, dirty = (compute_advantages(b, cfg, 0.05) for b in (clean, dirty))
+    clean, dirty = (compute_advantages(b, cfg.advantage_options, 0.05) for b in (clean, dirty))
     for key in ("rewards", "advantages", "returns", "kl"):
         torch.testing.assert_close(getattr(dirty, key), getattr(clean, key), msg=key)
     assert rollout_stats.rollout_metrics(dirty, 0.05) == rollout_stats.rollout_metrics(clean, 0.05)
@@ -163,7 +163,7 @@ def test_everything_after_eos_is_masked_in_every_loss_and_metric(ppo_dirs, tmp_p
     results = []
     for batch in (clean, dirty):
         trained = copy.deepcopy(models)
-        metrics = run_update(trained, update.build_optimizers(trained, cfg, 2), batch, cfg).metrics
+        metrics = run_update(trained, trainer.build_optimizers(trained, cfg, 2), batch, cfg).metrics
         results.append((metrics, trained.policy.state_dict(), trained.value.state_dict()))
     assert results[0][0] == pytest.approx(results[1][0])
     for a, b in ((results[0][1], results[1][1]), (results[0][2], results[1][2])):
@@ -176,7 +176,7 @@ def test_one_update_raises_the_logprob_of_positive_advantage_tokens(ppo_dirs, tm
     batch = collected(models, prompts, cfg, 0, cfg.kl_coef)
     sign = torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(batch.size)]).unsqueeze(1)
     batch.advantages = sign * batch.mask
-    run_update(models, update.build_optimizers(models, cfg, 2), batch, cfg)
+    run_update(models, trainer.build_optimizers(models, cfg, 2), batch, cfg)
     with torch.no_grad():
         new, _ = policy_logprobs(models.policy, batch, cfg.temperature)
     change = new - batch.logprobs
@@ -254,7 +254,7 @@ def test_detail22_value_model_starts_as_the_reward_model_and_trains_apart_from_i
         assert torch.equal(value, reward_before[key]), key
     assert models.value is not models.reward and not any(p.requires_grad for p in models.reward.parameters())
     batch = collected(models, prompts, cfg, 0, cfg.kl_coef)
-    run_update(models, update.build_optimizers(models, cfg, 2), batch, cfg)
+    run_update(models, trainer.build_optimizers(models, cfg, 2), batch, cfg)
     assert all(torch.equal(v, reward_before[k]) for k, v in models.reward.state_dict().items())
     assert not torch.equal(models.value.head.weight, reward_before["head.weight"])
 
@@ -264,7 +264,7 @@ def test_gradient_accumulation_matches_one_large_micro_batch(ppo_dirs, tmp_path)
     for micro in (2, 8):
         cfg, models, prompts = setup(ppo_dirs, tmp_path, micro_batch_size=micro, update_epochs=1)
         batch = collected(models, prompts, cfg, 0, cfg.kl_coef)
-        run_update(models, update.build_optimizers(models, cfg, 2), batch, cfg)
+        run_update(models, trainer.build_optimizers(models, cfg, 2), batch, cfg)
         weights.append(models.policy.state_dict())
     for key in weights[0]:
         torch.testing.assert_close(weights[0][key], weights[1][key], atol=2e-6, rtol=1e-4)

@@ -221,7 +221,10 @@ def models_of(policy, tokenizer):
 def layout_and_log(policy, tokenizer, caplog, **options):
     cfg = dataclasses.replace(GRPOConfig(), **options)
     with caplog.at_level(logging.WARNING, logger="rlhfkit.shared_rows"):
-        layout = RowLayout.of(models_of(policy, tokenizer), cfg, cfg.micro_batch_size, "micro_batch_size")
+        layout = RowLayout.of(
+            models_of(policy, tokenizer), cfg.shared_prefix, cfg.samples_per_prompt, cfg.micro_batch_size,
+            "micro_batch_size",
+        )
     return layout, caplog.text
 
 
@@ -306,13 +309,14 @@ def test_an_update_refuses_a_rollout_whose_old_logprobs_disagree_with_its_plan(t
     """The run's plan says where the old log-probabilities come from, never whether a rollout has them:
     a rollout with them where the update's forward gives them, or without them where scoring does, is
     refused before any forward."""
-    from rlhfkit.onpolicy.update import Optimizers, UpdatePlan, update_on_rollout
+    from rlhfkit.onpolicy.trainer import update_plan
+    from rlhfkit.onpolicy.update import Optimizers, update_on_rollout
 
     policy, tokenizer, batch = policy_and_rollout(tiny_model_dir)
     models = OnPolicyModels(policy, policy, None, None, tokenizer)
     cfg = dataclasses.replace(GRPOConfig(), update_epochs=1, micro_batch_size=4, max_response_length=6,
                               reuse_update_forward=reuse)
-    plan = UpdatePlan.of(models, cfg, "no")
+    plan = update_plan(models, cfg, "no")
     assert plan.old_logprobs == ("update" if reuse else "scoring")
     optimizers = Optimizers(torch.optim.SGD(policy.parameters(), lr=1.0), None, None, None)
     before = {k: v.detach().clone() for k, v in policy.named_parameters()}
@@ -336,13 +340,14 @@ def test_an_update_refuses_a_rollout_whose_old_logprobs_disagree_with_its_plan(t
 def test_scoring_leaves_the_old_logprobs_to_the_update_only_where_they_would_be_the_same(
     tiny_model_dir, options, reuses
 ):
-    from rlhfkit.onpolicy.scoring import ScoringPlan, score_rollout
+    from rlhfkit.onpolicy.scoring import score_rollout
+    from rlhfkit.onpolicy.trainer import scoring_plan
 
     policy, tokenizer, batch = policy_and_rollout(tiny_model_dir)
     scalar = ScalarModel.from_policy(policy).eval()
     models = OnPolicyModels(policy, policy, scalar, None, tokenizer)
     cfg = dataclasses.replace(GRPOConfig(), forward_batch_size=4, max_response_length=6, **options)
-    plan = ScoringPlan.of(models, cfg)
+    plan = scoring_plan(models, cfg)
     assert plan.old_logprobs == ("update" if reuses else "scoring")
     bare = dataclasses.replace(batch, logprobs=None, ref_logprobs=None, advantages=None)
     scored = score_rollout(models, bare, plan, "no")

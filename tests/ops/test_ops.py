@@ -136,9 +136,10 @@ def test_equation3_rewards_put_the_score_on_the_last_valid_token():
     scores = torch.tensor([2.0, -1.0])
     kl = torch.tensor([[0.1, 0.2, 0.3], [0.1, 0.1, 0.1]])
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
-    rewards, non_score = ops.rlhf_rewards(scores, kl, mask, kl_coef=0.5)
-    torch.testing.assert_close(non_score, torch.tensor([[-0.05, -0.1, 0.0], [-0.05, -0.05, -0.05]]))
+    rewards = ops.rlhf_rewards(scores, kl, mask, kl_coef=0.5)
     torch.testing.assert_close(rewards, torch.tensor([[-0.05, 1.9, 0.0], [-0.05, -0.05, -1.05]]))
+    without_scores = ops.rlhf_rewards(torch.zeros(2), kl, mask, kl_coef=0.5)  # the non-score reward alone
+    torch.testing.assert_close(without_scores, torch.tensor([[-0.05, -0.1, 0.0], [-0.05, -0.05, -0.05]]))
 
 
 @pytest.mark.parametrize("chunk_rows", [1, 3, 100])

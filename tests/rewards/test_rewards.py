@@ -161,7 +161,7 @@ def test_gsm8k_records_keep_the_final_number_and_count_steps(tmp_path):
 def on_policy_setup(stage, ppo_dirs, tmp_path, **extra):
     cfg = resolve(stage, PRESETS[stage], None, stage_args(stage, ppo_dirs, tmp_path / "run", **extra))
     models = trainer.load_models(cfg, None, torch.device("cpu"))
-    train, _, _ = evaluation.split_posts(cfg, models.tokenizer)
+    train, _, _ = evaluation.split_posts(cfg.prompt_split, models.tokenizer)
     trainer.prepare_for_training(models, cfg)
     return cfg, models, train
 

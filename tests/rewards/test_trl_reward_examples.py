@@ -264,7 +264,7 @@ def test_the_old_stop_option_is_refused_with_its_replacement(ppo_dirs, tmp_path)
 
     cfg = resolve("grpo", PRESETS["grpo"], None, stage_args("grpo", ppo_dirs, tmp_path, stop_on_reward_error="true"))
     with pytest.raises(ConfigError, match="stop_on_reward_error=true was replaced by reward_errors=stop"):
-        RewardSources.from_config(cfg)
+        RewardSources.of(cfg.reward_options)
 
 
 # ---------------------------------------------------------------- async functions
@@ -376,7 +376,7 @@ def test_a_dropped_row_takes_no_part_in_group_baselines_whitening_or_the_loss():
 
     from rlhfkit import ops
     from rlhfkit.onpolicy.advantages import compute_advantages
-    from rlhfkit.onpolicy.update import Objective
+    from rlhfkit.onpolicy.trainer import objective_of
     from rlhfkit.rollout import RolloutBatch
     from rlhfkit.stages import resolve
 
@@ -387,15 +387,15 @@ def test_a_dropped_row_takes_no_part_in_group_baselines_whitening_or_the_loss():
                          torch.zeros(6, 3, dtype=torch.long), mask, torch.ones(6, dtype=torch.bool),
                          logprobs=zeros, ref_logprobs=zeros, raw_scores=raw)
     grpo = dataclasses.replace(resolve("grpo", None, None, {}), samples_per_prompt=3, whiten_advantages=True)
-    out = compute_advantages(batch, grpo, 0.0)
+    out = compute_advantages(batch, grpo.advantage_options, 0.0)
     assert math.isnan(float(out.scores[2])) and float(out.advantages[2].abs().sum()) == 0.0
     # the same as the scored rows alone: group statistics over them, whitened over them
     relative = ops.group_relative_advantages(torch.tensor([1.0, 3.0, 0.0, 2.0, 5.0]), torch.tensor([0, 0, 1, 1, 1]))
     expected = ops.masked_whiten(relative.unsqueeze(1) * torch.ones(5, 3), torch.ones(5, 3, dtype=torch.bool))
     torch.testing.assert_close(out.advantages[[0, 1, 3, 4, 5]], expected)
-    assert Objective.of(grpo).loss_mask(out)[2].sum() == 0 and Objective.of(grpo).units(out).tolist()[2] == 0.0
+    assert objective_of(grpo).loss_mask(out)[2].sum() == 0 and objective_of(grpo).units(out).tolist()[2] == 0.0
     rloo = dataclasses.replace(resolve("rloo", None, None, {}), samples_per_prompt=3)
-    advantages = compute_advantages(batch, rloo, 0.0).advantages[:, 0]
+    advantages = compute_advantages(batch, rloo.advantage_options, 0.0).advantages[:, 0]
     assert advantages[:3].tolist() == [-2.0, 2.0, 0.0]  # rows 0, 1 compared with each other alone
 
 

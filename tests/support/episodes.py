@@ -103,7 +103,7 @@ def environment_run_models(model, tokenizer, cfg):
 
     reference = copy.deepcopy(model).eval().requires_grad_(False)
     return OnPolicyModels(
-        model, reference, None, None, tokenizer, RewardSources.from_config(cfg), episode_plan(cfg.episode_options)
+        model, reference, None, None, tokenizer, RewardSources.of(cfg.reward_options), episode_plan(cfg.episode_options)
     )
 
 

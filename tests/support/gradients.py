@@ -41,21 +41,22 @@ def collected(models, prompts: list[list[int]], cfg, update: int, kl_coef: float
     without autocast; dynamic sampling's tallies go to `counts`."""
     from rlhfkit.onpolicy.advantages import compute_advantages
     from rlhfkit.onpolicy.collect import RolloutSetup, collect
-    from rlhfkit.onpolicy.scoring import ScoringPlan
+    from rlhfkit.onpolicy.trainer import scoring_plan
 
-    scoring = ScoringPlan.of(models, cfg)
-    setup = RolloutSetup(models, prompts, cfg, scoring, "no", texts=texts)
+    scoring = scoring_plan(models, cfg)
+    setup = RolloutSetup(models, prompts, cfg.rollout_options, scoring, "no", texts=texts)
     batch = collect(setup, update, {}, stream=stream, counts=counts)
-    return compute_advantages(batch, cfg, kl_coef, scoring.old_logprobs)
+    return compute_advantages(batch, cfg.advantage_options, kl_coef, scoring.old_logprobs)
 
 
 def run_update(models, optimizers, batch, cfg, accelerator=None, update: int = 1):
     """`update_on_rollout` on `batch` as the trainer runs it, under `cfg`'s plan in fp32: its `UpdateResult`."""
     from rlhfkit.distributed import ONE_PROCESS
-    from rlhfkit.onpolicy.update import UpdatePlan, update_on_rollout
+    from rlhfkit.onpolicy.trainer import update_plan
+    from rlhfkit.onpolicy.update import update_on_rollout
 
     return update_on_rollout(
-        models=models, optimizers=optimizers, batch=batch, plan=UpdatePlan.of(models, cfg, "no"), update=update,
+        models=models, optimizers=optimizers, batch=batch, plan=update_plan(models, cfg, "no"), update=update,
         kl_coef=cfg.kl_coef, accelerator=accelerator or ONE_PROCESS,
     )
 
@@ -202,7 +203,7 @@ def rollout_setup(stage: str, inputs: dict[str, Any], out: Path, preset: str | N
 
     cfg = resolve(stage, preset or PRESETS[stage], None, stage_args(stage, inputs, out, **extra))
     models = trainer.load_models(cfg, None, torch.device("cpu"))
-    train, _, _ = evaluation.split_posts(cfg, models.tokenizer)
+    train, _, _ = evaluation.split_posts(cfg.prompt_split, models.tokenizer)
     trainer.prepare_for_training(models, cfg)
     return cfg, models, [e.query.ids for e in train], trainer.PromptTexts.of(train)
 
@@ -212,11 +213,12 @@ def sampled_rollout(setup, update: int = 0, accelerator=None):
     `rollout_setup`'s run, in fp32."""
     from rlhfkit.distributed import ONE_PROCESS
     from rlhfkit.onpolicy.collect import RolloutSetup, collect
-    from rlhfkit.onpolicy.scoring import ScoringPlan
+    from rlhfkit.onpolicy.trainer import scoring_plan
 
     cfg, models, prompts, texts = setup
-    scoring = ScoringPlan.of(models, cfg)
-    return collect(RolloutSetup(models, prompts, cfg, scoring, "no", accelerator or ONE_PROCESS, texts), update, {})
+    scoring = scoring_plan(models, cfg)
+    setup = RolloutSetup(models, prompts, cfg.rollout_options, scoring, "no", accelerator or ONE_PROCESS, texts)
+    return collect(setup, update, {})
 
 
 def sampled_rollout_worker(rank: int, world: int, port: int, cases: list, out: str) -> None:

@@ -210,7 +210,7 @@ def test_ppo_scores_carry_the_length_penalty_before_the_eos_trick():
         values=torch.zeros(2, 4),
         raw_scores=torch.tensor([1.0, 3.0]),
     )
-    out = compute_advantages(batch, cfg, 0.0)
+    out = compute_advantages(batch, cfg.advantage_options, 0.0)
     torch.testing.assert_close(out.scores, torch.tensor([1.0 - 0.1 * 3, cfg.missing_eos_score]))
 
 
