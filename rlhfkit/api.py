@@ -35,7 +35,7 @@ from .command import check_sources, check_takes_options, command_config, execute
 from .config import MODEL_OPTIONS
 from .config.values import check_not_moved, unknown_key_hint
 from .errors import ConfigError
-from .preemption import exit_code
+from .preemption import continued_from_python, exit_code
 from .run_folder import unstarted_runs_taken_back
 from .stages import STAGES, Outputs, Stage
 from .supplied import PREFIX, supplying
@@ -402,14 +402,14 @@ def run(
             cfg = command_config(
                 command, preset, os.fspath(config_file) if config_file else None, overrides, num_processes, config
             )
+            resume = python_resume_call(command, cfg, overrides)
             try:
-                code = launched(command, cfg, num_processes) if num_processes > 1 else execute(command, cfg, 1, [])
+                with continued_from_python(resume, f"the same {call_of(command, '...')} call"):
+                    code = launched(command, cfg, num_processes) if num_processes > 1 else execute(command, cfg, 1, [])
             except SystemExit as stop:  # the command line's way to end on Ctrl-C; Python's is KeyboardInterrupt
                 if stop.code != exit_code(signal.SIGINT):
                     raise
-                raise KeyboardInterrupt(
-                    f"{command.name} stopped by Ctrl-C; resume with {python_resume_call(command, cfg, overrides)}"
-                ) from None
+                raise KeyboardInterrupt(f"{command.name} stopped by Ctrl-C; resume with {resume}") from None
     if code:
         raise LaunchFailed(f"{stage} on {num_processes} processes ended with exit code {code}; their lines say why")
     return Result(command.name, cfg, result_folder(command, cfg))

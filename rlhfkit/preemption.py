@@ -17,6 +17,7 @@ the steps), and `stopping_at_once` turns it into the same one line and exit code
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import shlex
 import signal
@@ -28,6 +29,22 @@ from typing import Any, NoReturn
 from .errors import say
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# set by the Python API for the length of a call: how that call is continued or started again from Python, which
+# the stop lines name instead of a command line (a command line cannot supply the call's Python objects)
+PYTHON_CALLS: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
+    "rlhfkit_python_calls", default=None
+)
+
+
+@contextlib.contextmanager
+def continued_from_python(resume: str, restart: str):
+    """Within the block, a stop line says `resume` (the call that continues the run) or, before the first
+    checkpoint, `restart` (the call that starts it again)."""
+    token = PYTHON_CALLS.set((resume, restart))
+    try:
+        yield
+    finally:
+        PYTHON_CALLS.reset(token)
 
 
 class Interrupted(BaseException):
@@ -107,7 +124,10 @@ def exit_code(signum: int) -> int:
 
 def resume_command(command: str, run_dir: Path, processes: int = 1) -> str:
     """How to continue: the same pipeline command line (the pipeline resumes an interrupted stage itself),
-    or `rlhfkit <command>` on the run folder, whose config.yaml holds every option of the run."""
+    or `rlhfkit <command>` on the run folder, whose config.yaml holds every option of the run; under the Python
+    API, its call (`continued_from_python`)."""
+    if PYTHON_CALLS.get() is not None:
+        return PYTHON_CALLS.get()[0]
     if sys.argv[1:2] == ["pipeline"]:
         return shlex.join(["rlhfkit", *sys.argv[1:]])
     launcher = ["--num-processes", str(processes)] if processes > 1 else []
@@ -116,7 +136,10 @@ def resume_command(command: str, run_dir: Path, processes: int = 1) -> str:
 
 def restart_command(command: str, run_dir: Path, processes: int = 1) -> str:
     """How to continue a run stopped before its first checkpoint: the same pipeline command line, or
-    `rlhfkit <command>` with the run's own config.yaml, which starts the same run again in its folder."""
+    `rlhfkit <command>` with the run's own config.yaml, which starts the same run again in its folder; under the
+    Python API, its call (`continued_from_python`)."""
+    if PYTHON_CALLS.get() is not None:
+        return PYTHON_CALLS.get()[1]
     if sys.argv[1:2] == ["pipeline"]:
         return shlex.join(["rlhfkit", *sys.argv[1:]])
     launcher = ["--num-processes", str(processes)] if processes > 1 else []

@@ -205,4 +205,4 @@ def fall_back(model: torch.nn.Module, reason: str) -> None:
     logged = fallbacks_logged.setdefault(model, set())
     if reason not in logged:
         logged.add(reason)
-        log.warning("unshared rows (each response with its own copy of the query): %s", reason)
+        log.warning("rlhfkit: unshared rows (each response with its own copy of the query): %s", reason)

@@ -276,7 +276,7 @@ def write_onpolicy_report(
             )
     components = sorted({k for row in history for k in row if k.startswith("rewards/") and not k.endswith("_errors")})
     plots = [
-        ("Figure 12: RLHF reward, KL, RM score; length and EOS rate", FIGURE_12, "curves.png", "Figure 12"),
+        (f"Figure 12: RLHF reward, KL, {score}; length and EOS rate", FIGURE_12, "curves.png", "Figure 12"),
         (
             "Reward components (each reward function and the reward model, before weighting)",
             components,

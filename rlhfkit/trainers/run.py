@@ -78,7 +78,7 @@ def start_run(cfg: RunConfig, stage: str) -> tuple[RunConfig, Path, Path | None]
     added [PAD] row is zero: vocab.match_vocab)."""
     check_sharding(cfg.sharding_options)
     # a bad resume path or model fails before any folder is made
-    checkpoint = resume_checkpoint(cfg)
+    checkpoint = resume_checkpoint(cfg, stage)
     check_model_sources(cfg)
     run_dir = make_run_dir(cfg, stage, checkpoint)
     if checkpoint is not None and is_main_process():
@@ -151,7 +151,7 @@ def carry_history(source: Path, run_dir: Path) -> None:
             shutil.copy2(kept, target)
 
 
-def resume_checkpoint(cfg: RunConfig) -> Path | None:
+def resume_checkpoint(cfg: RunConfig, stage: str) -> Path | None:
     if not cfg.resume:
         return None
     require_resume_path(cfg.resume)
@@ -159,19 +159,19 @@ def resume_checkpoint(cfg: RunConfig) -> Path | None:
     if ckpt is None:
         raise ConfigError(
             f"resume={cfg.resume}: no complete checkpoint there (looked for checkpoints/latest)"
-            + restart_hint(cfg.resume)
+            + restart_hint(cfg.resume, stage)
         )
     return ckpt
 
 
-def restart_hint(resume: str) -> str:
+def restart_hint(resume: str, stage: str) -> str:
     """For a run folder stopped before its first checkpoint: how to start it again, which rerunning does."""
     config = Path(resume) / CONFIG_FILE
     if not config.is_file():
         return ""
     return (
         f"; the run there stopped before its first checkpoint: run the command that started it again, or "
-        f"`rlhfkit <command> --config {config}`, which starts the same run again in its folder"
+        f"`rlhfkit {stage} --config {config}`, which starts the same run again in its folder"
     )
 
 

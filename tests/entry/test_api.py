@@ -210,8 +210,8 @@ def test_launched_processes_cannot_receive_python_objects(ppo_dirs, tmp_path):
         rlhfkit.sft(num_processes=2, tokenizer=tokenizer, **stage_args("sft", ppo_dirs, tmp_path / "run", model=model))
 
 
-def test_ctrl_c_in_a_reward_function_raises_keyboard_interrupt_with_a_python_resume_call(ppo_dirs, tmp_path):
-    """PF11: not SystemExit(130) and a command line that cannot supply a Python function or model."""
+def test_ctrl_c_in_a_reward_function_raises_keyboard_interrupt_with_a_python_resume_call(ppo_dirs, tmp_path, capfd):
+    """Not SystemExit(130), and nowhere a command line, which cannot supply a Python function or model."""
     import os
     import signal
     import time
@@ -232,10 +232,14 @@ def test_ctrl_c_in_a_reward_function_raises_keyboard_interrupt_with_a_python_res
     assert message.startswith(f"grpo stopped by Ctrl-C; resume with rlhfkit.grpo(resume='{tmp_path / 'run'}'")
     assert all(f", {key}=..." in message for key in ("model", "reward_functions", "tokenizer"))
     assert message.endswith("the same objects as before")
+    said = capfd.readouterr().err
+    resume = message.split("resume with ")[1]
+    assert f"checkpoint written to {tmp_path / 'run' / 'checkpoints'}; resume with: {resume}" in said
+    assert "rlhfkit grpo" not in said
 
 
 def test_a_model_object_with_another_models_small_tokenizer_is_refused_naming_both_sizes(ppo_dirs, tmp_path):
-    """PM02: a 160-token tokenizer on the 49,153-row policy trained silently."""
+    """A 160-token tokenizer on the 49,153-row policy used to train silently."""
     model = AutoModelForCausalLM.from_pretrained(ppo_dirs["policy"])
     rows = model.get_input_embeddings().num_embeddings
     refusal = rf"its tokenizer has 160 tokens but the model's embeddings have {rows} rows"
@@ -255,7 +259,8 @@ def test_a_model_object_with_another_models_small_tokenizer_is_refused_naming_bo
     ],
 )
 def test_keyword_mistakes_are_named_in_pythons_words_with_the_option_trl_users_mean(options, message):
-    """PO07 and the TRL names of section 6: never 'command-line arguments' from Python."""
+    """`config=` for the positional config object, and TRL's option names: never 'command-line arguments' from
+    Python."""
     options = {k: rlhfkit.GRPOConfig() if v == "GRPOConfig" else v for k, v in options.items()}
     with pytest.raises(rlhfkit.ConfigError) as refused:
         rlhfkit.grpo(**options)
@@ -277,7 +282,7 @@ def test_keyword_mistakes_are_named_in_pythons_words_with_the_option_trl_users_m
     ],
 )
 def test_data_python_cannot_read_is_refused_naming_the_kinds_it_can(data, message, tmp_path):
-    """PA03, PA04, PA08, PA12."""
+    """A generator, a dict of columns, a list mixing dicts and strings, and bytes that JSON cannot hold."""
     with pytest.raises(rlhfkit.ConfigError, match=None) as refused:
         rlhfkit.sft(model="never-loaded", data=data, output_dir=str(tmp_path / "run"))
     assert message in str(refused.value) and "Circular reference" not in str(refused.value)

@@ -106,7 +106,7 @@ def test_match_vocab_leaves_a_big_enough_model_alone(tokenizer):
 
 
 def test_a_tokenizer_far_smaller_than_the_embeddings_is_refused_naming_both_sizes(tokenizer, tmp_path):
-    """PM02: a 160-token tokenizer on a 49,152-row model trained silently; only 'more tokens than rows' was checked."""
+    """A 160-token tokenizer on a 49,152-row model used to train silently; only 'more tokens than rows' was checked."""
     model = LlamaForCausalLM(tiny_config(tokenizer, hidden_size=32, layers=1))
     small = tokenizer_of(160)
     with pytest.raises(ModelError, match=r"^model=m: its tokenizer has 160 tokens but the model's embeddings have "

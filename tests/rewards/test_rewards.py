@@ -118,7 +118,7 @@ def test_wrong_count_of_values_fails_every_row_of_the_call():
 
 @pytest.mark.parametrize("value", ["1.0", "good", b"1", [1.0], object()])
 def test_a_value_that_is_not_a_number_fails_its_row_even_a_numeric_string(value):
-    """Review PF05: "1.0" fails as "good" does; only numbers (and None: not scored) are values."""
+    """A numeric string: "1.0" fails as "good" does; only numbers (and None: not scored) are values."""
     functions = RewardFunctions(["odd"], [lambda prompts, completions, **c: [value, 2]], on_error="score")
     assert functions.score(["p"] * 2, ["a", "b"], {}, ["w1", "w2"]) == [[-1.0, 2.0]]
     [error] = functions.take_errors()
@@ -133,7 +133,7 @@ def test_none_means_the_function_does_not_score_the_row_and_is_no_failure():
 
 
 def test_positional_only_parameters_are_refused_before_anything_loads(tmp_path):
-    """Review PF07: a function called by keyword cannot reach them; said in one line at from_specs."""
+    """Positional-only parameters: a function called by keyword cannot reach them; said in one line at from_specs."""
     (tmp_path / "positional.py").write_text("def f(prompts, completions, /, **kwargs):\n    return [0.0]\n")
     with pytest.raises(ConfigError, match=r"reward_functions: f takes prompts, completions as positional-only"):
         RewardFunctions.from_specs([f"{tmp_path / 'positional.py'}:f"])

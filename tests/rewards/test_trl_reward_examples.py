@@ -321,7 +321,7 @@ def test_async_functions_of_a_batch_run_together_within_the_timeout_and_inside_a
 
 
 def test_an_async_function_is_recognised_before_anything_loads():
-    """Review PF08: its required columns read from its signature, and it is called as async, not iterated."""
+    """An async function: its required columns read from its signature, and it is called as async, not iterated."""
     import functools
 
     from rlhfkit.reward_calls import is_async

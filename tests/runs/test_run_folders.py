@@ -139,7 +139,7 @@ def test_the_same_run_stopped_before_it_saved_anything_starts_again_in_its_folde
 
 
 def test_resume_of_a_run_stopped_before_its_first_checkpoint_says_how_to_start_it_again(ppo_dirs, tmp_path, capsys):
-    """ENhangR: the folder holds the run's config.yaml and no checkpoint; the same command starts it again
+    """The folder holds the run's config.yaml and no checkpoint; the same command starts it again
     (test_the_same_run_stopped_before_it_saved_anything_starts_again_in_its_folder)."""
     out = tmp_path / "run"
     argv = command("sft", ppo_dirs, out)
@@ -151,7 +151,7 @@ def test_resume_of_a_run_stopped_before_its_first_checkpoint_says_how_to_start_i
     assert line == (
         f"rlhfkit: error: resume={out}: no complete checkpoint there (looked for checkpoints/latest); the run there "
         "stopped before its first checkpoint: run the command that started it again, or "
-        f"`rlhfkit <command> --config {out / 'config.yaml'}`, which starts the same run again in its folder"
+        f"`rlhfkit sft --config {out / 'config.yaml'}`, which starts the same run again in its folder"
     )
 
 
