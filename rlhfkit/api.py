@@ -30,7 +30,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from . import config as cfgmod
 from .command import check_sources, check_takes_options, command_config, execute, process_count
 from .config import MODEL_OPTIONS
 from .config.values import check_not_moved, unknown_key_hint
@@ -303,17 +302,13 @@ def command_named(stage: str) -> Stage:
     return STAGES[name]
 
 
-def launched(command: Stage, cfg: Any, processes: int) -> int:
-    """`cfg` run on `processes` launched processes, which read it as `rlhfkit <command> --config FILE`."""
-    if any(isinstance(v, str) and v.startswith(PREFIX) for v in flat_values(cfg)):
+def check_launchable(cfg: Any, processes: int) -> None:
+    """Launched processes read the config from a file (`command.launched`): they cannot receive Python objects."""
+    if processes > 1 and any(isinstance(v, str) and v.startswith(PREFIX) for v in flat_values(cfg)):
         raise ConfigError(
             "num_processes > 1 runs the command in new processes, which cannot receive Python objects: give models "
             "as folders (model.save_pretrained) and reward functions as importable module:function"
         )
-    with tempfile.TemporaryDirectory(prefix="rlhfkit-api-") as folder:
-        path = Path(folder) / "config.yaml"
-        path.write_text(cfgmod.to_yaml(cfg, command.name))
-        return execute(command, cfg, processes, [*command.words, "--config", str(path)])
 
 
 # the functions of this module that run a command, where their name is not the command's
@@ -404,8 +399,9 @@ def run(
             )
             resume = python_resume_call(command, cfg, overrides)
             try:
+                check_launchable(cfg, num_processes)
                 with continued_from_python(resume, f"the same {call_of(command, '...')} call"):
-                    code = launched(command, cfg, num_processes) if num_processes > 1 else execute(command, cfg, 1, [])
+                    code = execute(command, cfg, num_processes)
             except SystemExit as stop:  # the command line's way to end on Ctrl-C; Python's is KeyboardInterrupt
                 if stop.code != exit_code(signal.SIGINT):
                     raise

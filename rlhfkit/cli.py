@@ -125,18 +125,6 @@ def parse_args(cmd: Stage, args: list[str]) -> Parsed:
     return parsed
 
 
-def strip_launcher_flag(args: list[str]) -> list[str]:
-    out, skip = [], False
-    for arg in args:
-        if skip:
-            skip = False
-        elif arg == "--num-processes" or arg == "--num_processes":
-            skip = True
-        elif not arg.startswith(("--num-processes=", "--num_processes=")):
-            out.append(arg)
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     from .launch import launched_process_status
 
@@ -188,7 +176,7 @@ def run_stage(argv: list[str]) -> int:
         if cmd.config
         else parsed.positional
     )
-    return execute(cmd, argument, parsed.num_processes, [*cmd.words, *strip_launcher_flag(rest)])
+    return execute(cmd, argument, parsed.num_processes)
 
 
 if __name__ == "__main__":

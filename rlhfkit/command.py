@@ -6,10 +6,12 @@ same words. Neither shell imports the other.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from .config import to_yaml
 from .errors import ConfigError
 from .launch import inside_launcher, relaunch
 from .run_folder import require_resume_path
@@ -71,16 +73,16 @@ def command_config(
     return resolve(command.name, preset, config_file or own_config, overrides, processes, base)
 
 
-def execute(command: Stage, argument: Any, processes: int, launch_argv: list[str]) -> int:
+def execute(command: Stage, argument: Any, processes: int) -> int:
     """Run `command` on its config (or positional argument) in this process or, for N > 1 processes, in N
-    launched ones running `rlhfkit <launch_argv>`; the exit code."""
+    launched ones (`launched`); the exit code."""
     if processes > 1 and not inside_launcher():
         if not command.multi_process:
             raise ConfigError(
                 f"{' '.join(command.words)} runs in one process; --num-processes (num_processes= in Python) is for "
                 f"{multi_process_names()}"
             )
-        return relaunch(launch_argv, processes)
+        return launched(command, argument, processes)
     if not inside_launcher():
         return int(command.runner()(argument) or 0)
     from .distributed import leave_process_group  # imports torch.distributed: only launched processes pay
@@ -92,3 +94,16 @@ def execute(command: Stage, argument: Any, processes: int, launch_argv: list[str
         raise
     leave_process_group()
     return code
+
+
+def launched(command: Stage, cfg: Any, processes: int) -> int:
+    """`command` run on `processes` launched processes, the one route of both shells. A command with options runs
+    there as `rlhfkit <command> --config FILE` on the config resolved here, so every process reads exactly what
+    this one resolved and checked (preset or file, `resume=`'s own config.yaml, the options given); a command
+    without options (`dist-check`) runs as it is."""
+    if command.config is None:
+        return relaunch(list(command.words), processes)
+    with tempfile.TemporaryDirectory(prefix="rlhfkit-config-") as folder:
+        path = Path(folder) / "config.yaml"
+        path.write_text(to_yaml(cfg, command.name))
+        return relaunch([*command.words, "--config", str(path)], processes)

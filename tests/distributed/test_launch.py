@@ -6,10 +6,16 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
+import yaml
+
+import rlhfkit
 from rlhfkit import cli
 from rlhfkit import command as command_path
+from rlhfkit.config import to_yaml
 from rlhfkit.launch import inside_launcher, launch_command
+from rlhfkit.stages import resolve
 
 from ..support.processes import launcher_env
 
@@ -67,28 +73,46 @@ def test_launch_command_builds_accelerate_launch(monkeypatch):
     assert cmd[-6:] == ["-m", "rlhfkit", "sft", "--preset", "tldr-sft", "seed=2"]
 
 
-def test_cli_relaunches_without_the_launcher_flag(monkeypatch):
+def launches_recorded(monkeypatch) -> list[tuple[list[str], int, dict | None]]:
+    """Each launch the shells ask for, as (argv, processes, the config file it names, read while it exists)."""
     for var in LAUNCHER_VARS:
         monkeypatch.delenv(var, raising=False)
     calls = []
-    monkeypatch.setattr(command_path, "relaunch", lambda argv, n: calls.append((argv, n)) or 0)  # what the CLI calls
+
+    def relaunch(argv: list[str], processes: int) -> int:
+        config = yaml.safe_load(Path(argv[argv.index("--config") + 1]).read_text()) if "--config" in argv else None
+        calls.append((argv[: argv.index("--config")] if config else argv, processes, config))
+        return 0
+
+    monkeypatch.setattr(command_path, "relaunch", relaunch)
+    return calls
+
+
+def test_both_shells_launch_processes_on_the_config_this_process_resolved(monkeypatch, tmp_path):
+    calls = launches_recorded(monkeypatch)
     assert cli.main(["sft", "--num-processes", "2", "seed=4"]) == 0
-    assert cli.main(["rm", "--num_processes=4", "--head", "mean-mlp"]) == 0
-    assert calls == [(["sft", "seed=4"], 2), (["rm", "--head", "mean-mlp"], 4)]
+    assert cli.main(["rm", "--num_processes=4", "--preset", "hh-rm", "--head", "mean-mlp"]) == 0
+    assert cli.main(["dist-check", "--num-processes", "2"]) == 0
+    rlhfkit.sft(num_processes=2, seed=5, output_dir=str(tmp_path / "api"))
+    (sft, two, cli_sft), (rm, four, cli_rm), dist_check, (api, two_again, api_sft) = calls
+    assert (sft, two, rm, four, api, two_again) == (["sft"], 2, ["rm"], 4, ["sft"], 2)
+    assert cli_sft == yaml.safe_load(to_yaml(resolve("sft", None, None, {"seed": "4"}), "sft"))
+    assert (cli_rm["stage"], cli_rm["head"], cli_rm["data"]) == ("rm", "mean-mlp", resolve("rm", "hh-rm").data)
+    assert (api_sft["seed"], api_sft["output_dir"]) == (5, str(tmp_path / "api"))
+    assert dist_check == (["dist-check"], 2, None)
 
 
 def test_cli_checks_the_config_before_launching_and_refuses_single_process_commands(monkeypatch, capsys):
     for var in LAUNCHER_VARS:
         monkeypatch.delenv(var, raising=False)
-    calls = []
-    monkeypatch.setattr(command_path, "relaunch", lambda argv, n: calls.append((argv, n)) or 0)  # what the CLI calls
+    calls = launches_recorded(monkeypatch)
     assert cli.main(["sft", "--num-processes", "2", "lrate=1"]) == 2
     assert "unknown key 'lrate'" in capsys.readouterr().err
     assert cli.main(["data", "analyze", "--num_processes=4", "--dataset", "hh"]) == 2
     assert "runs in one process" in capsys.readouterr().err
     assert calls == []
     assert cli.main(["sft", "--num-processes", "2", "seed=4"]) == 0  # a checked command is launched through it
-    assert calls == [(["sft", "seed=4"], 2)]
+    assert [(argv, processes, config["seed"]) for argv, processes, config in calls] == [(["sft"], 2, 4)]
 
 
 def test_inside_launcher_detection(monkeypatch):
