@@ -126,8 +126,8 @@ def resume_command(command: str, run_dir: Path, processes: int = 1) -> str:
     """How to continue: the same pipeline command line (the pipeline resumes an interrupted stage itself),
     or `rlhfkit <command>` on the run folder, whose config.yaml holds every option of the run; under the Python
     API, its call (`continued_from_python`)."""
-    if PYTHON_CALLS.get() is not None:
-        return PYTHON_CALLS.get()[0]
+    if (python := PYTHON_CALLS.get()) is not None:
+        return python[0]
     if sys.argv[1:2] == ["pipeline"]:
         return shlex.join(["rlhfkit", *sys.argv[1:]])
     launcher = ["--num-processes", str(processes)] if processes > 1 else []
@@ -138,8 +138,8 @@ def restart_command(command: str, run_dir: Path, processes: int = 1) -> str:
     """How to continue a run stopped before its first checkpoint: the same pipeline command line, or
     `rlhfkit <command>` with the run's own config.yaml, which starts the same run again in its folder; under the
     Python API, its call (`continued_from_python`)."""
-    if PYTHON_CALLS.get() is not None:
-        return PYTHON_CALLS.get()[1]
+    if (python := PYTHON_CALLS.get()) is not None:
+        return python[1]
     if sys.argv[1:2] == ["pipeline"]:
         return shlex.join(["rlhfkit", *sys.argv[1:]])
     launcher = ["--num-processes", str(processes)] if processes > 1 else []
