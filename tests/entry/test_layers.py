@@ -21,6 +21,7 @@ GROUND = {
     "attention_masks.py": (),
     "ops.py": (),
     "policy_losses.py": ("rlhfkit.ops",),
+    "distill_ops.py": ("rlhfkit.ops",),
     "preference_ops.py": (),
     "plots.py": (),
     "intervals.py": (),
