@@ -1,6 +1,6 @@
 """Loading an on-policy stage's models with the checks that name the option at fault: a model that is not given
 or cannot load, a reward or value model that does not read the policy's tokens, a value model without a
-per-token head."""
+per-token head, a teacher that would score other tokens than the student's."""
 
 from __future__ import annotations
 
@@ -36,3 +36,22 @@ def load_value_model(source: str, tokenizer, policy_path: str, trust_remote_code
         )
     check_same_tokenizer(tokenizer, value_tok, policy_path, f"the value model ({source})")
     return value
+
+
+def check_teacher_vocabulary(student_tok, teacher_tok, teacher_rows: int, teacher_path: str) -> None:
+    """A teacher reads the student's token ids and scores them by its own vocabulary: a tokenizer that is not the
+    student's, token for token, would score other tokens than those sampled, silently. The teacher's embedding
+    may have more rows than tokens (padded to a multiple), never fewer."""
+    student_vocab, teacher_vocab = student_tok.get_vocab(), teacher_tok.get_vocab()
+    if teacher_vocab != student_vocab:
+        differ = sum(teacher_vocab.get(token) != index for token, index in student_vocab.items())
+        raise ModelError(
+            f"teacher={teacher_path} has another tokenizer: {len(teacher_vocab)} tokens against the student's "
+            f"{len(student_vocab)}, {differ} of the student's tokens with another id or none; a teacher must read the "
+            "student's token ids: distil from a teacher of the same tokenizer (the same model family)"
+        )
+    if teacher_rows < len(student_vocab):
+        raise ModelError(
+            f"teacher={teacher_path} has {teacher_rows} embedding rows for the tokenizer's {len(student_vocab)} "
+            "tokens: its checkpoint does not fit its tokenizer"
+        )
