@@ -57,6 +57,7 @@ class RolloutBatch:
     has_eos: torch.Tensor  # (B,)
     logprobs: torch.Tensor | None = None  # (B, R) policy at sampling time (the "old" policy)
     ref_logprobs: torch.Tensor | None = None  # (B, R) frozen reference policy
+    teacher_logprobs: torch.Tensor | None = None  # (B, R) the distillation teacher's, of the student's tokens
     values: torch.Tensor | None = None  # (B, R) value model at sampling time
     reward_components: torch.Tensor | None = None  # (B, C) each reward function's score, then the RM's
     reward_failures: torch.Tensor | None = None  # (B, F) bool: the row a reward function failed on

@@ -45,6 +45,7 @@ class OnPolicyModels:
     tokenizer: PreTrainedTokenizerBase
     sources: RewardSources | None = None  # reward functions and weights (None: the reward model alone)
     episodes: EpisodePlan | None = None  # the run's multi-turn episodes (None: single responses)
+    teacher: torch.nn.Module | None = None  # frozen; on-policy distillation's teacher (None: no distillation)
 
     def reward_sources(self) -> RewardSources:
         return self.sources or RewardSources.model_only()
@@ -53,7 +54,7 @@ class OnPolicyModels:
         return [m for m in (self.policy, self.value) if m is not None]
 
     def frozen(self) -> list[torch.nn.Module]:
-        return [m for m in (self.reference, self.reward) if m is not None]
+        return [m for m in (self.reference, self.reward, self.teacher) if m is not None]
 
 
 def shares_prefix(model: torch.nn.Module | None, shared_prefix: str, group: int, rows_per_pass: int,
@@ -229,6 +230,9 @@ def score_rollout(
                 models.reference, remote, plan.temperature, layout.rows_for("reference", remote_shared)
             )
             parts["ref_logprobs"].append(reference.to(device))
+            if models.teacher is not None:  # the student's own rows: a teacher reads no shared rows yet
+                teacher, _ = policy_logprobs(models.teacher, remote, plan.temperature)
+                parts["teacher_logprobs"].append(teacher.to(device))
             if models.reward is not None:
                 scores = reward_scores(models.reward, remote, layout.rows_for("reward", remote_shared))
                 parts["model_scores"].append(scores.float().to(device))
@@ -243,7 +247,7 @@ def score_rollout(
         filled["reward_failures"] = failed
     # Everything after EOS, and an episode's environment tokens, is masked out of every loss and metric;
     # zero it here too so that no stray number from a PAD or an environment position can leak into a sum.
-    for key in ("logprobs", "ref_logprobs", "values"):
+    for key in ("logprobs", "ref_logprobs", "teacher_logprobs", "values"):
         if key in filled:
             filled[key] = filled[key] * batch.trained_mask
     return dataclasses.replace(batch, **filled)
