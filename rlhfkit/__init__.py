@@ -1,7 +1,7 @@
 """rlhfkit: the RLHF pipeline of Huang et al. 2024, every implementation detail named and tested.
 
 From Python (docs/python-api.md): `rlhfkit.sft(...)`, `rlhfkit.rm(...)`, `rlhfkit.dpo(...)`, `rlhfkit.ppo(...)`,
-`rlhfkit.grpo(...)`, `rlhfkit.rloo(...)`, `rlhfkit.reinforce(...)`, `rlhfkit.pipeline(...)`,
+`rlhfkit.grpo(...)`, `rlhfkit.rloo(...)`, `rlhfkit.reinforce(...)`, `rlhfkit.distill(...)`, `rlhfkit.pipeline(...)`,
 `rlhfkit.evaluate(...)` (the `eval` command), `rlhfkit.generate(...)`, or `rlhfkit.run(command, ...)` for any
 command; each returns a `Result`. The config classes (`rlhfkit.GRPOConfig`, ...) and the errors a user can act on
 (`rlhfkit.UserError` and its kin) are here too.
@@ -14,9 +14,10 @@ import importlib
 
 __version__ = "0.1.0"
 
-API = ("run", "sft", "rm", "dpo", "ppo", "grpo", "rloo", "reinforce", "pipeline", "evaluate", "generate", "Result",
+API = ("run", "sft", "rm", "dpo", "ppo", "grpo", "rloo", "reinforce", "distill", "pipeline", "evaluate", "generate", "Result",
        "LaunchFailed")
 CONFIGS = ("SFTConfig", "RMConfig", "DPOConfig", "PPOConfig", "GRPOConfig", "RLOOConfig", "ReinforceConfig",
+           "DistillConfig",
            "PipelineConfig", "EvalConfig", "Gsm8kEvalConfig", "GenerateConfig", "RMEvalConfig", "JudgeEvalConfig",
            "AnalyzeConfig")
 ERRORS = ("UserError", "ConfigError", "DataFormatError", "ModelError", "NonFiniteError", "CheckpointError",

@@ -68,6 +68,14 @@ def topk_forward_kl(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tens
     return head + tail
 
 
+def topk_forward_kl_of_logits(student_logits: torch.Tensor, teacher_logits: torch.Tensor, k: int) -> torch.Tensor:
+    """(N,) `topk_forward_kl` over the teacher's `k` most likely tokens of each row, from both models' logits."""
+    teacher = torch.log_softmax(at_least_fp32(teacher_logits), dim=-1)
+    top, tokens = teacher.topk(min(k, teacher.size(-1)), dim=-1)
+    student = torch.log_softmax(at_least_fp32(student_logits), dim=-1).gather(-1, tokens)
+    return topk_forward_kl(student, top)
+
+
 def chunked_divergence(
     student_features: torch.Tensor,
     teacher_features: torch.Tensor,
@@ -77,12 +85,14 @@ def chunked_divergence(
     chunk_rows: int = 256,
 ) -> torch.Tensor:
     """(B, T) `divergence(student_logits, teacher_logits)` of each position, the logits formed from (B, T, H)
-    hidden states and each model's LM head (weight, bias) `chunk_rows` positions at a time; with gradients, each
-    chunk's student logits are recomputed in the backward pass instead of kept."""
+    hidden states and each model's LM head (weight, bias) `chunk_rows` positions at a time (features that are
+    logits already where a head's weight is None); with gradients, each chunk's student logits are recomputed in
+    the backward pass instead of kept."""
     shape = student_features.shape[:-1]
     student_rows = student_features.reshape(-1, student_features.size(-1))
     teacher_rows = teacher_features.reshape(-1, teacher_features.size(-1))
-    recompute = torch.is_grad_enabled() and (student_rows.requires_grad or student_head[0].requires_grad)
+    head_trained = student_head[0] is not None and student_head[0].requires_grad
+    recompute = torch.is_grad_enabled() and (student_rows.requires_grad or head_trained)
     values = []
     for start in range(0, student_rows.size(0), chunk_rows):
         args = (student_rows[start : start + chunk_rows], teacher_rows[start : start + chunk_rows],
@@ -102,7 +112,10 @@ def divergence_of_chunk(student_rows, teacher_rows, student_weight, student_bias
     return divergence(student_logits, teacher_logits)
 
 
-def logits_of(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def logits_of(rows: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
+    """Logits from hidden-state rows and an LM head; rows that are logits already when `weight` is None."""
+    if weight is None:
+        return at_least_fp32(rows)
     return torch.nn.functional.linear(
         at_least_fp32(rows), at_least_fp32(weight), None if bias is None else at_least_fp32(bias)
     )

@@ -7,6 +7,8 @@ implicit reward (`sequence_logprobs`) and the evaluations read them here.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .devices import is_deepspeed_engine
@@ -58,6 +60,39 @@ def pad_token_of(model: torch.nn.Module) -> int | None:
     return pad if isinstance(pad, int) and pad != eos else None
 
 
+@dataclass(frozen=True)
+class HeadInputs:
+    """What a model's next-token distributions at some positions are formed from: hidden states (..., H) with its
+    LM head (weight, bias), or the model's own logits (..., V) when its head is not a plain linear map (`weight`
+    None). Logits are formed from them a chunk of positions at a time (`ops.chunked_logprobs_entropy`)."""
+
+    features: torch.Tensor
+    weight: torch.Tensor | None
+    bias: torch.Tensor | None
+
+    def logprobs_entropy(self, tokens: torch.Tensor, temperature: float, excluded_token: int | None,
+                         chunk_rows: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+        return chunked_logprobs_entropy(self.features, tokens, self.weight, self.bias, temperature, chunk_rows,
+                                        excluded_token)
+
+
+def response_head_inputs(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, context_length: int
+) -> HeadInputs:
+    """`HeadInputs` (B, R, ...) at the positions that predict the response tokens `input_ids[:, context_length:]`,
+    from one forward pass over left-padded query + response."""
+    responses = input_ids[:, context_length:]
+    positions = position_ids_from_mask(attention_mask)
+    head = plain_lm_head(model)
+    if head is None:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                       logits_to_keep=responses.size(1) + 1).logits[:, :-1]
+        return HeadInputs(logits, None, None)
+    backbone = getattr(model, model.base_model_prefix)
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions)
+    return HeadInputs(hidden.last_hidden_state[:, context_length - 1 : -1], head.weight, head.bias)
+
+
 def response_logprobs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -72,19 +107,20 @@ def response_logprobs(
     Logits are formed from the hidden states a chunk at a time (ops.chunked_logprobs_entropy), never
     as a (B, L, vocab) tensor; only the positions that predict response tokens are computed.
     """
-    responses = input_ids[:, context_length:]
-    positions = position_ids_from_mask(attention_mask)
+    inputs = response_head_inputs(model, input_ids, attention_mask, context_length)
+    return inputs.logprobs_entropy(input_ids[:, context_length:], temperature, pad_token_of(model), chunk_rows)
+
+
+def shared_response_head_inputs(model: torch.nn.Module, shared: SharedRows, responses: torch.Tensor) -> HeadInputs:
+    """`response_head_inputs` of the rollout rows whose groups `shared` packs, in the rollout's rows (B, R, ...),
+    each query read once for its group."""
+    inputs = shared.inputs_for(model)
     head = plain_lm_head(model)
-    if head is None:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                       logits_to_keep=responses.size(1) + 1).logits[:, :-1]
-        return chunked_logprobs_entropy(logits, responses, temperature=temperature, chunk_rows=chunk_rows,
-                                        excluded_token=pad_token_of(model))
-    backbone = getattr(model, model.base_model_prefix)
-    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions)
-    features = hidden.last_hidden_state[:, context_length - 1 : -1]
-    return chunked_logprobs_entropy(features, responses, head.weight, head.bias, temperature, chunk_rows,
-                                    pad_token_of(model))
+    if head is None:  # the model's own logits, formed only at the predicting columns
+        logits = model(**inputs, logits_to_keep=shared.predictors).logits
+        return HeadInputs(logits.reshape(*responses.shape, -1), None, None)
+    hidden = getattr(model, model.base_model_prefix)(**inputs).last_hidden_state
+    return HeadInputs(shared.per_response_token(hidden, shared.predictors), head.weight, head.bias)
 
 
 def shared_response_logprobs(
@@ -93,15 +129,8 @@ def shared_response_logprobs(
     """`response_logprobs` of the rollout rows whose groups `shared` packs (`shared_rows.pack_groups`),
     each query read once for its group: (B, R) log-probabilities and entropies of `responses` (B, R),
     in the rollout's rows, from one forward pass over the shared rows."""
-    inputs = shared.inputs_for(model)
-    head = plain_lm_head(model)
-    if head is None:  # the model's own logits, formed only at the predicting columns
-        logits = model(**inputs, logits_to_keep=shared.predictors).logits
-        features, weight, bias = logits.reshape(*responses.shape, -1), None, None
-    else:
-        hidden = getattr(model, model.base_model_prefix)(**inputs).last_hidden_state
-        features, weight, bias = shared.per_response_token(hidden, shared.predictors), head.weight, head.bias
-    return chunked_logprobs_entropy(features, responses, weight, bias, temperature, chunk_rows, pad_token_of(model))
+    inputs = shared_response_head_inputs(model, shared, responses)
+    return inputs.logprobs_entropy(responses, temperature, pad_token_of(model), chunk_rows)
 
 
 def target_logprobs(

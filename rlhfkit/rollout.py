@@ -58,6 +58,9 @@ class RolloutBatch:
     logprobs: torch.Tensor | None = None  # (B, R) policy at sampling time (the "old" policy)
     ref_logprobs: torch.Tensor | None = None  # (B, R) frozen reference policy
     teacher_logprobs: torch.Tensor | None = None  # (B, R) the distillation teacher's, of the student's tokens
+    # (B, R, H) the teacher's hidden states at the response positions (its logits, (B, R, V), where its head is not
+    # a plain linear map), kept where the update compares whole distributions (distill_loss=jsd, topk-forward-kl)
+    teacher_features: torch.Tensor | None = None
     values: torch.Tensor | None = None  # (B, R) value model at sampling time
     reward_components: torch.Tensor | None = None  # (B, C) each reward function's score, then the RM's
     reward_failures: torch.Tensor | None = None  # (B, F) bool: the row a reward function failed on

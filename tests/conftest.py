@@ -47,6 +47,23 @@ def tiny_model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_teacher_dir(tmp_path_factory, tiny_model_dir):
+    """The tiny policy with other weights (seed 7) and its own tokenizer, the student's: a distillation teacher
+    that disagrees with the tiny student on every token."""
+    from rlhfkit.models import load_policy
+
+    teacher, tokenizer = load_policy(str(tiny_model_dir))
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for parameter in teacher.parameters():
+            parameter.add_(0.5 * parameter.std().nan_to_num(0.02) * torch.randn(parameter.shape, generator=generator))
+    folder = tmp_path_factory.mktemp("teacher") / "teacher"
+    teacher.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def pad_is_eos_policy(tmp_path_factory, tiny_model_dir):
     """The tiny policy saved as a hub model whose PAD is its EOS (the embedded SmolLM2's tokenizer as
     shipped): no [PAD] row, so every load adds one (Detail 3)."""

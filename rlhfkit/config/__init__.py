@@ -29,10 +29,12 @@ from .commands import (
     RMEvalConfig,
     RunsReportConfig,
 )
-from .onpolicy import GRPOConfig, OnPolicyConfig, PPOConfig, ReinforceConfig, RLOOConfig
+from .onpolicy import DistillConfig, GRPOConfig, OnPolicyConfig, PPOConfig, ReinforceConfig, RLOOConfig
 from .resolve import field_info, preset_names, read_config_file, read_preset, resolve, to_yaml
 from .sections import (
+    SELF_TEACHER,
     AdvantageOptions,
+    DistillOptions,
     EpisodeOptions,
     FieldNames,
     LoraOptions,
@@ -63,6 +65,9 @@ __all__ = [
     "AnalyzeConfig",
     "MakeTaskConfig",
     "AdvantageOptions",
+    "DistillConfig",
+    "DistillOptions",
+    "SELF_TEACHER",
     "EpisodeOptions",
     "FieldNames",
     "LoraOptions",

@@ -11,7 +11,8 @@ from typing import Any
 
 from ..errors import ConfigError
 from .commands import AnalyzeConfig, EvalConfig, GenerateConfig, Gsm8kEvalConfig, JudgeEvalConfig, RMEvalConfig
-from .onpolicy import OnPolicyConfig
+from .onpolicy import DistillConfig, OnPolicyConfig
+from .sections import SELF_TEACHER
 from .training import DPOConfig, RunConfig, SFTConfig, TrainConfig
 
 
@@ -37,6 +38,7 @@ def check_config(cfg: Any, processes: int = 1) -> Any:
     if isinstance(cfg, OnPolicyConfig):
         check_update_split(cfg, processes)
         check_objective(cfg)
+        check_distillation(cfg)
     if isinstance(cfg, DPOConfig):
         check_preference_loss(cfg)
     if isinstance(cfg, GenerateConfig):
@@ -145,6 +147,35 @@ def check_objective(cfg: OnPolicyConfig) -> None:
             f"overlong_buffer={cfg.overlong_buffer} must be below max_response_length={cfg.max_response_length}: "
             "it is the last part of the allowed length (DAPO: 4,096 of 20,480)"
         )
+
+
+def check_distillation(cfg: OnPolicyConfig) -> None:
+    """A teacher that can teach: `rlhfkit distill` has one and no task reward (which the other on-policy commands
+    mix in); self-distillation reads a hint, without which the teacher is the reference; the teacher's temperature
+    is the student's unless asked otherwise."""
+    if isinstance(cfg, DistillConfig):
+        if not cfg.teacher:
+            raise ConfigError("rlhfkit distill needs teacher=: a model/ folder, embedded name or hub id with the "
+                              "student's tokenizer (or teacher=self with teacher_hint=)")
+        rewards = [f"{k}=" for k in ("reward_functions", "reward_model") if getattr(cfg, k)]
+        if rewards:
+            raise ConfigError(f"rlhfkit distill learns from the teacher alone and {', '.join(rewards)} is given: to mix "
+                              "a task reward with the teacher, run grpo, rloo, reinforce or ppo with teacher=")
+    if cfg.teacher == SELF_TEACHER and not cfg.teacher_hint:
+        raise ConfigError("teacher=self reads the prompt with teacher_hint= (e.g. 'The answer is {answer}.'): without "
+                          "one it is the student's own starting weights on the same prompt, and teaches nothing")
+    if cfg.teacher_hint and cfg.teacher != SELF_TEACHER:
+        raise ConfigError(f"teacher_hint is read by teacher=self alone; teacher={cfg.teacher or '(none)'}")
+    teacher_temperature = cfg.teacher_temperature or cfg.temperature
+    if cfg.teacher and teacher_temperature != cfg.temperature and not cfg.teacher_temperature_differs:
+        raise ConfigError(
+            f"teacher_temperature={cfg.teacher_temperature:g} differs from the sampling temperature={cfg.temperature:g}:"
+            " the student's log-probabilities are taken at the sampling temperature, so the two distributions "
+            "compared would be at different temperatures; set teacher_temperature_differs=true if that is meant"
+        )
+    if cfg.teacher and cfg.temperature == 0:
+        raise ConfigError("temperature=0 samples greedily, where the student's log-probabilities are taken at "
+                          "temperature 1: set temperature above 0 (e.g. 1.0, as distillation usually samples)")
 
 
 def check_preference_loss(cfg: DPOConfig) -> None:

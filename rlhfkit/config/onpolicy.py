@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from .sections import (
     AdvantageOptions,
+    DistillOptions,
     EpisodeOptions,
     PromptSplit,
     RewardOptions,
@@ -224,6 +225,47 @@ class OnPolicyConfig(RunConfig):
         "Equation 3",
     )
     entropy_coef: float = opt(0.0, "entropy bonus coefficient in the policy loss (seed 002's PPO: 0.01)")
+    teacher: str = opt(
+        "",
+        "on-policy distillation (docs/distillation.md): a frozen teacher scores every token the student samples, "
+        "a model/ folder, embedded name or hub id of the student's tokenizer, or self: the student's own starting "
+        "weights reading teacher_hint (empty: no teacher)",
+    )
+    distill_loss: Literal["reverse-kl-advantage", "jsd", "topk-forward-kl"] = opt(
+        "reverse-kl-advantage",
+        "what the student learns of the teacher: reverse-kl-advantage, each sampled token's -distill_coef x (log "
+        "pi_student - log pi_teacher) as its advantage through the policy loss (tinker, prime-rl, verl); jsd, the "
+        "generalized JSD over the whole next-token distribution (TRL); topk-forward-kl, the forward KL over the "
+        "teacher's distill_top_k tokens and a tail bucket (verl)",
+    )
+    distill_coef: float = opt(
+        1.0, "the teacher's weight: of its per-token advantage, or of its loss beside the policy loss", minimum=0.0
+    )
+    distill_discount: float = opt(
+        0.0,
+        "reverse-kl-advantage: a token's advantage also sums the later tokens' signals with this discount (0: its "
+        "own alone, as tinker's recipe)",
+        minimum=0.0,
+    )
+    distill_beta: float = opt(
+        0.5, "jsd: the interpolation beta (0: forward KL(teacher || student), 1: reverse KL(student || teacher))",
+        minimum=0.0,
+    )
+    distill_top_k: int = opt(64, "topk-forward-kl: the teacher's most likely tokens compared one by one", minimum=1)
+    teacher_temperature: float = opt(
+        0.0,
+        "the temperature of the teacher's log-probabilities (0: the sampling temperature); another one is refused "
+        "unless teacher_temperature_differs=true",
+        minimum=0.0,
+    )
+    teacher_temperature_differs: bool = opt(
+        False, "allow a teacher_temperature that differs from the sampling temperature (the student's)"
+    )
+    teacher_hint: str = opt(
+        "",
+        "self-distillation (teacher=self): what the teacher reads beside the prompt, a template over the prompt's "
+        "columns such as 'The answer is {answer}.' (added to the last user turn, or after a plain-text prompt)",
+    )
     environment: str = opt(
         "",
         "multi-turn episodes (docs/environments.md): the environment that answers the policy's turns, a built-in "
@@ -260,6 +302,7 @@ class OnPolicyConfig(RunConfig):
         return AdvantageOptions(
             self.advantage_estimator, self.samples_per_prompt, self.kl_estimator, self.kl_placement,
             self.whiten_rewards, self.whiten_advantages, self.gamma, self.lam, False, self.reward_shaping,
+            self.distill_options,
         )
 
     @property
@@ -276,7 +319,7 @@ class OnPolicyConfig(RunConfig):
         return RewardOptions(
             self.reward_functions, self.reward_weights, self.reward_model, self.environment, self.environment_args,
             self.reward_errors, self.reward_error_score, self.reward_timeout, self.max_reward_error_fraction,
-            self.stop_on_reward_error, self.eos_trick,
+            self.stop_on_reward_error, self.eos_trick, bool(self.teacher),
         )
 
     @property
@@ -290,6 +333,16 @@ class OnPolicyConfig(RunConfig):
     def value_options(self) -> ValueOptions | None:
         """The critic's options; None for an algorithm without one."""
         return None
+
+    @property
+    def distill_options(self) -> DistillOptions | None:
+        """The teacher and what the student learns of it; None without a teacher."""
+        if not self.teacher:
+            return None
+        return DistillOptions(
+            self.teacher, self.distill_loss, self.distill_coef, self.distill_discount, self.distill_beta,
+            self.distill_top_k, self.teacher_temperature or self.temperature, self.teacher_hint,
+        )
 
 
 @dataclass
@@ -371,3 +424,26 @@ class ReinforceConfig(OnPolicyConfig):
     whiten_advantages: bool = opt(
         False, "also whiten the advantages over the whole batch (REINFORCE++ normalises them already)", "Detail 25"
     )
+
+
+@dataclass
+class DistillConfig(OnPolicyConfig):
+    """On-policy distillation (docs/distillation.md): the student samples, a frozen teacher scores each of its
+    tokens, and the update learns the teacher's signal alone (a task reward mixes in through grpo, rloo, reinforce
+    or ppo with teacher=)."""
+
+    teacher: str = opt(
+        "",
+        "the frozen teacher (required): a model/ folder, embedded name or hub id with the student's tokenizer, or "
+        "self: the student's own starting weights reading teacher_hint",
+    )
+    advantage_estimator: str = opt(
+        "teacher",
+        "teacher: no task reward, every advantage is the teacher's (the one estimator of this command)",
+    )
+    samples_per_prompt: int = opt(1, "responses sampled per prompt (the teacher grades tokens, not a group)", minimum=1)
+    kl_coef: float = opt(0.0, "KL penalty to the student's own starting weights (the teacher anchors the student)")
+    eos_trick: bool = opt(False, "no score to replace: the teacher's per-token signal is the objective", "Detail 23")
+    whiten_advantages: bool = opt(False, "whiten the teacher's advantages over the batch's tokens", "Detail 25")
+    update_epochs: int = opt(1, "passes over each rollout batch (one: strictly on-policy)", "Table 7 (K)", minimum=1)
+    eval_samples: int = opt(0, "held-out prompts answered by the starting and trained students at the end (0: none)")

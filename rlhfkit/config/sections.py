@@ -121,6 +121,33 @@ class RewardShaping:
 
 
 @dataclass(frozen=True)
+class DistillOptions:
+    """On-policy distillation (docs/distillation.md): what the teacher is and what the update learns of it
+    (onpolicy/distillation.py, the maths in distill_ops.py)."""
+
+    teacher: str  # a folder, embedded name, hub id, python:<name>, or "self": the student's starting weights
+    loss: str  # distill_loss: reverse-kl-advantage, jsd, topk-forward-kl
+    coef: float  # distill_coef: the teacher's weight beside any task reward
+    discount: float  # reverse-kl-advantage: each token's advantage sums the later tokens' with this discount
+    beta: float  # jsd: 0 forward KL(T || S), 1 reverse KL(S || T)
+    top_k: int  # topk-forward-kl
+    temperature: float  # the teacher's log-probabilities are taken at it
+    hint: str  # self-distillation: a template over the prompt's columns, added to the teacher's prompt
+
+    @property
+    def per_token_advantage(self) -> bool:
+        """The teacher's signal is an advantage of each sampled token (not a loss over the vocabulary)."""
+        return self.loss == "reverse-kl-advantage"
+
+    @property
+    def is_self(self) -> bool:
+        return self.teacher == SELF_TEACHER
+
+
+SELF_TEACHER = "self"
+
+
+@dataclass(frozen=True)
 class AdvantageOptions:
     """The phase between scoring and the update (onpolicy/advantages.py): the per-token rewards, the
     estimator and what the built-in estimators read (a registered estimator receives this section)."""
@@ -135,6 +162,7 @@ class AdvantageOptions:
     lam: float
     scale_rewards: bool  # GRPO's estimator divides by the group's std: GRPO's option, false elsewhere
     shaping: RewardShaping
+    distill: DistillOptions | None = None  # a teacher's per-token advantage is added to the estimator's
 
 
 @dataclass(frozen=True)
@@ -174,6 +202,7 @@ class RewardOptions:
     max_error_fraction: float  # max_reward_error_fraction
     stop_on_error: bool  # stop_on_reward_error, refused with the name of its replacement
     eos_trick: bool
+    teacher: bool = False  # a distillation teacher scores every token: something to optimise without a reward
 
 
 @dataclass(frozen=True)

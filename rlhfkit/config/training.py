@@ -46,7 +46,7 @@ class DataFieldsConfig:
 
 
 # the options of a stage that name a model: the Python API takes a loaded model for each, a run checks each loads
-MODEL_OPTIONS = ("model", "reference_model", "reward_model", "value_model")
+MODEL_OPTIONS = ("model", "reference_model", "reward_model", "value_model", "teacher")
 
 
 @dataclass

@@ -30,7 +30,18 @@ from dataclasses import dataclass
 import torch
 
 from .. import ops
-from ..config import AdvantageOptions, GRPOConfig, OnPolicyConfig, PPOConfig, ReinforceConfig, RewardShaping, RLOOConfig
+from ..config import (
+    AdvantageOptions,
+    DistillConfig,
+    DistillOptions,
+    GRPOConfig,
+    OnPolicyConfig,
+    PPOConfig,
+    ReinforceConfig,
+    RewardShaping,
+    RLOOConfig,
+)
+from ..distill_ops import reverse_kl_advantages
 from ..errors import ConfigError
 from ..rollout import RolloutBatch
 from .scoring import OldLogprobs, scored_rows
@@ -149,6 +160,26 @@ def remax_advantages(options: AdvantageOptions, rewards, mask, batch, _groups):
     return (returns - batch.baseline_scores.nan_to_num().unsqueeze(1)) * mask, returns
 
 
+@estimator("teacher", reads=DistillConfig)
+def teacher_only_advantages(_options: AdvantageOptions, rewards, mask, _batch, _groups):
+    """`rlhfkit distill`: no task reward, so no task advantage; the teacher's is added after
+    (`with_teacher_advantages`)."""
+    zeros = torch.zeros_like(rewards) * mask
+    return zeros, zeros
+
+
+def with_teacher_advantages(advantages: torch.Tensor, batch: RolloutBatch, trained: torch.Tensor,
+                            distill: DistillOptions | None) -> torch.Tensor:
+    """The task's advantages plus, with distill_loss=reverse-kl-advantage, the teacher's per-token advantage
+    -distill_coef x (log pi_student - log pi_teacher) of each sampled token, discounted over the later ones
+    (tinker's recipe adds the two alike); the task's alone otherwise."""
+    if distill is None or not distill.per_token_advantage:
+        return advantages
+    return advantages + reverse_kl_advantages(
+        batch.logprobs, batch.teacher_logprobs, trained, distill.coef, distill.discount
+    )
+
+
 def needs_of(estimator: str) -> EstimatorNeeds:
     """The needs of the estimator `advantage_estimator=estimator` names."""
     return ESTIMATORS[estimator].needs
@@ -257,5 +288,6 @@ def compute_advantages(batch: RolloutBatch, options: AdvantageOptions, kl_coef: 
     advantages, returns = estimate_on_policy_tokens(options, rewards, batch, mask, trained)
     if options.whiten_advantages:  # Detail 25
         advantages = ops.masked_whiten(advantages, trained)
+    advantages = with_teacher_advantages(advantages, batch, trained, options.distill)
     return dataclasses.replace(batch, scores=scores, kl=kl, rewards=rewards, advantages=advantages,
                                returns=returns)

@@ -1,6 +1,6 @@
 """Each on-policy command and each published method declared once.
 
-An `Algorithm` is a command (ppo, grpo, rloo, reinforce): its config class, its presets and its value
+An `Algorithm` is a command (ppo, grpo, rloo, reinforce, distill): its config class, its presets and its value
 model. A `Method` is a published recipe run by one of those commands: the options that make it (its
 policy loss, loss aggregation, estimator, clipping, KL...), its presets and its citation; `METHODS`
 is the table docs/algorithms.md lists, and a test checks that every method's presets set its options.
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import GRPOConfig, OnPolicyConfig, PPOConfig, ReinforceConfig, RLOOConfig
+from ..config import DistillConfig, GRPOConfig, OnPolicyConfig, PPOConfig, ReinforceConfig, RLOOConfig
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,13 @@ ALGORITHMS: dict[str, Algorithm] = {
             ReinforceConfig,
             ("tldr-reinforce-pp", "gsm8k-reinforce-pp"),
             "REINFORCE++, REINFORCE++-baseline and ReMax: batch-normalised or greedy baselines, no value model",
+        ),
+        Algorithm(
+            "distill",
+            DistillConfig,
+            (),
+            "on-policy distillation: the student samples, a frozen teacher scores every token (reverse-KL advantage, "
+            "JSD or top-k forward KL; docs/distillation.md)",
         ),
     )
 }

@@ -70,6 +70,8 @@ def unscored(components: torch.Tensor, failed: torch.Tensor | None) -> torch.Ten
     """(B,) the rows dropped from the update: no component scored them (every one NaN: each function returned
     None), or a function failed on them and left no value (reward_errors=skip). `failed`: (B, F) the functions'."""
     missing = components.isnan()
+    if not components.size(1):  # a distillation teacher's run without a task reward: the teacher scores every row
+        return torch.zeros(components.size(0), dtype=torch.bool, device=components.device)
     if failed is None or not failed.numel():
         return missing.all(dim=1)
     return missing.all(dim=1) | (missing[:, : failed.size(1)] & failed).any(dim=1)
@@ -130,11 +132,11 @@ class RewardSources:
         """The run's reward functions, environment and reward model, refusing options that cannot work."""
         environment = check_environment(options.environment, options.environment_args)
         has_environment = environment is not None and environment.has_reward
-        if not options.functions and not options.reward_model and not has_environment:
+        if not options.functions and not options.reward_model and not has_environment and not options.teacher:
             raise ConfigError(
                 "nothing to optimise: give reward_model= (a reward model folder) and/or "
                 "reward_functions= "
-                "(e.g. gsm8k,format; see rlhfkit/rewards.py)"
+                "(e.g. gsm8k,format; see rlhfkit/rewards.py), or a teacher= to distil from"
             )
         if options.stop_on_error:
             raise ConfigError("stop_on_reward_error=true was replaced by reward_errors=stop: set that instead")

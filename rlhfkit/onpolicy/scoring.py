@@ -27,11 +27,12 @@ from transformers import PreTrainedTokenizerBase
 from ..devices import autocast, model_device
 from ..environments import EpisodePlan
 from ..generation import completion_texts
-from ..logprobs import response_logprobs, shared_response_logprobs
+from ..logprobs import HeadInputs, pad_token_of, response_head_inputs, shared_response_head_inputs
 from ..reward_models import ScalarModel
 from ..rollout import RolloutBatch
 from ..scoring import scores_at_eos
 from ..shared_rows import SharedRows, fall_back, pack_groups, shared_rows_obstacle
+from .distillation import Teacher
 from .reward_sources import PromptTexts, RewardSources, component_metrics, rollout_columns
 
 __all__ = ["PromptTexts", "RewardSources", "component_metrics", "rollout_columns"]  # defined in reward_sources.py
@@ -45,7 +46,7 @@ class OnPolicyModels:
     tokenizer: PreTrainedTokenizerBase
     sources: RewardSources | None = None  # reward functions and weights (None: the reward model alone)
     episodes: EpisodePlan | None = None  # the run's multi-turn episodes (None: single responses)
-    teacher: torch.nn.Module | None = None  # frozen; on-policy distillation's teacher (None: no distillation)
+    teacher: Teacher | None = None  # frozen; on-policy distillation's teacher (None: no distillation)
 
     def reward_sources(self) -> RewardSources:
         return self.sources or RewardSources.model_only()
@@ -54,7 +55,8 @@ class OnPolicyModels:
         return [m for m in (self.policy, self.value) if m is not None]
 
     def frozen(self) -> list[torch.nn.Module]:
-        return [m for m in (self.reference, self.reward, self.teacher) if m is not None]
+        teacher = self.teacher.model if self.teacher is not None else None
+        return [m for m in (self.reference, self.reward, teacher) if m is not None]
 
 
 def shares_prefix(model: torch.nn.Module | None, shared_prefix: str, group: int, rows_per_pass: int,
@@ -81,13 +83,20 @@ def pack_rollout(batch: RolloutBatch, group: int) -> SharedRows:
     return pack_groups(batch.query_ids, batch.query_mask, batch.responses, batch.mask, group)
 
 
+def policy_head_inputs(policy, batch: RolloutBatch, shared: SharedRows | None = None) -> HeadInputs:
+    """What the policy's next-token distributions at the rollout's response positions are formed from (B, R, ...);
+    from `shared` rows when given."""
+    if shared is not None:
+        return shared_response_head_inputs(policy, shared, batch.responses)
+    return response_head_inputs(policy, batch.input_ids(), batch.attention_mask(), batch.context_length)
+
+
 def policy_logprobs(
     policy, batch: RolloutBatch, temperature: float, shared: SharedRows | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, R) log-probabilities and entropies of the rollout's responses; from `shared` rows when given."""
-    if shared is not None:
-        return shared_response_logprobs(policy, shared, batch.responses, temperature)
-    return response_logprobs(policy, batch.input_ids(), batch.attention_mask(), batch.context_length, temperature)
+    inputs = policy_head_inputs(policy, batch, shared)
+    return inputs.logprobs_entropy(batch.responses, temperature, pad_token_of(policy))
 
 
 def value_estimates(value: ScalarModel, batch: RolloutBatch, shared: SharedRows | None = None) -> torch.Tensor:
@@ -188,6 +197,8 @@ def reward_components(
     if model_scores is not None:
         columns.append(model_scores.float().cpu().unsqueeze(1))
     device = batch.responses.device
+    if not columns:  # a distillation teacher's run without a task reward: no component
+        return torch.zeros(batch.size, 0, device=device), failed.to(device)
     return torch.cat(columns, dim=1).to(device), failed.to(device)
 
 
@@ -230,9 +241,11 @@ def score_rollout(
                 models.reference, remote, plan.temperature, layout.rows_for("reference", remote_shared)
             )
             parts["ref_logprobs"].append(reference.to(device))
-            if models.teacher is not None:  # the student's own rows: a teacher reads no shared rows yet
-                teacher, _ = policy_logprobs(models.teacher, remote, plan.temperature)
+            if models.teacher is not None:  # each row once, unshared (self-distillation's queries differ)
+                teacher, features = models.teacher.score(remote)
                 parts["teacher_logprobs"].append(teacher.to(device))
+                if features is not None:
+                    parts["teacher_features"].append(features.to(device))
             if models.reward is not None:
                 scores = reward_scores(models.reward, remote, layout.rows_for("reward", remote_shared))
                 parts["model_scores"].append(scores.float().to(device))

@@ -1,4 +1,4 @@
-"""`rlhfkit ppo`, `rlhfkit grpo`, `rlhfkit rloo`, `rlhfkit reinforce`: one on-policy stage, run by the
+"""`rlhfkit ppo`, `rlhfkit grpo`, `rlhfkit rloo`, `rlhfkit reinforce`, `rlhfkit distill`: one on-policy stage, run by the
 loop driver on one or N data-parallel processes (Section 7, Details 20-25, Table 7).
 
 The policy and the frozen reference both start from the SFT model; the reward model is frozen; an
@@ -48,6 +48,7 @@ from ..trainers.run import (
 from .advantages import compute_advantages, with_old_logprobs
 from .algorithms import Algorithm, algorithm_of
 from .collect import PromptStream, RolloutSetup, collect
+from .distillation import distill_metrics, hinted_queries, load_teacher
 from .episodes import environment_metrics
 from .evaluation import (
     ReportedRun,
@@ -81,8 +82,9 @@ from .update import (
 
 def load_models(cfg: OnPolicyConfig, checkpoint: Path | None, device: torch.device) -> OnPolicyModels:
     """Policy (from the checkpoint when resuming), frozen reference (always the SFT model), frozen
-    reward model when one is given, the reward functions, and the value model when the algorithm has
-    one (Detail 22: from the reward model unless value_model is given)."""
+    reward model when one is given, the reward functions, the value model when the algorithm has
+    one (Detail 22: from the reward model unless value_model is given), and the frozen distillation teacher
+    when one is given."""
     require_folder(cfg.model, "model", "give the SFT policy (the model/ folder written by `rlhfkit sft`)")
     sources = RewardSources.of(cfg.reward_options)
     options = cfg.value_options
@@ -106,8 +108,11 @@ def load_models(cfg: OnPolicyConfig, checkpoint: Path | None, device: torch.devi
         check_same_tokenizer(tokenizer, reward_tok, cfg.model, f"the reward model ({cfg.reward_model})")
         reward = reward.to(frozen)
     value = trained_value_model(cfg, value_source, checkpoint, tokenizer).to(device) if options is not None else None
+    reference = reference.to(frozen)
+    distill = cfg.distill_options
+    teacher = load_teacher(distill, tokenizer, cfg.model_source, reference, frozen) if distill is not None else None
     return OnPolicyModels(
-        policy.to(device), reference.to(frozen), reward, value, tokenizer, sources, episode_plan(cfg.episode_options)
+        policy.to(device), reference, reward, value, tokenizer, sources, episode_plan(cfg.episode_options), teacher
     )
 
 
@@ -191,6 +196,9 @@ class OnPolicySteps:
         if self.plan.old_logprobs == "update":
             batch = with_old_logprobs(batch, result.old_logprobs, self.plan.kl_estimator)
         metrics |= result.metrics | rollout_metrics(batch, self.kl_coef)
+        if self.models.teacher is not None:  # rows the teacher read on this process, over the rows it sampled
+            reads = self.models.teacher.take_rows_scored() * self.accelerator.num_processes / batch.size
+            metrics |= distill_metrics(batch, reads)
         metrics["train/lr"] = self.optimizers.policy_schedule.get_last_lr()[0]
         self.optimizers.advance_schedules()
         if self.cfg.adaptive_kl:  # from the whole batch's KL: every process moves the coefficient alike
@@ -274,11 +282,14 @@ class OnPolicySteps:
         }
 
     def postfix(self, metrics: dict[str, float]) -> dict[str, str]:
-        return {
+        shown = {
             "score": f"{metrics['objective/scores']:.3f}",
             "kl": f"{metrics['objective/kl']:.3f}",
             "len": f"{metrics['response/length_mean']:.1f}",
         }
+        if "distill/reverse_kl" in metrics:  # the teacher's: per token, to the teacher
+            shown["teacher_kl"] = f"{metrics['distill/reverse_kl']:.3f}"
+        return shown
 
 
 def build_optimizers(models: OnPolicyModels, cfg: OnPolicyConfig, num_updates: int) -> Optimizers:
@@ -310,6 +321,9 @@ def scoring_plan(models: OnPolicyModels, cfg: OnPolicyConfig) -> ScoringPlan:
     in the reward)."""
     rows = whole_groups(cfg.forward_batch_size, cfg.samples_per_prompt)
     kl_free_rewards = cfg.kl_placement == "loss" or (cfg.kl_coef == 0 and not cfg.adaptive_kl)
+    distill = cfg.distill_options
+    # the teacher's per-token advantage reads the sampling policy's log-probabilities before the update
+    kl_free_rewards = kl_free_rewards and not (distill is not None and distill.per_token_advantage)
     one_pass = cfg.update_epochs == 1 and cfg.num_minibatches == 1
     return ScoringPlan(
         rows,
@@ -445,6 +459,8 @@ def run(cfg: OnPolicyConfig) -> int:
         torch.device("cpu") if cfg.sharding_options.splits_models(accelerator.num_processes) else accelerator.device,
     )
     train, held_out, notes = split_posts(cfg.prompt_split, models.tokenizer)
+    if models.teacher is not None and models.teacher.options.is_self:
+        models.teacher.queries = hinted_queries(train, cfg.teacher_hint, models.tokenizer, cfg.max_query_length)
     prompt_format = resolved_format(PROMPTS, cfg.prompt_format, cfg.data, cfg.hf_split, cfg.fields)
     plan = update_plan(models, cfg, autocast_precision(cfg))
     record_settings(run_dir, {"prompt_format": prompt_format} | model_settings(models, plan))

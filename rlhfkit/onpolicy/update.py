@@ -4,6 +4,7 @@ Table 7).
     K epochs x N minibatches of policy (and value) updates: the configured policy loss, aggregated
     as `loss_aggregation` says                                                    (Table 7)
     loss = policy loss [+ kl_coef x KL to the reference] [- entropy_coef x entropy] [+ vf_coef x value loss]
+           [+ distill_coef x divergence from the teacher (distill_loss=jsd, topk-forward-kl)]
 
 The maths lives in `ops` and `policy_losses`. Each minibatch is drawn from the whole update's rollout
 (gathered by `collect.gather_rollout`): every process computes the gradient of its rows of the
@@ -27,6 +28,7 @@ from .. import ops
 from ..config import ValueOptions
 from ..devices import autocast
 from ..distributed import ONE_PROCESS, process_share
+from ..logprobs import pad_token_of
 from ..policy_losses import POLICY_LOSSES, ClipRange, aggregate, loss_units
 from ..rollout import RolloutBatch
 from ..sharding import SavedState, ShardedOptimizerState, ShardedRun, fsdp_modules, full_number
@@ -38,7 +40,7 @@ from .scoring import (
     RowLayout,
     ScoringPlan,
     pack_rollout,
-    policy_logprobs,
+    policy_head_inputs,
     scored_rows,
     value_estimates,
 )
@@ -351,9 +353,8 @@ def micro_loss(
     loss_mask = objective.loss_mask(rows) if counts else torch.zeros_like(rows.trained_mask)
     trained = rows.trained_mask  # environment tokens are context, never trained on
     with autocast(rows.responses.device, plan.precision):
-        logprobs, entropy = policy_logprobs(
-            models.policy, rows, plan.temperature, plan.layout.rows_for("policy", micro.shared)
-        )
+        student = policy_head_inputs(models.policy, rows, plan.layout.rows_for("policy", micro.shared))
+        logprobs, entropy = student.logprobs_entropy(rows.responses, plan.temperature, pad_token_of(models.policy))
         if plan.old_logprobs == "update":  # ratio 1 exactly: the K = 1 update's gradient at the sampling policy
             rows = dataclasses.replace(rows, logprobs=logprobs.detach() * trained)
         policy = POLICY_LOSSES[objective.policy_loss](
@@ -366,6 +367,12 @@ def micro_loss(
                 loss_mask,
                 normalisers.units,
             )
+        teacher = models.teacher
+        if teacher is not None and teacher.keeps_distributions:  # jsd, topk-forward-kl: a term of the loss
+            divergence = teacher.divergence(student, rows.teacher_features, plan.temperature,
+                                            pad_token_of(models.policy))
+            terms["loss/distill"] = teacher.options.coef * objective.aggregate(divergence, loss_mask,
+                                                                               normalisers.units)
         if plan.entropy_coef:
             terms["loss/entropy"] = -plan.entropy_coef * objective.aggregate(entropy, loss_mask, normalisers.units)
         if value_options is not None:
@@ -387,6 +394,8 @@ def micro_loss(
     if value_options is not None:
         stats.add("loss/value_avg", value_loss.detach(), value_weight)
         stats.add("val/clipfrac_avg", value_clipfrac, value_weight)
+    if "loss/distill" in terms:
+        stats.add("distill/divergence", ops.masked_mean(divergence.detach(), trained), value_weight)
     if "loss/kl" in terms:
         stats.add(
             "loss/kl_avg",

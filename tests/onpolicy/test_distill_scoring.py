@@ -7,6 +7,7 @@ import torch
 
 from rlhfkit.logprobs import plain_lm_head
 from rlhfkit.onpolicy import evaluation, trainer
+from rlhfkit.onpolicy.distillation import Teacher
 from rlhfkit.onpolicy.scoring import score_rollout
 from rlhfkit.stages import resolve
 
@@ -26,12 +27,15 @@ def rows_read(model: torch.nn.Module) -> list[int]:
 
 def test_a_teacher_equal_to_the_start_scores_each_token_as_the_reference_does_each_row_once(ppo_dirs, tmp_path):
     # unshared rows for every model: the teacher reads none yet, and the comparison is to the bit
-    options = stage_args("grpo", ppo_dirs, tmp_path / "run", forward_batch_size=4, shared_prefix="off")
+    options = stage_args("grpo", ppo_dirs, tmp_path / "run", forward_batch_size=4, shared_prefix="off",
+                         teacher=str(ppo_dirs["policy"]))
     cfg = resolve("grpo", None, None, options)
     models = trainer.load_models(cfg, None, torch.device("cpu"))
     train, _, _ = evaluation.split_posts(cfg.prompt_split, models.tokenizer)
-    models = dataclasses.replace(models, teacher=copy.deepcopy(models.reference))
-    passes = rows_read(models.teacher)
+    teacher = Teacher(copy.deepcopy(models.reference), cfg.distill_options, len(models.tokenizer),
+                      models.tokenizer.pad_token_id)
+    models = dataclasses.replace(models, teacher=teacher)
+    passes = rows_read(teacher.model)
     batch = collected(models, [e.query.ids for e in train], cfg, 0, cfg.kl_coef)
     assert torch.equal(batch.teacher_logprobs, batch.ref_logprobs)
     assert torch.equal(batch.teacher_logprobs, batch.logprobs)  # before any update: the KL to the teacher is 0

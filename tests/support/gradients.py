@@ -240,3 +240,41 @@ def sampled_rollout_worker(rank: int, world: int, port: int, cases: list, out: s
     finally:
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
+
+
+def distill_update_gradient(inputs: dict[str, Any], teacher: Path, tmp_path: Path, options: dict[str, Any], micro: int,
+                            accelerator=None) -> dict[str, torch.Tensor]:
+    """The gradient of one `rlhfkit distill` update (SGD at learning rate 1) on its first sampled rollout, with
+    `micro` rows per pass over the rows of `accelerator`'s processes (None: one process): the weights' change."""
+    from rlhfkit.onpolicy import evaluation, trainer
+    from rlhfkit.onpolicy.update import Optimizers
+    from rlhfkit.stages import resolve
+
+    fixed = {"teacher": str(teacher), "micro_batch_size": micro, "reuse_update_forward": "false",
+             "update_epochs": 1, "num_minibatches": 1}
+    cfg = resolve("distill", None, None, stage_args("distill", inputs, tmp_path / "unused", **options | fixed))
+    models = trainer.load_models(cfg, None, torch.device("cpu"))
+    train, _, _ = evaluation.split_posts(cfg.prompt_split, models.tokenizer)
+    trainer.prepare_for_training(models, cfg)
+    batch = collected(models, [e.query.ids for e in train], cfg, 0, cfg.kl_coef)
+    policy = models.policy
+    before = {k: v.detach().clone() for k, v in policy.named_parameters()}
+    optimizers = Optimizers(torch.optim.SGD(policy.parameters(), lr=1.0), None, None, None)
+    run_update(models, optimizers, batch, cfg, accelerator)
+    return {k: before[k] - v.detach() for k, v in policy.named_parameters()}
+
+
+def distill_split_worker(rank: int, world: int, port: int, inputs: dict[str, str], teacher: str, tmp: str,
+                         cases: list[dict[str, Any]], out: str) -> None:
+    """A gloo process of `world`: `distill_update_gradient` of every case; process 0 saves them to `out`."""
+    os.environ |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        paths = {k: Path(v) for k, v in inputs.items()}
+        gradients = [distill_update_gradient(paths, Path(teacher), Path(tmp), case, 4, GlooProcesses())
+                     for case in cases]
+        if rank == 0:
+            torch.save(gradients, out)
+    finally:
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()

@@ -162,12 +162,15 @@ def kill_after_checkpoint(args: list[str], run_dir: Path, step: int, env: dict[s
     return json.loads(latest.read_text())["step"]
 
 
-def straight_and_resumed(stage: str, preset: str, args: dict, tmp_path: Path, kill_at: int) -> tuple[Path, Path]:
-    """Run `rlhfkit <stage>` once straight through, and once SIGKILLed after checkpoint `kill_at`
-    then resumed; return both run directories for comparison."""
+def straight_and_resumed(
+    stage: str, preset: str | None, args: dict, tmp_path: Path, kill_at: int
+) -> tuple[Path, Path]:
+    """Run `rlhfkit <stage>` (under `preset`, when one is named) once straight through, and once SIGKILLed after
+    checkpoint `kill_at` then resumed; return both run directories for comparison."""
 
     def command(out: Path, **extra) -> list[str]:
-        return [stage, "--preset", preset, *cli_args(args | extra | {"output_dir": str(out)})]
+        chosen = ["--preset", preset] if preset else []
+        return [stage, *chosen, *cli_args(args | extra | {"output_dir": str(out)})]
 
     env, straight, killed = child_env(), tmp_path / "straight", tmp_path / "killed"
     run_forked(command(straight), tmp_path / "straight-log", env, check=True)

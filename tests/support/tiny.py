@@ -29,6 +29,7 @@ INPUTS = {
     "grpo": ON_POLICY_INPUTS,
     "rloo": ON_POLICY_INPUTS,
     "reinforce": ON_POLICY_INPUTS,
+    "distill": {"model": "policy", "data": "posts"},  # teacher= is the test's own
     "pipeline": {"model": "policy", "sft_data": "posts", "comparisons": "pairs"},
 }
 
@@ -55,6 +56,7 @@ TINY = {
     "grpo": TINY_ON_POLICY | {"samples_per_prompt": 4},
     "rloo": TINY_ON_POLICY | {"samples_per_prompt": 4},
     "reinforce": TINY_ON_POLICY,
+    "distill": TINY_ON_POLICY,
     "pipeline": {
         "eval_posts": 4,
         "sft": TINY_PIPELINE_STAGE
