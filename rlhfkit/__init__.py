@@ -14,8 +14,8 @@ import importlib
 
 __version__ = "0.1.0"
 
-API = ("run", "sft", "rm", "dpo", "ppo", "grpo", "rloo", "reinforce", "distill", "pipeline", "evaluate", "generate", "Result",
-       "LaunchFailed")
+API = ("run", "sft", "rm", "dpo", "ppo", "grpo", "rloo", "reinforce", "distill", "pipeline", "evaluate", "generate",
+       "Result", "LaunchFailed")
 CONFIGS = ("SFTConfig", "RMConfig", "DPOConfig", "PPOConfig", "GRPOConfig", "RLOOConfig", "ReinforceConfig",
            "DistillConfig",
            "PipelineConfig", "EvalConfig", "Gsm8kEvalConfig", "GenerateConfig", "RMEvalConfig", "JudgeEvalConfig",

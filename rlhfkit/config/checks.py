@@ -159,8 +159,8 @@ def check_distillation(cfg: OnPolicyConfig) -> None:
                               "student's tokenizer (or teacher=self with teacher_hint=)")
         rewards = [f"{k}=" for k in ("reward_functions", "reward_model") if getattr(cfg, k)]
         if rewards:
-            raise ConfigError(f"rlhfkit distill learns from the teacher alone and {', '.join(rewards)} is given: to mix "
-                              "a task reward with the teacher, run grpo, rloo, reinforce or ppo with teacher=")
+            raise ConfigError(f"rlhfkit distill learns from the teacher alone and {', '.join(rewards)} is given: to "
+                              "mix a task reward with the teacher, run grpo, rloo, reinforce or ppo with teacher=")
     if cfg.teacher == SELF_TEACHER and not cfg.teacher_hint:
         raise ConfigError("teacher=self reads the prompt with teacher_hint= (e.g. 'The answer is {answer}.'): without "
                           "one it is the student's own starting weights on the same prompt, and teaches nothing")
@@ -169,8 +169,9 @@ def check_distillation(cfg: OnPolicyConfig) -> None:
     teacher_temperature = cfg.teacher_temperature or cfg.temperature
     if cfg.teacher and teacher_temperature != cfg.temperature and not cfg.teacher_temperature_differs:
         raise ConfigError(
-            f"teacher_temperature={cfg.teacher_temperature:g} differs from the sampling temperature={cfg.temperature:g}:"
-            " the student's log-probabilities are taken at the sampling temperature, so the two distributions "
+            f"teacher_temperature={cfg.teacher_temperature:g} differs from the sampling "
+            f"temperature={cfg.temperature:g}: the student's log-probabilities are taken at the sampling "
+            "temperature, so the two distributions "
             "compared would be at different temperatures; set teacher_temperature_differs=true if that is meant"
         )
     if cfg.teacher and cfg.temperature == 0:

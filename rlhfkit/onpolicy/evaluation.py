@@ -243,6 +243,19 @@ class ReportedRun:
     rewards: RewardOptions
 
 
+DISTILL_CURVES = ["distill/reverse_kl", "distill/teacher_logprob", "distill/divergence", "objective/scores",
+                  "response/length_mean"]
+
+
+def distill_numbers(report: Report, history: list[dict]) -> None:
+    """A distillation run's headline: the per-token reverse KL to the teacher at the last update beside the first's."""
+    values = metric_series(history, "distill/reverse_kl")[1]
+    if values:
+        report.number("per-token KL(student || teacher) of the training rollouts, last update", values[-1], values[0],
+                      "first update", "" if values[-1] < values[0] else
+                      "the student is no closer to the teacher than at its first update")
+
+
 def write_onpolicy_report(
     run_dir: Path, run: ReportedRun, notes: list[str], metrics: dict[str, float], rows: list[dict]
 ) -> Path:
@@ -274,6 +287,7 @@ def write_onpolicy_report(
                 "first update",
                 fell_caveat(f"the rollouts' {label}", values[0], values[-1], "first update"),
             )
+    distill_numbers(report, history)
     components = sorted({k for row in history for k in row if k.startswith("rewards/") and not k.endswith("_errors")})
     plots = [
         (f"Figure 12: RLHF reward, KL, {score}; length and EOS rate", FIGURE_12, "curves.png", "Figure 12"),
@@ -286,6 +300,9 @@ def write_onpolicy_report(
         ("Update statistics", UPDATE_CURVES, "update.png", "update statistics"),
         ("Time per phase", PERF_CURVES, "perf.png", "time per phase"),
     ]
+    if metric_series(history, "distill/reverse_kl")[1]:
+        plots.insert(1, ("Distillation: per-token KL to the teacher and its log-probabilities, beside the task's score "
+                         "and the answers' length", DISTILL_CURVES, "distill.png", "distillation"))
     for title, keys, file, short in plots:
         report.figure(title, plot_curves(history, keys, run_dir / "plots" / file, f"{name.upper()} {short}"))
     answers = ["sft_episode", f"{name}_episode"] if rewards.environment else ["sft", name]

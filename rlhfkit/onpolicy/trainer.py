@@ -1,5 +1,5 @@
-"""`rlhfkit ppo`, `rlhfkit grpo`, `rlhfkit rloo`, `rlhfkit reinforce`, `rlhfkit distill`: one on-policy stage, run by the
-loop driver on one or N data-parallel processes (Section 7, Details 20-25, Table 7).
+"""`rlhfkit ppo`, `rlhfkit grpo`, `rlhfkit rloo`, `rlhfkit reinforce`, `rlhfkit distill`: one on-policy stage, run by
+the loop driver on one or N data-parallel processes (Section 7, Details 20-25, Table 7).
 
 The policy and the frozen reference both start from the SFT model; the reward model is frozen; an
 algorithm with a critic (PPO) trains a value model that starts from the reward model (Detail 22).

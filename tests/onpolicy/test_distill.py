@@ -14,11 +14,10 @@ from rlhfkit.onpolicy import evaluation, trainer
 from rlhfkit.stages import resolve
 
 from ..support.gradients import (
-    GlooProcesses,
     assert_same_gradient,
     collected,
-    distill_update_gradient,
     distill_split_worker,
+    distill_update_gradient,
 )
 from ..support.processes import (
     assert_same_files,
@@ -37,7 +36,8 @@ SPLIT_CASES = [{"distill_loss": "reverse-kl-advantage"}, {"distill_loss": "jsd",
 
 
 def distill_setup(ppo_dirs, tmp_path, teacher, **extra):
-    cfg = resolve("distill", None, None, stage_args("distill", ppo_dirs, tmp_path / "run", teacher=str(teacher), **extra))
+    options = stage_args("distill", ppo_dirs, tmp_path / "run", teacher=str(teacher), **extra)
+    cfg = resolve("distill", None, None, options)
     models = trainer.load_models(cfg, None, torch.device("cpu"))
     train, _, _ = evaluation.split_posts(cfg.prompt_split, models.tokenizer)
     trainer.prepare_for_training(models, cfg)
@@ -127,6 +127,9 @@ def test_rlhfkit_distill_and_grpo_with_a_teacher_run_from_the_command_line(ppo_d
     assert len(trained) == 2 and all(r["distill/reverse_kl"] != 0 and r["perf/teacher_reads_per_row"] == 1
                                      for r in trained)
     assert (out / "model" / "config.json").is_file()
+    assert (out / "plots" / "distill.png").is_file()  # the report's distillation section
+    report = (out / "report.html").read_text()
+    assert "per-token KL(student || teacher)" in report and "Distillation: per-token KL to the teacher" in report
     assert "teacher" in (out / "config.yaml").read_text()
     mixed = tmp_path / "grpo"
     run_forked(command("grpo", ppo_dirs, mixed, teacher=str(tiny_teacher_dir), distill_coef=0.5, distill_loss="jsd"),
@@ -177,7 +180,8 @@ def test_self_distillation_reads_the_prompt_with_its_hint(ppo_dirs, environment_
 )
 def test_distillation_options_that_cannot_teach_are_refused(options, match, ppo_dirs, tiny_teacher_dir, tmp_path):
     with pytest.raises(ConfigError, match=match):
-        resolve("distill", None, None, stage_args("distill", ppo_dirs, tmp_path, teacher=str(tiny_teacher_dir)) | options)
+        given = stage_args("distill", ppo_dirs, tmp_path, teacher=str(tiny_teacher_dir)) | options
+        resolve("distill", None, None, given)
 
 
 def test_a_teacher_temperature_that_differs_is_taken_when_asked(ppo_dirs, tiny_teacher_dir, tmp_path):
