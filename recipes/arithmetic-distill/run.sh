@@ -6,7 +6,7 @@
 # the table; the check of every number against expected.json.
 # Usage: recipes/arithmetic-distill/run.sh [full|short] [key=value ...]
 #   full: about 105 minutes on a 2-core CPU with the teacher's training (27), 80 with TEACHER= given
-#   short: about 6 minutes (a 3-update teacher, 4 distillation updates, 32 held-out problems)
+#   short: about 9 minutes (a 3-update teacher, 4 distillation updates, 32 held-out problems)
 # Run it from the repository root with ../shared beside it; ROOT=<folder> writes elsewhere. key=value options after
 # the variant go to the distillation runs (learning_rate=0 switches learning off).
 set -euo pipefail
