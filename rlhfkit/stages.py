@@ -72,6 +72,7 @@ class Stage:
     multi_process: bool = False  # may run under --num-processes N
     shardings: tuple[str, ...] = ()  # the `sharding=` values it runs (besides none)
     trains_policy: bool = False  # writes a policy to model/ (the pipeline's eval stage compares them)
+    in_pipeline: bool = True  # the pipeline may run it (distill needs a teacher, which no pipeline stage makes)
     reads: tuple[str, ...] = ()  # stages whose output it reads in a pipeline (they must come before it)
     outputs: Outputs = Outputs()  # the files it writes that a caller reads back
 
@@ -198,7 +199,8 @@ STAGES: dict[str, Stage] = {stage.name: stage for stage in (
           dpo_runner, DPOConfig, presets=("tldr-dpo", "hh-dpo"), multi_process=True, shardings=ALL_SHARDINGS,
           trains_policy=True, outputs=Outputs("rm_eval/rm_eval.json", **TRAINED)),
     *(Stage((a.name,), a.about, on_policy_runner, a.config, presets=a.presets, multi_process=True,
-            shardings=ON_POLICY_SHARDINGS, trains_policy=True, reads=("rm",), outputs=Outputs("eval.json", **TRAINED))
+            shardings=ON_POLICY_SHARDINGS, trains_policy=True, reads=("rm",), outputs=Outputs("eval.json", **TRAINED),
+            in_pipeline=not a.needs_teacher)
       for a in ALGORITHMS.values()),
     Stage(("pipeline",), "SFT -> RM -> PPO (or DPO, GRPO, RLOO, REINFORCE) -> eval, each stage in its own folder, "
           "finished ones skipped",
@@ -272,7 +274,7 @@ def planned_stage(name: str) -> Stage:
 def check_pipeline_stages(cfg: PipelineConfig) -> None:
     read = {source for s in STAGES.values() for source in s.reads}
     # eval: the pipeline's own
-    runnable = [s.name for s in STAGES.values() if s.trains_policy or s.name in read] + ["eval"]
+    runnable = [s.name for s in STAGES.values() if (s.trains_policy and s.in_pipeline) or s.name in read] + ["eval"]
     for name in cfg.stages:
         if name not in runnable:
             raise ConfigError(f"stages: {name} is not a pipeline stage; choose from {', '.join(runnable)}")
@@ -319,7 +321,7 @@ def pipeline_commands():
     return Commands(
         resolve=resolve,
         run=run_resolved,
-        policy_stages=tuple(s.name for s in STAGES.values() if s.trains_policy),
+        policy_stages=tuple(s.name for s in STAGES.values() if s.trains_policy and s.in_pipeline),
         reads={s.name: s.reads for s in STAGES.values() if s.reads},
         configs={s.name: s.config for s in STAGES.values() if s.config},
     )

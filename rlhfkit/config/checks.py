@@ -150,13 +150,11 @@ def check_objective(cfg: OnPolicyConfig) -> None:
 
 
 def check_distillation(cfg: OnPolicyConfig) -> None:
-    """A teacher that can teach: `rlhfkit distill` has one and no task reward (which the other on-policy commands
-    mix in); self-distillation reads a hint, without which the teacher is the reference; the teacher's temperature
-    is the student's unless asked otherwise."""
+    """A teacher that can teach: `rlhfkit distill` has no task reward (which the other on-policy commands mix in);
+    self-distillation reads a hint, without which the teacher is the reference; the teacher's temperature is the
+    student's unless asked otherwise. (The teacher `distill` needs is required as the models load: its defaults
+    resolve.)"""
     if isinstance(cfg, DistillConfig):
-        if not cfg.teacher:
-            raise ConfigError("rlhfkit distill needs teacher=: a model/ folder, embedded name or hub id with the "
-                              "student's tokenizer (or teacher=self with teacher_hint=)")
         rewards = [f"{k}=" for k in ("reward_functions", "reward_model") if getattr(cfg, k)]
         if rewards:
             raise ConfigError(f"rlhfkit distill learns from the teacher alone and {', '.join(rewards)} is given: to "

@@ -27,6 +27,7 @@ class Algorithm:
     presets: tuple[str, ...]  # shipped presets with published settings, TL;DR first
     about: str
     needs_value_model: bool = False  # trains a critic, whose options its config gives (`value_options`)
+    needs_teacher: bool = False  # learns from a teacher alone (`teacher=`), so no pipeline stage can run it
 
 
 ALGORITHMS: dict[str, Algorithm] = {
@@ -74,6 +75,7 @@ ALGORITHMS: dict[str, Algorithm] = {
             (),
             "on-policy distillation: the student samples, a frozen teacher scores every token (reverse-KL advantage, "
             "JSD or top-k forward KL; docs/distillation.md)",
+            needs_teacher=True,
         ),
     )
 }

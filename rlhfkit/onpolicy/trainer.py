@@ -86,6 +86,9 @@ def load_models(cfg: OnPolicyConfig, checkpoint: Path | None, device: torch.devi
     one (Detail 22: from the reward model unless value_model is given), and the frozen distillation teacher
     when one is given."""
     require_folder(cfg.model, "model", "give the SFT policy (the model/ folder written by `rlhfkit sft`)")
+    if algorithm_of(type(cfg)).needs_teacher and not cfg.teacher:
+        raise ConfigError(f"{algorithm_of(type(cfg)).name} needs teacher=: a model/ folder, embedded name or hub id "
+                          "with the student's tokenizer (or teacher=self with teacher_hint=)")
     sources = RewardSources.of(cfg.reward_options)
     options = cfg.value_options
     value_source = options.source or cfg.reward_model if options is not None else ""

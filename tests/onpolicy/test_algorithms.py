@@ -41,6 +41,7 @@ def test_each_stage_takes_the_estimators_declared_for_its_config_and_refuses_oth
         "grpo": ["grpo"],
         "rloo": ["rloo"],
         "reinforce": ["reinforce-pp", "reinforce-pp-baseline", "remax"],
+        "distill": ["teacher"],
     }
     with pytest.raises(ConfigError, match=r"advantage_estimator='gae' is not accepted; choose one of: grpo$"):
         resolve("grpo", None, None, {"advantage_estimator": "gae"})
@@ -80,6 +81,7 @@ def test_estimators_declare_their_needs_where_they_are_defined():
         "reinforce-pp": (False, False),
         "reinforce-pp-baseline": (True, False),
         "remax": (False, True),
+        "teacher": (False, False),
     }
 
 

@@ -171,7 +171,6 @@ def test_self_distillation_reads_the_prompt_with_its_hint(ppo_dirs, environment_
 @pytest.mark.parametrize(
     ("options", "match"),
     [
-        ({"teacher": ""}, "rlhfkit distill needs teacher="),
         ({"reward_functions": "gsm8k"}, "run grpo, rloo, reinforce or ppo with teacher="),
         ({"teacher": "self"}, "teacher=self reads the prompt with teacher_hint="),
         ({"teacher_temperature": 1.0}, "teacher_temperature=1 differs from the sampling temperature=0.7"),
@@ -182,6 +181,12 @@ def test_distillation_options_that_cannot_teach_are_refused(options, match, ppo_
     with pytest.raises(ConfigError, match=match):
         given = stage_args("distill", ppo_dirs, tmp_path, teacher=str(tiny_teacher_dir)) | options
         resolve("distill", None, None, given)
+
+
+def test_rlhfkit_distill_without_a_teacher_stops_before_any_model_loads(ppo_dirs, tmp_path):
+    cfg = resolve("distill", None, None, stage_args("distill", ppo_dirs, tmp_path))  # its defaults resolve
+    with pytest.raises(ConfigError, match="distill needs teacher=: a model/ folder"):
+        trainer.load_models(cfg, None, torch.device("cpu"))
 
 
 def test_a_teacher_temperature_that_differs_is_taken_when_asked(ppo_dirs, tiny_teacher_dir, tmp_path):
