@@ -23,6 +23,7 @@ import torch
 
 from .. import ops
 from ..config import DistillOptions, ModelSource
+from ..data.collate import left_pad_queries
 from ..data.examples import SFTExample
 from ..data.formats import CHAT, encode_chat_query, encode_text
 from ..distill_ops import chunked_divergence, generalized_jsd, topk_forward_kl_of_logits
@@ -31,8 +32,6 @@ from ..logprobs import HeadInputs, pad_token_of, plain_lm_head, response_head_in
 from ..models import load_policy
 from ..rollout import RolloutBatch
 from .loading import check_teacher_vocabulary, require_folder
-
-TEACHER_EOS_FLOOR = -9.2  # log(1e-4): a teacher this unlikely to end where the student ends is named
 
 
 @dataclass
@@ -60,15 +59,10 @@ class Teacher:
         """The rows as the teacher reads them: the student's, or with teacher=self each prompt with its hint."""
         if self.queries is None:
             return part
-        queries = [self.queries[p] for p in part.prompts.tolist()]
-        width = max(len(q) for q in queries)
-        ids = torch.full((part.size, width), self.pad_id, dtype=part.query_ids.dtype)
-        mask = torch.zeros((part.size, width), dtype=part.query_mask.dtype)
-        for row, query in enumerate(queries):  # left padded, as every query (Detail 14)
-            ids[row, width - len(query) :] = torch.tensor(query, dtype=ids.dtype)
-            mask[row, width - len(query) :] = 1
+        padded = left_pad_queries([self.queries[p] for p in part.prompts.tolist()], self.pad_id)
         device = part.query_ids.device
-        return dataclasses.replace(part, query_ids=ids.to(device), query_mask=mask.to(device))
+        return dataclasses.replace(part, query_ids=padded["input_ids"].to(device, part.query_ids.dtype),
+                                   query_mask=padded["attention_mask"].to(device, part.query_mask.dtype))
 
     def score(self, part: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(B, R) the teacher's log-probabilities of `part`'s sampled tokens at its temperature and, where the
