@@ -85,6 +85,7 @@ each side's `mfu` against `matmul_peak_gflops`, the peak of the runs' precision 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -109,32 +110,40 @@ PEAK_FILE = "matmul_peak.json"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--trainers", default=",".join(PAIRED), help=f"comma separated, from {', '.join(TRAINERS)}"
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trainers", default=",".join(PAIRED), help=f"comma separated, from {', '.join(TRAINERS)}")
     parser.add_argument("--model", default="smollm2-135m", help="embedded name, HF directory, or 'tiny'")
     parser.add_argument("--steps", type=int, default=4, help="timed steps per run (on-policy: updates)")
     parser.add_argument("--warmup", type=int, default=1, help="steps run first and not timed")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each side, alternating ours and TRL")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="where both sides run (cpu hides any GPU from the children; cuda: TRL without use_cpu)",
+    )
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast on both sides")
     parser.add_argument("--sft-rows", type=int, default=4)
     parser.add_argument("--sft-length", type=int, default=562, help="tokens per SFT row (paper: 562)")
     parser.add_argument("--pairs", type=int, default=2, help="RM and DPO pairs per step")
-    parser.add_argument(
-        "--pair-length", type=int, default=638, help="tokens per chosen or rejected row (paper: 638)"
-    )
+    parser.add_argument("--pair-length", type=int, default=638, help="tokens per chosen or rejected row (paper: 638)")
     parser.add_argument("--episodes", type=int, default=8, help="on-policy completions per update")
     parser.add_argument("--group", type=int, default=4, help="GRPO/RLOO completions per prompt")
     parser.add_argument("--query-length", type=int, default=400, help="on-policy prompt tokens")
-    parser.add_argument(
-        "--response-length", type=int, default=53, help="response tokens, EOS included (Detail 4)"
-    )
+    parser.add_argument("--response-length", type=int, default=53, help="response tokens, EOS included (Detail 4)")
     parser.add_argument("--micro-batch", type=int, default=4, help="on-policy rows per forward/backward")
-    parser.add_argument("--update-epochs", type=int, default=4, help="K passes over each rollout (Table 7)")
+    parser.add_argument(
+        "--update-epochs",
+        default="4",
+        help="K passes over each rollout (Table 7); comma separated (e.g. 1,4) for one on-policy line per K",
+    )
+    parser.add_argument(
+        "--before-after",
+        metavar="COMMIT",
+        help="also run ours as it was at COMMIT (a temporary git worktree, its own compare_trl.py worker) in the "
+        "same alternation: the `before` side, beside `ours` (after) and TRL",
+    )
     parser.add_argument(
         "--unshared",
         action="store_true",
@@ -152,6 +161,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"unknown trainers {', '.join(unknown)}; choose from {', '.join(TRAINERS)}")
     if args.episodes % args.micro_batch or args.episodes % args.group:
         parser.error("--episodes must be a multiple of --micro-batch and of --group")
+    try:
+        args.update_epochs_list = [int(k) for k in str(args.update_epochs).split(",")]
+    except ValueError:
+        parser.error(f"--update-epochs takes whole numbers separated by commas, not {args.update_epochs!r}")
+    args.update_epochs = args.update_epochs_list[0]
     return args
 
 
@@ -160,17 +174,23 @@ def require_trl(trainers: list[str]) -> None:
         sys.exit('compare_trl.py runs TRL\'s trainers, which are not installed: pip install -e ".[bench]"')
 
 
-def child_env(threads: int) -> dict[str, str]:
-    """Same threads on both sides; no hub access or telemetry; progress bars off where a variable can."""
-    return os.environ | {
-        "OMP_NUM_THREADS": str(threads),
-        "MKL_NUM_THREADS": str(threads),
-        "TOKENIZERS_PARALLELISM": "false",
-        "HF_HUB_OFFLINE": "1",
-        "HF_HUB_DISABLE_TELEMETRY": "1",
-        "TQDM_DISABLE": "1",
-        "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
-    }
+def child_env(threads: int, device: str) -> dict[str, str]:
+    """Same threads on both sides; no hub access or telemetry; progress bars off where a variable can.
+    On `cpu` the children see no GPU, so neither side's device choice can pick one."""
+    hidden = {"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}
+    return (
+        os.environ
+        | hidden
+        | {
+            "OMP_NUM_THREADS": str(threads),
+            "MKL_NUM_THREADS": str(threads),
+            "TOKENIZERS_PARALLELISM": "false",
+            "HF_HUB_OFFLINE": "1",
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "TQDM_DISABLE": "1",
+            "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+        }
+    )
 
 
 def shape_argv(args: argparse.Namespace) -> list[str]:
@@ -192,23 +212,27 @@ def shape_argv(args: argparse.Namespace) -> list[str]:
         "update_epochs",
     ]
     argv = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in keys]
-    return argv + (["--bf16"] if args.bf16 else [])
+    # --device only off the default, so that a `--before-after` worker from an older commit parses the rest
+    return argv + (["--bf16"] if args.bf16 else []) + ([f"--device={args.device}"] if args.device != "cpu" else [])
 
 
-def launch(
-    args: argparse.Namespace, worker: str, out_dir: Path, model_dir: Path, trainer: str | None = None
-) -> dict:
-    """Run one child; its result is the JSON it leaves in `out_dir/result.json`."""
+def launch(args: argparse.Namespace, worker: str, out_dir: Path, model_dir: Path, trainer: str | None = None) -> dict:
+    """Run one child; its result is the JSON it leaves in `out_dir/result.json`. The `before` side is our worker
+    of the `--before-after` commit, in its worktree, importing that commit's rlhfkit."""
     out_dir.mkdir(parents=True)
+    script, env = Path(__file__).resolve(), child_env(args.threads, args.device)
+    if worker == "before":
+        script, env = args.before_root / "benchmarks" / "compare_trl.py", env | {"PYTHONPATH": str(args.before_root)}
+        worker = "ours"
     command = [
         sys.executable,
-        str(Path(__file__).resolve()),
+        str(script),
         f"--worker={worker}",
         f"--model-dir={model_dir}",
         f"--out-dir={out_dir}",
         *shape_argv(args),
     ] + ([f"--trainer={trainer}"] if trainer else [])
-    done = subprocess.run(command, env=child_env(args.threads), capture_output=True, text=True, check=False)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         sys.exit(
             f"the {worker} run of {trainer or 'model preparation'} failed (exit {done.returncode}):\n"
@@ -240,6 +264,8 @@ def side_summary(runs: list[dict], warmup: int, side: str) -> dict:
         f"{side}_step_s_runs": [[round(t, 4) for t in times] for times, _, _ in steady],
         f"{side}_peak_rss_runs": peaks,
     }
+    if "peak_cuda_bytes" in runs[0]:
+        out[f"{side}_peak_cuda_bytes"] = int(statistics.median(run["peak_cuda_bytes"] for run in runs))
     for key in runs[0].get("extra", {}):  # phase times and lengths: medians over the runs
         out[f"{side}_{key}"] = round(statistics.median(run["extra"][key] for run in runs), 4)
     return out
@@ -278,6 +304,17 @@ def shared_over_unshared(row: dict, with_trl: bool) -> dict:
     return out
 
 
+def after_over_before(row: dict, with_trl: bool) -> dict:
+    """Ours now / ours at the `--before-after` commit (below 1: faster now), and before / TRL."""
+    out = {
+        "after_over_before_s_per_step": round(row["ours_s_per_step"] / row["before_s_per_step"], 3),
+        "after_over_before_peak_rss": round(row["ours_peak_rss_bytes"] / row["before_peak_rss_bytes"], 3),
+    }
+    if with_trl:
+        out["before_s_per_step_ratio"] = round(row["before_s_per_step"] / row["trl_s_per_step"], 3)
+    return out
+
+
 def shape_fields(args: argparse.Namespace, trainer: str) -> dict:
     if trainer == "sft":
         return {
@@ -312,10 +349,12 @@ def compare(args: argparse.Namespace, trainer: str, model_dir: Path, scratch: Pa
     sides = ("ours", "trl") if trainer in PAIRED else ("ours",)
     if args.unshared and trainer in ("grpo", "rloo"):
         sides = ("unshared", *sides)
+    if args.before_after:
+        sides = ("before", *sides)
     runs: dict[str, list[dict]] = {side: [] for side in sides}
     for repeat in range(args.repeats):
         for side in sides:  # alternate, so slow drift of the machine hits both sides alike
-            run = launch(args, side, scratch / f"{trainer}-{side}-{repeat}", model_dir, trainer)
+            run = launch(args, side, scratch / f"{trainer}-{side}-k{args.update_epochs}-{repeat}", model_dir, trainer)
             runs[side].append(run)
             print(
                 f"{trainer} {side} run {repeat + 1}/{args.repeats}: {[round(t, 3) for t in run['step_s']]} s/step",
@@ -340,6 +379,8 @@ def compare(args: argparse.Namespace, trainer: str, model_dir: Path, scratch: Pa
         row |= utilisation(row, sides, model_dir, row["row_length"])
     if "unshared" in runs:
         row |= shared_over_unshared(row, "trl" in runs)
+    if "before" in runs:
+        row |= after_over_before(row, "trl" in runs) | {"before_commit": args.before_after}
     if "trl" in runs:
         row |= ratios(row) | {
             "trl_version": runs["trl"][0]["trl_version"],
@@ -349,7 +390,8 @@ def compare(args: argparse.Namespace, trainer: str, model_dir: Path, scratch: Pa
         row["trl"] = "none: TRL 1.x has no PPO trainer"
     everyone = [run for side_runs in runs.values() for run in side_runs]
     # the machine as the children saw it; its peak is the largest of any run's
-    return row | everyone[0]["machine"] | {"peak_memory_bytes": max(run["peak_rss_bytes"] for run in everyone)}
+    peak = "peak_cuda_bytes" if args.device == "cuda" else "peak_rss_bytes"
+    return row | everyone[0]["machine"] | {"peak_memory_bytes": max(run[peak] for run in everyone)}
 
 
 def run_comparison(args: argparse.Namespace) -> None:
@@ -358,8 +400,39 @@ def run_comparison(args: argparse.Namespace) -> None:
         scratch = Path(tmp)
         model_dir = scratch / "model"
         launch(args, "prepare", scratch / "prepare", model_dir)
-        for trainer in args.trainers:
-            print(json.dumps(compare(args, trainer, model_dir, scratch)), flush=True)
+        with before_worktree(args.before_after, scratch) as args.before_root:
+            for trainer in args.trainers:
+                for epochs in args.update_epochs_list if trainer in ON_POLICY else args.update_epochs_list[:1]:
+                    args.update_epochs = epochs
+                    print(json.dumps(compare(args, trainer, model_dir, scratch)), flush=True)
+
+
+@contextlib.contextmanager
+def before_worktree(commit: str | None, scratch: Path):
+    """A detached git worktree of this repository at `commit` for the `before` side (None without
+    --before-after), removed afterwards; its workers must import that tree's rlhfkit, which is checked."""
+    if commit is None:
+        yield None
+        return
+    repository, root = Path(__file__).resolve().parents[1], scratch / "before"
+    git = ["git", "-C", str(repository)]
+    made = subprocess.run([*git, "worktree", "add", "--detach", str(root), commit], capture_output=True, text=True)
+    if made.returncode != 0:
+        sys.exit(f"--before-after {commit}: git worktree add failed: {made.stderr.strip()}")
+    try:
+        probe = "import rlhfkit, pathlib; print(pathlib.Path(rlhfkit.__file__).resolve())"
+        found = subprocess.run(
+            [sys.executable, "-P", "-c", probe],  # -P: as a script, without the working directory first
+            env=os.environ | {"PYTHONPATH": str(root)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        if not found.startswith(str(root.resolve())):
+            sys.exit(f"--before-after: the worker imports rlhfkit from {found}, not from the worktree {root}")
+        yield root
+    finally:
+        subprocess.run([*git, "worktree", "remove", "--force", str(root)], capture_output=True, check=False)
 
 
 # ---------------------------------------------------------------- children: one run each
@@ -382,7 +455,7 @@ def measure_peak(args: argparse.Namespace) -> None:
     import torch
     from benchmark_common import matmul_peak_gflops
 
-    peak = matmul_peak_gflops(torch.bfloat16 if args.bf16 else torch.float32, torch.device("cpu"))
+    peak = matmul_peak_gflops(torch.bfloat16 if args.bf16 else torch.float32, torch.device(args.device))
     (Path(args.model_dir) / PEAK_FILE).write_text(json.dumps({"matmul_peak_gflops": peak}))
 
 
@@ -500,7 +573,7 @@ def our_stage(args: argparse.Namespace, trainer: str, cfg, run_dir: Path):
         ), []
     from rlhfkit.trainers.dpo import REFERENCE_CACHE, collate_dpo, make_dpo_loss, visited_with_reference
 
-    reference = load_policy(cfg.model)[0].eval().requires_grad_(False)
+    reference = load_policy(cfg.model)[0].to(args.device).eval().requires_grad_(False)
     examples = visited_with_reference(reference, cfg.model, pairs, pad, cfg, run_dir / REFERENCE_CACHE)
     return SupervisedStage(
         "dpo", policy, tokenizer, examples, lambda b: collate_dpo(b, pad), make_dpo_loss(cfg.beta)
@@ -530,7 +603,7 @@ def run_ours_on_policy(args: argparse.Namespace, trainer: str, cfg, run_dir: Pat
     from rlhfkit.tracking import read_metrics
     from rlhfkit.trainers.run import autocast_precision
 
-    models = build(cfg.model, torch.device("cpu"), with_value=trainer == "ppo")
+    models = build(cfg.model, torch.device(args.device), with_value=trainer == "ppo")
     plan = update_plan(models, cfg, autocast_precision(cfg))
     prompts = on_policy_prompts(args, trainer, models.tokenizer)
     train_on_policy(models, prompts, cfg, run_dir, launch=Launch.of(cfg), plan=plan)
@@ -548,8 +621,15 @@ def run_ours_on_policy(args: argparse.Namespace, trainer: str, cfg, run_dir: Pat
 
 
 def step_timer():
-    """A TrainerCallback noting when each optimizer step begins and ends, and the tokens TRL has seen."""
+    """A TrainerCallback noting when each optimizer step begins and ends, and the tokens TRL has seen. On a GPU
+    each mark waits for the queued kernels first, as our `.item()` of each step's loss does."""
+    import torch
     from transformers import TrainerCallback
+
+    def now() -> float:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return time.perf_counter()
 
     def differences(marks: list[float]) -> list[float]:
         return [b - a for a, b in zip(marks, marks[1:], strict=False)]
@@ -564,13 +644,13 @@ def step_timer():
 
         def on_epoch_begin(self, args, state, control, **kwargs):
             if not self.ends:  # the first step is timed from here: before its batch is fetched, as ours is
-                self.ends.append(time.perf_counter())
+                self.ends.append(now())
 
         def on_step_begin(self, args, state, control, **kwargs):
-            self.began = time.perf_counter()
+            self.began = now()
 
         def on_step_end(self, args, state, control, **kwargs):
-            self.ends.append(time.perf_counter())
+            self.ends.append(now())
             self.inside.append(self.ends[-1] - self.began)
             self.tokens_seen.append(state.num_input_tokens_seen)
 
@@ -600,7 +680,7 @@ def trl_common(
         "lr_scheduler_type": cfg.lr_scheduler,
         "max_grad_norm": GRAD_CLIP,
         "optim": "adamw_torch",  # ours: torch.optim.AdamW, not fused (TRL's default is the fused one)
-        "use_cpu": True,
+        "use_cpu": args.device == "cpu",
         "bf16": args.bf16,
         "gradient_checkpointing": False,
         "seed": cfg.seed,
@@ -763,8 +843,11 @@ def run_worker(args: argparse.Namespace) -> None:
         result = run_trl(args, args.trainer, run_dir)
     else:
         result = run_ours(args, args.trainer, run_dir, unshared=args.worker == "unshared")
-    machine = machine_fields(torch.device("cpu"))
-    result |= {"peak_rss_bytes": machine["peak_memory_bytes"], "machine": machine}
+    device = torch.device(args.device)
+    machine = machine_fields(device)
+    result |= {"peak_rss_bytes": machine_fields(torch.device("cpu"))["peak_memory_bytes"], "machine": machine}
+    if device.type == "cuda":
+        result["peak_cuda_bytes"] = machine["peak_memory_bytes"]
     (Path(args.out_dir) / "result.json").write_text(json.dumps(result))
 
 

@@ -173,3 +173,19 @@ def sequence_logprobs(
     logprobs, rows = target_logprobs(model, input_ids, attention_mask, response_mask[:, 1:], chunk_rows)
     sums = torch.zeros(input_ids.size(0), dtype=logprobs.dtype, device=logprobs.device)
     return sums.index_add(0, rows, logprobs)
+
+
+def shared_sequence_logprobs(
+    model: torch.nn.Module, shared: SharedRows, responses: torch.Tensor, response_mask: torch.Tensor,
+    chunk_rows: int = 256,
+) -> torch.Tensor:
+    """`sequence_logprobs` of the rows whose groups `shared` packs, each query read once: (B,) summed
+    log-probabilities (temperature 1) of the tokens of `responses` (B, R) where `response_mask` is set, logits
+    formed only at the positions that predict those tokens."""
+    inputs = shared_response_head_inputs(model, shared, responses)
+    kept = response_mask.bool()
+    logprobs, _ = chunked_logprobs_entropy(inputs.features[kept], responses[kept], inputs.weight, inputs.bias, 1.0,
+                                           chunk_rows, pad_token_of(model))
+    rows = torch.arange(responses.size(0), device=responses.device).unsqueeze(1).expand_as(kept)[kept]
+    sums = torch.zeros(responses.size(0), dtype=logprobs.dtype, device=logprobs.device)
+    return sums.index_add(0, rows, logprobs)

@@ -29,6 +29,7 @@ from .attention_masks import PADDING, QUERY, block_sees, mask_as_attention_takes
 log = logging.getLogger(__name__)
 
 OBSTACLE_CHECKED = "_rlhfkit_shared_rows_obstacle"
+BATCH_PREFIX = "shared_"  # SharedRows' fields in a collated batch
 fallbacks_logged: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> reasons logged
 
 
@@ -54,6 +55,18 @@ class SharedRows:
 
     def to(self, device: torch.device) -> SharedRows:
         return SharedRows(**{f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)})
+
+    def as_batch_fields(self) -> dict[str, torch.Tensor]:
+        """Its tensors as fields of a collated batch (`BATCH_PREFIX` + name), which a trainer moves to the
+        device with the rest of the batch."""
+        return {BATCH_PREFIX + f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_batch(cls, batch: dict[str, torch.Tensor]) -> SharedRows | None:
+        """The shared rows a batch carries (`as_batch_fields`), or None for a batch of unshared rows."""
+        if BATCH_PREFIX + "input_ids" not in batch:
+            return None
+        return cls(**{f.name: batch[BATCH_PREFIX + f.name] for f in dataclasses.fields(cls)})
 
     @property
     def rows(self) -> int:

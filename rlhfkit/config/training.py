@@ -287,6 +287,13 @@ class DPOConfig(PairConfig):
     forward_batch_size: int = opt(
         8, "pairs per no-grad forward pass (reference log-probabilities, validation)", minimum=1
     )
+    shared_prefix: Literal["auto", "off"] = opt(
+        "auto",
+        "read each pair's query once, in one row with both responses, in training, the reference pass and "
+        "validation (auto falls back to a row per response, with the reason logged, where a model cannot take "
+        "the mask); off: a row per response",
+        "docs/performance.md",
+    )
     eval_samples: int = opt(
         16, "validation prompts answered greedily by the reference and the DPO policy at the end (0: none)"
     )

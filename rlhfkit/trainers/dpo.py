@@ -32,7 +32,7 @@ from ..data.examples import PairExample, prepare_pairs, prepare_training_pairs, 
 from ..data.split import split_comparisons
 from ..devices import autocast, default_device, evaluation_mode, model_device
 from ..generation import SamplingParams, generate_texts
-from ..logprobs import sequence_logprobs
+from ..logprobs import sequence_logprobs, shared_sequence_logprobs
 from ..plots import plot_training_curves
 from ..preemption import restart_command, resume_command, stopping_at_once
 from ..preference_ops import PreferenceLoss, PreferenceObjective, preference_loss
@@ -41,7 +41,8 @@ from ..reward_eval import metrics as reward_metrics
 from ..reward_eval import report as reward_report
 from ..reward_eval.evaluate import builtin_probes_for, evaluate_reward_model, write_rm_report
 from ..reward_models import DPO_RECORD, ImplicitRewardModel
-from ..scoring import collate_pairs
+from ..scoring import chosen_and_rejected, collate_pairs, collate_shared_pairs, pair_response_tokens
+from ..shared_rows import SharedRows, fall_back, shared_rows_obstacle
 from ..tracking import read_metrics, write_jsonl
 from .run import attention_implementation, autocast_precision, is_main_process, record_settings, start_run
 from .supervised import SupervisedStage, batch_indices, plan_schedule, train
@@ -74,10 +75,26 @@ def frozen_policy(cfg: DPOConfig, policy: torch.nn.Module, source: str, device: 
     return frozen_reference(cfg.model_source, policy, source).to(device).eval().requires_grad_(False)
 
 
-def collate_dpo(examples: list[DPOExample], pad_id: int) -> dict[str, torch.Tensor]:
-    """The reward model's pair batch (chosen rows, then rejected rows) plus the cached reference
-    log-probabilities, where the loss has a reference."""
-    batch = collate_pairs([e.pair for e in examples], pad_id)
+def shares_queries(model: torch.nn.Module, shared_prefix: str) -> bool:
+    """Whether `model` reads pairs as shared rows, the query once (`scoring.collate_shared_pairs`): with
+    shared_prefix=auto, unless its attention cannot take the mask, which is then logged once."""
+    if shared_prefix == "off":
+        return False
+    obstacle = shared_rows_obstacle(model)
+    if obstacle is not None:
+        fall_back(model, obstacle)
+    return obstacle is None
+
+
+def collate_pair_rows(pairs: list[PairExample], pad_id: int, shared: bool) -> dict[str, torch.Tensor]:
+    """A pair batch in either layout: one shared row per pair, or chosen rows, then rejected rows."""
+    return collate_shared_pairs(pairs, pad_id) if shared else collate_pairs(pairs, pad_id)
+
+
+def collate_dpo(examples: list[DPOExample], pad_id: int, shared: bool = False) -> dict[str, torch.Tensor]:
+    """A pair batch (`collate_pair_rows`) plus the cached reference log-probabilities, where the loss has a
+    reference."""
+    batch = collate_pair_rows([e.pair for e in examples], pad_id, shared)
     if examples[0].ref_chosen is None:
         return batch
     if any(math.isnan(e.ref_chosen) for e in examples):
@@ -89,11 +106,14 @@ def collate_dpo(examples: list[DPOExample], pad_id: int) -> dict[str, torch.Tens
 
 
 def pair_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log pi(chosen), log pi(rejected)), each (B,), from one forward pass over the 2B rows."""
-    chosen, rejected = sequence_logprobs(
-        model, batch["input_ids"], batch["attention_mask"], batch["response_mask"]
-    ).chunk(2)
-    return chosen, rejected
+    """(log pi(chosen), log pi(rejected)), each (B,), from one forward pass over the batch's rows: B shared
+    rows or 2B rows of their own."""
+    shared = SharedRows.from_batch(batch)
+    if shared is None:
+        sums = sequence_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["response_mask"])
+    else:
+        sums = shared_sequence_logprobs(model, shared, batch["pair_responses"], batch["pair_response_mask"])
+    return chosen_and_rejected(sums, batch)
 
 
 def preference_metrics(
@@ -123,9 +143,7 @@ def make_dpo_loss(objective: PreferenceObjective | float):
         model: torch.nn.Module, batch: dict[str, torch.Tensor]
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         chosen, rejected = pair_logprobs(model, batch)
-        chosen_lengths, rejected_lengths = (
-            batch["response_mask"].sum(-1).chunk(2)
-        )  # the tokens each log-probability sums over
+        chosen_lengths, rejected_lengths = pair_response_tokens(batch)  # the tokens each log-probability sums over
         out = preference_loss(
             chosen,
             rejected,
@@ -142,10 +160,18 @@ def make_dpo_loss(objective: PreferenceObjective | float):
 
 @torch.no_grad()
 def pair_logprobs_all(
-    model: torch.nn.Module, pairs: list[PairExample], pad_id: int, batch_size: int, precision: str, desc: str
+    model: torch.nn.Module,
+    pairs: list[PairExample],
+    pad_id: int,
+    batch_size: int,
+    precision: str,
+    desc: str,
+    shared_prefix: str,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(log pi(chosen), log pi(rejected)) of every pair, in input order; batched longest first."""
+    """(log pi(chosen), log pi(rejected)) of every pair, in input order; batched longest first, each query read
+    once where `shares_queries`."""
     device = model_device(model)
+    shared = shares_queries(model, shared_prefix)
     order = sorted(
         range(len(pairs)), key=lambda i: -(len(pairs[i].query.ids) + max(len(pairs[i].chosen), len(pairs[i].rejected)))
     )
@@ -153,7 +179,7 @@ def pair_logprobs_all(
     with evaluation_mode(model), autocast(device, precision):
         for start in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch", disable=len(order) <= batch_size):
             rows = order[start : start + batch_size]
-            batch = {k: v.to(device) for k, v in collate_pairs([pairs[i] for i in rows], pad_id).items()}
+            batch = {k: v.to(device) for k, v in collate_pair_rows([pairs[i] for i in rows], pad_id, shared).items()}
             c, r = pair_logprobs(model, batch)
             chosen[rows], rejected[rows] = c.float().cpu().numpy(), r.float().cpu().numpy()
     return chosen, rejected
@@ -178,7 +204,13 @@ def reference_logprobs(
         chosen, rejected = stored["chosen"].numpy(), stored["rejected"].numpy()
     else:
         chosen, rejected = pair_logprobs_all(
-            reference, pairs, pad_id, cfg.forward_batch_size, precision, f"reference log-probabilities ({cache.stem})"
+            reference,
+            pairs,
+            pad_id,
+            cfg.forward_batch_size,
+            precision,
+            f"reference log-probabilities ({cache.stem})",
+            cfg.shared_prefix,
         )
         if is_main_process():  # written whole, then renamed: another process never reads half a file
             partial = cache.with_suffix(".partial")
@@ -229,7 +261,13 @@ def held_out_loss(
 ) -> PreferenceLoss:
     """The objective's loss and implicit rewards (equation 5, or SimPO's) of every pair, without gradients."""
     chosen, rejected = pair_logprobs_all(
-        model, [e.pair for e in examples], pad_id, cfg.forward_batch_size, autocast_precision(cfg), "validating"
+        model,
+        [e.pair for e in examples],
+        pad_id,
+        cfg.forward_batch_size,
+        autocast_precision(cfg),
+        "validating",
+        cfg.shared_prefix,
     )
     references = (
         [
@@ -323,7 +361,15 @@ def run(cfg: DPOConfig) -> int:
     objective = preference_objective(cfg)
     device = default_device()
     policy, tokenizer = trained_policy(cfg.model_source, cfg.lora, checkpoint)
-    record_settings(run_dir, {"data_format": pairs_format, "attention": {"policy": attention_implementation(policy)}})
+    shared = shares_queries(policy, cfg.shared_prefix)
+    record_settings(
+        run_dir,
+        {
+            "data_format": pairs_format,
+            "attention": {"policy": attention_implementation(policy)},
+            "shared_prefix": {"policy": "on" if shared else "off"},
+        },
+    )
     reference = frozen_policy(cfg, policy, reference_name, device) if objective.uses_reference else None
     # long responses are cut as TRL's DPOTrainer cuts them, where their format allows (data/examples.py)
     train_pairs, train_note = prepare_training_pairs(cfg.lengths, tokenizer, train_records, cut_long=True)
@@ -358,10 +404,10 @@ def run(cfg: DPOConfig) -> int:
         policy.to(device),
         tokenizer,
         train_examples,
-        lambda b: collate_dpo(b, pad_id),
+        lambda b: collate_dpo(b, pad_id, shared),
         make_dpo_loss(objective),
         evaluate,
-        length=lambda example: example.width(),
+        length=lambda example: example.pair.packed_width() if shared else example.width(),
     )
     # its log-probabilities are cached: off the device while the sharded policy trains
     if reference is not None and cfg.sharding_options.splits_models(processes):

@@ -7,6 +7,7 @@ from types import MethodType
 
 import pytest
 import torch
+import yaml
 
 from rlhfkit.cli import main as cli_main
 from rlhfkit.config import RMEvalConfig
@@ -73,6 +74,57 @@ def test_a_dpo_step_with_the_policy_equal_to_the_reference_gives_log2_and_zero_r
     for key in ("train/chosen_reward", "train/rejected_reward", "train/margin", "train/kl_chosen"):
         assert abs(extras[key].item()) < 1e-4, key
     assert extras["train/accuracy"].item() <= 6
+
+
+def test_shared_pairs_give_the_loss_and_gradient_of_a_row_per_response(tiny_model_dir, ppo_dirs, tmp_path):
+    """One row per pair, the query once (scoring.collate_shared_pairs), against chosen and rejected rows of their
+    own: the same DPO loss, metrics and gradient on real TL;DR pairs, at fewer tokens."""
+    from rlhfkit.trainers.supervised import count_tokens
+
+    cfg = resolve("dpo", "tldr-dpo", None, stage_args("dpo", ppo_dirs, tmp_path, mixed_precision="no"))
+    policy, tok = load_policy(str(tiny_model_dir))
+    pairs = pairs_for(cfg, tok)[0][:6]
+    torch.manual_seed(0)  # reference log-probabilities away from the policy's, so the loss is not log 2
+    examples = [dpo.DPOExample(p, -40 + 10 * torch.rand(()).item(), -40 + 10 * torch.rand(()).item()) for p in pairs]
+    results = {}
+    for shared in (False, True):
+        batch = dpo.collate_dpo(examples, tok.pad_token_id, shared)
+        policy.zero_grad()
+        loss_sum, extras = dpo.make_dpo_loss(cfg.beta)(policy, batch)
+        loss_sum.backward()
+        grads = {name: p.grad.clone() for name, p in policy.named_parameters()}
+        results[shared] = loss_sum.detach(), extras, grads, count_tokens(batch)
+    (loss, extras, grads, tokens), (shared_loss, shared_extras, shared_grads, shared_tokens) = results.values()
+    torch.testing.assert_close(shared_loss, loss, atol=1e-5, rtol=1e-5)
+    for key, value in extras.items():
+        torch.testing.assert_close(shared_extras[key], value, atol=1e-4, rtol=1e-5, msg=key)
+    for name, grad in grads.items():
+        torch.testing.assert_close(shared_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    assert shared_tokens == sum(p.packed_width() for p in pairs) < tokens == sum(
+        2 * len(p.query.ids) + len(p.chosen) + len(p.rejected) for p in pairs
+    )
+
+
+def test_the_reference_pass_gives_the_same_log_probabilities_in_both_pair_layouts(tiny_model_dir, ppo_dirs, tmp_path):
+    cfg = resolve("dpo", "tldr-dpo", None, stage_args("dpo", ppo_dirs, tmp_path, mixed_precision="no"))
+    policy, tok = load_policy(str(tiny_model_dir))
+    pairs = pairs_for(cfg, tok)[0][:7]
+    shared, apart = (
+        dpo.pair_logprobs_all(policy, pairs, tok.pad_token_id, 3, "no", "reference", layout)
+        for layout in ("auto", "off")
+    )
+    for got, expected in zip(shared, apart, strict=True):
+        assert got == pytest.approx(expected, abs=1e-4)
+
+
+def test_a_model_whose_attention_takes_no_mask_reads_a_row_per_response(tiny_model_dir, caplog):
+    policy, _ = load_policy(str(tiny_model_dir))
+    assert dpo.shares_queries(policy, "auto") and not dpo.shares_queries(policy, "off")
+    other, _ = load_policy(str(tiny_model_dir))
+    other.config._attn_implementation = "flash_attention_2"
+    with caplog.at_level("WARNING"):
+        assert not dpo.shares_queries(other, "auto")
+    assert "flash_attention_2" in caplog.text and "unshared rows" in caplog.text
 
 
 # the DPO family beside dpo, each with the options it needs
@@ -180,6 +232,7 @@ def test_run_directory_evaluation_and_rm_eval_of_the_dpo_policy(ppo_dirs, tmp_pa
     ]:
         assert (out / name).is_file(), name
     assert json.loads((out / "model" / DPO_RECORD).read_text())["loss_type"] == "dpo"
+    assert yaml.safe_load((out / "resolved.yaml").read_text())["shared_prefix"] == {"policy": "on"}
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert (
         rows[0]["step"] == 0
