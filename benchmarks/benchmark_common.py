@@ -1,9 +1,11 @@
-"""Fields every benchmark prints (where it ran, its peak memory) and the FLOP counts behind MFU."""
+"""Fields every benchmark prints (where it ran, its peak memory), the FLOP counts behind MFU and the bytes
+and bandwidth behind a decoding step's memory limit."""
 
 from __future__ import annotations
 
 import platform
 import resource
+import statistics
 import time
 
 import torch
@@ -68,3 +70,47 @@ def matmul_peak_gflops(
             calls += 1
         best = max(best, 2 * size**3 * calls / (time.perf_counter() - began) / 1e9)
     return round(best, 1)
+
+
+def memory_bandwidth_gb_per_s(device: torch.device, megabytes: int = 256, repeats: int = 5) -> dict[str, float]:
+    """The machine's measured memory bandwidth at torch's thread count, GB/s: `copy`, a `megabytes` fp32
+    tensor copied into another (bytes read plus written, as STREAM counts a copy), and `read`, the same
+    tensor summed (bytes read); each the median of `repeats` timings after one warm-up. The tensors are
+    far larger than the caches, so each pass goes to memory."""
+    source = torch.randn(megabytes * 2**20 // 4, device=device)
+    target = torch.empty_like(source)
+    passes = {"copy": (lambda: target.copy_(source), 2), "read": (source.sum, 1)}
+    rates = {}
+    for name, (run, reads_and_writes) in passes.items():
+        run()
+        seconds = []
+        for _ in range(repeats):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            began = time.perf_counter()
+            run()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            seconds.append(time.perf_counter() - began)
+        rates[name] = round(reads_and_writes * source.nbytes / statistics.median(seconds) / 1e9, 2)
+    return rates
+
+
+def decode_weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of weights one decoding step reads, in the dtype each is stored and run in: every parameter
+    once (`parameters()` yields a tied embedding once, as the LM head that reads it whole), except an
+    input embedding that is not the LM head's: of that a step reads only its rows' vectors."""
+    head = model.get_output_embeddings()
+    embedding = model.get_input_embeddings().weight
+    untied = embedding if head is None or head.weight is not embedding else None
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p is not untied)
+
+
+def kv_cache_bytes_per_position(config, dtype: torch.dtype) -> int:
+    """Bytes of the keys and values of one position of one row: layers x 2 x kv heads x head dim x the
+    element size."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    return text.num_hidden_layers * 2 * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()

@@ -52,15 +52,60 @@ def test_generation_benchmark_compares_each_way_of_decoding_with_transformers_ge
             assert row[f"{side}_decoded_positions"] <= 6 and row[f"{side}_peak_memory_bytes"] > 0
         # what each of our sides ran: CUDA graphs, asked for on a CPU, fell back to eager steps
         assert [row[f"ours-{way}_decoding"] for way in ("eager", "buckets", "graphs")] == ["eager", "buckets", "eager"]
+        assert_memory_limit_beside_each_side(row, sides.split(","))
 
 
-# a 135M model built and run on the CPU
+def assert_memory_limit_beside_each_side(row: dict, sides: list[str]) -> None:
+    """The step's bytes add up, its limit is those bytes at the measured bandwidth, and each side's ms per
+    step is stated over it (all three rounded as printed)."""
+    assert row["memory_copy_gb_per_s"] > 0 and row["memory_read_gb_per_s"] > 0 and row["step_limit_ms"] > 0
+    assert row["memory_gb_per_s"] == max(row["memory_copy_gb_per_s"], row["memory_read_gb_per_s"])
+    assert row["step_bytes"] == row["step_weight_bytes"] + row["step_kv_cache_bytes"]
+    assert row["step_limit_ms"] == pytest.approx(row["step_bytes"] / row["memory_gb_per_s"] / 1e6, abs=1e-3)
+    for side in sides:
+        over = row[f"{side}_ms_per_step"] / row["step_limit_ms"]
+        assert row[f"{side}_ms_per_step_over_limit"] == pytest.approx(over, abs=0.006)
+
+
+def test_decoding_step_bytes_match_a_hand_count_tied_and_untied():
+    sys.path.insert(0, str(BENCHMARKS))
+    from benchmark_common import decode_weight_bytes, kv_cache_bytes_per_position
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    def config(tied: bool) -> LlamaConfig:
+        return LlamaConfig(
+            vocab_size=100,
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=tied,
+        )
+
+    # per layer: q, o 32x32; k, v 32x16 (2 kv heads x head dim 8); gate, up, down 32x48; two norms of 32
+    layer = 2 * 32 * 32 + 2 * 32 * 16 + 3 * 32 * 48 + 2 * 32
+    body = 2 * layer + 32  # and the final norm
+    # tied: the embedding once, as the LM head; untied: the LM head, and not the input embedding
+    for tied in (True, False):
+        model = LlamaForCausalLM(config(tied))
+        assert decode_weight_bytes(model) == 4 * (body + 100 * 32)
+        assert decode_weight_bytes(model.to(torch.bfloat16)) == 2 * (body + 100 * 32)
+    # 2 layers x keys and values x 2 kv heads x head dim 8
+    assert kv_cache_bytes_per_position(config(True), torch.float32) == 2 * 2 * 2 * 8 * 4
+    assert kv_cache_bytes_per_position(config(True), torch.bfloat16) == 2 * 2 * 2 * 8 * 2
+
+
+# a 135M model built and run on the CPU, sampled in groups as GRPO samples
 def test_generation_benchmark_builds_the_seeds_shapes_with_random_weights():
+    sides = ["ours-eager", "ours-buckets", "hf-eager"]
     (row,) = run_benchmark(
         "generation.py",
         "--model",
         "shape:smollm2-135m",
         "--batches",
+        "4",
+        "--group",
         "2",
         "--repeats",
         "1",
@@ -69,13 +114,25 @@ def test_generation_benchmark_builds_the_seeds_shapes_with_random_weights():
         "--query-length",
         "200",
         "--sides",
-        "ours-eager,ours-buckets",
+        ",".join(sides),
+        "--profile",
     )
-    assert (
-        row["query_tokens_max"] == 200
-        and row["ours-buckets_identical"] is True
-        and row["ours-eager_decoded_positions"] == 3
-    )
+    assert row["query_tokens_max"] == 200 and row["batch"] == 4 and row["group"] == 2
+    assert row["ours-eager_decoded_positions"] == 3
+    # ours encodes each of the 2 queries once, generate each of the 4 rows: the same greedy tokens
+    assert row["ours-buckets_identical"] is True and row["hf-eager_identical"] is True
+    # SmolLM2-135M: 30 layers of 3,538,944 matmul weights and 2 x 576 norm weights, the final norm, and
+    # the 49,152 x 576 embedding once (tied: the LM head), in fp32
+    assert row["step_weight_bytes"] == 4 * (30 * (3_538_944 + 2 * 576) + 576 + 49_152 * 576)
+    # 30 layers x keys and values x 3 kv heads x head dim 64 x 4 bytes, 4 rows, 200 + 3 / 2 positions
+    assert row["step_kv_cache_bytes"] == round(30 * 2 * 3 * 64 * 4 * 4 * (200 + 3 / 2))
+    assert_memory_limit_beside_each_side(row, sides)
+    for side in sides:
+        ops = row[f"{side}_step_top_ops"]
+        assert len(ops) == 8 and any(name == "aten::mm" for name, _, _ in ops)
+        # a difference of two profiles: the prompt call's noise can exceed 3 tokens' steps, so only its shape
+        assert ops[0][1] > 0 and [ms for _, ms, _ in ops] == sorted((ms for _, ms, _ in ops), reverse=True)
+        assert isinstance(row[f"{side}_step_profiled_ms"], float)
 
 
 def test_generation_precision_benchmark_times_fp32_and_bf16_autocast_with_and_without_the_bf16_cache():
