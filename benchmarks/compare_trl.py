@@ -4,6 +4,9 @@
     python benchmarks/compare_trl.py --trainers sft,rm,dpo,grpo,rloo,ppo --model smollm2-135m \\
         --steps 4 --warmup 1 --repeats 2 --threads 2
     python benchmarks/compare_trl.py --trainers sft --model tiny --steps 2 --warmup 1 --repeats 1 --bf16
+    python benchmarks/compare_trl.py --trainers grpo,rloo --update-epochs 1,4 --before-after eed19da --steps 1 \
+        --warmup 1 --repeats 1        # ours now beside ours at a commit and TRL, at K = 1 and K = 4
+    python benchmarks/compare_trl.py --device cuda --bf16 ...                          # both sides on the GPU
 
 For each trainer the parent process runs ours, TRL, ours, TRL, ... (`--repeats` of each), every run in a
 child process of this script (`--worker ours|trl`), so each run's peak RSS (`ru_maxrss`) is its own. The
@@ -48,7 +51,9 @@ Differences that remain (each side runs as its users would run it)
     - SFT: TRL runs at its default `loss_type="chunked_nll"` (its real speed path since 1.x: the LM
       head runs only on labelled tokens, in chunks), as ours does.
     - DPO: both sides compute the reference log-probabilities once before training (ours always; TRL
-      `precompute_ref_log_probs=True`, not its default), so a step is one policy pass on each side.
+      `precompute_ref_log_probs=True`, not its default), so a step is one policy pass on each side. Ours reads
+      each pair's query once (`shared_prefix=auto`, as `rlhfkit dpo` does), as it does for RM pairs; TRL reads
+      a row per response for both.
       Our run keeps the frozen reference in memory, as `rlhfkit dpo` does for its evaluation; TRL
       frees it after the precompute. This counts in peak RSS.
     - Per-step metrics with `.item()` syncs are part of each trainer's step: TRL's entropy and token
@@ -70,7 +75,14 @@ Differences that remain (each side runs as its users would run it)
       the end and TRL tokenizes datasets at construction: both outside the timed steps, but inside
       the peak.
 
-Output, one JSON line per trainer: the shapes (`batch`, `row_length` or `query_length`,
+`--before-after COMMIT` adds the `before` side: this repository at COMMIT, checked out into a temporary git
+worktree, its own `compare_trl.py --worker ours` importing its own rlhfkit (checked), in the same alternation;
+the line then has `before_*` fields, `after_over_before_s_per_step` and `before_s_per_step_ratio` (before / TRL).
+`--update-epochs 1,4` prints one on-policy line per K. `--device cuda` runs every child on the GPU (TRL without
+`use_cpu`), timing marks wait for the GPU, and each side adds `peak_cuda_bytes`; `--device cpu` (the default)
+hides any GPU from the children.
+
+Output, one JSON line per trainer (and per K for on-policy trainers): the shapes (`batch`, `row_length` or `query_length`,
 `response_length`, ...), `steps`, `warmup`, `repeats`, `threads`, `precision`; for each side (`ours_`,
 `trl_`) `s_per_step`, `tokens_per_step`, `tokens_per_s`, `peak_rss_bytes` (medians over the repeats),
 `step_s_runs` and `peak_rss_runs` (every run's timed steps and peak), the measured
@@ -232,12 +244,14 @@ def launch(args: argparse.Namespace, worker: str, out_dir: Path, model_dir: Path
         f"--out-dir={out_dir}",
         *shape_argv(args),
     ] + ([f"--trainer={trainer}"] if trainer else [])
+    return run_child(command, env, out_dir, f"the {worker} run of {trainer or 'model preparation'}")
+
+
+def run_child(command: list[str], env: dict[str, str], out_dir: Path, label: str) -> dict:
+    """Run one child process to its end; its result is the JSON it leaves in `out_dir/result.json`."""
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        sys.exit(
-            f"the {worker} run of {trainer or 'model preparation'} failed (exit {done.returncode}):\n"
-            + done.stderr[-4000:]
-        )
+        sys.exit(f"{label} failed (exit {done.returncode}):\n" + done.stderr[-4000:])
     result_file = out_dir / "result.json"
     result = json.loads(result_file.read_text()) if result_file.is_file() else {}
     shutil.rmtree(out_dir)  # checkpoints of a 135M model are over 1 GB; keep the disk free between runs
@@ -571,12 +585,19 @@ def our_stage(args: argparse.Namespace, trainer: str, cfg, run_dir: Path):
         return SupervisedStage(
             "rm", model, tokenizer, pairs, lambda b: collate_packed_pairs(b, pad), make_pair_loss()
         ), []
-    from rlhfkit.trainers.dpo import REFERENCE_CACHE, collate_dpo, make_dpo_loss, visited_with_reference
+    from rlhfkit.trainers.dpo import (
+        REFERENCE_CACHE,
+        collate_dpo,
+        make_dpo_loss,
+        shares_queries,
+        visited_with_reference,
+    )
 
     reference = load_policy(cfg.model)[0].to(args.device).eval().requires_grad_(False)
     examples = visited_with_reference(reference, cfg.model, pairs, pad, cfg, run_dir / REFERENCE_CACHE)
+    shared = shares_queries(policy, cfg.shared_prefix)  # as `rlhfkit dpo` reads the pairs: each query once
     return SupervisedStage(
-        "dpo", policy, tokenizer, examples, lambda b: collate_dpo(b, pad), make_dpo_loss(cfg.beta)
+        "dpo", policy, tokenizer, examples, lambda b: collate_dpo(b, pad, shared), make_dpo_loss(cfg.beta)
     ), [reference]
 
 

@@ -71,3 +71,62 @@ def test_every_trainer_prints_one_comparison_line_with_both_sides_and_their_rati
     assert rows["sft"]["trl_settings"]["loss_type"] == "chunked_nll"
     assert "trl_s_per_step" not in rows["ppo"] and "no PPO trainer" in rows["ppo"]["trl"]
     assert all(rows["ppo"][f"ours_{phase}"] > 0 for phase in PHASES)
+
+
+def test_before_after_runs_a_commits_worker_beside_ours_and_trl_at_each_k():
+    """`--before-after HEAD`: ours as committed (a temporary worktree importing its own rlhfkit) in the same
+    alternation as ours and TRL, one line per K of `--update-epochs 1,2`."""
+    options = [f"--{key}={value}" for key, value in TINY.items() if key != "update-epochs"]
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--trainers=grpo", "--update-epochs=1,2", "--before-after=HEAD", *options],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [(row["trainer"], row["update_epochs"]) for row in rows] == [("grpo", 1), ("grpo", 2)]
+    for row in rows:
+        assert row["before_commit"] == "HEAD" and row["before_s_per_step"] > 0 and row["ours_s_per_step"] > 0
+        assert row["after_over_before_s_per_step"] == pytest.approx(
+            row["ours_s_per_step"] / row["before_s_per_step"], abs=1e-3
+        )
+        assert row["before_s_per_step_ratio"] > 0 and row["before_tokens_per_step"] == row["trl_tokens_per_step"]
+    worktrees = subprocess.run(
+        ["git", "-C", str(SCRIPT.parents[1]), "worktree", "list"], capture_output=True, text=True
+    )
+    assert "compare-trl-" not in worktrees.stdout  # removed afterwards
+
+
+def test_epoch_comparison_on_real_tldr_rows_gives_every_side_its_seconds_per_epoch():
+    """benchmarks/compare_trl_epoch.py on the tiny model: real SFT posts and comparisons, every side of each
+    trainer, the same examples and tokens on both sides."""
+    script = SCRIPT.with_name("compare_trl_epoch.py")
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--trainers=sft,rm,dpo",
+            "--model=tiny",
+            "--sft-examples=8",
+            "--pairs=4",
+            "--threads=1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {row["trainer"]: row for row in map(json.loads, done.stdout.splitlines())}
+    sides = {"sft": ["trl", "trl_padding_free", "trl_packing"], "rm": ["trl"], "dpo": ["ours_rows", "trl"]}
+    assert list(rows) == list(sides)
+    for trainer, row in rows.items():
+        assert row["examples"] == (8 if trainer == "sft" else 4) and row["real_tokens"] > 0
+        assert row["ours_epoch_s"] > 0 and row["ours_steps"] == 1
+        for side in sides[trainer]:
+            assert row[f"{side}_epoch_s"] > 0 and row[f"{side}_steps"] >= 1, (trainer, side)
+            assert row[f"{side}_over_ours"] == pytest.approx(row[f"{side}_epoch_s"] / row["ours_epoch_s"], abs=1e-3)
+    assert rows["dpo"]["ours_reference_s"] > 0  # the reference pass counts in our DPO epoch
+    assert rows["dpo"]["trl_real_tokens"] == pytest.approx(rows["dpo"]["real_tokens"], rel=0.02)  # TRL re-tokenizes
