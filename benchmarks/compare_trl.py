@@ -82,8 +82,8 @@ the line then has `before_*` fields, `after_over_before_s_per_step` and `before_
 `use_cpu`), timing marks wait for the GPU, and each side adds `peak_cuda_bytes`; `--device cpu` (the default)
 hides any GPU from the children.
 
-Output, one JSON line per trainer (and per K for on-policy trainers): the shapes (`batch`, `row_length` or `query_length`,
-`response_length`, ...), `steps`, `warmup`, `repeats`, `threads`, `precision`; for each side (`ours_`,
+Output, one JSON line per trainer (and per K for on-policy trainers): the shapes (`batch`, `row_length` or
+`query_length`, `response_length`, ...), `steps`, `warmup`, `repeats`, `threads`, `precision`; for each side (`ours_`,
 `trl_`) `s_per_step`, `tokens_per_step`, `tokens_per_s`, `peak_rss_bytes` (medians over the repeats),
 `step_s_runs` and `peak_rss_runs` (every run's timed steps and peak), the measured
 `response_length_mean` (on-policy) and our phase times (`ours_generation_s`, `ours_scoring_s`,
