@@ -35,7 +35,7 @@ import torch
 
 from ..config import Gsm8kEvalConfig, parse_named
 from ..data.examples import SFTExample, reward_prompt, tokenize_sft
-from ..devices import model_device
+from ..devices import default_device, model_device
 from ..environments import EpisodePlan, EpisodePrompt, episode_plan
 from ..environments.calculator import ANNOTATION
 from ..errors import ConfigError
@@ -172,7 +172,7 @@ def tool_calls(batch: RolloutBatch) -> np.ndarray:
 def evaluate_policy(name: str, path: str, examples: list[SFTExample], cfg: Gsm8kEvalConfig, task: Task, reference,
                     episodes: EpisodePlan | None = None) -> dict[str, Any]:
     policy, tokenizer = load_policy(path, cfg.trust_remote_code)
-    policy.eval()
+    policy = policy.to(default_device()).eval()  # the GPU where there is one, as `generate` answers
     result: dict[str, Any] = {
         "model": path,
         "greedy": graded(answer(policy, examples, tokenizer, cfg, 0.0, 1, episodes), examples, tokenizer, 1, task),
@@ -289,7 +289,7 @@ def run(cfg: Gsm8kEvalConfig) -> int:
     if not cfg.data:
         raise ConfigError("eval gsm8k needs data= (GSM8K test problems, e.g. ../shared/data/gsm8k/test.jsonl.gz)")
     reference = (
-        load_policy(cfg.reference_model, cfg.trust_remote_code)[0].eval()
+        load_policy(cfg.reference_model, cfg.trust_remote_code)[0].to(default_device()).eval()
         if cfg.reference_model and cfg.pass_k
         else None
     )
