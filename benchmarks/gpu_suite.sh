@@ -3,7 +3,7 @@
 # fits one 10-minute command and writes its JSON lines to $OUT. Every line of `compare` and `real` carries `part`,
 # `device` (the GPU's name, or the CPU's) and `date` (UTC), which the tables of docs/performance.md read.
 #
-#   here, once:   bash benchmarks/gpu_suite.sh wheels     # what the GPU image lacks: .whl/ (23 MiB) and .gpu/ (3 MiB)
+#   here, once:   bash benchmarks/gpu_suite.sh wheels     # what the GPU image lacks: .whl/ (17 MiB) and .gpu/ (5 MiB)
 #                 bash benchmarks/gpu_suite.sh split      # the embedded GGUF (94 MiB) cut into .gguf/ (3 parts)
 #   there:        bash benchmarks/gpu_suite.sh stages     # every stage end to end: bf16, CUDA-graph decoding
 #                 bash benchmarks/gpu_suite.sh generation # generation beside transformers generate
@@ -14,12 +14,14 @@
 #                 bash benchmarks/gpu_suite.sh real [recipe] [quickstart]  # the real weights: real.jsonl
 #
 # Carry (device tool `carry`; the working tree itself is about 5 MiB of the 64 a call may carry):
-#   stages, generation, updates, quick, compare: [".whl", ".gpu"]
+#   stages, generation, updates, quick, compare: [".whl", ".gpu"]. `compare` alone runs both shapes, about 10 minutes
+#   by estimate (22 child processes, each loading torch, TRL and the weights; the 1B shape's checkpoints are 13 GB):
+#   `compare smollm2-135m` and `compare llama-3.2-1b` on consecutive calls keep each well inside one command.
 #   real, on consecutive calls of one warm machine (it is given back 30 s after a call, and the kept parts with it):
 #     1. [".gguf/manifest.json", ".gguf/part-00"]                 bash benchmarks/gpu_suite.sh receive
 #     2. [".gguf/manifest.json", ".gguf/part-01"]                 bash benchmarks/gpu_suite.sh receive
 #     3. [".whl", ".gpu", ".gguf/manifest.json", ".gguf/part-02"] bash benchmarks/gpu_suite.sh real
-#   (37, 37 and 60 MiB). `receive` prints the parts kept and missing; `real` receives first, so its call brings the
+#   (37, 37 and 57 MiB). `receive` prints the parts kept and missing; `real` receives first, so its call brings the
 #   last part. If `real` outruns its command, `real recipe` and `real quickstart` split it over two calls (the kept
 #   parts and the converted model stay on the warm machine in .gguf-store/).
 #
@@ -205,7 +207,8 @@ QUICKSTART_GPU=("sft={mixed_precision: bf16}" "rm={mixed_precision: bf16}"
 RECIPE_TINY=(decoding=cuda-graphs max_steps=1 total_batch_size=16 generation_batch_size=16 micro_batch_size=8
     forward_batch_size=16 max_response_length=16)
 QUICKSTART_TINY=("sft={max_steps: 1, total_batch_size: 2, micro_batch_size: 2, validation_posts: 8}"
-    "rm={max_steps: 1, total_batch_size: 2, micro_batch_size: 2, eval_pairs: 4, normalization_samples: 4, max_pairs: 16}"
+    "rm={max_steps: 1, total_batch_size: 2, micro_batch_size: 2, max_pairs: 16, validation_fraction: 0.01,
+    eval_pairs: 4, normalization_samples: 4}"
     "ppo={max_steps: 1, total_batch_size: 2, micro_batch_size: 2, generation_batch_size: 2, forward_batch_size: 2,
     validation_posts: 8, eval_samples: 2, max_response_length: 8, decoding: cuda-graphs}" eval_posts=2)
 
@@ -232,7 +235,7 @@ print(json.dumps({'gguf': str(gguf_location('smollm2-135m')), 'model': str(embed
 
 real_recipe() {
     # recipes/arithmetic-grpo/run.sh full (REAL_TINY: short, cut to one update); its numbers beside the CPU's
-    local variant=full options=("${RECIPE_GPU[@]}") root=$scratch/arithmetic-grpo began status=0
+    local variant=full options=("${RECIPE_GPU[@]}") root=$scratch/arithmetic-grpo began status=0 ran_through=0
     if [ -n "${REAL_TINY:-}" ]; then
         variant=short
         options=("${RECIPE_TINY[@]}")
@@ -242,7 +245,9 @@ real_recipe() {
     ROOT=$root recipes/arithmetic-grpo/run.sh "$variant" "${options[@]}" > "$out/recipe.log" 2>&1 || status=$?
     # exits 1 when a number is missing (the recipe did not run through); numbers out of the CPU's bands are reported
     python3 benchmarks/recipe_summary.py recipes/arithmetic-grpo --variant "$variant" --root "$root" \
-        --seconds "$(elapsed "$began")" --exit $status | record step=recipe
+        --seconds "$(elapsed "$began")" --exit $status | record step=recipe || ran_through=$?
+    rm -rf "$root"  # checkpoints of gigabytes: only the summary comes back
+    return $ran_through
 }
 
 real_quickstart() {
@@ -259,6 +264,7 @@ real_quickstart() {
     echo "{\"seconds\": $(elapsed "$began"), \"exit\": $status}" | record step=quickstart
     # each stage's seconds, step times and headline numbers (ROUGE-L, RM score, KL, judge win rates)
     [ -f "$run/pipeline.json" ] && python3 benchmarks/pipeline_summary.py "$run" | record step=quickstart
+    rm -rf "$run"
     return $status
 }
 

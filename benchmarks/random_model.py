@@ -6,7 +6,7 @@ tokenizer: what every rlhfkit stage loads, at a real model's size, where its wei
     python benchmarks/random_model.py --like .gpu/smollm2-135m --shape llama-3.2-1b --out /tmp/random-1b
 
 `--shape NAME` takes the decoder of a published config shipped in rlhfkit/model_configs instead of `--like`'s, with
-`--like`'s tokenizer: its vocabulary size and special ids replace the config's, since a model's own tokenizer
+`--like`'s tokenizer: its vocabulary size, BOS and EOS replace the config's, since a model's own tokenizer
 cannot travel either (Llama-3.2-1B's decoder then has SmolLM2's 49,152-row embedding, not its own 128,256).
 `--tiny` keeps the tokenizer and the architecture but shrinks the decoder to 2 layers of width 64, so a
 CPU can run the GPU suite's stage part as a check of its commands. The weights are fp32, drawn from the
@@ -66,7 +66,6 @@ def shaped_config(name: str, tokenizer) -> PretrainedConfig:
         "vocab_size": len(tokenizer),
         "bos_token_id": tokenizer.bos_token_id,
         "eos_token_id": tokenizer.eos_token_id,
-        "pad_token_id": tokenizer.pad_token_id,
     }
     return AutoConfig.for_model(fields.pop("model_type"), **{k: v for k, v in fields.items() if not k.startswith("_")})
 

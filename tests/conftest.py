@@ -21,7 +21,8 @@ torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min
 # this order, and a long one left for last keeps one worker busy while the other has nothing to do
 LONGEST_FIRST = (
     "test_recipes.py::test_the_short_version_of_each_recipe_ends_inside_its_expected_bands[arithmetic-grpo]",
-    "test_examples.py::test_the_notebook_runs", "test_compare_trl.py::", "test_fault_injection.py::")
+    "test_examples.py::test_the_notebook_runs", "test_compare_trl.py::", "test_fault_injection.py::",
+    "test_gpu_suite.py::test_real_tiny")
 
 
 def pytest_collection_modifyitems(config, items):

