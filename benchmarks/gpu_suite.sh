@@ -21,9 +21,9 @@
 #     1. [".gguf/manifest.json", ".gguf/part-00"]                 bash benchmarks/gpu_suite.sh receive
 #     2. [".gguf/manifest.json", ".gguf/part-01"]                 bash benchmarks/gpu_suite.sh receive
 #     3. [".whl", ".gpu", ".gguf/manifest.json", ".gguf/part-02"] bash benchmarks/gpu_suite.sh real
-#   (37, 37 and 57 MiB). `receive` prints the parts kept and missing; `real` receives first, so its call brings the
-#   last part. If `real` outruns its command, `real recipe` and `real quickstart` split it over two calls (the kept
-#   parts and the converted model stay on the warm machine in .gguf-store/).
+#   (36, 36 and 56 MiB; the compare calls carry 26). `receive` prints the parts kept and missing; `real` receives
+#   first, so its call brings the last part. If `real` outruns its command, `real recipe` and `real quickstart` split
+#   it over two calls (the kept parts and the converted model stay on the warm machine in .gguf-store/).
 #
 # The GPU image has torch, transformers, accelerate and peft; rlhfkit also imports rouge-score (with nltk),
 # platformdirs, gguf (to read the GGUF) and this repository's transformers version, and compare_trl.py TRL 1.13.0
