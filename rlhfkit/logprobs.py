@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from .devices import is_deepspeed_engine
-from .ops import chunked_logprobs_entropy, position_ids_from_mask
+from .ops import chunked_logprobs_entropy, is_right_padded, position_ids_from_mask
 from .shared_rows import SharedRows
 
 # Config fields of models whose logits are not a plain linear map of the last hidden state
@@ -133,6 +133,18 @@ def shared_response_logprobs(
     return inputs.logprobs_entropy(responses, temperature, pad_token_of(model), chunk_rows)
 
 
+def causal_inputs(attention_mask: torch.Tensor) -> dict[str, torch.Tensor | None]:
+    """The attention mask and positions of a teacher-forced pass. Right-padded rows need no padding mask: under
+    causal attention a real position never sees the padding after it, so the model may take its causal fast path
+    (SDPA's is_causal, without a mask to read); positions then simply count on through the padding, since
+    repeated ones would read as packed sequences to `transformers`."""
+    if is_right_padded(attention_mask):
+        return {"attention_mask": None,
+                "position_ids": torch.arange(attention_mask.size(1), device=attention_mask.device).expand_as(
+                    attention_mask)}
+    return {"attention_mask": attention_mask, "position_ids": position_ids_from_mask(attention_mask)}
+
+
 def target_logprobs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -145,9 +157,8 @@ def target_logprobs(
     formed only at those positions, a chunk at a time: the SFT loss and DPO read a few response
     tokens of each row, and a (B, L, vocab) tensor would be the largest of the step."""
     targets = targets.bool()
-    positions = position_ids_from_mask(attention_mask)
     head = plain_lm_head(model)
-    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": positions}
+    inputs = {"input_ids": input_ids, **causal_inputs(attention_mask)}
     if head is None:
         logits = model(**inputs).logits[:, :-1]
         features, weight, bias = logits[targets], None, None

@@ -244,8 +244,10 @@ def phases(s: Settings, policy: Shape, reward: Shape) -> dict[str, dict[str, int
     (rows, width), scored = s.passes(s.micro), s.micro * s.response
     if issubclass(s.kind, RMConfig):  # one packed row per pair: query + chosen + rejected (collate.pack_pairs)
         width, scored = s.query + 2 * s.response, 0
-    if issubclass(s.kind, DPOConfig):  # chosen rows, then rejected rows (scoring.collate_pairs)
+    if issubclass(s.kind, DPOConfig):  # a shared row per pair (scoring.collate_shared_pairs), else a row per response
         rows, scored = 2 * s.micro, 2 * s.micro * s.response
+        if s.shared_prefix == "auto":
+            rows, width = s.micro, s.query + 2 * s.response
     biggest = max(models, key=lambda m: m.gathered_unit())
     out: dict[str, dict[str, int]] = {}
     acts = sum(training_activations(m, s, rows, width, scored) for m in trained)

@@ -41,6 +41,12 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def is_right_padded(attention_mask: torch.Tensor) -> bool:
+    """Whether every row's real tokens come first and its padding only after them (Detail 5's layout)."""
+    mask = attention_mask.long()
+    return torch.equal(mask.cumprod(-1), mask)
+
+
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
     """Top-k then nucleus (top-p) filtering: removed entries become -inf."""
     if top_k > 0:

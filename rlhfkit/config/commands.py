@@ -366,7 +366,7 @@ class PlanConfig:
     generation_batch_size: int = opt(0, "on-policy: rows per generation batch (0: the stage's default)")
     samples_per_prompt: int = opt(0, "on-policy: responses sampled per prompt (0: the stage's default)")
     shared_prefix: Literal["auto", "off"] = opt(
-        "auto", "grouped methods, as the stage's option: each group's query read once (one row per group)"
+        "auto", "grouped methods and dpo, as the stage's option: each query read once (one row per group or pair)"
     )
     max_query_length: int = opt(0, "query tokens (0: the stage's default)")
     max_response_length: int = opt(0, "response tokens (0: the stage's default)")

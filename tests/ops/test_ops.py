@@ -45,6 +45,12 @@ def test_position_ids_from_left_padded_mask_start_at_zero():
     assert ops.position_ids_from_mask(mask).tolist() == [[0, 0, 0, 1], [0, 1, 2, 3]]
 
 
+def test_right_padding_is_recognised_and_nothing_else_is():
+    assert ops.is_right_padded(torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]))
+    assert not ops.is_right_padded(torch.tensor([[1, 1, 0, 0], [0, 1, 1, 1]]))  # one row left padded
+    assert not ops.is_right_padded(torch.tensor([[1, 0, 1, 0]]))  # a hole
+
+
 def test_filter_logits_top_k_and_top_p():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     top2 = ops.filter_logits(logits, top_k=2)

@@ -59,6 +59,30 @@ def test_sequence_logprobs_do_not_depend_on_padding_side_or_batch_company(tiny_m
         torch.testing.assert_close(got, torch.tensor(alone), atol=1e-4, rtol=1e-5, msg=side)
 
 
+def test_right_padded_rows_take_the_causal_path_without_a_mask_and_left_padded_rows_keep_theirs(tiny_model):
+    """Right padding comes after every real token, so causal attention alone hides it: the backbone gets no
+    mask (SDPA's is_causal fast path) and the same log-probabilities as with the mask."""
+    from rlhfkit.logprobs import target_logprobs
+
+    model, tok = tiny_model
+    rows = [[5, 6, 7, 8, 9, 10], [11, 12, 13]]
+    plain_lm_head(model)  # its one-time check calls the backbone first
+    seen = []
+    hook = model.model.register_forward_pre_hook(
+        lambda _module, _args, kwargs: seen.append(kwargs["attention_mask"]), with_kwargs=True
+    )
+    got = {}
+    try:
+        for side in ("right", "left"):
+            ids, mask = pad(rows, tok.pad_token_id, side)
+            with torch.no_grad():
+                got[side], _ = target_logprobs(model, ids, mask, mask[:, 1:].bool() & mask[:, :-1].bool())
+    finally:
+        hook.remove()
+    assert seen[0] is None and seen[1] is not None
+    torch.testing.assert_close(got["right"], got["left"], atol=1e-5, rtol=1e-5)
+
+
 def test_a_dpo_step_with_the_policy_equal_to_the_reference_gives_log2_and_zero_rewards(
     tiny_model_dir, ppo_dirs, tmp_path
 ):
