@@ -118,9 +118,9 @@ class OnPolicyConfig(RunConfig):
     )
     reuse_update_forward: bool = opt(
         True,
-        "with one update epoch and one minibatch, take the old policy's log-probabilities from the update's own "
-        "forward instead of a scoring pass of their own (as TRL does), where the rewards do not need them "
-        "(kl_placement=loss, or kl_coef 0)",
+        "with one minibatch, take the old policy's log-probabilities from the update's first epoch of forwards, "
+        "which all run before its optimizer step, instead of a scoring pass of their own (TRL does so at K = 1), "
+        "where the rewards do not need them (kl_placement=loss, or kl_coef 0)",
     )
     max_response_length: int = opt(
         53, "response tokens sampled; the response is cut after its first EOS", "Detail 23", minimum=1

@@ -320,14 +320,14 @@ def objective_of(cfg: OnPolicyConfig) -> Objective:
 def scoring_plan(models: OnPolicyModels, cfg: OnPolicyConfig) -> ScoringPlan:
     """How scoring reads every rollout. The update's forward gives the old log-probabilities only where they
     are those a scoring pass would give: every row's first update forward runs before any optimizer step (one
-    epoch, one minibatch), and nothing before the update needs them (the KL enters the loss, or has no weight
-    in the reward)."""
+    minibatch: the first epoch's forwards all precede its one step, and later epochs reuse what they gave), and
+    nothing before the update needs them (the KL enters the loss, or has no weight in the reward)."""
     rows = whole_groups(cfg.forward_batch_size, cfg.samples_per_prompt)
     kl_free_rewards = cfg.kl_placement == "loss" or (cfg.kl_coef == 0 and not cfg.adaptive_kl)
     distill = cfg.distill_options
     # the teacher's per-token advantage reads the sampling policy's log-probabilities before the update
     kl_free_rewards = kl_free_rewards and not (distill is not None and distill.per_token_advantage)
-    one_pass = cfg.update_epochs == 1 and cfg.num_minibatches == 1
+    one_pass = cfg.num_minibatches == 1
     return ScoringPlan(
         rows,
         cfg.samples_per_prompt,

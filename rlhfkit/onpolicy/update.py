@@ -259,7 +259,9 @@ def update_on_rollout(
     lockstep = bool(fsdp_modules(models.policy))
     # this process's rows of the old log-probabilities, zeros at the other processes' rows
     first_forward = torch.zeros(batch.mask.shape, dtype=torch.float32, device=device) if from_this_forward else None
-    for _ in range(shape.epochs):
+    for epoch in range(shape.epochs):
+        if epoch == 1 and first_forward is not None:  # later epochs' ratios are to what the first forwards gave
+            batch = dataclasses.replace(batch, logprobs=reduce_rows(first_forward, accelerator))
         order = group_order(rng, batch.size, shape.group)
         for start in range(0, batch.size, minibatch):
             rows = order[start : start + minibatch]
@@ -272,7 +274,7 @@ def update_on_rollout(
                 shared = pack_rollout(rows_of, shape.group) if plan.layout.policy or plan.layout.value else None
                 share = normalisers.share(units[picked], tokens[picked]) if counts else None
                 logprobs = micro_loss(models, MicroBatch(rows_of, shared, share), plan, step, normalisers, stats)
-                if first_forward is not None and counts:
+                if first_forward is not None and counts and epoch == 0:
                     first_forward[picked] = logprobs
             for key, norm in optimizers.step(models, plan.max_grad_norm, update, accelerator).items():
                 grad_norms.add(key, norm, 1.0)
@@ -355,7 +357,7 @@ def micro_loss(
     with autocast(rows.responses.device, plan.precision):
         student = policy_head_inputs(models.policy, rows, plan.layout.rows_for("policy", micro.shared))
         logprobs, entropy = student.logprobs_entropy(rows.responses, plan.temperature, pad_token_of(models.policy))
-        if plan.old_logprobs == "update":  # ratio 1 exactly: the K = 1 update's gradient at the sampling policy
+        if rows.logprobs is None:  # the first epoch's forward, before any step: ratio 1 exactly, the sampling policy
             rows = dataclasses.replace(rows, logprobs=logprobs.detach() * trained)
         policy = POLICY_LOSSES[objective.policy_loss](
             logprobs, rows.logprobs, rows.advantages, trained, objective.clip, objective.dual_clip

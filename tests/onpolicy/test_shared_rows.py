@@ -330,7 +330,8 @@ def test_an_update_refuses_a_rollout_whose_old_logprobs_disagree_with_its_plan(t
     "options, reuses",
     [
         ({"update_epochs": 1}, True),
-        ({"update_epochs": 4}, False),
+        ({"update_epochs": 4}, True),  # the first epoch's forwards all precede the one step per epoch
+        ({"update_epochs": 4, "num_minibatches": 2}, False),
         ({"update_epochs": 1, "num_minibatches": 2}, False),
         ({"update_epochs": 1, "kl_placement": "reward"}, False),
         ({"update_epochs": 1, "kl_placement": "reward", "kl_coef": 0.0}, True),
@@ -354,18 +355,20 @@ def test_scoring_leaves_the_old_logprobs_to_the_update_only_where_they_would_be_
     assert (scored.logprobs is None) == reuses and scored.ref_logprobs is not None
 
 
-def test_a_k1_grpo_run_with_the_update_forward_logs_and_trains_as_one_with_a_scoring_pass(ppo_dirs, tmp_path):
-    """The trainer's side of K = 1 reuse: KL, entropy and every loss are logged from the update's own
-    log-probabilities after the update, and the weights end where a separate pass takes them."""
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_a_grpo_run_with_the_update_forward_logs_and_trains_as_one_with_a_scoring_pass(ppo_dirs, tmp_path, epochs):
+    """The trainer's side of reuse: KL, entropy and every loss are logged from the update's own
+    log-probabilities after the update, and the weights end where a separate pass takes them; at K = 2 the
+    second epoch's ratios are to what the first epoch's forwards gave."""
     runs = {}
     for reuse in (True, False):
-        args = stage_args("grpo", ppo_dirs, tmp_path / str(reuse), update_epochs=1, eos_trick="false",
+        args = stage_args("grpo", ppo_dirs, tmp_path / str(reuse), update_epochs=epochs, eos_trick="false",
                           reuse_update_forward=str(reuse).lower())
         runs[reuse] = run_in_this_process("grpo", args)
     rows = {reuse: read_metrics(run) for reuse, run in runs.items()}
     assert len(rows[True]) == len(rows[False]) == 2
     for reused, separate in zip(rows[True], rows[False], strict=True):
-        assert reused["val/ratio"] == 1.0
+        assert reused["val/ratio"] == 1.0 if epochs == 1 else reused["val/ratio"] != 1.0
         for key in ("objective/kl", "objective/entropy", "objective/scores", "loss/policy_avg", "loss/kl_avg"):
             assert reused[key] == pytest.approx(separate[key], rel=1e-4, abs=1e-5), key
     assert rows[True][0]["objective/kl"] == 0 and rows[True][1]["objective/kl"] != 0
