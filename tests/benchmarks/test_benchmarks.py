@@ -67,6 +67,15 @@ def assert_memory_limit_beside_each_side(row: dict, sides: list[str]) -> None:
         assert row[f"{side}_ms_per_step_over_limit"] == pytest.approx(over, abs=0.006)
 
 
+def test_decode_matmuls_benchmark_times_every_linear_layer_with_both_kernels():
+    (row,) = run_benchmark("decode_matmuls.py", "--model", "tiny", "--rows", "2", "--repeats", "1")
+    # the tiny Llama: 2 layers of q, k, v, o, gate, up, down, and the LM head
+    assert row["linear_layers"] == 2 * 7 + 1
+    for kernel in ("linear", "onednn_packed"):
+        assert row[f"{kernel}_ms"] > 0 and row[f"{kernel}_gb_per_s"] > 0 and row[f"{kernel}_gflops"] > 0
+    assert row["onednn_max_abs_diff"] < 1e-3
+
+
 def test_decoding_step_bytes_match_a_hand_count_tied_and_untied():
     sys.path.insert(0, str(BENCHMARKS))
     from benchmark_common import decode_weight_bytes, kv_cache_bytes_per_position
