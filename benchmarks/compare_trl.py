@@ -856,14 +856,21 @@ def run_worker(args: argparse.Namespace) -> None:
     if args.worker == "prepare":
         prepare_model(args)
         return
-    from benchmark_common import machine_fields
-
     run_dir = Path(args.out_dir) / "run"
     run_dir.mkdir()
     if args.worker == "trl":
         result = run_trl(args, args.trainer, run_dir)
     else:
         result = run_ours(args, args.trainer, run_dir, unshared=args.worker == "unshared")
+    write_result(args, result)
+
+
+def write_result(args: argparse.Namespace, result: dict) -> None:
+    """A child's result, with the machine as it saw it and its peaks (RSS; on a GPU also CUDA's), where the
+    parent reads it (`run_child`)."""
+    import torch
+    from benchmark_common import machine_fields
+
     device = torch.device(args.device)
     machine = machine_fields(device)
     result |= {"peak_rss_bytes": machine_fields(torch.device("cpu"))["peak_memory_bytes"], "machine": machine}

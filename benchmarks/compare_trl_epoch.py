@@ -46,7 +46,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from compare_trl import GRAD_CLIP, SUPERVISED_PRESETS, child_env, require_trl, run_child, step_timer, trl_common
+from compare_trl import (
+    GRAD_CLIP,
+    SUPERVISED_PRESETS,
+    child_env,
+    prepare_model,
+    require_trl,
+    run_child,
+    step_timer,
+    trl_common,
+    write_result,
+)
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 SOURCES = {
@@ -213,16 +223,6 @@ def rows_of(trainer: str, example) -> list[list[int]]:
     return [example.query.ids + example.chosen, example.query.ids + example.rejected]
 
 
-def prepare(args: argparse.Namespace) -> dict:
-    from rlhfkit.models import load_policy
-    from rlhfkit.tiny_models import tiny_policy
-
-    model, tokenizer = tiny_policy() if args.model == "tiny" else load_policy(args.model)
-    model.save_pretrained(args.model_dir)
-    tokenizer.save_pretrained(args.model_dir)
-    return {}
-
-
 def run_ours(args: argparse.Namespace, trainer: str, run_dir: Path, rows: bool) -> dict:
     from rlhfkit.checkpoint import seed_everything
     from rlhfkit.models import load_policy
@@ -385,11 +385,10 @@ def run_trl(args: argparse.Namespace, trainer: str, side: str, run_dir: Path) ->
 
 def run_worker(args: argparse.Namespace) -> None:
     import torch
-    from benchmark_common import machine_fields
 
     torch.set_num_threads(args.threads)
-    if args.worker == "prepare":
-        prepare(args)
+    if args.worker == "prepare":  # as compare_trl.py's: the weights once, and the matmul peak beside them
+        prepare_model(args)
         return
     run_dir = Path(args.out_dir) / "run"
     run_dir.mkdir()
@@ -397,9 +396,7 @@ def run_worker(args: argparse.Namespace) -> None:
         result = run_trl(args, args.trainer, args.worker, run_dir)
     else:
         result = run_ours(args, args.trainer, run_dir, rows=args.worker == "ours_rows")
-    machine = machine_fields(torch.device(args.device))
-    result |= {"peak_rss_bytes": machine_fields(torch.device("cpu"))["peak_memory_bytes"], "machine": machine}
-    (Path(args.out_dir) / "result.json").write_text(json.dumps(result))
+    write_result(args, result)
 
 
 def main() -> None:
