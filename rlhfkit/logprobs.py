@@ -168,8 +168,17 @@ def target_logprobs(
     tokens = input_ids[:, 1:][targets]
     excluded = pad_token_of(model)
     logprobs, _ = chunked_logprobs_entropy(features, tokens, weight, bias, 1.0, chunk_rows, excluded)
-    rows = torch.arange(input_ids.size(0), device=input_ids.device).unsqueeze(1).expand_as(targets)[targets]
-    return logprobs, rows
+    return logprobs, rows_of(targets)
+
+
+def rows_of(selected: torch.Tensor) -> torch.Tensor:
+    """The row of each set entry of a (B, T) bool mask, in the order `tensor[selected]` flattens them."""
+    return torch.arange(selected.size(0), device=selected.device).unsqueeze(1).expand_as(selected)[selected]
+
+
+def summed_by_row(values: torch.Tensor, rows: torch.Tensor, size: int) -> torch.Tensor:
+    """(size,) the flat `values` summed into the `rows` they belong to."""
+    return torch.zeros(size, dtype=values.dtype, device=values.device).index_add(0, rows, values)
 
 
 def sequence_logprobs(
@@ -182,8 +191,7 @@ def sequence_logprobs(
     """(B,) summed log-probabilities (temperature 1) of the tokens where `response_mask` is set: log
     pi(y|x) of DPO (equation 4) and of its implicit reward (equation 5)."""
     logprobs, rows = target_logprobs(model, input_ids, attention_mask, response_mask[:, 1:], chunk_rows)
-    sums = torch.zeros(input_ids.size(0), dtype=logprobs.dtype, device=logprobs.device)
-    return sums.index_add(0, rows, logprobs)
+    return summed_by_row(logprobs, rows, input_ids.size(0))
 
 
 def shared_sequence_logprobs(
@@ -197,6 +205,4 @@ def shared_sequence_logprobs(
     kept = response_mask.bool()
     logprobs, _ = chunked_logprobs_entropy(inputs.features[kept], responses[kept], inputs.weight, inputs.bias, 1.0,
                                            chunk_rows, pad_token_of(model))
-    rows = torch.arange(responses.size(0), device=responses.device).unsqueeze(1).expand_as(kept)[kept]
-    sums = torch.zeros(responses.size(0), dtype=logprobs.dtype, device=logprobs.device)
-    return sums.index_add(0, rows, logprobs)
+    return summed_by_row(logprobs, rows_of(kept), responses.size(0))
