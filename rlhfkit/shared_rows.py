@@ -213,6 +213,17 @@ def probe_obstacle(model: torch.nn.Module) -> str | None:
     return None
 
 
+def reads_shared_rows(model: torch.nn.Module, shared_prefix: str, split: str | None = None) -> bool:
+    """Whether `model`'s passes read shared rows under `shared_prefix`: not when it is off, nor where the model
+    cannot take their mask or `split` says why the passes would cut a group apart; that reason is logged once."""
+    if shared_prefix == "off":
+        return False
+    obstacle = shared_rows_obstacle(model) or split
+    if obstacle is not None:
+        fall_back(model, obstacle)
+    return obstacle is None
+
+
 def fall_back(model: torch.nn.Module, reason: str) -> None:
     """Log, once per model and reason, why a forward reads unshared rows."""
     logged = fallbacks_logged.setdefault(model, set())

@@ -31,7 +31,7 @@ from ..logprobs import HeadInputs, pad_token_of, response_head_inputs, shared_re
 from ..reward_models import ScalarModel
 from ..rollout import RolloutBatch
 from ..scoring import scores_at_eos
-from ..shared_rows import SharedRows, fall_back, pack_groups, shared_rows_obstacle
+from ..shared_rows import SharedRows, pack_groups, reads_shared_rows
 from .distillation import Teacher
 from .reward_sources import PromptTexts, RewardSources, component_metrics, rollout_columns
 
@@ -64,14 +64,10 @@ def shares_prefix(model: torch.nn.Module | None, shared_prefix: str, group: int,
     """Whether `model`'s passes over `rows_per_pass` rollout rows read each `group` rows' query once (shared
     rows, `rlhfkit/shared_rows.py`): for grouped methods, unless shared_prefix=off, the passes would
     split a group, or the model cannot take the rows' mask (the reason logged once)."""
-    if model is None or group == 1 or shared_prefix == "off":
+    if model is None or group == 1:
         return False
-    obstacle = shared_rows_obstacle(model)
-    if obstacle is None and rows_per_pass % group:
-        obstacle = f"{option}={rows_per_pass} is not a multiple of samples_per_prompt={group}: it would split groups"
-    if obstacle is not None:
-        fall_back(model, obstacle)
-    return obstacle is None
+    split = f"{option}={rows_per_pass} is not a multiple of samples_per_prompt={group}: it would split groups"
+    return reads_shared_rows(model, shared_prefix, split if rows_per_pass % group else None)
 
 
 def whole_groups(rows: int, group: int) -> int:

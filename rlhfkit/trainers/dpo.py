@@ -42,7 +42,7 @@ from ..reward_eval import report as reward_report
 from ..reward_eval.evaluate import builtin_probes_for, evaluate_reward_model, write_rm_report
 from ..reward_models import DPO_RECORD, ImplicitRewardModel
 from ..scoring import chosen_and_rejected, collate_pairs, collate_shared_pairs, pair_response_tokens
-from ..shared_rows import SharedRows, fall_back, shared_rows_obstacle
+from ..shared_rows import SharedRows, reads_shared_rows
 from ..tracking import read_metrics, write_jsonl
 from .run import attention_implementation, autocast_precision, is_main_process, record_settings, start_run
 from .supervised import SupervisedStage, batch_indices, plan_schedule, train
@@ -76,14 +76,8 @@ def frozen_policy(cfg: DPOConfig, policy: torch.nn.Module, source: str, device: 
 
 
 def shares_queries(model: torch.nn.Module, shared_prefix: str) -> bool:
-    """Whether `model` reads pairs as shared rows, the query once (`scoring.collate_shared_pairs`): with
-    shared_prefix=auto, unless its attention cannot take the mask, which is then logged once."""
-    if shared_prefix == "off":
-        return False
-    obstacle = shared_rows_obstacle(model)
-    if obstacle is not None:
-        fall_back(model, obstacle)
-    return obstacle is None
+    """Whether `model` reads pairs as shared rows, the query once (`scoring.collate_shared_pairs`)."""
+    return reads_shared_rows(model, shared_prefix)
 
 
 def collate_pair_rows(pairs: list[PairExample], pad_id: int, shared: bool) -> dict[str, torch.Tensor]:
