@@ -260,8 +260,6 @@ def update_on_rollout(
     # this process's rows of the old log-probabilities, zeros at the other processes' rows
     first_forward = torch.zeros(batch.mask.shape, dtype=torch.float32, device=device) if from_this_forward else None
     for epoch in range(shape.epochs):
-        if epoch == 1 and first_forward is not None:  # later epochs' ratios are to what the first forwards gave
-            batch = dataclasses.replace(batch, logprobs=reduce_rows(first_forward, accelerator))
         order = group_order(rng, batch.size, shape.group)
         for start in range(0, batch.size, minibatch):
             rows = order[start : start + minibatch]
@@ -278,10 +276,13 @@ def update_on_rollout(
                     first_forward[picked] = logprobs
             for key, norm in optimizers.step(models, plan.max_grad_norm, update, accelerator).items():
                 grad_norms.add(key, norm, 1.0)
+        if epoch == 0 and first_forward is not None:  # every row's, and later epochs' ratios are to them
+            first_forward = reduce_rows(first_forward, accelerator)
+            batch = dataclasses.replace(batch, logprobs=first_forward)
     means = stats.means(accelerator) | grad_norms.means()
     means["val/ratio_var"] = max(0.0, means.pop("ratio_squared") - means["val/ratio"] ** 2)
     means["perf/shared_prefix"] = float(plan.layout.policy)
-    return UpdateResult(means, reduce_rows(first_forward, accelerator) if first_forward is not None else None)
+    return UpdateResult(means, first_forward)
 
 
 def reduce_rows(rows: torch.Tensor, accelerator) -> torch.Tensor:
